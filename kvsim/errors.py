@@ -1,0 +1,20 @@
+"""Errors that carry a user-facing, one-line message.
+
+The CLI turns an :class:`InputError` into ``kvsim: error: <message>`` and exit code 2
+without a traceback, so every check on user input raises this type and names the
+file and line, or the option, that is wrong.
+"""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Bad user input: a malformed trace line, an impossible option, an unknown name."""
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None):
+        where = ""
+        if source is not None:
+            where = f"{source}:{line}: " if line is not None else f"{source}: "
+        super().__init__(where + message)
+        self.source = source
+        self.line = line
