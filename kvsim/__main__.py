@@ -1,0 +1,5 @@
+"""python -m kvsim"""
+
+from kvsim.cli import main
+
+main()

@@ -1,0 +1,57 @@
+"""The ``kvsim`` command line: a thin layer that parses, calls the API and writes.
+
+Every module ``kvsim/cli/cmd_*.py`` contributes its click commands through a module-level
+``COMMANDS`` list, so each command lives in its own small file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import click
+
+from kvsim.errors import InputError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="kvsim")
+def cli() -> None:
+    """kvsim: simulate LLM KV-cache offloading to CPU memory (vLLM OffloadingConnector semantics).
+
+    Start with `kvsim replay TRACE --cpu-gib 64 --model llama-3.1-8b`.
+    """
+
+
+def _register_commands() -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            for command in getattr(module, "COMMANDS", ()):
+                cli.add_command(command)
+
+
+_register_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: bad input is one line on stderr and exit code 2, never a traceback."""
+    try:
+        rv = cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
+    except InputError as exc:
+        click.echo(f"kvsim: error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("kvsim: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("kvsim: interrupted", err=True)
+        sys.exit(130)
+    except OSError as exc:
+        click.echo(f"kvsim: error: {exc.filename or ''}: {exc.strerror or exc}", err=True)
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,66 @@
+"""``kvsim replay``: cache-mode replay of a trace."""
+
+from __future__ import annotations
+
+import csv
+
+import click
+
+from kvsim.api import as_trace, make_options
+from kvsim.cli.common import (
+    check_output_path,
+    count_lines,
+    echo_summary,
+    offload_options,
+    pop_offload_kwargs,
+    progress,
+)
+from kvsim.io import atomic_write
+from kvsim.replay import REQUEST_COLUMNS, CacheReplay
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@offload_options
+@click.option("--format", "fmt", type=click.Choice(["mooncake", "bailian", "azure", "native"]),
+              default=None, help="Trace format (default: detected from the file).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
+@click.option("--requests-csv", type=click.Path(dir_okay=False), default=None,
+              help="Write one row per request (trace order) to this CSV.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
+def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv: str | None,
+                   as_json: bool, show_progress: bool | None, vllm_config: str | None, **kwargs) -> None:
+    """Replay TRACE in cache mode: requests one at a time, no timing.
+
+    Prints prompt blocks, GPU / CPU / combined hit ratios, chunks stored, evicted and
+    skipped by the store threshold, allocation failures and bytes moved.
+
+    \b
+    Example:
+      kvsim replay traces/mooncake_fast25_conversation_trace.jsonl \\
+          --cpu-gib 64 --model llama-3.1-8b --policy arc
+    """
+    options = pop_offload_kwargs(kwargs)
+    check_output_path(requests_csv, "--requests-csv")
+    tr = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens"), limit=limit)
+    config = make_options(vllm_config, **options).resolve(tr.block_tokens)
+    from kvsim.api import _needs_future
+
+    future = tr if _needs_future(config.policy, config.policy_module) else None
+    run = CacheReplay(config, requests_for_future=future)
+    if show_progress is None:
+        show_progress = click.get_text_stream("stderr").isatty()
+    requests = progress(tr, count_lines(trace, limit), "replaying", show_progress)
+    if requests_csv:
+        with atomic_write(requests_csv, newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(REQUEST_COLUMNS)
+            summary = run.run(requests, writer.writerow)
+    else:
+        summary = run.run(requests)
+    echo_summary({"trace": trace, **summary}, as_json, "kvsim replay (cache mode)")
+
+
+COMMANDS = [replay_command]

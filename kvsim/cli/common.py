@@ -1,0 +1,83 @@
+"""Options shared by several commands, and output helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import click
+
+from kvsim.errors import InputError
+from kvsim.results import format_table
+
+
+def offload_options(f: Callable) -> Callable:
+    """CPU tier, policy and key-layout options (the fields of ``OffloadOptions``)."""
+    options = [
+        click.option("--cpu-chunks", type=int, help="CPU tier capacity in chunks."),
+        click.option("--cpu-gib", type=float, help="CPU tier size in GiB (vLLM cpu_bytes_to_use / 2**30); needs --model."),
+        click.option("--model", default=None, help="Model preset for KV bytes (default llama-3.1-8b; see `kvsim models`)."),
+        click.option("--tp", type=int, default=None, help="Tensor-parallel world size for sizing (default 1)."),
+        click.option("--policy", default=None, help="Eviction policy: lru (default), arc, ... or module:Class."),
+        click.option("--admission", default=None, help="Admission policy (default always; see `kvsim policies`)."),
+        click.option("--store-threshold", type=int, default=None, help="vLLM store_threshold: offers before a chunk is stored (>= 2 enables)."),
+        click.option("--max-tracker-size", type=int, default=None, help="vLLM max_tracker_size of the threshold counter table (default 64000)."),
+        click.option("--block-tokens", type=int, default=None, help="Tokens per trace hash block (default: the trace format's, 512 for Mooncake)."),
+        click.option("--chunk-tokens", type=int, default=None, help="Tokens per CPU chunk (default: one trace block; vLLM block_size)."),
+        click.option("--gpu-block-tokens", type=int, default=None, help="vLLM GPU block size used for sizing (default 16)."),
+        click.option("--gpu-blocks", type=int, default=None, help="GPU prefix cache size in blocks of the key unit; 0 disables it (default)."),
+        click.option("--vllm-config", default=None, metavar="JSON|FILE", help="vLLM kv_connector_extra_config (inline JSON or a file); explicit options win."),
+        click.option("--seed", type=int, default=None, help="Seed for randomised policies (default 0)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+OFFLOAD_KEYS = ("cpu_chunks", "cpu_gib", "model", "tp", "policy", "admission", "store_threshold",
+                "max_tracker_size", "block_tokens", "chunk_tokens", "gpu_block_tokens", "gpu_blocks", "seed")
+
+
+def pop_offload_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: kwargs.pop(k) for k in OFFLOAD_KEYS if k in kwargs}
+
+
+def check_output_path(path: str | None, option: str) -> None:
+    """Fail before the run, not after it, when an output cannot be written."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        raise InputError(f"{option}: {path} is a directory")
+    if not os.path.isdir(folder):
+        raise InputError(f"{option}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"{option}: folder {folder} is not writable")
+
+
+def echo_summary(summary: dict[str, Any], as_json: bool, title: str) -> None:
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+    else:
+        click.echo(format_table(summary, title))
+
+
+def count_lines(path: str, limit: int | None) -> int | None:
+    """Cheap length for a progress bar (uncompressed files only)."""
+    if path.endswith(".gz") or not os.path.isfile(path):
+        return limit
+    with open(path, "rb") as f:
+        n = sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
+    return min(n, limit) if limit is not None else n
+
+
+def progress(items: Iterable, length: int | None, label: str, enabled: bool) -> Iterator:
+    """Iterate with a progress bar on stderr when enabled."""
+    if not enabled:
+        yield from items
+        return
+    with click.progressbar(items, length=length, label=label, file=click.get_text_stream("stderr"),
+                           show_pos=True, show_eta=True) as bar:
+        yield from bar

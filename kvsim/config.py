@@ -1,0 +1,201 @@
+"""Run configuration: frozen dataclasses validated once, at the edge.
+
+``OffloadOptions`` is what a user asks for (CLI options, API keywords, or vLLM's
+``kv_connector_extra_config`` translated by :func:`options_from_vllm_config`); it is
+resolved against a trace's block size into a :class:`CacheConfig`, which is all the core
+ever sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from kvsim.errors import InputError
+from kvsim.keys import KeyLayout
+
+DEFAULT_MODEL = "llama-3.1-8b"
+
+# vLLM kv_connector_extra_config keys: those kvsim models, and those it accepts and ignores.
+_VLLM_USED = {
+    "cpu_bytes_to_use", "block_size", "blocks_per_chunk", "eviction_policy",
+    "cache_policy_module_path", "store_threshold", "max_tracker_size",
+}
+_VLLM_IGNORED = {
+    "spec_name", "spec_module_path", "offload_prompt_only", "sync_load_budget_bytes",
+    "self_describing_kv_events", "canonical_layout", "num_cpu_blocks",
+}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Everything cache-mode replay needs, resolved and validated."""
+
+    num_chunks: int
+    block_tokens: int
+    chunk_tokens: int
+    gpu_blocks: int = 0
+    policy: str = "lru"
+    policy_module: str | None = None
+    admission: str = "always"
+    store_threshold: int = 0
+    max_tracker_size: int = 64_000
+    chunk_bytes: int | None = None
+    model: str | None = None
+    seed: int = 0
+
+    @property
+    def layout(self) -> KeyLayout:
+        return KeyLayout(self.block_tokens, self.chunk_tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class OffloadOptions:
+    """A user's offload request before the trace's block size is known."""
+
+    cpu_chunks: int | None = None
+    cpu_gib: float | None = None
+    cpu_bytes: int | None = None
+    model: str | None = DEFAULT_MODEL
+    chunk_tokens: int | None = None
+    block_tokens: int | None = None
+    gpu_block_tokens: int = 16
+    tp: int = 1
+    gpu_blocks: int = 0
+    policy: str = "lru"
+    policy_module: str | None = None
+    admission: str = "always"
+    store_threshold: int = 0
+    max_tracker_size: int = 64_000
+    seed: int = 0
+
+    def with_(self, **changes: Any) -> OffloadOptions:
+        return replace(self, **changes)
+
+    def resolve(self, trace_block_tokens: int) -> CacheConfig:
+        block_tokens = self.block_tokens or trace_block_tokens
+        chunk_tokens = self.chunk_tokens or block_tokens
+        KeyLayout(block_tokens, chunk_tokens)  # validates the pair
+        if self.gpu_blocks < 0:
+            raise InputError(f"--gpu-blocks must be >= 0, got {self.gpu_blocks}")
+        if self.store_threshold < 0:
+            raise InputError(f"--store-threshold must be >= 0, got {self.store_threshold}")
+        if self.max_tracker_size < 1:
+            raise InputError(f"--max-tracker-size must be >= 1, got {self.max_tracker_size}")
+        given = [n for n, v in (("--cpu-chunks", self.cpu_chunks), ("--cpu-gib", self.cpu_gib),
+                                ("cpu_bytes_to_use", self.cpu_bytes)) if v is not None]
+        if not given:
+            raise InputError("give the CPU tier size: --cpu-chunks N, or --cpu-gib X with --model M")
+        if len(given) > 1:
+            raise InputError(f"give only one CPU tier size, got {' and '.join(given)}")
+        chunk_bytes = None
+        if self.model:
+            chunk_bytes = self._sizing(chunk_tokens, 0).raw_chunk_bytes
+        if self.cpu_chunks is not None:
+            if self.cpu_chunks < 1:
+                raise InputError(f"--cpu-chunks must be >= 1, got {self.cpu_chunks}")
+            num_chunks = self.cpu_chunks
+        else:
+            if not self.model:
+                raise InputError("--cpu-gib needs --model to know the bytes per chunk")
+            cpu_bytes = self.cpu_bytes if self.cpu_bytes is not None else int(self.cpu_gib * 2**30)
+            option = "--cpu-gib" if self.cpu_gib is not None else "cpu_bytes_to_use"
+            if cpu_bytes <= 0:
+                raise InputError(f"{option} must be positive, got {self.cpu_gib or cpu_bytes}")
+            sizing = self._sizing(chunk_tokens, cpu_bytes, option)
+            num_chunks = sizing.num_chunks
+        return CacheConfig(
+            num_chunks=num_chunks, block_tokens=block_tokens, chunk_tokens=chunk_tokens,
+            gpu_blocks=self.gpu_blocks, policy=self.policy, policy_module=self.policy_module,
+            admission=self.admission, store_threshold=self.store_threshold,
+            max_tracker_size=self.max_tracker_size, chunk_bytes=chunk_bytes,
+            model=self.model, seed=self.seed,
+        )
+
+    def _sizing(self, chunk_tokens: int, cpu_bytes: int, option: str = "--cpu-gib"):
+        from kvsim.sizing import size_for_model
+
+        if chunk_tokens % self.gpu_block_tokens:
+            raise InputError(
+                f"--chunk-tokens {chunk_tokens} must be a multiple of the GPU block size "
+                f"{self.gpu_block_tokens} (vLLM chunks are whole GPU blocks)"
+            )
+        try:
+            return size_for_model(
+                self.model, cpu_bytes, gpu_block_tokens=self.gpu_block_tokens,
+                blocks_per_chunk=chunk_tokens // self.gpu_block_tokens, tp=self.tp,
+                require_one_chunk=cpu_bytes > 0,
+            )
+        except InputError as exc:
+            msg = str(exc)
+            raise InputError(msg if msg.startswith(option) else f"{option}: {msg}") from None
+
+
+def load_vllm_config(text_or_path: str) -> dict[str, Any]:
+    """Parse ``--vllm-config``: inline JSON, or a JSON file; either the extra config itself
+    or a full ``--kv-transfer-config`` object holding ``kv_connector_extra_config``."""
+    source = "--vllm-config"
+    if os.path.exists(text_or_path):
+        source = text_or_path
+        try:
+            with open(text_or_path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise InputError(f"cannot read ({exc.strerror})", source=text_or_path) from None
+    else:
+        text = text_or_path
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+                         source=source) from None
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object", source=source)
+    if "kv_connector_extra_config" in data:
+        data = data["kv_connector_extra_config"]
+        if not isinstance(data, dict):
+            raise InputError("kv_connector_extra_config must be an object", source=source)
+    return data
+
+
+def options_from_vllm_config(extra: dict[str, Any], base: OffloadOptions | None = None) -> OffloadOptions:
+    """Translate vLLM's ``kv_connector_extra_config`` into kvsim options (vLLM's defaults)."""
+    unknown = sorted(set(extra) - _VLLM_USED - _VLLM_IGNORED)
+    if unknown:
+        raise InputError(f"--vllm-config: unknown key(s) {', '.join(unknown)}")
+    opts = base or OffloadOptions()
+    changes: dict[str, Any] = {}
+
+    def number(key: str, kind: type = int) -> Any:
+        value = extra[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise InputError(f"--vllm-config: {key} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        return kind(value)
+
+    if "cpu_bytes_to_use" in extra:
+        changes.update(cpu_bytes=int(number("cpu_bytes_to_use", float)), cpu_chunks=None, cpu_gib=None)
+    if "block_size" in extra and "blocks_per_chunk" in extra:
+        raise InputError("--vllm-config: block_size and blocks_per_chunk cannot be combined")
+    if "block_size" in extra:
+        changes["chunk_tokens"] = number("block_size")
+    elif "blocks_per_chunk" in extra:
+        bpc = number("blocks_per_chunk")
+        if bpc <= 0:
+            raise InputError(f"--vllm-config: blocks_per_chunk must be > 0, got {bpc}")
+        changes["chunk_tokens"] = bpc * opts.gpu_block_tokens
+    else:
+        changes["chunk_tokens"] = opts.gpu_block_tokens  # vLLM default: one GPU block per chunk
+    if "eviction_policy" in extra:
+        changes["policy"] = str(extra["eviction_policy"])
+    if "cache_policy_module_path" in extra:
+        changes["policy_module"] = str(extra["cache_policy_module_path"])
+    if "store_threshold" in extra:
+        changes["store_threshold"] = number("store_threshold")
+    if "max_tracker_size" in extra:
+        changes["max_tracker_size"] = number("max_tracker_size")
+    return opts.with_(**changes)

@@ -1,0 +1,42 @@
+"""Per-request scratch state shared by the manager and the policies.
+
+Mirrors vLLM 0.33's ``ReqContext``: the connector records each offload key's token end
+position, and the manager and policies keep per-request state keyed by their owner, so
+one policy object can serve many concurrent requests without global counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+
+class RequestContext:
+    """Identity of one request plus the token end position of each of its chunk keys."""
+
+    __slots__ = ("req_id", "positions", "state")
+
+    def __init__(self, req_id: Hashable, positions: dict[Hashable, int] | None = None) -> None:
+        self.req_id = req_id
+        self.positions: dict[Hashable, int] = positions if positions is not None else {}
+        # owner object -> that owner's state for this request (owner identity replaces
+        # vLLM's "state.owner is self" check).
+        self.state: dict[Any, Any] = {}
+
+    def set_key_position(self, key: Hashable, end_token: int) -> None:
+        self.positions[key] = end_token
+
+    def key_position(self, key: Hashable) -> int | None:
+        return self.positions.get(key)
+
+    def __repr__(self) -> str:
+        return f"RequestContext({self.req_id!r})"
+
+
+def order_request_keys(key_groups, ctx: RequestContext) -> list:
+    """Flatten groups head-to-tail; sort by token position when every position is known."""
+    keys = [k for group in key_groups for k in group]
+    positions = ctx.positions
+    if all(k in positions for k in keys):
+        keys.sort(key=positions.__getitem__)
+    return keys

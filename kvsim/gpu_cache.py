@@ -1,0 +1,104 @@
+"""The GPU prefix cache, with vLLM v1 block-pool semantics.
+
+* free blocks sit in a queue; allocation pops the front (least recently freed);
+* a popped block that still holds a hash loses it only then (lazy eviction);
+* a cached block hit by a new request leaves the free queue (ref count goes up);
+* a finished request frees its blocks tail first, so its tail is evicted before its head;
+* a hit never covers the whole prompt: the last prompt token is always recomputed.
+
+Blocks are ``unit_tokens`` long (see :mod:`kvsim.keys`); ``num_blocks = 0`` disables it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class GpuBlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks must be >= 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # hash -> block id
+        self.evictions = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_blocks > 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def usage(self) -> float:
+        return (self.num_blocks - len(self._free)) / self.num_blocks if self.num_blocks else 0.0
+
+    def match_prefix(self, keys: Sequence[int], max_blocks: int) -> int:
+        """Number of leading ``keys`` cached (at most ``max_blocks``); no side effects."""
+        cached = self._cached
+        n = 0
+        for key in keys:
+            if n >= max_blocks or key not in cached:
+                break
+            n += 1
+        return n
+
+    def acquire_cached(self, keys: Sequence[int]) -> list[int]:
+        """Take the cached blocks of ``keys`` (all must be cached) for a request."""
+        cached, ref, free = self._cached, self._ref, self._free
+        blocks = []
+        for key in keys:
+            block = cached[key]
+            if ref[block] == 0:
+                del free[block]
+            ref[block] += 1
+            blocks.append(block)
+        return blocks
+
+    def allocate(self, n: int) -> list[int] | None:
+        """Pop ``n`` free blocks (evicting their old hashes), or None if too few are free."""
+        free = self._free
+        if n > len(free):
+            return None
+        ref, hashes, cached = self._ref, self._hash, self._cached
+        blocks = []
+        for _ in range(n):
+            block, _ = free.popitem(last=False)
+            old = hashes[block]
+            if old is not None:
+                hashes[block] = None
+                if cached.get(old) == block:
+                    del cached[old]
+                    self.evictions += 1
+            ref[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def cache_blocks(self, blocks: Sequence[int], keys: Sequence[int]) -> None:
+        """Give computed full blocks their hashes (the first block per hash is kept)."""
+        hashes, cached = self._hash, self._cached
+        for block, key in zip(blocks, keys):
+            if hashes[block] is None and key not in cached:
+                hashes[block] = key
+                cached[key] = block
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Release a request's blocks, tail first."""
+        ref, free = self._ref, self._free
+        for block in reversed(blocks):
+            ref[block] -= 1
+            if ref[block] == 0:
+                free[block] = None
+
+    def reset(self) -> None:
+        """Forget every hash (vLLM's prefix-cache reset); requires no blocks in use."""
+        self._cached.clear()
+        self._hash = [None] * self.num_blocks

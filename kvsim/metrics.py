@@ -1,0 +1,57 @@
+"""vLLM's offload metric names and histogram buckets, and a tiny histogram type.
+
+kvsim reports the CPU tier under vLLM's own names so a dashboard built for vLLM reads
+kvsim output unchanged.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CPU_CACHE_USAGE_PERC = "vllm:kv_offload_cpu_cache_usage_perc"
+CPU_CACHE_WRITE_USAGE_PERC = "vllm:kv_offload_cpu_cache_write_usage_perc"
+CPU_CACHE_READ_USAGE_PERC = "vllm:kv_offload_cpu_cache_read_usage_perc"
+CPU_ALLOCATION_SIZE = "vllm:kv_offload_cpu_allocation_size"
+STORES_SKIPPED = "vllm:kv_offload_stores_skipped"
+ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"
+LOAD_BYTES = "vllm:kv_offload_load_bytes"
+STORE_BYTES = "vllm:kv_offload_store_bytes"
+LOAD_TIME = "vllm:kv_offload_load_time"
+STORE_TIME = "vllm:kv_offload_store_time"
+LOAD_SIZE = "vllm:kv_offload_load_size"
+STORE_SIZE = "vllm:kv_offload_store_size"
+
+ALLOCATION_SIZE_BUCKETS: tuple[float, ...] = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+TRANSFER_SIZE_BUCKETS: tuple[float, ...] = (
+    1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6,
+)
+
+
+@dataclass
+class Histogram:
+    """Cumulative-bucket histogram (Prometheus style: ``le`` upper bounds, plus +Inf)."""
+
+    buckets: Sequence[float]
+    counts: list[int] = field(default_factory=list)
+    count: int = 0
+    sum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def cumulative(self) -> dict[str, int]:
+        """``{"le=1": n, ..., "le=+Inf": total}``."""
+        out: dict[str, int] = {}
+        running = 0
+        for bound, n in zip([*self.buckets, float("inf")], self.counts):
+            running += n
+            out[f"le={'+Inf' if bound == float('inf') else f'{bound:g}'}"] = running
+        return out

@@ -1,0 +1,386 @@
+"""The CPU offload manager: vLLM 0.33 ``CPUOffloadingManager`` semantics and method names.
+
+The manager owns the chunk pool (fresh ids first, then a LIFO free list), reference
+counts (-1 write pending, 0 evictable, >0 pinned by loads), the two-phase load/store
+protocol, request-scoped access recording, events and gauges. Which chunk to evict is
+the eviction policy's business; which new chunk may enter is the admission policy's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from kvsim.context import RequestContext
+from kvsim.metrics import (
+    ALLOCATION_SIZE_BUCKETS,
+    CPU_ALLOCATION_SIZE,
+    CPU_CACHE_READ_USAGE_PERC,
+    CPU_CACHE_USAGE_PERC,
+    CPU_CACHE_WRITE_USAGE_PERC,
+    STORES_SKIPPED,
+    Histogram,
+)
+from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.base import Chunk, EvictionPolicy, Key
+
+
+class LookupResult(IntEnum):
+    MISS = 0
+    HIT = 1
+    HIT_PENDING = 2
+
+
+class ProtocolError(RuntimeError):
+    """The caller broke the manager's protocol (e.g. loading a chunk that is not ready)."""
+
+
+@dataclass(frozen=True)
+class PrepareStoreOutput:
+    keys_to_store: list
+    chunk_ids: list[int]
+    evicted_keys: list
+
+
+@dataclass(frozen=True)
+class OffloadingEvent:
+    keys: list
+    removed: bool
+    metadata_only: bool = False
+    medium: str = "CPU"
+
+
+@dataclass
+class ManagerCounters:
+    """Cumulative totals (kvsim's additions; vLLM resets its per-step values in get_stats)."""
+
+    stored_chunks: int = 0
+    evicted_chunks: int = 0
+    loaded_chunks: int = 0
+    failed_store_chunks: int = 0
+    stores_skipped: int = 0
+    allocation_failures: int = 0
+    allocation_sizes: Histogram = field(default_factory=lambda: Histogram(ALLOCATION_SIZE_BUCKETS))
+
+
+class _RequestAccess:
+    """Keys one request observed, in first-observation order (one KV-cache group)."""
+
+    __slots__ = ("generation", "keys", "seen", "inserted", "reused", "store_miss", "finished")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.keys: list = []
+        self.seen: set = set()
+        self.inserted: set = set()
+        self.reused: set = set()
+        self.store_miss: set = set()
+        self.finished = False
+
+
+class OffloadManager:
+    """CPU tier bookkeeping; see docs/vllm-offload-semantics.md §2."""
+
+    def __init__(
+        self,
+        num_chunks: int,
+        policy: EvictionPolicy,
+        admission: AdmissionPolicy | None = None,
+        *,
+        enable_events: bool = False,
+    ) -> None:
+        if num_chunks < 0:
+            raise ValueError(f"num_chunks must be >= 0, got {num_chunks}")
+        self.num_chunks = num_chunks
+        self.policy = policy
+        self.admission = admission if admission is not None else AdmissionPolicy()
+        self._filters = type(self.admission).admit is not AdmissionPolicy.admit
+        self.events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._num_allocated = 0
+        self._free_list: list[int] = []
+        self._num_evictable = 0
+        self._num_write_pending = 0
+        self._generation = 0
+        self._skipped_since_stats = 0
+        self._allocation_sizes_since_stats: list[int] = []
+        self.counters = ManagerCounters()
+
+    # --- chunk pool ---
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_list) + self.num_chunks - self._num_allocated
+
+    @property
+    def num_resident(self) -> int:
+        return self._num_allocated - len(self._free_list)
+
+    @property
+    def num_evictable(self) -> int:
+        return self._num_evictable
+
+    @property
+    def num_write_pending(self) -> int:
+        return self._num_write_pending
+
+    def _allocate(self, n: int) -> list[int]:
+        fresh = min(n, self.num_chunks - self._num_allocated)
+        start = self._num_allocated
+        ids = list(range(start, start + fresh))
+        self._num_allocated = start + fresh
+        free = self._free_list
+        for _ in range(n - fresh):
+            ids.append(free.pop())
+        return ids
+
+    # --- request access state ---
+
+    def _access(self, ctx: RequestContext) -> _RequestAccess:
+        state = ctx.state.get(self)
+        if state is None or state.generation != self._generation:
+            state = _RequestAccess(self._generation)
+            ctx.state[self] = state
+        return state
+
+    def _record_access(self, keys: Sequence[Key], ctx: RequestContext, reused: Sequence[Key]) -> None:
+        state = self._access(ctx)
+        seen = state.seen
+        new = [k for k in keys if k not in seen]
+        if new:
+            if state.finished:
+                raise ProtocolError(f"request {ctx.req_id!r}: new keys observed after it finished")
+            state.keys.extend(new)
+            seen.update(new)
+            self.policy.on_request_access(new, ctx)
+        if reused:
+            inserted = state.inserted
+            state.reused.update([k for k in reused if k not in inserted])
+
+    # --- OffloadingManager interface ---
+
+    def new_context(self, req_id: object, positions: dict) -> RequestContext:
+        """A request context whose chunk keys end at the given token positions."""
+        return RequestContext(req_id, positions)
+
+    def on_new_request(self, ctx: RequestContext) -> None:
+        self._access(ctx)
+
+    def lookup(self, key: Key, ctx: RequestContext | None = None) -> LookupResult:
+        """MISS, HIT or HIT_PENDING; no side effects."""
+        chunk = self.policy.get(key)
+        if chunk is None:
+            return LookupResult.MISS
+        return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
+
+    def lookup_prefix(self, keys: Iterable[Key]) -> tuple[int, bool]:
+        """Scan like the connector: count HIT/HIT_PENDING keys up to the first MISS.
+
+        Returns ``(count, any_pending)``; a pending key means the request must wait.
+        """
+        get = self.policy.get
+        count = 0
+        pending = False
+        for key in keys:
+            chunk = get(key)
+            if chunk is None:
+                break
+            if chunk.ref_cnt < 0:
+                pending = True
+            count += 1
+        return count, pending
+
+    def prepare_load(self, keys: Sequence[Key], ctx: RequestContext) -> list[int]:
+        """Pin ready chunks for reading; returns chunk ids co-indexed with ``keys``."""
+        get = self.policy.get
+        policy = self.policy
+        ids = []
+        for key in keys:
+            chunk = get(key)
+            if chunk is None or chunk.ref_cnt < 0:
+                raise ProtocolError(f"prepare_load: chunk {key!r} is not resident and ready")
+            if chunk.ref_cnt == 0:
+                policy.mark_non_evictable(key)
+                self._num_evictable -= 1
+            chunk.ref_cnt += 1
+            ids.append(chunk.chunk_id)
+        self.counters.loaded_chunks += len(ids)
+        self._record_access(keys, ctx, reused=keys)
+        return ids
+
+    def touch(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+        self.policy.touch(keys, ctx)
+
+    def complete_load(self, keys: Iterable[Key], ctx: RequestContext | None = None) -> None:
+        get = self.policy.get
+        policy = self.policy
+        for key in keys:
+            chunk = get(key)
+            if chunk is None or chunk.ref_cnt <= 0:
+                raise ProtocolError(f"complete_load: chunk {key!r} is not being loaded")
+            chunk.ref_cnt -= 1
+            if chunk.ref_cnt == 0:
+                self._num_evictable += 1
+                policy.mark_evictable(key)
+
+    def prepare_store(self, offer: Iterable[Key], ctx: RequestContext) -> PrepareStoreOutput | None:
+        """All or nothing: allocate chunks for every admitted new key, or return None."""
+        keys = list(offer)
+        admission = self.admission
+        if admission.records_offers:
+            admission.record_offer(keys)
+        policy = self.policy
+        get = policy.get
+        to_store: list = []
+        ready_existing: list = []
+        for key in keys:
+            chunk = get(key)
+            if chunk is None:
+                to_store.append(key)
+            elif chunk.ref_cnt >= 0:
+                ready_existing.append(key)
+        partitioned_all = len(to_store) + len(ready_existing) == len(keys)
+        if self._filters and to_store:
+            candidates = len(to_store)
+            to_store = admission.admit(to_store)
+            skipped = candidates - len(to_store)
+            if skipped:
+                partitioned_all = False
+                self._skipped_since_stats += skipped
+                self.counters.stores_skipped += skipped
+
+        state = self._access(ctx)
+        if to_store:
+            store_miss = state.store_miss
+            new_misses = [k for k in to_store if k not in store_miss]
+            if new_misses:
+                policy.on_store_miss(new_misses, ctx)
+                store_miss.update(new_misses)
+        if partitioned_all:
+            recorded = keys
+        else:
+            wanted = set(to_store)
+            wanted.update(ready_existing)
+            recorded = [k for k in keys if k in wanted]
+        self._record_access(recorded, ctx, reused=ready_existing)
+
+        if not to_store:
+            return PrepareStoreOutput([], [], [])
+
+        n = len(to_store)
+        self._allocation_sizes_since_stats.append(n)
+        self.counters.allocation_sizes.observe(n)
+        need = n - self.num_free
+        evicted_keys: list = []
+        if need > 0:
+            if need > self._num_evictable:
+                self.counters.allocation_failures += 1
+                return None
+            victims = policy.evict(need, set(keys))
+            if victims is None:
+                self.counters.allocation_failures += 1
+                return None
+            self._num_evictable -= len(victims)
+            free = self._free_list
+            for key, chunk in victims:
+                free.append(chunk.chunk_id)
+                evicted_keys.append(key)
+            self.counters.evicted_chunks += len(victims)
+            if self.events is not None:
+                self.events.append(OffloadingEvent(evicted_keys, removed=True))
+
+        ids = self._allocate(n)
+        insert = policy.insert
+        for key, chunk_id in zip(to_store, ids):
+            insert(key, Chunk(chunk_id), ctx)
+        self._num_write_pending += n
+        state.inserted.update(to_store)
+        return PrepareStoreOutput(to_store, ids, evicted_keys)
+
+    def complete_store(self, keys: Iterable[Key], ctx: RequestContext | None = None, success: bool = True) -> None:
+        """Finish a store: chunks become evictable, or are dropped when the copy failed."""
+        policy = self.policy
+        get = policy.get
+        done: list = []
+        if success:
+            for key in keys:
+                chunk = get(key)
+                if chunk is not None and chunk.ref_cnt < 0:
+                    chunk.ref_cnt = 0
+                    done.append(key)
+                    policy.mark_evictable(key)
+            self._num_write_pending -= len(done)
+            self._num_evictable += len(done)
+            self.counters.stored_chunks += len(done)
+        else:
+            free = self._free_list
+            for key in keys:
+                chunk = get(key)
+                if chunk is not None and chunk.ref_cnt < 0:
+                    policy.remove(key)
+                    free.append(chunk.chunk_id)
+                    done.append(key)
+            self._num_write_pending -= len(done)
+            self.counters.failed_store_chunks += len(done)
+        if done and self.events is not None:
+            self.events.append(OffloadingEvent(done, removed=not success, metadata_only=not success))
+
+    def on_request_finished(self, ctx: RequestContext) -> None:
+        """Commit the request's recorded accesses to the policy, exactly once."""
+        state = ctx.state.get(self)
+        if state is None or state.generation != self._generation or state.finished:
+            return
+        state.finished = True
+        keys = state.keys
+        positions = ctx.positions
+        if keys and all(k in positions for k in keys):
+            keys = sorted(keys, key=positions.__getitem__)
+        self.policy.on_request_finished((keys,), state.inserted - state.reused, state.reused, ctx)
+
+    def on_schedule_end(self) -> None:
+        """The last manager call of an engine step (a no-op for the CPU tier)."""
+
+    def has_pending_work(self) -> bool:
+        return False
+
+    def take_events(self) -> Iterator[OffloadingEvent]:
+        if self.events is None:
+            return
+        events, self.events = self.events, []
+        get = self.policy.get
+        for event in events:
+            if event.metadata_only:
+                keys = [k for k in event.keys if get(k) is None]
+                if not keys:
+                    continue
+                event = OffloadingEvent(keys, event.removed, True, event.medium)
+            yield event
+
+    def reset_cache(self) -> None:
+        """Drop every chunk; admission counts survive (as in vLLM)."""
+        self.policy.clear()
+        self._generation += 1
+        self._num_evictable = 0
+        self._num_write_pending = 0
+        self._free_list.clear()
+        self._num_allocated = 0
+
+    def gauges(self) -> dict[str, float]:
+        n = self.num_chunks
+        used = self._num_allocated - len(self._free_list) - self._num_evictable
+        usage = used / n if n else 0.0
+        write = self._num_write_pending / n if n else 0.0
+        return {
+            CPU_CACHE_USAGE_PERC: usage,
+            CPU_CACHE_WRITE_USAGE_PERC: write,
+            CPU_CACHE_READ_USAGE_PERC: max(usage - write, 0.0),
+        }
+
+    def get_stats(self) -> dict[str, object]:
+        """vLLM's per-step stats: gauges, allocation-size samples and skipped stores since the last call."""
+        stats: dict[str, object] = dict(self.gauges())
+        stats[CPU_ALLOCATION_SIZE] = self._allocation_sizes_since_stats
+        self._allocation_sizes_since_stats = []
+        stats[STORES_SKIPPED] = self._skipped_since_stats
+        self._skipped_since_stats = 0
+        return stats

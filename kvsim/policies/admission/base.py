@@ -1,0 +1,33 @@
+"""The admission interface: which new chunks may enter the CPU tier.
+
+Admission is separate from eviction so any rule combines with any eviction policy.
+The manager calls ``record_offer`` with every ``prepare_store`` offer (before it splits
+the offer), then ``admit`` with the non-resident candidates; resident ready chunks
+bypass admission, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from kvsim.policies.base import Key
+
+
+class AdmissionPolicy:
+    """Admit everything. Subclasses override ``record_offer`` and ``admit``."""
+
+    name: ClassVar[str] = "always"
+    description: ClassVar[str] = "admit every new chunk (vLLM's default, store_threshold < 2)"
+    #: False lets the manager skip the per-offer bookkeeping call entirely.
+    records_offers: ClassVar[bool] = False
+
+    def record_offer(self, keys: Sequence[Key]) -> None:
+        """See one offer (every key passed to one prepare_store call)."""
+
+    def admit(self, candidates: list) -> list:
+        """Return the admitted subset of the non-resident candidates, order kept."""
+        return candidates
+
+    def clear(self) -> None:
+        """Forget everything learned so far."""

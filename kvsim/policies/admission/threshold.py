@@ -1,0 +1,59 @@
+"""vLLM 0.33's ``store_threshold``: store a chunk only once it was offered N times.
+
+Counts live in an LRU-ordered table capped at ``max_tracker_size``; keys of the current
+offer are never dropped from the table to make room for other keys of the same offer
+(PR #54759), so an oversized offer still makes progress. Counts never decay and are not
+deleted when a chunk gets stored.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from kvsim.errors import InputError
+from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.base import Key
+
+
+class StoreThresholdAdmission(AdmissionPolicy):
+    name = "threshold"
+    description = "vLLM store_threshold: admit a chunk after N offers (bounded LRU counter table)"
+    records_offers = True
+
+    def __init__(self, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
+        if store_threshold < 2:
+            raise InputError(f"--store-threshold must be >= 2 to filter, got {store_threshold}")
+        if max_tracker_size < 1:
+            raise InputError(f"--max-tracker-size must be >= 1, got {max_tracker_size}")
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        self.counts: OrderedDict[Key, int] = OrderedDict()
+
+    def record_offer(self, keys: Sequence[Key]) -> None:
+        counts = self.counts
+        protected = set()
+        for key in keys:
+            if key in counts:
+                counts.move_to_end(key)
+                counts[key] += 1
+                protected.add(key)
+        unprotected = len(counts) - len(protected)
+        limit = self.max_tracker_size
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= limit:
+                if unprotected == 0:
+                    continue  # not tracked this time
+                counts.popitem(last=False)
+                unprotected -= 1
+            counts[key] = 1
+
+    def admit(self, candidates: list) -> list:
+        counts = self.counts
+        threshold = self.store_threshold
+        return [k for k in candidates if counts.get(k, 0) >= threshold]
+
+    def clear(self) -> None:
+        self.counts.clear()

@@ -1,0 +1,145 @@
+"""vLLM 0.33's ARC variant (the one vLLM ships as ``arc``; not textbook ARC).
+
+Differences from the paper that this class keeps on purpose, because vLLM makes them:
+insertions always go to T1; promotion to T2 happens only when a request that *reused* a
+ready chunk finishes; ghost hits adapt ``p`` once per request per key, from store misses;
+the eviction test is ``virtual |T1| >= int(p)``, with a T2 fallback and then a T1
+fallback, scanning each list once; B1 and B2 are each capped at ``capacity``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+
+from kvsim.context import RequestContext, order_request_keys
+from kvsim.policies.base import Chunk, EvictionPolicy, Key
+
+
+def _evictable_entries(entries: OrderedDict, protected: set) -> Iterator[tuple[Key, Chunk]]:
+    for key, chunk in entries.items():
+        if chunk.ref_cnt == 0 and key not in protected:
+            yield key, chunk
+
+
+class ARCPolicy(EvictionPolicy):
+    name = "arc"
+    description = "vLLM 0.33 ARC variant: T1/T2 with ghost lists, promotion on reuse at request finish"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.p: float = 0.0  # vLLM's target_t1_size
+        self.t1: OrderedDict[Key, Chunk] = OrderedDict()
+        self.t2: OrderedDict[Key, Chunk] = OrderedDict()
+        self.b1: OrderedDict[Key, None] = OrderedDict()
+        self.b2: OrderedDict[Key, None] = OrderedDict()
+
+    def get(self, key: Key) -> Chunk | None:
+        chunk = self.t1.get(key)
+        return chunk if chunk is not None else self.t2.get(key)
+
+    def keys(self) -> Iterable[Key]:
+        return [*self.t1, *self.t2]
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    def insert(self, key: Key, chunk: Chunk, ctx: RequestContext) -> None:
+        self.t1[key] = chunk
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+
+    def remove(self, key: Key) -> None:
+        if self.t1.pop(key, None) is None:
+            self.t2.pop(key, None)
+
+    def _adapt_to_ghost_hit(self, key: Key) -> None:
+        b1, b2 = self.b1, self.b2
+        if key in b1:
+            self.p = min(self.p + max(1, len(b2) / len(b1)), self.capacity)
+            b1.move_to_end(key)
+        elif key in b2:
+            self.p = max(self.p - max(1, len(b1) / len(b2)), 0)
+            b2.move_to_end(key)
+
+    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+        if not self.b1 and not self.b2:
+            return
+        for key in reversed(keys):
+            self._adapt_to_ghost_hit(key)
+
+    def touch(self, keys: Iterable[Key], ctx: RequestContext) -> None:
+        t1, t2 = self.t1, self.t2
+        for key in reversed(list(keys)):
+            if key in t1:
+                chunk = t1.pop(key)
+                if chunk.is_ready:
+                    t2[key] = chunk
+                else:
+                    t1[key] = chunk
+            elif key in t2:
+                t2.move_to_end(key)
+            else:
+                self._adapt_to_ghost_hit(key)
+
+    def on_request_finished(self, key_groups, insertion_only, reused, ctx) -> None:
+        keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, ctx)
+        t1, t2 = self.t1, self.t2
+        for key in reversed(keys):
+            if key in insertion_only:
+                if key in t1:
+                    t1.move_to_end(key)
+                elif key in t2:
+                    t2.move_to_end(key)
+            elif key in reused:
+                if key in t1:
+                    t2[key] = t1.pop(key)
+                elif key in t2:
+                    t2.move_to_end(key)
+
+    def clear(self) -> None:
+        self.t1.clear()
+        self.t2.clear()
+        self.b1.clear()
+        self.b2.clear()
+        self.p = 0.0
+
+    def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
+        if n == 0:
+            return []
+        virtual_t1 = len(self.t1)
+        target = int(self.p)
+        scan_t1 = _evictable_entries(self.t1, protected)
+        scan_t2 = _evictable_entries(self.t2, protected)
+        picked: list[tuple[Key, Chunk, bool]] = []
+        for _ in range(n):
+            entry = None
+            if virtual_t1 >= target:
+                entry = next(scan_t1, None)
+                if entry is not None:
+                    picked.append((*entry, True))
+                    virtual_t1 -= 1
+                    continue
+            entry = next(scan_t2, None)
+            if entry is not None:
+                picked.append((*entry, False))
+                continue
+            entry = next(scan_t1, None)  # T1 fallback
+            if entry is None:
+                return None
+            picked.append((*entry, True))
+            virtual_t1 -= 1
+        victims = []
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        for key, chunk, from_t1 in picked:
+            if from_t1:
+                del t1[key]
+                b1[key] = None
+            else:
+                del t2[key]
+                b2[key] = None
+            victims.append((key, chunk))
+        for ghost in (b1, b2):
+            for _ in range(len(ghost) - self.capacity):
+                ghost.popitem(last=False)
+        return victims

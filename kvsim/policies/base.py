@@ -1,0 +1,109 @@
+"""The eviction-policy interface, shaped like vLLM 0.33's ``CachePolicy``.
+
+A policy organises resident chunks and picks victims. It never allocates chunk ids,
+never reads a clock and never touches tensors; the offload manager does the accounting.
+That is what lets one policy object run in the simulator, under the real backend, and
+(through an adapter) inside vLLM itself.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterable, Sequence
+from typing import ClassVar
+
+from kvsim.context import RequestContext
+
+Key = Hashable
+
+
+class Chunk:
+    """One CPU chunk slot. ``ref_cnt``: -1 write pending, 0 evictable, >0 pinned by loads."""
+
+    __slots__ = ("ref_cnt", "chunk_id")
+
+    def __init__(self, chunk_id: int, ref_cnt: int = -1) -> None:
+        self.chunk_id = chunk_id
+        self.ref_cnt = ref_cnt
+
+    @property
+    def is_ready(self) -> bool:
+        return self.ref_cnt >= 0
+
+    def __repr__(self) -> str:
+        return f"Chunk(id={self.chunk_id}, ref={self.ref_cnt})"
+
+
+class EvictionPolicy(ABC):
+    """Resident-chunk organisation plus victim selection.
+
+    Subclasses must implement ``get``, ``insert``, ``remove``, ``touch``, ``evict`` and
+    ``clear``. ``evict(n, protected)`` must be atomic: either exactly ``n`` chunks with
+    ``ref_cnt == 0`` that are not in ``protected`` are removed and returned, or ``None``
+    is returned and nothing changes.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: True when the policy needs the future of the trace (set by the replay driver).
+    needs_future: ClassVar[bool] = False
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+
+    @abstractmethod
+    def get(self, key: Key) -> Chunk | None:
+        """The resident chunk for ``key``, or None. No side effects."""
+
+    @abstractmethod
+    def insert(self, key: Key, chunk: Chunk, ctx: RequestContext) -> None:
+        """Add a newly allocated (write-pending) chunk."""
+
+    @abstractmethod
+    def remove(self, key: Key) -> None:
+        """Drop a chunk whose store failed."""
+
+    @abstractmethod
+    def touch(self, keys: Iterable[Key], ctx: RequestContext) -> None:
+        """Legacy recency update; the first key ends up most recent."""
+
+    @abstractmethod
+    def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
+        """Atomically remove exactly ``n`` evictable, unprotected chunks."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget everything, including ghost and adaptive state."""
+
+    @abstractmethod
+    def keys(self) -> Iterable[Key]:
+        """Resident keys (for tests and gauges; not on the hot path)."""
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.keys())
+
+    # --- optional hooks (vLLM defaults) ---
+
+    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+        """Store candidates new to this request, before insertion (ARC ghost learning)."""
+        self.touch(keys, ctx)
+
+    def on_request_access(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+        """First observation of keys by a running request; no commitment yet."""
+
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[Key]],
+        insertion_only: set,
+        reused: set,
+        ctx: RequestContext,
+    ) -> None:
+        """Commit one request's accesses, head-to-tail per group."""
+        for group in key_groups:
+            self.touch(group, ctx)
+
+    def mark_evictable(self, key: Key) -> None:
+        """The chunk's ref_cnt became 0."""
+
+    def mark_non_evictable(self, key: Key) -> None:
+        """The chunk's ref_cnt left 0."""

@@ -1,0 +1,127 @@
+"""Policies by name: the built-ins, then ``module:Class`` (or vLLM's name + module path).
+
+A user's own class must subclass :class:`EvictionPolicy` (or :class:`AdmissionPolicy`);
+anything else is rejected with an error that says what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from kvsim.errors import InputError
+from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.admission.threshold import StoreThresholdAdmission
+from kvsim.policies.arc import ARCPolicy
+from kvsim.policies.base import EvictionPolicy
+from kvsim.policies.lru import LRUPolicy
+
+EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {}
+ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {}
+
+
+def register_eviction(cls: type[EvictionPolicy], name: str | None = None) -> type[EvictionPolicy]:
+    """Register an eviction policy class under ``name`` (default ``cls.name``)."""
+    key = (name or cls.name).lower()
+    if key in EVICTION_POLICIES and EVICTION_POLICIES[key] is not cls:
+        raise ValueError(f"eviction policy {key!r} is already registered")
+    EVICTION_POLICIES[key] = cls
+    return cls
+
+
+def register_admission(cls: type[AdmissionPolicy], name: str | None = None) -> type[AdmissionPolicy]:
+    """Register an admission policy class under ``name`` (default ``cls.name``)."""
+    key = (name or cls.name).lower()
+    if key in ADMISSION_POLICIES and ADMISSION_POLICIES[key] is not cls:
+        raise ValueError(f"admission policy {key!r} is already registered")
+    ADMISSION_POLICIES[key] = cls
+    return cls
+
+
+for _cls in (LRUPolicy, ARCPolicy):
+    register_eviction(_cls)
+for _cls in (AdmissionPolicy, StoreThresholdAdmission):
+    register_admission(_cls)
+
+
+def _import_class(spec: str, option: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise InputError(f"{option}: expected NAME or module:Class, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InputError(f"{option}: cannot import module {module_name!r} ({exc})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise InputError(f"{option}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def _check_subclass(obj: Any, base: type, option: str, spec: str) -> type:
+    if not inspect.isclass(obj):
+        raise InputError(f"{option}: {spec!r} is not a class")
+    if not issubclass(obj, base):
+        required = sorted(getattr(base, "__abstractmethods__", ())) or ["record_offer", "admit"]
+        raise InputError(
+            f"{option}: {spec!r} must subclass {base.__module__}.{base.__qualname__} "
+            f"(implementing {', '.join(required)})"
+        )
+    missing = sorted(getattr(obj, "__abstractmethods__", ()))
+    if missing:
+        raise InputError(f"{option}: {spec!r} does not implement {', '.join(missing)}")
+    return obj
+
+
+def eviction_policy_class(spec: str, module_path: str | None = None) -> type[EvictionPolicy]:
+    """Resolve ``lru``, ``arc``, ..., ``pkg.mod:Class``, or vLLM's (name, module path)."""
+    option = "--policy"
+    cls = EVICTION_POLICIES.get(spec.lower())
+    if cls is not None:
+        return cls
+    if ":" in spec:
+        return _check_subclass(_import_class(spec, option), EvictionPolicy, option, spec)
+    if module_path:
+        return _check_subclass(
+            _import_class(f"{module_path}:{spec}", option), EvictionPolicy, option, spec
+        )
+    known = ", ".join(sorted(EVICTION_POLICIES))
+    raise InputError(f"{option}: unknown eviction policy {spec!r}; known: {known} (or module:Class)")
+
+
+def make_eviction_policy(spec: str, capacity: int, module_path: str | None = None) -> EvictionPolicy:
+    return eviction_policy_class(spec, module_path)(capacity)
+
+
+def admission_policy_class(spec: str) -> type[AdmissionPolicy]:
+    option = "--admission"
+    cls = ADMISSION_POLICIES.get(spec.lower())
+    if cls is not None:
+        return cls
+    if ":" in spec:
+        return _check_subclass(_import_class(spec, option), AdmissionPolicy, option, spec)
+    known = ", ".join(sorted(ADMISSION_POLICIES))
+    raise InputError(f"{option}: unknown admission policy {spec!r}; known: {known} (or module:Class)")
+
+
+def make_admission(
+    spec: str = "always", *, store_threshold: int = 0, max_tracker_size: int = 64_000, **kwargs: Any
+) -> AdmissionPolicy:
+    """Build an admission policy. vLLM semantics: ``store_threshold >= 2`` means the threshold."""
+    if spec.lower() == "always" and store_threshold >= 2:
+        spec = "threshold"
+    cls = admission_policy_class(spec)
+    if cls is StoreThresholdAdmission:
+        return cls(max(store_threshold, 2), max_tracker_size)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise InputError(f"--admission: cannot construct {spec!r}: {exc}") from None
+
+
+def describe_policies() -> list[tuple[str, str, str]]:
+    """(kind, name, one-line description) for every registered policy."""
+    rows = [("eviction", n, c.description) for n, c in sorted(EVICTION_POLICIES.items())]
+    rows += [("admission", n, c.description) for n, c in sorted(ADMISSION_POLICIES.items())]
+    return rows

@@ -1,0 +1,193 @@
+"""Cache-mode replay: requests one at a time, in trace order, with no notion of time.
+
+Per request, as vLLM's connector does it with both tiers:
+1. the GPU prefix cache finds its longest cached prefix (never the whole prompt);
+2. the CPU tier is scanned from ``floor(gpu_hit / chunk)`` up to the first non-HIT;
+3. the CPU hits are loaded (``prepare_load`` + ``complete_load``);
+4. the complete prompt chunks after the loaded ones are offered for store; with no CPU
+   load every chunk from chunk 0 is offered, so GPU hits reach the CPU tier;
+5. the store completes, then ``on_request_finished`` commits the request's accesses.
+
+Memory is bounded by the cache state: rows stream to ``row_sink`` and are not kept
+unless the caller keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kvsim.config import CacheConfig
+from kvsim.gpu_cache import GpuBlockPool
+from kvsim.offload import OffloadManager
+from kvsim.policies.registry import make_admission, make_eviction_policy
+from kvsim.traces.model import Request
+
+REQUEST_COLUMNS = (
+    "request", "arrival_s", "prompt_tokens", "prompt_blocks", "gpu_hit_blocks",
+    "cpu_hit_blocks", "stored_blocks", "evicted_blocks", "skipped_blocks", "store_failed",
+)
+
+
+def build_manager(config: CacheConfig, requests: Iterable[Request] | None = None) -> OffloadManager:
+    """The offload manager with the configured eviction and admission policies."""
+    policy = make_eviction_policy(config.policy, config.num_chunks, config.policy_module)
+    if getattr(policy, "needs_future", False):
+        if requests is None:
+            raise ValueError(f"policy {config.policy!r} needs the trace's future")
+        policy.prepare_future(requests, config.layout)  # type: ignore[attr-defined]
+    admission = make_admission(
+        config.admission, store_threshold=config.store_threshold,
+        max_tracker_size=config.max_tracker_size, seed=config.seed,
+    ) if config.admission != "always" or config.store_threshold >= 2 else None
+    return OffloadManager(config.num_chunks, policy, admission)
+
+
+class CacheReplay:
+    """Drives one manager (kvsim's, or an adapter around vLLM's) through a trace."""
+
+    def __init__(self, config: CacheConfig, manager: Any | None = None,
+                 requests_for_future: Iterable[Request] | None = None) -> None:
+        self.config = config
+        self.layout = config.layout
+        self.manager = manager if manager is not None else build_manager(config, requests_for_future)
+        self.gpu = GpuBlockPool(config.gpu_blocks)
+        self.totals = dict.fromkeys(
+            ("requests", "prompt_tokens", "prompt_blocks", "gpu_hit_blocks", "cpu_hit_blocks",
+             "stored_blocks", "evicted_blocks", "store_failures"), 0)
+
+    def run(self, requests: Iterable[Request],
+            row_sink: Callable[[tuple], None] | None = None) -> dict[str, Any]:
+        layout = self.layout
+        unit_tokens = layout.unit_tokens
+        units_per_chunk = layout.units_per_chunk
+        tpc = layout.chunk_tokens
+        unit_keys_of = layout.unit_keys
+        manager = self.manager
+        new_context = manager.new_context
+        lookup_prefix = manager.lookup_prefix
+        prepare_store = manager.prepare_store
+        counters = getattr(manager, "counters", None)
+        gpu = self.gpu
+        gpu_on = gpu.enabled
+        gpu_blocks = gpu.num_blocks
+        t = self.totals
+        n_req = n_tokens = n_units = n_gpu = n_cpu = n_stored = n_evicted = n_fail = 0
+        skipped_before = counters.stores_skipped if counters is not None else 0
+
+        for req in requests:
+            input_tokens = req.input_tokens
+            unit_keys = unit_keys_of(req.block_hashes, input_tokens)
+            chunk_keys = unit_keys if units_per_chunk == 1 else unit_keys[units_per_chunk - 1 :: units_per_chunk]
+            n_chunks = len(chunk_keys)
+            ctx = new_context(req.request_id, dict(zip(chunk_keys, range(tpc, (n_chunks + 1) * tpc, tpc))))
+            manager.on_new_request(ctx)
+
+            gpu_hit = 0
+            if gpu_on and unit_keys:
+                gpu_hit = gpu.match_prefix(unit_keys, (input_tokens - 1) // unit_tokens)
+            local = gpu_hit * unit_tokens
+
+            next_store = 0
+            cpu_hit_tokens = 0
+            if n_chunks * tpc - local >= tpc:
+                start = local // tpc
+                count, _pending = lookup_prefix(chunk_keys[start:])
+                hit_tokens = tpc * (start + count) - local
+                if hit_tokens >= tpc:
+                    load_keys = chunk_keys[start : start + count]
+                    manager.prepare_load(load_keys, ctx)
+                    manager.complete_load(load_keys, ctx)
+                    cpu_hit_tokens = hit_tokens
+                    next_store = start + count
+
+            store_chunks = n_chunks
+            if gpu_on:
+                needed = -(-input_tokens // unit_tokens)
+                held = gpu.acquire_cached(unit_keys[:gpu_hit]) if gpu_hit else []
+                fresh = gpu.allocate(min(needed, gpu_blocks) - gpu_hit) or []
+                allocated_units = gpu_hit + len(fresh)
+                store_chunks = min(n_chunks, allocated_units * unit_tokens // tpc)
+
+            stored = evicted = 0
+            failed = False
+            if store_chunks > next_store:
+                out = prepare_store(chunk_keys[next_store:store_chunks], ctx)
+                if out is None:
+                    failed = True
+                    n_fail += 1
+                else:
+                    stored = len(out.keys_to_store)
+                    evicted = len(out.evicted_keys)
+                    if stored:
+                        manager.complete_store(out.keys_to_store, ctx)
+            manager.on_request_finished(ctx)
+
+            if gpu_on:
+                complete_fresh = min(len(unit_keys), allocated_units) - gpu_hit
+                if complete_fresh > 0:
+                    gpu.cache_blocks(fresh[:complete_fresh], unit_keys[gpu_hit : gpu_hit + complete_fresh])
+                gpu.free(held + fresh)
+
+            n_req += 1
+            n_tokens += input_tokens
+            n_units += len(unit_keys)
+            n_gpu += gpu_hit
+            cpu_units = cpu_hit_tokens // unit_tokens
+            n_cpu += cpu_units
+            n_stored += stored
+            n_evicted += evicted
+            if row_sink is not None:
+                skipped_now = counters.stores_skipped if counters is not None else 0
+                row_sink((req.request_id, req.arrival_s, input_tokens, len(unit_keys), gpu_hit,
+                          cpu_units, stored * units_per_chunk, evicted * units_per_chunk,
+                          (skipped_now - skipped_before) * units_per_chunk, failed))
+                skipped_before = skipped_now
+
+        t["requests"] += n_req
+        t["prompt_tokens"] += n_tokens
+        t["prompt_blocks"] += n_units
+        t["gpu_hit_blocks"] += n_gpu
+        t["cpu_hit_blocks"] += n_cpu
+        t["stored_blocks"] += n_stored * units_per_chunk
+        t["evicted_blocks"] += n_evicted * units_per_chunk
+        t["store_failures"] += n_fail
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        t = self.totals
+        cfg = self.config
+        m = self.manager
+        counters = getattr(m, "counters", None)
+        upc = self.layout.units_per_chunk
+        blocks = t["prompt_blocks"]
+        ratio = (lambda x: x / blocks) if blocks else (lambda x: 0.0)
+        chunk_bytes = cfg.chunk_bytes
+        stored_chunks = t["stored_blocks"] // upc
+        out: dict[str, Any] = {
+            "requests": t["requests"],
+            "prompt_tokens": t["prompt_tokens"],
+            "prompt_blocks": blocks,
+            "block_tokens": self.layout.unit_tokens,
+            "gpu_hit_blocks": t["gpu_hit_blocks"],
+            "cpu_hit_blocks": t["cpu_hit_blocks"],
+            "gpu_hit_ratio": ratio(t["gpu_hit_blocks"]),
+            "cpu_hit_ratio": ratio(t["cpu_hit_blocks"]),
+            "combined_hit_ratio": ratio(t["gpu_hit_blocks"] + t["cpu_hit_blocks"]),
+            "chunks_stored": stored_chunks,
+            "chunks_evicted": t["evicted_blocks"] // upc,
+            "chunks_skipped_by_threshold": counters.stores_skipped if counters is not None else 0,
+            "allocation_failures": t["store_failures"],
+            "bytes_loaded": t["cpu_hit_blocks"] * chunk_bytes // upc if chunk_bytes is not None else None,
+            "bytes_stored": stored_chunks * chunk_bytes if chunk_bytes is not None else None,
+            "cpu_chunks": cfg.num_chunks,
+            "chunk_tokens": cfg.chunk_tokens,
+            "chunk_bytes": chunk_bytes,
+            "cpu_resident_chunks": getattr(m, "num_resident", None),
+            "gpu_blocks": cfg.gpu_blocks,
+            "gpu_evictions": self.gpu.evictions,
+            "policy": cfg.policy,
+            "admission": "threshold" if cfg.store_threshold >= 2 and cfg.admission == "always" else cfg.admission,
+            "store_threshold": cfg.store_threshold,
+        }
+        return out

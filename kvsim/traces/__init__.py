@@ -1,0 +1,26 @@
+"""Trace model and streaming readers (Mooncake, Alibaba Bailian, Azure LLM 2023, native kvsim).
+
+>>> from kvsim.traces import open_trace
+>>> trace = open_trace("traces/samples/mooncake_small.jsonl")
+>>> first = next(iter(trace))
+"""
+
+from .model import Request, Trace, TraceInfo
+from .readers import (
+    DEFAULT_BLOCK_TOKENS,
+    TRACE_FORMATS,
+    open_trace,
+    sniff_format,
+    write_native,
+)
+
+__all__ = [
+    "DEFAULT_BLOCK_TOKENS",
+    "TRACE_FORMATS",
+    "Request",
+    "Trace",
+    "TraceInfo",
+    "open_trace",
+    "sniff_format",
+    "write_native",
+]

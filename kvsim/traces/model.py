@@ -1,0 +1,103 @@
+"""Trace data model: one :class:`Request` per trace record, and a re-iterable :class:`Trace`.
+
+A :class:`Trace` never holds a file's records in memory: every ``iter(trace)`` re-opens the
+file and streams :class:`Request` objects from it (see :mod:`kvsim.traces.readers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request of a trace.
+
+    ``block_hashes`` holds one id per block of ``block_tokens`` prompt tokens, prefix-chained:
+    two requests have the same id at index ``i`` exactly when their prompts are equal up to the
+    end of block ``i``. It may include the id of the trailing partial block (Mooncake and
+    Bailian traces do). It is empty when the trace carries no reuse information (Azure).
+    """
+
+    request_id: int  # 0-based index in trace order
+    arrival_s: float  # seconds since trace start
+    input_tokens: int
+    output_tokens: int
+    block_hashes: tuple[int, ...]
+    session_id: int | None = None  # e.g. Bailian chat_id; None when unknown
+
+    def complete_blocks(self, block_tokens: int) -> int:
+        """Number of complete (cacheable) blocks: ``min(input_tokens // block_tokens, len(block_hashes))``."""
+        n = self.input_tokens // block_tokens
+        m = len(self.block_hashes)
+        return n if n < m else m
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """Where a trace comes from and how to read its block ids."""
+
+    path: str
+    format: str  # "mooncake" | "bailian" | "azure" | "native"
+    block_tokens: int  # tokens per hash block
+    has_reuse_info: bool  # False for Azure: its requests have no block_hashes
+
+
+class Trace:
+    """A re-iterable, streaming sequence of :class:`Request`.
+
+    Build one with :func:`kvsim.traces.open_trace` (file-backed) or :meth:`Trace.from_requests`
+    (in memory). ``iter(trace)`` starts from the first request every time; at most ``limit``
+    requests are produced when ``limit`` is not None.
+    """
+
+    __slots__ = ("info", "limit", "_requests")
+
+    def __init__(self, info: TraceInfo, limit: int | None = None):
+        self.info = info
+        self.limit = limit
+        self._requests: list[Request] | None = None
+
+    @classmethod
+    def from_requests(
+        cls, requests: list[Request], block_tokens: int, name: str = "<memory>"
+    ) -> Trace:
+        """An in-memory trace over ``requests`` (kept as given, including their request_id)."""
+        reqs = list(requests)
+        info = TraceInfo(
+            path=name,
+            format="native",
+            block_tokens=block_tokens,
+            has_reuse_info=any(r.block_hashes for r in reqs) or not reqs,
+        )
+        t = cls(info, None)
+        t._requests = reqs
+        return t
+
+    @property
+    def block_tokens(self) -> int:
+        return self.info.block_tokens
+
+    @property
+    def path(self) -> str:
+        return self.info.path
+
+    @property
+    def format(self) -> str:
+        return self.info.format
+
+    def __iter__(self) -> Iterator[Request]:
+        if self._requests is not None:
+            reqs = self._requests if self.limit is None else self._requests[: self.limit]
+            return iter(reqs)
+        from .readers import iter_file
+
+        return iter_file(self.info, self.limit)
+
+    def __repr__(self) -> str:
+        lim = "" if self.limit is None else f", limit={self.limit}"
+        return (
+            f"Trace({self.info.path!r}, format={self.info.format!r}, "
+            f"block_tokens={self.info.block_tokens}{lim})"
+        )

@@ -1,0 +1,633 @@
+"""Streaming trace readers: Mooncake JSONL, Alibaba Bailian JSONL, Azure LLM 2023 CSV, native kvsim JSONL.
+
+Every reader streams one record at a time (``json.loads`` per line), validates it and raises
+:class:`kvsim.errors.InputError` naming ``file:line`` (1-based; the CSV header is line 1) on the
+first bad record. Records are kept in file order (timestamps going backwards are kept as given).
+Files ending in ``.gz`` are read (and written) through :mod:`gzip` transparently.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import gzip
+import io
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+
+from ..errors import InputError
+from .model import Request, Trace, TraceInfo
+
+TRACE_FORMATS: tuple[str, ...] = ("mooncake", "bailian", "azure", "native")
+
+#: tokens per hash block when the file does not say (Azure has none; 512 like Mooncake).
+DEFAULT_BLOCK_TOKENS = {"mooncake": 512, "bailian": 16, "azure": 512}
+
+NATIVE_VERSION = 1
+AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+_INF = math.inf
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _open_bin(path: str) -> io.BufferedIOBase:
+    """Open ``path`` for binary reading (gunzipping ``*.gz``); missing file -> InputError."""
+    try:
+        if path.endswith(".gz"):
+            return gzip.open(path, "rb")
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise InputError("trace file not found", source=path) from None
+    except IsADirectoryError:
+        raise InputError("trace path is a directory, not a file", source=path) from None
+    except OSError as e:
+        raise InputError(f"cannot open trace file: {e.strerror or e}", source=path) from None
+
+
+def _lines(f: Iterable[bytes], path: str) -> Iterator[tuple[int, bytes]]:
+    """Enumerate raw lines (1-based), turning gzip/read errors into InputError."""
+    lineno = 0
+    it = iter(f)
+    while True:
+        try:
+            line = next(it)
+        except StopIteration:
+            return
+        except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+            raise InputError(f"cannot read file: {e}", source=path, line=lineno + 1) from None
+        lineno += 1
+        yield lineno, line
+
+
+def _decode_error(path: str, lineno: int) -> InputError:
+    return InputError("line is not valid UTF-8 text", source=path, line=lineno)
+
+
+def _bad_line(line: bytes, err: ValueError, path: str, lineno: int) -> InputError:
+    """InputError for a line json.loads rejected (malformed JSON or bad UTF-8)."""
+    if isinstance(err, json.JSONDecodeError):
+        return InputError(
+            f"malformed JSON: {err.msg} at column {err.colno}", source=path, line=lineno
+        )
+    return _decode_error(path, lineno)
+
+
+def _show(v: object) -> str:
+    s = json.dumps(v) if not isinstance(v, str) else repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _typename(v: object) -> str:
+    return {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)
+
+
+def _check_nonneg_int(d: dict, key: str, path: str, lineno: int) -> int:
+    if key not in d:
+        raise InputError(f"missing field '{key}'", source=path, line=lineno)
+    v = d[key]
+    if type(v) is not int or v < 0:
+        raise InputError(
+            f"field '{key}' must be a non-negative integer, got {_show(v)}",
+            source=path,
+            line=lineno,
+        )
+    return v
+
+
+def _check_int(d: dict, key: str, path: str, lineno: int) -> int:
+    if key not in d:
+        raise InputError(f"missing field '{key}'", source=path, line=lineno)
+    v = d[key]
+    if type(v) is not int:
+        raise InputError(
+            f"field '{key}' must be an integer, got {_show(v)}", source=path, line=lineno
+        )
+    return v
+
+
+def _check_time(d: dict, key: str, path: str, lineno: int) -> float:
+    if key not in d:
+        raise InputError(f"missing field '{key}'", source=path, line=lineno)
+    v = d[key]
+    if (type(v) is not int and type(v) is not float) or not (0 <= v < _INF):
+        raise InputError(
+            f"field '{key}' must be a non-negative finite number, got {_show(v)}",
+            source=path,
+            line=lineno,
+        )
+    return v
+
+
+def _check_str(d: dict, key: str, path: str, lineno: int) -> str:
+    if key not in d:
+        raise InputError(f"missing field '{key}'", source=path, line=lineno)
+    v = d[key]
+    if type(v) is not str:
+        raise InputError(
+            f"field '{key}' must be a string, got {_show(v)}", source=path, line=lineno
+        )
+    return v
+
+
+def _check_ids(
+    d: dict,
+    key: str,
+    n_tokens: int,
+    len_key: str,
+    bt: int,
+    path: str,
+    lineno: int,
+    allow_empty: bool = False,
+) -> tuple[int, ...]:
+    if key not in d:
+        raise InputError(f"missing field '{key}'", source=path, line=lineno)
+    ids = d[key]
+    if type(ids) is not list:
+        raise InputError(
+            f"field '{key}' must be a list of integers, got {_typename(ids)}",
+            source=path,
+            line=lineno,
+        )
+    for i, h in enumerate(ids):
+        if type(h) is not int:
+            raise InputError(
+                f"field '{key}' must be a list of integers, element {i} is {_show(h)}",
+                source=path,
+                line=lineno,
+            )
+    if ids or not allow_empty:
+        _check_len(len(ids), n_tokens, key, len_key, bt, path, lineno)
+    return tuple(ids)
+
+
+def _check_len(n: int, n_tokens: int, key: str, len_key: str, bt: int, path: str, lineno: int):
+    full = n_tokens // bt
+    ceil = -(-n_tokens // bt)
+    if n != full and n != ceil:
+        want = str(full) if full == ceil else f"{full} or {ceil}"
+        raise InputError(
+            f"field '{key}' has {n} entries but {len_key}={n_tokens} with {bt}-token blocks "
+            f"needs {want}",
+            source=path,
+            line=lineno,
+        )
+
+
+def _not_object(d: object, path: str, lineno: int) -> InputError:
+    return InputError(f"expected a JSON object, got {_typename(d)}", source=path, line=lineno)
+
+
+# --------------------------------------------------------------------------- JSONL readers
+
+
+def _iter_mooncake(path: str, bt: int, limit: int | None) -> Iterator[Request]:
+    loads = json.loads
+    rid = 0
+    if limit == 0:
+        return
+    with _open_bin(path) as f:
+        for lineno, line in _lines(f, path):
+            try:
+                d = loads(line)
+            except ValueError as e:
+                if not line.strip():
+                    continue
+                raise _bad_line(line, e, path, lineno) from None
+            try:
+                ts = d["timestamp"]
+                inp = d["input_length"]
+                out = d["output_length"]
+                ids = d["hash_ids"]
+            except (KeyError, TypeError, IndexError):
+                ts = inp = out = ids = None
+            n = len(ids) if type(ids) is list else -1
+            if (
+                type(inp) is int
+                and type(out) is int
+                and inp >= 0
+                and out >= 0
+                and (type(ts) is int or type(ts) is float)
+                and 0 <= ts < _INF
+                and (n == inp // bt or n == -(-inp // bt))
+                and all(type(h) is int for h in ids)
+            ):
+                yield Request(rid, ts / 1000.0, inp, out, tuple(ids))
+            else:
+                if type(d) is not dict:
+                    raise _not_object(d, path, lineno)
+                # slow path: find and report the first problem
+                ts = _check_time(d, "timestamp", path, lineno)
+                inp = _check_nonneg_int(d, "input_length", path, lineno)
+                out = _check_nonneg_int(d, "output_length", path, lineno)
+                ids = _check_ids(d, "hash_ids", inp, "input_length", bt, path, lineno)
+                yield Request(rid, ts / 1000.0, inp, out, ids)
+            rid += 1
+            if rid == limit:
+                return
+    if rid == 0:
+        raise InputError("no requests in trace file", source=path)
+
+
+def _iter_bailian(path: str, bt: int, limit: int | None) -> Iterator[Request]:
+    loads = json.loads
+    rid = 0
+    if limit == 0:
+        return
+    with _open_bin(path) as f:
+        for lineno, line in _lines(f, path):
+            try:
+                d = loads(line)
+            except ValueError as e:
+                if not line.strip():
+                    continue
+                raise _bad_line(line, e, path, lineno) from None
+            try:
+                cid = d["chat_id"]
+                pid = d["parent_chat_id"]
+                ts = d["timestamp"]
+                inp = d["input_length"]
+                out = d["output_length"]
+                typ = d["type"]
+                turn = d["turn"]
+                ids = d["hash_ids"]
+            except (KeyError, TypeError, IndexError):
+                cid = pid = ts = inp = out = typ = turn = ids = None
+            n = len(ids) if type(ids) is list else -1
+            if (
+                type(cid) is int
+                and type(pid) is int
+                and type(turn) is int
+                and type(typ) is str
+                and type(inp) is int
+                and type(out) is int
+                and inp >= 0
+                and out >= 0
+                and (type(ts) is int or type(ts) is float)
+                and 0 <= ts < _INF
+                and (n == inp // bt or n == -(-inp // bt))
+                and all(type(h) is int for h in ids)
+            ):
+                yield Request(rid, float(ts), inp, out, tuple(ids), cid)
+            else:
+                if type(d) is not dict:
+                    raise _not_object(d, path, lineno)
+                cid = _check_int(d, "chat_id", path, lineno)
+                _check_int(d, "parent_chat_id", path, lineno)
+                ts = _check_time(d, "timestamp", path, lineno)
+                inp = _check_nonneg_int(d, "input_length", path, lineno)
+                out = _check_nonneg_int(d, "output_length", path, lineno)
+                _check_str(d, "type", path, lineno)
+                _check_int(d, "turn", path, lineno)
+                ids = _check_ids(d, "hash_ids", inp, "input_length", bt, path, lineno)
+                yield Request(rid, float(ts), inp, out, ids, cid)
+            rid += 1
+            if rid == limit:
+                return
+    if rid == 0:
+        raise InputError("no requests in trace file", source=path)
+
+
+def _read_native_header(line: bytes, path: str) -> int:
+    """Validate the native header line; return its block_tokens."""
+    try:
+        h = json.loads(line)
+    except ValueError as e:
+        raise _bad_line(line, e, path, 1) from None
+    if type(h) is not dict or "kvsim_trace" not in h:
+        raise InputError(
+            'first line must be the header {"kvsim_trace": 1, "block_tokens": N}',
+            source=path,
+            line=1,
+        )
+    if h["kvsim_trace"] != NATIVE_VERSION or type(h["kvsim_trace"]) is not int:
+        raise InputError(
+            f"unsupported kvsim_trace version {_show(h['kvsim_trace'])} (expected {NATIVE_VERSION})",
+            source=path,
+            line=1,
+        )
+    if "block_tokens" not in h:
+        raise InputError("missing field 'block_tokens' in header", source=path, line=1)
+    bt = h["block_tokens"]
+    if type(bt) is not int or bt <= 0:
+        raise InputError(
+            f"field 'block_tokens' must be a positive integer, got {_show(bt)}", source=path, line=1
+        )
+    return bt
+
+
+def _iter_native(path: str, bt: int, limit: int | None) -> Iterator[Request]:
+    loads = json.loads
+    rid = 0
+    if limit == 0:
+        return
+    with _open_bin(path) as f:
+        lines = _lines(f, path)
+        for _lineno, line in lines:
+            if line.strip():
+                _read_native_header(line, path)  # block_tokens already taken by open_trace
+                break
+        for lineno, line in lines:
+            try:
+                d = loads(line)
+            except ValueError as e:
+                if not line.strip():
+                    continue
+                raise _bad_line(line, e, path, lineno) from None
+            try:
+                ts = d["arrival_s"]
+                inp = d["input_tokens"]
+                out = d["output_tokens"]
+                ids = d["block_hashes"]
+                sid = d.get("session_id")
+            except (KeyError, TypeError, IndexError, AttributeError):
+                ts = inp = out = ids = sid = None
+            n = len(ids) if type(ids) is list else -1
+            if (
+                type(inp) is int
+                and type(out) is int
+                and inp >= 0
+                and out >= 0
+                and (type(ts) is float or type(ts) is int)
+                and 0 <= ts < _INF
+                and (sid is None or type(sid) is int)
+                and (n == inp // bt or n == -(-inp // bt) or n == 0)
+                and all(type(h) is int for h in ids)
+            ):
+                yield Request(rid, float(ts), inp, out, tuple(ids), sid)
+            else:
+                if type(d) is not dict:
+                    raise _not_object(d, path, lineno)
+                ts = _check_time(d, "arrival_s", path, lineno)
+                inp = _check_nonneg_int(d, "input_tokens", path, lineno)
+                out = _check_nonneg_int(d, "output_tokens", path, lineno)
+                sid = d.get("session_id")
+                if sid is not None and type(sid) is not int:
+                    raise InputError(
+                        f"field 'session_id' must be an integer or null, got {_show(sid)}",
+                        source=path,
+                        line=lineno,
+                    )
+                ids = _check_ids(d, "block_hashes", inp, "input_tokens", bt, path, lineno, True)
+                yield Request(rid, float(ts), inp, out, ids, sid)
+            rid += 1
+            if rid == limit:
+                return
+    if rid == 0:
+        raise InputError("no requests in trace file", source=path)
+
+
+# --------------------------------------------------------------------------- Azure CSV
+
+_AZ_TS = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2}(?:\.\d+)?)")
+
+
+def _azure_time(s: str, path: str, lineno: int) -> tuple[int, float]:
+    """Parse ``2023-11-16 18:17:03.9799600`` (any number of fractional digits).
+
+    Returns (day ordinal, seconds within the day) so differences keep full precision.
+    """
+    m = _AZ_TS.fullmatch(s.strip())
+    bad = m is None
+    if not bad:
+        y, mo, dd, hh, mi, ss = m.groups()
+        try:
+            day = _dt.date(int(y), int(mo), int(dd)).toordinal()
+        except ValueError:
+            bad = True
+        else:
+            h, mn, sec = int(hh), int(mi), float(ss)
+            bad = h > 23 or mn > 59 or sec >= 61.0
+    if bad:
+        raise InputError(
+            f"column 'TIMESTAMP' must look like 2023-11-16 18:17:03.9799600, got {_show(s)}",
+            source=path,
+            line=lineno,
+        )
+    return day, h * 3600 + mn * 60 + sec
+
+
+def _azure_int(s: str, col: str, path: str, lineno: int) -> int:
+    t = s.strip()
+    if t.isascii() and t.isdigit():
+        return int(t)
+    raise InputError(
+        f"column '{col}' must be a non-negative integer, got {_show(s)}", source=path, line=lineno
+    )
+
+
+def _decoded(lines: Iterator[tuple[int, bytes]], path: str) -> Iterator[str]:
+    for lineno, raw in lines:
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _decode_error(path, lineno) from None
+
+
+def _iter_azure(path: str, bt: int, limit: int | None) -> Iterator[Request]:
+    rid = 0
+    if limit == 0:
+        return
+    with _open_bin(path) as f:
+        header_seen = False
+        day0 = 0
+        sod0 = 0.0
+        reader = csv.reader(_decoded(_lines(f, path), path))
+        for row in reader:
+            lineno = reader.line_num
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if not header_seen:
+                cells = tuple(c.strip().lstrip("\ufeff") for c in row)
+                if cells != AZURE_HEADER:
+                    raise InputError(
+                        f"expected CSV header {','.join(AZURE_HEADER)}, got {_show(','.join(row))}",
+                        source=path,
+                        line=lineno,
+                    )
+                header_seen = True
+                continue
+            if len(row) != 3:
+                raise InputError(
+                    f"expected 3 columns ({','.join(AZURE_HEADER)}), got {len(row)}",
+                    source=path,
+                    line=lineno,
+                )
+            day, sod = _azure_time(row[0], path, lineno)
+            inp = _azure_int(row[1], "ContextTokens", path, lineno)
+            out = _azure_int(row[2], "GeneratedTokens", path, lineno)
+            if rid == 0:
+                day0, sod0 = day, sod
+            yield Request(rid, round((day - day0) * 86400 + (sod - sod0), 7), inp, out, ())
+            rid += 1
+            if rid == limit:
+                return
+    if rid == 0:
+        raise InputError("no requests in trace file", source=path)
+
+
+_READERS = {
+    "mooncake": _iter_mooncake,
+    "bailian": _iter_bailian,
+    "azure": _iter_azure,
+    "native": _iter_native,
+}
+
+
+def iter_file(info: TraceInfo, limit: int | None = None) -> Iterator[Request]:
+    """Stream the requests of the file described by ``info`` (used by ``iter(Trace)``)."""
+    return _READERS[info.format](info.path, info.block_tokens, limit)
+
+
+# --------------------------------------------------------------------------- sniffing / open
+
+
+def _first_line(path: str) -> tuple[int, bytes | None]:
+    with _open_bin(path) as f:
+        for lineno, line in _lines(f, path):
+            if line.strip():
+                return lineno, line
+    return 0, None
+
+
+def sniff_format(path: str) -> str:
+    """Guess a trace file's format from its extension and first non-blank line."""
+    base = path[:-3] if path.endswith(".gz") else path
+    if base.lower().endswith(".csv"):
+        _open_bin(path).close()  # missing file -> InputError
+        return "azure"
+    lineno, line = _first_line(path)
+    if line is None:
+        raise InputError("no requests in trace file (file is empty)", source=path)
+    if line.removeprefix(b"\xef\xbb\xbf").startswith(b"TIMESTAMP,"):
+        return "azure"
+    try:
+        d = json.loads(line)
+    except ValueError as e:
+        raise InputError(
+            f"cannot determine trace format: first line is not JSON ({getattr(e, 'msg', e)})",
+            source=path,
+            line=lineno,
+        ) from None
+    if type(d) is dict:
+        if "kvsim_trace" in d:
+            return "native"
+        if "chat_id" in d:
+            return "bailian"
+        if "hash_ids" in d and "input_length" in d:
+            return "mooncake"
+    raise InputError(
+        "cannot determine trace format from the first line; pass fmt= one of "
+        + ", ".join(TRACE_FORMATS),
+        source=path,
+        line=lineno,
+    )
+
+
+def open_trace(
+    path: str | os.PathLike,
+    fmt: str | None = None,
+    block_tokens: int | None = None,
+    limit: int | None = None,
+) -> Trace:
+    """Open a trace file for streaming.
+
+    ``fmt`` is one of :data:`TRACE_FORMATS`, or None to sniff it (``.csv`` -> azure; JSONL with a
+    ``{"kvsim_trace": 1, ...}`` header -> native, ``chat_id`` -> bailian, ``hash_ids`` +
+    ``input_length`` -> mooncake). ``block_tokens`` overrides the format's block size (Mooncake
+    512, Bailian 16, native: from the header, Azure: 512). ``limit`` caps the number of requests.
+    Only the first line is read here; records are validated as they are iterated.
+    """
+    p = os.fspath(path)
+    if fmt is None:
+        fmt = sniff_format(p)
+    elif fmt not in TRACE_FORMATS:
+        raise InputError(
+            f"unknown trace format {fmt!r}; expected one of {', '.join(TRACE_FORMATS)}"
+        )
+    else:
+        _open_bin(p).close()  # missing file -> InputError now, not at first iteration
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise InputError(f"limit must be a non-negative integer, got {limit!r}")
+    if block_tokens is not None and (type(block_tokens) is not int or block_tokens <= 0):
+        raise InputError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+    if fmt == "native":
+        lineno, line = _first_line(p)
+        if line is None:
+            raise InputError("no requests in trace file (file is empty)", source=p)
+        if lineno != 1:
+            raise InputError(
+                'first line must be the header {"kvsim_trace": 1, "block_tokens": N}',
+                source=p,
+                line=1,
+            )
+        bt = _read_native_header(line, p)
+    else:
+        bt = DEFAULT_BLOCK_TOKENS[fmt]
+    if block_tokens is not None:
+        bt = block_tokens
+    info = TraceInfo(path=p, format=fmt, block_tokens=bt, has_reuse_info=fmt != "azure")
+    return Trace(info, limit)
+
+
+# --------------------------------------------------------------------------- writer
+
+
+def write_native(path: str | os.PathLike, requests: Iterable[Request], block_tokens: int) -> int:
+    """Write ``requests`` as a native kvsim JSONL trace, atomically; return the request count.
+
+    The data goes to a temporary file in the destination directory that replaces ``path`` only
+    once complete, so readers never see a half-written trace. A ``.gz`` path is gzip-compressed.
+    ``request_id`` is not stored (it is the 0-based line order on reading).
+    """
+    if type(block_tokens) is not int or block_tokens <= 0:
+        raise InputError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+    p = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(p))
+    fd, tmp = tempfile.mkstemp(prefix=".kvsim-trace-", suffix=".tmp", dir=d)
+    n = 0
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if p.endswith(".gz") else None
+            out = io.TextIOWrapper(gz if gz is not None else raw, "utf-8", newline="\n")
+            dumps = json.dumps
+            out.write(dumps({"kvsim_trace": NATIVE_VERSION, "block_tokens": block_tokens}) + "\n")
+            for r in requests:
+                rec = {
+                    "arrival_s": r.arrival_s,
+                    "input_tokens": r.input_tokens,
+                    "output_tokens": r.output_tokens,
+                    "block_hashes": list(r.block_hashes),
+                }
+                if r.session_id is not None:
+                    rec["session_id"] = r.session_id
+                out.write(dumps(rec, separators=(",", ":")) + "\n")
+                n += 1
+            out.flush()
+            out.detach()
+            if gz is not None:
+                gz.close()  # writes the gzip trailer; leaves raw open
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return n
