@@ -1,9 +1,19 @@
 """kvsim: a simulation-first toolkit for LLM KV-cache offloading.
 
-The Python API mirrors the command line: ``kvsim.replay(...)`` runs cache mode and
-returns pandas tables; the building blocks (manager, policies, traces, sizing) are
-importable for notebooks and for driving a real backend.
+The Python API mirrors the command line:
+
+* ``kvsim.replay(...)``      cache mode (hit ratios, stores, evictions) -> Result
+* ``kvsim.simulate(...)``    timed mode (TTFT, throughput, PCIe traffic) -> Result
+* ``kvsim.sweep(...)``       grids of runs -> one tidy DataFrame
+* ``kvsim.trace_stats(...)`` and ``kvsim.generate(...)`` for workloads
+
+The building blocks (manager, policies, traces, sizing) are importable for notebooks and
+for driving the real backend in ``real/``.
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 from kvsim.api import replay
 from kvsim.config import CacheConfig, OffloadOptions
@@ -15,6 +25,24 @@ from kvsim.traces import Request, Trace, open_trace
 
 __version__ = "0.1.0"
 
+# Heavier parts load on first use, so `import kvsim` and the CLI stay quick.
+_LAZY = {
+    "simulate": ("kvsim.api_simulate", "simulate"),
+    "sweep": ("kvsim.sweep", "sweep"),
+    "trace_stats": ("kvsim.traces.stats", "trace_stats"),
+    "generate": ("kvsim.traces.synthetic", "generate"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
+
+
 __all__ = [
     "CacheConfig",
     "InputError",
@@ -25,6 +53,10 @@ __all__ = [
     "RequestContext",
     "Result",
     "Trace",
+    "generate",
     "open_trace",
     "replay",
+    "simulate",
+    "sweep",
+    "trace_stats",
 ]

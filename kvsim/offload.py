@@ -105,6 +105,9 @@ class OffloadManager:
         self._skipped_since_stats = 0
         self._allocation_sizes_since_stats: list[int] = []
         self.counters = ManagerCounters()
+        self._chunks: dict[Key, Chunk] = {}  # resident keys (the policy holds the same set)
+        self._pool: list[Chunk] = []  # one Chunk object per chunk id, reused
+        self._tracks = policy.tracks_evictability
 
     # --- chunk pool ---
 
@@ -124,15 +127,21 @@ class OffloadManager:
     def num_write_pending(self) -> int:
         return self._num_write_pending
 
-    def _allocate(self, n: int) -> list[int]:
+    def _allocate(self, n: int) -> list[Chunk]:
+        """Fresh ids first (0, 1, 2, ...), then the free list, LIFO."""
         fresh = min(n, self.num_chunks - self._num_allocated)
         start = self._num_allocated
-        ids = list(range(start, start + fresh))
+        pool = self._pool
+        if len(pool) < start + fresh:
+            pool.extend(Chunk(i) for i in range(len(pool), start + fresh))
+        out = pool[start : start + fresh]
         self._num_allocated = start + fresh
         free = self._free_list
         for _ in range(n - fresh):
-            ids.append(free.pop())
-        return ids
+            out.append(pool[free.pop()])
+        for chunk in out:
+            chunk.ref_cnt = -1
+        return out
 
     # --- request access state ---
 
@@ -146,7 +155,7 @@ class OffloadManager:
     def _record_access(self, keys: Sequence[Key], ctx: RequestContext, reused: Sequence[Key]) -> None:
         state = self._access(ctx)
         seen = state.seen
-        new = [k for k in keys if k not in seen]
+        new = [k for k in keys if k not in seen] if seen else keys
         if new:
             if state.finished:
                 raise ProtocolError(f"request {ctx.req_id!r}: new keys observed after it finished")
@@ -155,7 +164,7 @@ class OffloadManager:
             self.policy.on_request_access(new, ctx)
         if reused:
             inserted = state.inserted
-            state.reused.update([k for k in reused if k not in inserted])
+            state.reused.update([k for k in reused if k not in inserted] if inserted else reused)
 
     # --- OffloadingManager interface ---
 
@@ -168,7 +177,7 @@ class OffloadManager:
 
     def lookup(self, key: Key, ctx: RequestContext | None = None) -> LookupResult:
         """MISS, HIT or HIT_PENDING; no side effects."""
-        chunk = self.policy.get(key)
+        chunk = self._chunks.get(key)
         if chunk is None:
             return LookupResult.MISS
         return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
@@ -178,7 +187,7 @@ class OffloadManager:
 
         Returns ``(count, any_pending)``; a pending key means the request must wait.
         """
-        get = self.policy.get
+        get = self._chunks.get
         count = 0
         pending = False
         for key in keys:
@@ -192,36 +201,39 @@ class OffloadManager:
 
     def prepare_load(self, keys: Sequence[Key], ctx: RequestContext) -> list[int]:
         """Pin ready chunks for reading; returns chunk ids co-indexed with ``keys``."""
-        get = self.policy.get
-        policy = self.policy
-        ids = []
-        for key in keys:
-            chunk = get(key)
+        get = self._chunks.get
+        found = [get(k) for k in keys]
+        for key, chunk in zip(keys, found):
             if chunk is None or chunk.ref_cnt < 0:
                 raise ProtocolError(f"prepare_load: chunk {key!r} is not resident and ready")
+        newly_pinned = []
+        for key, chunk in zip(keys, found):
             if chunk.ref_cnt == 0:
-                policy.mark_non_evictable(key)
+                newly_pinned.append(key)
                 self._num_evictable -= 1
             chunk.ref_cnt += 1
-            ids.append(chunk.chunk_id)
-        self.counters.loaded_chunks += len(ids)
+        if newly_pinned and self._tracks:
+            self.policy.mark_non_evictable_many(newly_pinned)
+        self.counters.loaded_chunks += len(found)
         self._record_access(keys, ctx, reused=keys)
-        return ids
+        return [c.chunk_id for c in found]
 
     def touch(self, keys: Sequence[Key], ctx: RequestContext) -> None:
         self.policy.touch(keys, ctx)
 
     def complete_load(self, keys: Iterable[Key], ctx: RequestContext | None = None) -> None:
-        get = self.policy.get
-        policy = self.policy
+        get = self._chunks.get
+        unpinned = []
         for key in keys:
             chunk = get(key)
             if chunk is None or chunk.ref_cnt <= 0:
                 raise ProtocolError(f"complete_load: chunk {key!r} is not being loaded")
             chunk.ref_cnt -= 1
             if chunk.ref_cnt == 0:
-                self._num_evictable += 1
-                policy.mark_evictable(key)
+                unpinned.append(key)
+        self._num_evictable += len(unpinned)
+        if unpinned and self._tracks:
+            self.policy.mark_evictable_many(unpinned)
 
     def prepare_store(self, offer: Iterable[Key], ctx: RequestContext) -> PrepareStoreOutput | None:
         """All or nothing: allocate chunks for every admitted new key, or return None."""
@@ -230,15 +242,19 @@ class OffloadManager:
         if admission.records_offers:
             admission.record_offer(keys)
         policy = self.policy
-        get = policy.get
-        to_store: list = []
-        ready_existing: list = []
-        for key in keys:
-            chunk = get(key)
-            if chunk is None:
-                to_store.append(key)
-            elif chunk.ref_cnt >= 0:
-                ready_existing.append(key)
+        get = self._chunks.get
+        found = [get(k) for k in keys]
+        if not any(found):
+            to_store = keys.copy()
+            ready_existing: list = []
+        else:
+            to_store = []
+            ready_existing = []
+            for key, chunk in zip(keys, found):
+                if chunk is None:
+                    to_store.append(key)
+                elif chunk.ref_cnt >= 0:
+                    ready_existing.append(key)
         partitioned_all = len(to_store) + len(ready_existing) == len(keys)
         if self._filters and to_store:
             candidates = len(to_store)
@@ -252,7 +268,7 @@ class OffloadManager:
         state = self._access(ctx)
         if to_store:
             store_miss = state.store_miss
-            new_misses = [k for k in to_store if k not in store_miss]
+            new_misses = [k for k in to_store if k not in store_miss] if store_miss else to_store
             if new_misses:
                 policy.on_store_miss(new_misses, ctx)
                 store_miss.update(new_misses)
@@ -281,26 +297,27 @@ class OffloadManager:
                 self.counters.allocation_failures += 1
                 return None
             self._num_evictable -= len(victims)
-            free = self._free_list
-            for key, chunk in victims:
-                free.append(chunk.chunk_id)
-                evicted_keys.append(key)
+            evicted_keys = [key for key, _ in victims]
+            self._free_list.extend([chunk.chunk_id for _, chunk in victims])
+            resident_pop = self._chunks.pop
+            for key in evicted_keys:
+                resident_pop(key)
             self.counters.evicted_chunks += len(victims)
             if self.events is not None:
                 self.events.append(OffloadingEvent(evicted_keys, removed=True))
 
-        ids = self._allocate(n)
-        insert = policy.insert
-        for key, chunk_id in zip(to_store, ids):
-            insert(key, Chunk(chunk_id), ctx)
+        chunks = self._allocate(n)
+        self._chunks.update(zip(to_store, chunks))
+        policy.insert_many(to_store, chunks, ctx)
         self._num_write_pending += n
         state.inserted.update(to_store)
-        return PrepareStoreOutput(to_store, ids, evicted_keys)
+        return PrepareStoreOutput(to_store, [c.chunk_id for c in chunks], evicted_keys)
 
     def complete_store(self, keys: Iterable[Key], ctx: RequestContext | None = None, success: bool = True) -> None:
         """Finish a store: chunks become evictable, or are dropped when the copy failed."""
         policy = self.policy
-        get = policy.get
+        resident = self._chunks
+        get = resident.get
         done: list = []
         if success:
             for key in keys:
@@ -308,7 +325,8 @@ class OffloadManager:
                 if chunk is not None and chunk.ref_cnt < 0:
                     chunk.ref_cnt = 0
                     done.append(key)
-                    policy.mark_evictable(key)
+            if done and self._tracks:
+                policy.mark_evictable_many(done)
             self._num_write_pending -= len(done)
             self._num_evictable += len(done)
             self.counters.stored_chunks += len(done)
@@ -318,6 +336,7 @@ class OffloadManager:
                 chunk = get(key)
                 if chunk is not None and chunk.ref_cnt < 0:
                     policy.remove(key)
+                    del resident[key]
                     free.append(chunk.chunk_id)
                     done.append(key)
             self._num_write_pending -= len(done)
@@ -332,9 +351,10 @@ class OffloadManager:
             return
         state.finished = True
         keys = state.keys
-        positions = ctx.positions
-        if keys and all(k in positions for k in keys):
-            keys = sorted(keys, key=positions.__getitem__)
+        try:
+            keys = sorted(keys, key=ctx.positions.__getitem__)
+        except KeyError:
+            pass  # some position unknown: keep first-observation order, as vLLM does
         self.policy.on_request_finished((keys,), state.inserted - state.reused, state.reused, ctx)
 
     def on_schedule_end(self) -> None:
@@ -347,7 +367,7 @@ class OffloadManager:
         if self.events is None:
             return
         events, self.events = self.events, []
-        get = self.policy.get
+        get = self._chunks.get
         for event in events:
             if event.metadata_only:
                 keys = [k for k in event.keys if get(k) is None]
@@ -359,6 +379,7 @@ class OffloadManager:
     def reset_cache(self) -> None:
         """Drop every chunk; admission counts survive (as in vLLM)."""
         self.policy.clear()
+        self._chunks.clear()
         self._generation += 1
         self._num_evictable = 0
         self._num_write_pending = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 
 import click
 
@@ -15,6 +16,7 @@ from kvsim.cli.common import (
     pop_offload_kwargs,
     progress,
 )
+from kvsim.errors import InputError
 from kvsim.io import atomic_write
 from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 
@@ -30,8 +32,11 @@ from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--progress/--no-progress", "show_progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
+@click.option("--protocol", type=click.Choice(["prefix", "object"]), default="prefix", show_default=True,
+              help="prefix: vLLM's connector; object: every chunk is a get, a miss inserts it.")
 def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv: str | None,
-                   as_json: bool, show_progress: bool | None, vllm_config: str | None, **kwargs) -> None:
+                   as_json: bool, show_progress: bool | None, vllm_config: str | None,
+                   protocol: str = "prefix", **kwargs) -> None:
     """Replay TRACE in cache mode: requests one at a time, no timing.
 
     Prints prompt blocks, GPU / CPU / combined hit ratios, chunks stored, evicted and
@@ -46,12 +51,20 @@ def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv:
     check_output_path(requests_csv, "--requests-csv")
     tr = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens"), limit=limit)
     config = make_options(vllm_config, **options).resolve(tr.block_tokens)
+    if protocol != "prefix":
+        from kvsim.object_cache import replay_config
+
+        if requests_csv:
+            raise InputError("--requests-csv is for --protocol prefix only")
+        summary = replay_config(tr, config, protocol)
+        echo_summary({"trace": trace, **summary}, as_json, "kvsim replay (object protocol)")
+        return
     from kvsim.api import _needs_future
 
     future = tr if _needs_future(config.policy, config.policy_module) else None
     run = CacheReplay(config, requests_for_future=future)
     if show_progress is None:
-        show_progress = click.get_text_stream("stderr").isatty()
+        show_progress = sys.stderr.isatty()
     requests = progress(tr, count_lines(trace, limit), "replaying", show_progress)
     if requests_csv:
         with atomic_write(requests_csv, newline="") as f:

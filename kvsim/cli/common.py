@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -78,6 +79,6 @@ def progress(items: Iterable, length: int | None, label: str, enabled: bool) -> 
     if not enabled:
         yield from items
         return
-    with click.progressbar(items, length=length, label=label, file=click.get_text_stream("stderr"),
+    with click.progressbar(items, length=length, label=label, file=sys.stderr,
                            show_pos=True, show_eta=True) as bar:
         yield from bar

@@ -107,3 +107,20 @@ class EvictionPolicy(ABC):
 
     def mark_non_evictable(self, key: Key) -> None:
         """The chunk's ref_cnt left 0."""
+
+    # --- batch forms: the manager calls these; override them for speed ---
+
+    #: False when ``mark_evictable`` / ``mark_non_evictable`` do nothing (the manager skips them).
+    tracks_evictability: ClassVar[bool] = True
+
+    def insert_many(self, keys: Sequence[Key], chunks: Sequence[Chunk], ctx: RequestContext) -> None:
+        for key, chunk in zip(keys, chunks):
+            self.insert(key, chunk, ctx)
+
+    def mark_evictable_many(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            self.mark_evictable(key)
+
+    def mark_non_evictable_many(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            self.mark_non_evictable(key)

@@ -1,22 +1,25 @@
-"""vLLM 0.33's LRU: request-scoped recency with provisional ranks and a lazy heap.
+"""vLLM 0.33's LRU: request-scoped recency with provisional ranks.
 
-Ranks order chunks oldest-first. vLLM uses tuples ``(counter, -end_position)``; here a
-rank is the single int ``counter * POSITION_SPAN - end_position``, which orders exactly
-like the tuple (positions are below ``POSITION_SPAN``) and compares faster.
+Ranks order chunks oldest-first. vLLM uses tuples ``(counter, -end_position)`` in a lazy
+heap; here a rank is the int ``counter * POSITION_SPAN - end_position`` (same order), and
+the order is kept without a heap, which gives the same victims much faster:
 
-* a fresh rank is ``(++counter, 0)``;
-* a running request's chunks share the request's rank from its first access, so its
-  tail is older than its head and the whole request is as old as that first access;
+* *committed* keys carry a fresh rank ``(++counter, 0)``; fresh ranks only grow, so an
+  insertion-ordered dict holds them in rank order;
+* a running request's keys carry its provisional rank ``(request counter, -position)``
+  from its first access; they live in one small group per request, tail oldest;
+* eviction walks the merge of the committed order and the groups, in increasing rank,
+  skipping pinned, pending and protected chunks in place (``ref_cnt != 0``);
 * ``on_request_finished`` commits fresh ranks tail first, so the head ends most recent;
-* an access never demotes a chunk (ranks only rise);
-* recency is independent of pinning: a pinned chunk keeps its rank and re-enters the
-  heap when it becomes evictable.
+* an access never demotes a chunk (ranks only rise); recency is independent of pinning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from heapq import heapify, heappop, heappush
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from heapq import merge
+from itertools import chain, islice
 
 from kvsim.context import RequestContext, order_request_keys
 from kvsim.policies.base import Chunk, EvictionPolicy, Key
@@ -27,59 +30,80 @@ POSITION_SPAN = 1 << 40
 class LRUPolicy(EvictionPolicy):
     name = "lru"
     description = "vLLM 0.33 LRU: request-scoped recency, provisional ranks, tail evicted before head"
+    tracks_evictability = False  # eviction reads ref_cnt directly
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self.chunks: dict[Key, Chunk] = {}
-        self._ranks: dict[Key, int] = {}
-        self._evictable: set = set()
-        self._heap: list[tuple[int, Key]] = []
+        self._rank: dict[Key, int] = {}
+        self._committed: OrderedDict[Key, None] = OrderedDict()
+        # request rank base -> its provisional keys; a key is provisional iff its rank is
+        # not a multiple of POSITION_SPAN, and its group is its rank rounded up to one.
+        self._groups: dict[int, dict[Key, None]] = {}
         self._counter = 0
         self._generation = 0
 
     # --- ranks ---
 
-    def _request_rank(self, ctx: RequestContext) -> int:
+    def _request_base(self, ctx: RequestContext) -> int:
         state = ctx.state.get(self)
         if state is None or state[0] != self._generation:
             self._counter += 1
-            state = (self._generation, self._counter)
+            state = (self._generation, self._counter * POSITION_SPAN)
             ctx.state[self] = state
-        return state[1] * POSITION_SPAN
+        return state[1]
+
+    def _detach(self, key: Key) -> None:
+        rank = self._rank[key]
+        if rank % POSITION_SPAN == 0:
+            del self._committed[key]
+        else:
+            base = -(-rank // POSITION_SPAN) * POSITION_SPAN
+            group = self._groups[base]
+            del group[key]
+            if not group:
+                del self._groups[base]
 
     def _refresh(self, keys_newest_last: Iterable[Key]) -> None:
-        """Give fresh ranks in the order given (the last key becomes most recent)."""
+        """Fresh ranks in the order given: the last key becomes the most recent."""
         chunks = self.chunks
-        ranks = self._ranks
-        evictable = self._evictable
-        counter = self._counter
-        updated = []
-        for key in keys_newest_last:
-            if key in chunks:
-                counter += 1
-                ranks[key] = counter * POSITION_SPAN
-                if key in evictable:
-                    updated.append(key)
-        self._counter = counter
-        self._update_heap(updated)
-
-    def _update_heap(self, updated: Sequence[Key]) -> None:
-        if not updated:
+        present = [k for k in keys_newest_last if k in chunks]
+        if not present:
             return
-        if len(updated) >= max(64, len(self._evictable) // 4):
-            self._rebuild_heap()
-            return
-        heap = self._heap
-        ranks = self._ranks
-        for key in updated:
-            heappush(heap, (ranks[key], key))
-        if len(heap) >= max(64, 2 * len(self._evictable)):
-            self._rebuild_heap()
+        rank = self._rank
+        committed = self._committed
+        groups = self._groups
+        provisional = [k for k in present if rank[k] % POSITION_SPAN] if groups else ()
+        if provisional:
+            leaving = set(provisional)
+            for base, group in list(groups.items()):
+                if group.keys() <= leaving:
+                    del groups[base]  # usually the finishing request's whole group
+                else:
+                    for key in leaving.intersection(group):
+                        del group[key]
+                    if not group:
+                        del groups[base]
+            if len(provisional) < len(present):
+                pop = committed.pop
+                for key in present:
+                    if key not in leaving:
+                        pop(key)
+        else:
+            pop = committed.pop
+            for key in present:
+                pop(key)
+        committed.update(dict.fromkeys(present))
+        first = self._counter + 1
+        self._counter += len(present)
+        rank.update(zip(present, range(first * POSITION_SPAN, (self._counter + 1) * POSITION_SPAN, POSITION_SPAN)))
 
-    def _rebuild_heap(self) -> None:
-        ranks = self._ranks
-        self._heap = [(ranks[k], k) for k in self._evictable]
-        heapify(self._heap)
+    def _place_provisional(self, key: Key, base: int, position: int) -> None:
+        group = self._groups.get(base)
+        if group is None:
+            group = self._groups[base] = {}
+        group[key] = None
+        self._rank[key] = base - position
 
     # --- interface ---
 
@@ -93,21 +117,36 @@ class LRUPolicy(EvictionPolicy):
         return len(self.chunks)
 
     def insert(self, key: Key, chunk: Chunk, ctx: RequestContext) -> None:
-        self.chunks[key] = chunk
-        position = ctx.positions.get(key)
-        if position is None:
-            self._counter += 1
-            self._ranks[key] = self._counter * POSITION_SPAN
-        else:
-            self._ranks[key] = self._request_rank(ctx) - position
-        if chunk.ref_cnt == 0:
-            self._evictable.add(key)
-            heappush(self._heap, (self._ranks[key], key))
+        self.insert_many((key,), (chunk,), ctx)
+
+    def insert_many(self, keys: Sequence[Key], chunks: Sequence[Chunk], ctx: RequestContext) -> None:
+        resident = self.chunks
+        resident.update(zip(keys, chunks))
+        positions = ctx.positions
+        if all(k in positions for k in keys):  # the connector always knows positions
+            base = self._request_base(ctx)
+            group = self._groups.get(base)
+            if group is None:
+                group = self._groups[base] = {}
+            group.update(dict.fromkeys(keys))
+            self._rank.update([(k, base - positions[k]) for k in keys])
+            return
+        base = None
+        for key in keys:
+            position = positions.get(key)
+            if position is None:
+                self._counter += 1
+                self._rank[key] = self._counter * POSITION_SPAN
+                self._committed[key] = None
+            else:
+                if base is None:
+                    base = self._request_base(ctx)
+                self._place_provisional(key, base, position)
 
     def remove(self, key: Key) -> None:
         del self.chunks[key]
-        self._ranks.pop(key, None)
-        self._evictable.discard(key)
+        self._detach(key)  # reads the rank
+        del self._rank[key]
 
     def touch(self, keys: Iterable[Key], ctx: RequestContext) -> None:
         self._refresh(reversed(list(keys)))
@@ -116,82 +155,85 @@ class LRUPolicy(EvictionPolicy):
         """vLLM's default (``touch``) only re-ranks resident keys; store misses never are."""
 
     def on_request_access(self, keys: Sequence[Key], ctx: RequestContext) -> None:
-        base = self._request_rank(ctx)
-        positions = ctx.positions
+        base = self._request_base(ctx)  # the request's rank dates from its first access
         chunks = self.chunks
-        ranks = self._ranks
-        evictable = self._evictable
-        updated = []
-        for key in keys:
-            position = positions.get(key)
-            if position is None or key not in chunks:
-                continue
-            rank = base - position
-            if ranks[key] >= rank:
-                continue
-            ranks[key] = rank
-            if key in evictable:
-                updated.append(key)
-        self._update_heap(updated)
+        positions = ctx.positions
+        rank = self._rank
+        raised = [k for k in keys if k in chunks and k in positions and rank[k] < base - positions[k]]
+        if not raised:
+            return
+        committed = self._committed
+        for key in raised:
+            if rank[key] % POSITION_SPAN:
+                self._detach(key)
+            else:
+                del committed[key]
+        group = self._groups.get(base)
+        if group is None:
+            group = self._groups[base] = {}
+        group.update(dict.fromkeys(raised))
+        rank.update([(k, base - positions[k]) for k in raised])
 
     def on_request_finished(self, key_groups, insertion_only, reused, ctx) -> None:
-        if len(key_groups) == 1:
-            keys = key_groups[0]  # the manager already sorted it by position
-        else:
-            keys = order_request_keys(key_groups, ctx)
+        keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, ctx)
         self._refresh(reversed(keys))
 
     def clear(self) -> None:
         self.chunks.clear()
-        self._ranks.clear()
-        self._evictable.clear()
-        self._heap.clear()
+        self._rank.clear()
+        self._committed.clear()
+        self._groups.clear()
         self._counter = 0
         self._generation += 1
 
-    def mark_evictable(self, key: Key) -> None:
-        self._evictable.add(key)
-        heap = self._heap
-        heappush(heap, (self._ranks[key], key))
-        if len(heap) >= 64 and len(heap) >= 2 * len(self._evictable):
-            self._rebuild_heap()
+    def _in_rank_order(self) -> Iterator[Key]:
+        committed = self._committed
+        if not self._groups:
+            return iter(committed)
+        rank = self._rank
+        oldest_provisional = min(rank[k] for g in self._groups.values() for k in g)
+        if not committed or rank[next(reversed(committed))] < oldest_provisional:
+            # every committed key is older than every provisional one (always so in cache mode)
+            tail = sorted((rank[k], k) for g in self._groups.values() for k in g)
+            return chain(committed, (k for _, k in tail))
+        streams = [((rank[k], k) for k in self._committed)]
+        for group in self._groups.values():
+            streams.append(sorted((rank[k], k) for k in group))
+        return (k for _, k in merge(*streams))
 
-    def mark_non_evictable(self, key: Key) -> None:
-        self._evictable.remove(key)
+    def eviction_order(self) -> list[Key]:
+        """Resident keys oldest first (for tests and inspection)."""
+        return list(self._in_rank_order())
 
     def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
-        if n == 0:
+        if n <= 0:
             return []
-        heap = self._heap
-        ranks = self._ranks
-        evictable = self._evictable
-        selected: list[tuple[int, Key]] = []
-        selected_keys: set = set()
-        deferred: list[tuple[int, Key]] = []
-        while heap and len(selected) < n:
-            entry = heappop(heap)
-            rank, key = entry
-            if key not in evictable or ranks.get(key) != rank or key in selected_keys:
-                continue  # stale lazy entry, or a duplicate of a re-pinned key
-            if key in protected:
-                deferred.append(entry)
-                continue
-            selected.append(entry)
-            selected_keys.add(key)
-        if len(selected) < n:
-            for entry in selected:
-                heappush(heap, entry)
-            for entry in deferred:
-                heappush(heap, entry)
-            return None
-        for entry in deferred:
-            heappush(heap, entry)
         chunks = self.chunks
+        committed = self._committed
+        rank = self._rank
+        if len(committed) >= n and not self._groups or (
+            self._groups and committed
+            and rank[next(reversed(committed))] < min(rank[k] for g in self._groups.values() for k in g)
+        ):
+            # Fast path: the n oldest committed keys, if all evictable and unprotected.
+            head = list(islice(committed, n))
+            if len(head) == n and protected.isdisjoint(head) and all(chunks[k].ref_cnt == 0 for k in head):
+                for _ in range(n):
+                    committed.popitem(last=False)
+                for key in head:
+                    del rank[key]
+                return [(key, chunks.pop(key)) for key in head]
+        picked: list[Key] = []
+        for key in self._in_rank_order():
+            if chunks[key].ref_cnt == 0 and key not in protected:
+                picked.append(key)
+                if len(picked) == n:
+                    break
+        else:
+            return None
         victims = []
-        for _, key in selected:
-            evictable.remove(key)
-            del ranks[key]
+        for key in picked:
+            self._detach(key)
+            del rank[key]
             victims.append((key, chunks.pop(key)))
-        if len(heap) >= 64 and len(heap) >= 2 * len(evictable):
-            self._rebuild_heap()
         return victims

@@ -1,0 +1,105 @@
+"""Drive vLLM 0.33's own ``CPUOffloadingManager`` through kvsim's replay protocol.
+
+Used by ``kvsim bench`` (speed ratio) and the differential tests (same decisions).
+vLLM is imported lazily, only here; kvsim never depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm.v1.kv_offload.cpu.manager  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _key_bytes(key: int) -> bytes:
+    # vLLM's OffloadKey: block-hash bytes + 4-byte big-endian group index (group 0).
+    return (key & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big") + b"\x00\x00\x00\x00"
+
+
+class _StoreOut:
+    __slots__ = ("keys_to_store", "evicted_keys", "_raw")
+
+    def __init__(self, keys_to_store: list, evicted_keys: list, raw: list) -> None:
+        self.keys_to_store = keys_to_store
+        self.evicted_keys = evicted_keys
+        self._raw = raw
+
+
+class VllmManagerDriver:
+    """kvsim's manager interface on top of vLLM's manager (int keys in, int keys out)."""
+
+    def __init__(self, num_chunks: int, policy: str = "lru", store_threshold: int = 0,
+                 max_tracker_size: int = 64_000) -> None:
+        from vllm.v1.kv_offload.base import LookupResult, ReqContext
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+        self._ReqContext = ReqContext
+        self._hit = LookupResult.HIT
+        self._pending = LookupResult.HIT_PENDING
+        self.inner = CPUOffloadingManager(
+            num_chunks=num_chunks, cache_policy=policy,
+            store_threshold=store_threshold if store_threshold >= 2 else 1,
+            max_tracker_size=max_tracker_size,
+        )
+        self._to_int: dict[bytes, int] = {}
+        self.counters = None
+
+    @property
+    def num_resident(self) -> int:
+        m = self.inner
+        return m._num_allocated_chunks - len(m._free_list)
+
+    def _k(self, key: int) -> bytes:
+        b = _key_bytes(key)
+        self._to_int[b] = key
+        return b
+
+    def new_context(self, req_id: Any, positions: dict) -> Any:
+        ctx = self._ReqContext(req_id=str(req_id))
+        for key, pos in positions.items():
+            ctx.set_offload_key_position(self._k(key), pos)
+        return ctx
+
+    def on_new_request(self, ctx: Any) -> None:
+        self.inner.on_new_request(ctx)
+
+    def lookup_prefix(self, keys) -> tuple[int, bool]:
+        count, pending = 0, False
+        lookup = self.inner.lookup
+        for key in keys:
+            result = lookup(_key_bytes(key), None)
+            if result == self._hit:
+                count += 1
+            elif result == self._pending:
+                count += 1
+                pending = True
+            else:
+                break
+        return count, pending
+
+    def prepare_load(self, keys, ctx) -> list[int]:
+        spec = self.inner.prepare_load([_key_bytes(k) for k in keys], ctx)
+        return [int(i) for i in spec.block_ids]
+
+    def complete_load(self, keys, ctx=None) -> None:
+        self.inner.complete_load([_key_bytes(k) for k in keys], ctx)
+
+    def prepare_store(self, keys, ctx):
+        out = self.inner.prepare_store([self._k(k) for k in keys], ctx)
+        if out is None:
+            return None
+        to_int = self._to_int
+        return _StoreOut([to_int[b] for b in out.keys_to_store], [to_int[b] for b in out.evicted_keys],
+                         list(out.keys_to_store))
+
+    def complete_store(self, keys, ctx=None, success: bool = True) -> None:
+        self.inner.complete_store([_key_bytes(k) for k in keys], ctx, success)
+
+    def on_request_finished(self, ctx) -> None:
+        self.inner.on_request_finished(ctx)

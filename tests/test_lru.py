@@ -1,0 +1,113 @@
+"""LRUPolicy on its own: vLLM 0.33's request-scoped recency (semantics doc §3.2)."""
+
+from __future__ import annotations
+
+from kvsim.context import RequestContext
+from kvsim.policies.base import Chunk
+from kvsim.policies.lru import LRUPolicy
+
+
+def ready(policy, keys, ctx=None, start_id=0):
+    """Insert ready (ref 0) chunks, as the manager does after complete_store."""
+    ctx = ctx if ctx is not None else RequestContext("ins")
+    for i, key in enumerate(keys):
+        chunk = Chunk(start_id + i)
+        policy.insert(key, chunk, ctx)
+        chunk.ref_cnt = 0
+        policy.mark_evictable(key)
+
+
+def victims(policy, n, protected=()):
+    out = policy.evict(n, set(protected))
+    return None if out is None else [k for k, _ in out]
+
+
+def test_insertion_order_without_positions():
+    p = LRUPolicy(8)
+    ready(p, [1, 2, 3, 4])
+    assert victims(p, 2) == [1, 2]
+    assert sorted(p.keys()) == [3, 4] and len(p) == 2
+
+
+def test_touch_makes_first_key_most_recent():
+    p = LRUPolicy(8)
+    ready(p, [1, 2, 3, 4])
+    p.touch([2, 1], RequestContext("t"))  # head = MRU: 2 newest, then 1
+    p.touch([99], RequestContext("t"))  # non-resident keys are ignored
+    assert victims(p, 4) == [3, 4, 1, 2]
+
+
+def test_running_request_evicts_tail_first_then_commits_at_finish():
+    p = LRUPolicy(8)
+    ctx = RequestContext("r", {1: 16, 2: 32, 3: 48})
+    ready(p, [1, 2, 3], ctx)
+    ready(p, [9])  # a fresh rank after the request's first access: newer than all of r
+    assert victims(p, 1) == [3]
+    p.on_request_finished(([1, 2],), {1, 2}, set(), ctx)  # commit: tail first, head newest
+    assert victims(p, 3) == [9, 2, 1]
+
+
+def test_access_never_demotes():
+    p = LRUPolicy(8)
+    old = RequestContext("old", {1: 16})
+    ready(p, [1], old)  # old's request rank is taken here
+    new = RequestContext("new", {2: 16, 3: 32})
+    ready(p, [2, 3], new)
+    old.set_key_position(3, 32)
+    p.on_request_access([3], old)  # older request: would be a demotion, ignored
+    assert victims(p, 3) == [1, 3, 2]
+
+
+def test_access_raises_an_older_chunk():
+    p = LRUPolicy(8)
+    ready(p, [1, 2])
+    newer = RequestContext("n", {1: 16})
+    p.on_request_access([1], newer)
+    assert victims(p, 2) == [2, 1]
+
+
+def test_evict_skips_pinned_pending_and_protected():
+    p = LRUPolicy(8)
+    ready(p, [1, 2, 3, 4])
+    p.get(1).ref_cnt = 2  # pinned by two loads
+    p.mark_non_evictable(1)
+    p.insert(5, Chunk(9), RequestContext("x"))  # pending write (ref -1)
+    assert victims(p, 2, protected=[2]) == [3, 4]
+    assert victims(p, 1, protected=[2]) is None
+
+
+def test_recency_is_independent_of_pinning():
+    p = LRUPolicy(8)
+    ready(p, [1, 2, 3])
+    p.get(1).ref_cnt = 1
+    p.mark_non_evictable(1)
+    assert victims(p, 1) == [2]
+    p.get(1).ref_cnt = 0
+    p.mark_evictable(1)  # unpinned later, but still the oldest
+    assert victims(p, 1) == [1]
+
+
+def test_failed_evict_is_atomic():
+    p = LRUPolicy(8)
+    ready(p, [1, 2, 3])
+    p.get(2).ref_cnt = 1
+    p.mark_non_evictable(2)
+    before = sorted(p.keys())
+    assert victims(p, 3) is None
+    assert sorted(p.keys()) == before
+    assert victims(p, 2) == [1, 3]  # the order survived the failed attempt
+
+
+def test_remove_and_clear():
+    p = LRUPolicy(4)
+    ctx = RequestContext("r", {1: 16, 2: 32})
+    p.insert(1, Chunk(0), ctx)
+    p.insert(2, Chunk(1), ctx)
+    p.remove(2)  # a failed store of a provisional chunk
+    assert p.get(2) is None and list(p.keys()) == [1]
+    p.clear()
+    assert len(p) == 0 and p.get(1) is None and victims(p, 1) is None
+    ready(p, [5])
+    ctx.set_key_position(7, 16)
+    ready(p, [7], ctx)  # the pre-clear request rank is forgotten: 7 is newer than 5
+    assert victims(p, 2) == [5, 7]
