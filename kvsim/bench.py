@@ -61,7 +61,7 @@ def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: 
         if with_vllm and policy in ("lru", "arc"):
             v_rows: list = []
 
-            def run_vllm(cfg=cfg, v_rows=v_rows):
+            def run_vllm(cfg=cfg, v_rows=v_rows, policy=policy):
                 v_rows.clear()
                 driver = VllmManagerDriver(cfg.num_chunks, policy)
                 return CacheReplay(cfg, manager=driver).run(requests, v_rows.append)

@@ -45,6 +45,7 @@ class CacheConfig:
     chunk_bytes: int | None = None
     model: str | None = None
     seed: int = 0
+    prefill_chunk_tokens: int | None = None
 
     @property
     def layout(self) -> KeyLayout:
@@ -73,6 +74,7 @@ class OffloadOptions:
     store_threshold: int = 0
     max_tracker_size: int = 64_000
     seed: int = 0
+    prefill_chunk_tokens: int | None = None
 
     def with_(self, **changes: Any) -> OffloadOptions:
         return replace(self, **changes)
@@ -83,6 +85,8 @@ class OffloadOptions:
         KeyLayout(block_tokens, chunk_tokens)  # validates the pair
         if self.gpu_blocks < 0:
             raise InputError(f"--gpu-blocks must be >= 0, got {self.gpu_blocks}")
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise InputError(f"--prefill-chunk-tokens must be >= 1, got {self.prefill_chunk_tokens}")
         if self.store_threshold < 0:
             raise InputError(f"--store-threshold must be >= 0, got {self.store_threshold}")
         if self.max_tracker_size < 1:
@@ -114,7 +118,7 @@ class OffloadOptions:
             gpu_blocks=self.gpu_blocks, policy=self.policy, policy_module=self.policy_module,
             admission=self.admission, store_threshold=self.store_threshold,
             max_tracker_size=self.max_tracker_size, chunk_bytes=chunk_bytes,
-            model=self.model, seed=self.seed,
+            model=self.model, seed=self.seed, prefill_chunk_tokens=self.prefill_chunk_tokens,
         )
 
     def _sizing(self, chunk_tokens: int, cpu_bytes: int, option: str = "--cpu-gib"):

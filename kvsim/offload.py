@@ -8,9 +8,11 @@ the eviction policy's business; which new chunk may enter is the admission polic
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from operator import attrgetter, itemgetter
 
 from kvsim.context import RequestContext
 from kvsim.metrics import (
@@ -24,6 +26,11 @@ from kvsim.metrics import (
 )
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, Key
+
+_REF = attrgetter("ref_cnt")
+_CHUNK_ID = attrgetter("chunk_id")
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
 
 
 class LookupResult(IntEnum):
@@ -201,22 +208,22 @@ class OffloadManager:
 
     def prepare_load(self, keys: Sequence[Key], ctx: RequestContext) -> list[int]:
         """Pin ready chunks for reading; returns chunk ids co-indexed with ``keys``."""
-        get = self._chunks.get
-        found = [get(k) for k in keys]
-        for key, chunk in zip(keys, found):
-            if chunk is None or chunk.ref_cnt < 0:
-                raise ProtocolError(f"prepare_load: chunk {key!r} is not resident and ready")
-        newly_pinned = []
-        for key, chunk in zip(keys, found):
-            if chunk.ref_cnt == 0:
-                newly_pinned.append(key)
-                self._num_evictable -= 1
+        found = list(map(self._chunks.get, keys))
+        if None in found:
+            raise ProtocolError(f"prepare_load: chunk {keys[found.index(None)]!r} is not resident")
+        refs = list(map(_REF, found))
+        if refs and min(refs) < 0:
+            raise ProtocolError(f"prepare_load: chunk {keys[refs.index(min(refs))]!r} is not ready")
+        for chunk in found:
             chunk.ref_cnt += 1
-        if newly_pinned and self._tracks:
-            self.policy.mark_non_evictable_many(newly_pinned)
+        newly_pinned = refs.count(0)
+        if newly_pinned:
+            self._num_evictable -= newly_pinned
+            if self._tracks:
+                self.policy.mark_non_evictable_many([k for k, r in zip(keys, refs) if r == 0])
         self.counters.loaded_chunks += len(found)
         self._record_access(keys, ctx, reused=keys)
-        return [c.chunk_id for c in found]
+        return list(map(_CHUNK_ID, found))
 
     def touch(self, keys: Sequence[Key], ctx: RequestContext) -> None:
         self.policy.touch(keys, ctx)
@@ -242,8 +249,7 @@ class OffloadManager:
         if admission.records_offers:
             admission.record_offer(keys)
         policy = self.policy
-        get = self._chunks.get
-        found = [get(k) for k in keys]
+        found = list(map(self._chunks.get, keys))
         if not any(found):
             to_store = keys.copy()
             ready_existing: list = []
@@ -297,11 +303,9 @@ class OffloadManager:
                 self.counters.allocation_failures += 1
                 return None
             self._num_evictable -= len(victims)
-            evicted_keys = [key for key, _ in victims]
-            self._free_list.extend([chunk.chunk_id for _, chunk in victims])
-            resident_pop = self._chunks.pop
-            for key in evicted_keys:
-                resident_pop(key)
+            evicted_keys = list(map(_FIRST, victims))
+            self._free_list.extend(map(_CHUNK_ID, map(_SECOND, victims)))
+            deque(map(self._chunks.pop, evicted_keys), maxlen=0)
             self.counters.evicted_chunks += len(victims)
             if self.events is not None:
                 self.events.append(OffloadingEvent(evicted_keys, removed=True))
@@ -311,7 +315,7 @@ class OffloadManager:
         policy.insert_many(to_store, chunks, ctx)
         self._num_write_pending += n
         state.inserted.update(to_store)
-        return PrepareStoreOutput(to_store, [c.chunk_id for c in chunks], evicted_keys)
+        return PrepareStoreOutput(to_store, list(map(_CHUNK_ID, chunks)), evicted_keys)
 
     def complete_store(self, keys: Iterable[Key], ctx: RequestContext | None = None, success: bool = True) -> None:
         """Finish a store: chunks become evictable, or are dropped when the copy failed."""
@@ -320,11 +324,17 @@ class OffloadManager:
         get = resident.get
         done: list = []
         if success:
-            for key in keys:
-                chunk = get(key)
-                if chunk is not None and chunk.ref_cnt < 0:
+            keys = keys if isinstance(keys, list) else list(keys)
+            found = list(map(get, keys))
+            if None not in found and list(map(_REF, found)).count(-1) == len(found):
+                done = keys  # the common case: every key is a pending write of this job
+                for chunk in found:
                     chunk.ref_cnt = 0
-                    done.append(key)
+            else:
+                for key, chunk in zip(keys, found):
+                    if chunk is not None and chunk.ref_cnt < 0:
+                        chunk.ref_cnt = 0
+                        done.append(key)
             if done and self._tracks:
                 policy.mark_evictable_many(done)
             self._num_write_pending -= len(done)

@@ -1,6 +1,8 @@
 """Cache-mode replay: requests one at a time, in trace order, with no notion of time.
 
 Per request, as vLLM's connector does it with both tiers:
+0. (with ``prefill_chunk_tokens``) the uncached prompt is scheduled in steps of that many
+   tokens, and each step offers the chunks it completes, as vLLM's chunked prefill does;
 1. the GPU prefix cache finds its longest cached prefix (never the whole prompt);
 2. the CPU tier is scanned from ``floor(gpu_hit / chunk)`` up to the first non-HIT;
 3. the CPU hits are loaded (``prepare_load`` + ``complete_load``);
@@ -71,6 +73,7 @@ class CacheReplay:
         gpu = self.gpu
         gpu_on = gpu.enabled
         gpu_blocks = gpu.num_blocks
+        prefill_step = self.config.prefill_chunk_tokens
         t = self.totals
         n_req = n_tokens = n_units = n_gpu = n_cpu = n_stored = n_evicted = n_fail = 0
         skipped_before = counters.stores_skipped if counters is not None else 0
@@ -112,14 +115,26 @@ class CacheReplay:
             stored = evicted = 0
             failed = False
             if store_chunks > next_store:
-                out = prepare_store(chunk_keys[next_store:store_chunks], ctx)
-                if out is None:
-                    failed = True
-                    n_fail += 1
+                if prefill_step:
+                    # chunked prefill: chunks are offered in the step that schedules their
+                    # last token; a failed offer is retried, with the new chunks, next step
+                    computed = min(local + cpu_hit_tokens, input_tokens - 1)
+                    bounds = [min(store_chunks, min(end, input_tokens) // tpc)
+                              for end in range(computed + prefill_step, input_tokens + prefill_step, prefill_step)]
                 else:
-                    stored = len(out.keys_to_store)
-                    evicted = len(out.evicted_keys)
-                    if stored:
+                    bounds = (store_chunks,)
+                for upto in bounds:
+                    if upto <= next_store:
+                        continue
+                    out = prepare_store(chunk_keys[next_store:upto], ctx)
+                    if out is None:
+                        failed = True
+                        n_fail += 1
+                        continue
+                    next_store = upto
+                    if out.keys_to_store:
+                        stored += len(out.keys_to_store)
+                        evicted += len(out.evicted_keys)
                         manager.complete_store(out.keys_to_store, ctx)
             manager.on_request_finished(ctx)
 

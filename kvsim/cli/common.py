@@ -30,6 +30,7 @@ def offload_options(f: Callable) -> Callable:
         click.option("--gpu-block-tokens", type=int, default=None, help="vLLM GPU block size used for sizing (default 16)."),
         click.option("--gpu-blocks", type=int, default=None, help="GPU prefix cache size in blocks of the key unit; 0 disables it (default)."),
         click.option("--vllm-config", default=None, metavar="JSON|FILE", help="vLLM kv_connector_extra_config (inline JSON or a file); explicit options win."),
+        click.option("--prefill-chunk-tokens", type=int, default=None, help="Offer stores per chunked-prefill step of N tokens, as vLLM does (default: one offer per request)."),
         click.option("--seed", type=int, default=None, help="Seed for randomised policies (default 0)."),
     ]
     for option in reversed(options):
@@ -38,7 +39,7 @@ def offload_options(f: Callable) -> Callable:
 
 
 OFFLOAD_KEYS = ("cpu_chunks", "cpu_gib", "model", "tp", "policy", "admission", "store_threshold",
-                "max_tracker_size", "block_tokens", "chunk_tokens", "gpu_block_tokens", "gpu_blocks", "seed")
+                "max_tracker_size", "block_tokens", "chunk_tokens", "gpu_block_tokens", "gpu_blocks", "seed", "prefill_chunk_tokens")
 
 
 def pop_offload_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -16,15 +16,17 @@ the order is kept without a heap, which gives the same victims much faster:
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from heapq import merge
 from itertools import chain, islice
+from operator import attrgetter
 
 from kvsim.context import RequestContext, order_request_keys
 from kvsim.policies.base import Chunk, EvictionPolicy, Key
 
 POSITION_SPAN = 1 << 40
+_REF = attrgetter("ref_cnt")
 
 
 class LRUPolicy(EvictionPolicy):
@@ -67,14 +69,22 @@ class LRUPolicy(EvictionPolicy):
     def _refresh(self, keys_newest_last: Iterable[Key]) -> None:
         """Fresh ranks in the order given: the last key becomes the most recent."""
         chunks = self.chunks
-        present = [k for k in keys_newest_last if k in chunks]
+        present = list(filter(chunks.__contains__, keys_newest_last))
         if not present:
             return
         rank = self._rank
         committed = self._committed
         groups = self._groups
+        if len(groups) == 1:
+            ((base, group),) = groups.items()
+            if len(group) == len(present) and group.keys() == set(present):
+                # the finishing request's own group is exactly what it commits (cache mode)
+                del groups[base]
+                groups = None
         provisional = [k for k in present if rank[k] % POSITION_SPAN] if groups else ()
-        if provisional:
+        if groups is None:
+            pass
+        elif provisional:
             leaving = set(provisional)
             for base, group in list(groups.items()):
                 if group.keys() <= leaving:
@@ -123,13 +133,13 @@ class LRUPolicy(EvictionPolicy):
         resident = self.chunks
         resident.update(zip(keys, chunks))
         positions = ctx.positions
-        if all(k in positions for k in keys):  # the connector always knows positions
+        if positions.keys() >= set(keys):  # the connector always knows positions
             base = self._request_base(ctx)
             group = self._groups.get(base)
             if group is None:
                 group = self._groups[base] = {}
             group.update(dict.fromkeys(keys))
-            self._rank.update([(k, base - positions[k]) for k in keys])
+            self._rank.update(zip(keys, map(base.__sub__, map(positions.__getitem__, keys))))
             return
         base = None
         for key in keys:
@@ -159,7 +169,10 @@ class LRUPolicy(EvictionPolicy):
         chunks = self.chunks
         positions = ctx.positions
         rank = self._rank
-        raised = [k for k in keys if k in chunks and k in positions and rank[k] < base - positions[k]]
+        resident = list(filter(chunks.__contains__, keys))
+        if not resident:
+            return
+        raised = [k for k in resident if k in positions and rank[k] < base - positions[k]]
         if not raised:
             return
         committed = self._committed
@@ -217,12 +230,12 @@ class LRUPolicy(EvictionPolicy):
         ):
             # Fast path: the n oldest committed keys, if all evictable and unprotected.
             head = list(islice(committed, n))
-            if len(head) == n and protected.isdisjoint(head) and all(chunks[k].ref_cnt == 0 for k in head):
+            if (len(head) == n and protected.isdisjoint(head)
+                    and list(map(_REF, map(chunks.__getitem__, head))).count(0) == n):
                 for _ in range(n):
                     committed.popitem(last=False)
-                for key in head:
-                    del rank[key]
-                return [(key, chunks.pop(key)) for key in head]
+                deque(map(rank.pop, head), maxlen=0)
+                return list(zip(head, map(chunks.pop, head)))
         picked: list[Key] = []
         for key in self._in_rank_order():
             if chunks[key].ref_cnt == 0 and key not in protected:

@@ -1,0 +1,61 @@
+"""Cache-mode replay with chunked-prefill store offers (``prefill_chunk_tokens``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsim.config import OffloadOptions
+from kvsim.replay import REQUEST_COLUMNS, CacheReplay
+from kvsim.traces import Request, open_trace
+
+SAMPLE = "traces/samples/mooncake_small.jsonl"
+
+
+def _req(i: int, hashes: list[int], tokens: int) -> Request:
+    return Request(i, float(i), tokens, 1, tuple(hashes))
+
+
+def _run(requests, **opts):
+    cfg = OffloadOptions(**{"cpu_chunks": 4, "model": None, **opts}).resolve(16)
+    run = CacheReplay(cfg)
+    rows: list[tuple] = []
+    summary = run.run(requests, rows.append)
+    return run, summary, [dict(zip(REQUEST_COLUMNS, r)) for r in rows]
+
+
+def test_one_offer_of_a_prompt_larger_than_the_tier_fails_whole():
+    _, summary, rows = _run([_req(0, list(range(1, 7)), 96)])
+    assert rows[0]["store_failed"] and rows[0]["stored_blocks"] == 0
+    assert summary["allocation_failures"] == 1
+
+
+def test_prefill_steps_store_incrementally_and_evict_own_tail_first():
+    run, summary, rows = _run([_req(0, list(range(1, 7)), 96)], prefill_chunk_tokens=32)
+    # steps offer [1,2], [3,4], [5,6]; the last must evict two of the request's own chunks,
+    # and under vLLM's LRU a running request's tail is older than its head
+    assert rows[0]["stored_blocks"] == 6 and rows[0]["evicted_blocks"] == 2
+    assert not rows[0]["store_failed"]
+    assert sorted(run.manager.policy.keys()) == [1, 2, 5, 6]
+    assert summary["allocation_failures"] == 0
+
+
+def test_steps_start_after_the_cached_prefix():
+    reqs = [_req(0, [1, 2], 32), _req(1, [1, 2, 3, 4, 5], 80)]
+    run, _, rows = _run(reqs, cpu_chunks=8, prefill_chunk_tokens=16)
+    assert rows[1]["cpu_hit_blocks"] == 2 and rows[1]["stored_blocks"] == 3
+    assert sorted(run.manager.policy.keys()) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.vllm
+def test_prefill_offers_make_vllms_decisions():
+    pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
+    from kvsim.vllm_driver import VllmManagerDriver
+
+    requests = list(open_trace(SAMPLE))
+    for policy in ("lru", "arc"):
+        cfg = OffloadOptions(cpu_chunks=300, policy=policy, prefill_chunk_tokens=4096).resolve(512)
+        ours: list = []
+        theirs: list = []
+        CacheReplay(cfg).run(requests, ours.append)
+        CacheReplay(cfg, manager=VllmManagerDriver(300, policy)).run(requests, theirs.append)
+        assert ours == theirs
