@@ -15,22 +15,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvsim.api import replay
+from kvsim.api import generate, replay, requests_frame
 from kvsim.config import CacheConfig, OffloadOptions
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
 from kvsim.offload import LookupResult, OffloadManager
 from kvsim.results import Result
+from kvsim.sweep import sweep
 from kvsim.traces import Request, Trace, open_trace
+from kvsim.traces.stats import trace_stats
 
 __version__ = "0.1.0"
 
-# Heavier parts load on first use, so `import kvsim` and the CLI stay quick.
+# The timed engine loads on first use, so `import kvsim` and the CLI stay quick.
 _LAZY = {
     "simulate": ("kvsim.api_simulate", "simulate"),
-    "sweep": ("kvsim.sweep", "sweep"),
-    "trace_stats": ("kvsim.traces.stats", "trace_stats"),
-    "generate": ("kvsim.traces.synthetic", "generate"),
 }
 
 
@@ -56,6 +55,7 @@ __all__ = [
     "generate",
     "open_trace",
     "replay",
+    "requests_frame",
     "simulate",
     "sweep",
     "trace_stats",

@@ -14,9 +14,53 @@ from kvsim.results import Result
 from kvsim.traces import Request, Trace, open_trace
 
 
-def as_trace(trace: str | os.PathLike | Trace | Iterable[Request], *, block_tokens: int | None = None,
-             limit: int | None = None, fmt: str | None = None) -> Trace:
-    """Accept a path, a :class:`Trace`, or a list of requests."""
+REQUEST_FIELDS = ("request_id", "arrival_s", "input_tokens", "output_tokens", "block_hashes", "session_id")
+
+
+def requests_frame(requests: Iterable[Request], block_tokens: int) -> pd.DataFrame:
+    """Requests as a DataFrame (one row each, the :class:`Request` fields as columns).
+
+    ``frame.attrs["block_tokens"]`` keeps the hash-block size, so the frame can be passed
+    back to ``replay`` / ``simulate`` as a trace.
+    """
+    frame = pd.DataFrame.from_records(
+        [(r.request_id, r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes, r.session_id)
+         for r in requests], columns=list(REQUEST_FIELDS))
+    frame.attrs["block_tokens"] = block_tokens
+    return frame
+
+
+def _frame_requests(frame: pd.DataFrame) -> list[Request]:
+    missing = [c for c in REQUEST_FIELDS[1:5] if c not in frame.columns]
+    if missing:
+        from kvsim.errors import InputError
+
+        raise InputError(f"a requests DataFrame needs the columns {', '.join(missing)}")
+    ids = frame["request_id"] if "request_id" in frame else range(len(frame))
+    sessions = frame["session_id"] if "session_id" in frame else [None] * len(frame)
+    return [
+        Request(int(i), float(t), int(n_in), int(n_out), tuple(int(h) for h in hashes),
+                None if s is None or s != s else int(s))
+        for i, t, n_in, n_out, hashes, s in zip(ids, frame["arrival_s"], frame["input_tokens"],
+                                                frame["output_tokens"], frame["block_hashes"], sessions)
+    ]
+
+
+def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> pd.DataFrame:
+    """A synthetic workload as a DataFrame (see ``kvsim.traces.synthetic`` for kinds and knobs);
+    pass it to ``replay`` / ``simulate`` as the trace."""
+    from kvsim.traces.synthetic import generate as generate_requests
+
+    block_tokens = int(knobs.get("block_tokens", 512))
+    return requests_frame(generate_requests(kind, n_requests=n_requests, seed=seed, **knobs), block_tokens)
+
+
+def as_trace(trace: str | os.PathLike | Trace | Iterable[Request] | pd.DataFrame, *,
+             block_tokens: int | None = None, limit: int | None = None, fmt: str | None = None) -> Trace:
+    """Accept a path, a :class:`Trace`, a requests DataFrame, or a list of requests."""
+    if isinstance(trace, pd.DataFrame):
+        bt = block_tokens or trace.attrs.get("block_tokens", 512)
+        return as_trace(Trace.from_requests(_frame_requests(trace), bt), limit=limit)
     if isinstance(trace, Trace):
         if limit is not None:
             t = Trace(trace.info, limit)
@@ -48,9 +92,11 @@ def replay(
     limit: int | None = None,
     per_request: bool = True,
     vllm_config: str | dict | None = None,
+    protocol: str = "prefix",
     **options: Any,
 ) -> Result:
-    """Cache-mode replay. Keywords are :class:`kvsim.config.OffloadOptions` fields, e.g.
+    """Cache-mode replay (``protocol="object"``: every chunk key is a get, see
+    :mod:`kvsim.object_cache`). Keywords are :class:`kvsim.config.OffloadOptions` fields, e.g.
     ``replay(path, cpu_gib=64, model="llama-3.1-8b", policy="arc", gpu_blocks=2000)``.
 
     Returns a Result whose ``summary`` holds the totals and ratios and whose ``requests``
@@ -58,6 +104,11 @@ def replay(
     """
     tr = as_trace(trace, block_tokens=options.get("block_tokens"), limit=limit)
     config = make_options(vllm_config, **options).resolve(tr.block_tokens)
+    if protocol != "prefix":
+        from kvsim.object_cache import replay_config
+
+        return Result(summary={"trace": str(tr.path), **replay_config(tr, config, protocol)},
+                      tables={}, config=config.as_dict())
     future = tr if _needs_future(config.policy, config.policy_module) else None
     run = CacheReplay(config, requests_for_future=future)
     rows: list[tuple] = []

@@ -51,6 +51,11 @@ class GpuBlockPool:
             n += 1
         return n
 
+    def count_free_cached(self, keys: Sequence[int]) -> int:
+        """How many of these cached blocks sit in the free queue (taking them uses free space)."""
+        cached, ref = self._cached, self._ref
+        return sum(1 for k in keys if ref[cached[k]] == 0)
+
     def acquire_cached(self, keys: Sequence[int]) -> list[int]:
         """Take the cached blocks of ``keys`` (all must be cached) for a request."""
         cached, ref, free = self._cached, self._ref, self._free

@@ -5,6 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+
+
+def _umask_mode() -> int:
+    """The mode a plain ``open()`` would give a new file (mkstemp makes 0600 files)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 from collections.abc import Iterator
 from typing import IO
 
@@ -19,6 +26,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
     try:
         with os.fdopen(fd, mode, **open_kwargs) as f:
             yield f
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -36,6 +44,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

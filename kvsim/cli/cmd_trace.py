@@ -1,0 +1,114 @@
+"""``kvsim trace stats`` and ``kvsim trace gen``: inspect a workload, or make one."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+import yaml
+
+from kvsim.cli.common import check_output_path
+from kvsim.errors import InputError
+from kvsim.results import format_table
+from kvsim.traces.synthetic import ARRIVALS, KINDS, KNOBS, generate, write_mooncake
+
+
+@click.group("trace")
+def trace_group() -> None:
+    """Inspect traces (`stats`) and generate synthetic ones (`gen`)."""
+
+
+@trace_group.command("stats")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N requests.")
+@click.option("--block-tokens", type=int, default=None, help="Tokens per hash block (default: the format's).")
+@click.option("--bin-s", type=float, default=None, help="Arrival-rate window in seconds (default: ~50 bins).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary and distributions as JSON.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
+              help="Write figures (PNG + SVG) into this folder.")
+def stats_command(trace: str, limit: int | None, block_tokens: int | None, bin_s: float | None,
+                  as_json: bool, plot_dir: str | None) -> None:
+    """Requests, token and block counts, infinite-cache hit ratio, reuse distances and times,
+    popularity skew and arrival rate of TRACE.
+
+    \b
+    Example:
+      kvsim trace stats traces/mooncake_fast25_conversation_trace.jsonl --plot figs/
+    """
+    from kvsim.traces.stats import trace_stats
+
+    if bin_s is not None and bin_s <= 0:
+        raise InputError(f"--bin-s must be positive, got {bin_s}")
+    st = trace_stats(trace, limit=limit, block_tokens=block_tokens, bin_s=bin_s)
+    if as_json:
+        payload = {"summary": st.summary,
+                   "distributions": st.distributions.to_dict(orient="records")}
+        click.echo(json.dumps(payload, indent=2, default=str))
+    else:
+        click.echo(format_table(st.summary, "kvsim trace stats"))
+        click.echo("")
+        click.echo(st.distributions.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
+    if plot_dir:
+        import matplotlib
+
+        matplotlib.use("Agg")  # the CLI only writes files
+        from kvsim.plots import save_all, trace_figures
+
+        paths = save_all(trace_figures(st), plot_dir)
+        click.echo(f"wrote {len(paths)} figure files to {plot_dir}", err=True)
+
+
+def _knob_help() -> str:
+    lines = []
+    for kind, knobs in KNOBS.items():
+        lines.append(f"{kind}:")
+        lines += [f"  {k}={v!r}  {doc}" for k, (v, doc) in knobs.items()]
+    return "\n".join(lines)
+
+
+def _parse_knob(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise InputError(f"--set expects KNOB=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        parsed = yaml.safe_load(value) if value else None
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip().replace("-", "_"), parsed
+
+
+@trace_group.command("gen", epilog="\b\nKnobs (name=default  meaning):\n" + _knob_help())
+@click.argument("kind", type=click.Choice(KINDS))
+@click.option("-n", "--requests", "n_requests", type=click.IntRange(min=1), default=1000,
+              show_default=True, help="Number of requests.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+@click.option("--arrival", type=click.Choice(ARRIVALS), default=None, help="Arrival process (default poisson).")
+@click.option("--rate", type=float, default=None, help="Requests per second (ON rate when bursty).")
+@click.option("--arrival-trace", type=click.Path(dir_okay=False), default=None,
+              help="With --arrival replay: reuse this trace's timestamps.")
+@click.option("--set", "knobs", multiple=True, metavar="KNOB=VALUE",
+              help="Any knob below, repeatable; values are YAML (e.g. weights={chat: 1, rag: 1}).")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+              help="Output Mooncake JSONL file.")
+def gen_command(kind: str, n_requests: int, seed: int, arrival: str | None, rate: float | None,
+                arrival_trace: str | None, knobs: tuple[str, ...], out: str) -> None:
+    """Generate a synthetic KIND workload as a Mooncake JSONL trace (512-token blocks,
+    prefix-chained hash_ids). Same KIND, seed and knobs: the same file.
+
+    \b
+    Example:
+      kvsim trace gen chat -n 5000 --rate 4 --set turns=8 -o chat.jsonl
+    """
+    check_output_path(out, "--out")
+    params = dict(_parse_knob(k) for k in knobs)
+    for name, value in (("arrival", arrival), ("rate", rate), ("arrival_trace", arrival_trace)):
+        if value is not None:
+            params[name] = value
+    requests = generate(kind, n_requests, seed, **params)
+    n = write_mooncake(out, requests)
+    last = requests[-1].arrival_s if requests else 0.0
+    click.echo(f"wrote {n} {kind} requests over {last:,.1f} s to {os.fspath(out)}")
+
+
+COMMANDS = [trace_group]

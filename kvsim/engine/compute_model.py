@@ -1,0 +1,120 @@
+"""Step time of one forward pass: a roofline of the model on the GPU plus a fixed overhead.
+
+::
+
+    flops = 2 * active_params * tokens + 4 * layers * q_heads * head_dim * attention_pairs
+    bytes = weight_bytes + kv_bytes_per_token * (context_tokens_read + tokens)
+    time  = max(flops / (peak_flops * flops_efficiency),
+                bytes / (hbm_bytes_per_s * bandwidth_efficiency)) + step_overhead_s
+
+all divided across ``tp`` GPUs. ``attention_pairs`` counts (query, key) pairs of the step:
+a request computing n new tokens after c cached ones contributes ``n * c + n * (n + 1) / 2``.
+An empty step (no tokens) takes no time.
+
+Compute profile JSON (all keys optional; they replace the preset's values)::
+
+    {"peak_flops": 9.89e14, "hbm_bytes_per_s": 4.8e12, "flops_efficiency": 0.6,
+     "bandwidth_efficiency": 0.8, "step_overhead_s": 0.002}
+
+Any callable ``(StepBatch) -> seconds`` can stand in for :class:`RooflineCompute`; a real
+backend sleeps that long to emulate the forward pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields, replace
+
+from kvsim.errors import InputError
+from kvsim.hardware import GpuSpec
+from kvsim.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """What one step computes, in aggregate."""
+
+    num_seqs: int
+    num_prefill_seqs: int
+    prefill_tokens: int
+    decode_tokens: int
+    context_tokens: int  # cached tokens read by attention (sum over the batch)
+    attention_pairs: float  # (query, key) pairs
+
+    @property
+    def tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+
+@dataclass(frozen=True)
+class ComputeParams:
+    peak_flops: float
+    hbm_bytes_per_s: float
+    flops_efficiency: float = 0.6
+    bandwidth_efficiency: float = 0.8
+    step_overhead_s: float = 0.002
+
+    @classmethod
+    def for_gpu(cls, gpu: GpuSpec) -> ComputeParams:
+        return cls(gpu.peak_flops, gpu.hbm_bytes_per_s)
+
+    def with_profile(self, data: dict, source: str = "compute profile") -> ComputeParams:
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise InputError(f"unknown key(s) {', '.join(unknown)}", source=source)
+        try:
+            values = {k: float(v) for k, v in data.items()}
+        except (TypeError, ValueError):
+            raise InputError("values must be numbers", source=source) from None
+        if any(v < 0 for v in values.values()) or any(values.get(k, 1) <= 0 for k in names - {"step_overhead_s"}):
+            raise InputError("values must be positive (step_overhead_s may be 0)", source=source)
+        return replace(self, **values)
+
+
+def load_compute_profile(path: str | os.PathLike, base: ComputeParams) -> ComputeParams:
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror})", source=path) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})", source=path) from None
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object", source=path)
+    return base.with_profile(data, source=path)
+
+
+class RooflineCompute:
+    """Callable step-time model for one model on one GPU type at tensor parallel ``tp``."""
+
+    def __init__(self, model: ModelSpec, params: ComputeParams, tp: int = 1, dtype_bytes: int | None = None) -> None:
+        self.model = model
+        self.params = params
+        self.tp = tp
+        d = model.default_dtype_bytes if dtype_bytes is None else dtype_bytes
+        self._flops_per_token = 2.0 * model.active_params / tp
+        self._attn_flops_per_pair = 4.0 * model.num_layers * model.num_attention_heads * (
+            model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim) / tp
+        self._weight_bytes_total = model.num_params * d / tp
+        self._weight_bytes_active = model.active_params * d / tp
+        self._kv_bytes_per_token = model.kv_bytes_per_token(d, tp)
+        self._flops_rate = params.peak_flops * params.flops_efficiency
+        self._bytes_rate = params.hbm_bytes_per_s * params.bandwidth_efficiency
+        self._overhead = params.step_overhead_s
+
+    def weight_bytes_read(self, tokens: int) -> float:
+        """Dense models read every weight; MoE reads at most the experts the batch activates."""
+        if self._weight_bytes_active >= self._weight_bytes_total:
+            return self._weight_bytes_total
+        return min(self._weight_bytes_total, self._weight_bytes_active * max(1, tokens))
+
+    def __call__(self, batch: StepBatch) -> float:
+        tokens = batch.prefill_tokens + batch.decode_tokens
+        if tokens <= 0:
+            return 0.0
+        flops = self._flops_per_token * tokens + self._attn_flops_per_pair * batch.attention_pairs
+        nbytes = self.weight_bytes_read(tokens) + self._kv_bytes_per_token * (batch.context_tokens + tokens)
+        return max(flops / self._flops_rate, nbytes / self._bytes_rate) + self._overhead

@@ -1,0 +1,324 @@
+"""The OffloadingConnector's timing, as vLLM 0.33 does it (docs/vllm-offload-semantics.md §5).
+
+Scheduler side (called by :mod:`kvsim.engine.scheduler` during ``schedule()``):
+
+* ``lookup``: after the local GPU hit, scan the CPU tier from ``floor(local / chunk)`` to
+  the first MISS; defer (None) when the request has jobs in flight, a scanned key's
+  write is pending, or a hit key is being async-loaded by another request;
+* ``update_state_after_alloc``: pin the hit chunks (``prepare_load``) and create the load
+  job; ``next_store`` jumps past the loaded chunks;
+* ``build_store_jobs`` (vLLM ``build_connector_meta``): offer each scheduled request's
+  newly complete chunks (prompt only by default), retry after a failed offer, then for the
+  requests that finished in the previous step offer their final chunks and call
+  ``on_request_finished``; finally ``on_schedule_end``.
+
+Worker side (called by the engine around the forward pass):
+
+* ``begin_execute``: flush fence (wait for store jobs whose GPU blocks are being reused
+  or whose request was preempted), submit the previous step's stores, submit sync loads
+  on the expedited queue and wait for them, submit async loads;
+* ``end_execute``: queue this step's stores for the next step; poll completions, then
+  ``complete_store`` / ``complete_load``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from kvsim.engine.request_state import FINISHED, SimRequest
+from kvsim.engine.transfer_protocol import EXPEDITED, LOAD, STORE, TransferJob, TransferResult
+from kvsim.keys import KeyLayout
+from kvsim.offload import OffloadManager
+
+
+class ConnectorJob:
+    __slots__ = ("job_id", "direction", "req", "keys", "blocks", "chunk_ids", "nbytes", "copies", "step")
+
+    def __init__(self, job_id: int, direction: str, req: SimRequest, keys: list, blocks: list,
+                 chunk_ids: list, nbytes: int, copies: int, step: int) -> None:
+        self.job_id = job_id
+        self.direction = direction
+        self.req = req
+        self.keys = keys
+        self.blocks = blocks
+        self.chunk_ids = chunk_ids
+        self.nbytes = nbytes
+        self.copies = copies
+        self.step = step
+
+    def transfer_job(self, now: float) -> TransferJob:
+        return TransferJob(self.job_id, self.direction, self.blocks, self.chunk_ids,
+                           self.nbytes, self.copies, self.keys, now)
+
+
+class OffloadConnector:
+    def __init__(self, manager: OffloadManager, layout: KeyLayout, *, kv_bytes_per_token: int,
+                 num_layers: int, gpu_block_tokens: int = 16, prompt_only: bool = True,
+                 sync_load_budget_bytes: int = 0) -> None:
+        self.manager = manager
+        self.tpc = layout.chunk_tokens
+        self.unit = layout.unit_tokens
+        self.upc = layout.units_per_chunk
+        self.kv_bytes_per_token = kv_bytes_per_token  # one worker's bytes (what one link moves)
+        self.copies_per_token = num_layers / gpu_block_tokens  # vLLM: one copy per (GPU block, layer)
+        self.prompt_only = prompt_only
+        self.sync_budget = sync_load_budget_bytes
+        self._sync_left = sync_load_budget_bytes
+        self.jobs: dict[int, ConnectorJob] = {}
+        self.being_loaded: dict = {}          # key -> async loads in flight
+        self.fence: dict[int, set[int]] = {}  # GPU block -> store jobs reading it
+        self.flush: set[int] = set()
+        self.allocated_now: set[int] = set()
+        self.finished_pending: list[SimRequest] = []
+        self.store_next: list[ConnectorJob] = []   # built this step, submitted next step
+        self.store_now: list[ConnectorJob] = []    # built last step, submitted this step
+        self.sync_loads: list[ConnectorJob] = []
+        self.async_loads: list[ConnectorJob] = []
+        self._held_results: list[TransferResult] = []
+        self._next_job = 0
+        self.step = 0
+        # cumulative counters (vLLM connector metrics)
+        self.allocation_failures = 0
+        self.load_bytes = self.store_bytes = 0
+        self.load_time = self.store_time = 0.0
+        self.load_jobs = self.store_jobs = 0
+        self.stall_time = 0.0
+        self.stores_submitted = self.loads_submitted = 0
+
+    # --- scheduler side ---
+
+    def begin_schedule(self, step: int) -> None:
+        self.step = step
+        self._sync_left = self.sync_budget
+        self.allocated_now.clear()
+
+    def on_allocate(self, blocks: Iterable[int]) -> None:
+        """GPU blocks handed to a request this step: reuse of a block being stored forces a flush."""
+        fence = self.fence
+        for b in blocks:
+            self.allocated_now.add(b)
+            jobs = fence.get(b)
+            if jobs:
+                self.flush.update(jobs)
+
+    def on_preempt(self, req: SimRequest) -> None:
+        for j in req.jobs:
+            if self.jobs[j].direction == STORE:
+                self.flush.add(j)
+
+    def lookup(self, req: SimRequest, local: int) -> tuple[int, bool] | None:
+        """``(external hit tokens, async)``, or None to defer the request this step."""
+        if req.jobs:
+            return None
+        req.next_store = 0
+        tpc = self.tpc
+        keys = req.chunk_keys
+        max_hit = min(req.num_tokens, len(keys) * tpc)
+        if max_hit - local < tpc:
+            return 0, False
+        start = local // tpc
+        window = keys[start : -(-max_hit // tpc)]
+        count, pending = self.manager.lookup_prefix(window)
+        if pending:
+            return None
+        hit = tpc * (start + count) - local
+        if hit < tpc:
+            return 0, False
+        if self.being_loaded:
+            loading = self.being_loaded
+            for k in window[:count]:
+                if k in loading:
+                    return None
+        if self.sync_budget and local + hit < req.num_tokens:
+            cost = hit * self.kv_bytes_per_token
+            if cost <= self._sync_left:
+                self._sync_left -= cost
+                return hit, False
+        return hit, True
+
+    def update_state_after_alloc(self, req: SimRequest, local: int, ext: int, is_async: bool) -> None:
+        if ext == 0:
+            return
+        tpc, unit = self.tpc, self.unit
+        start = local // tpc
+        n_chunks = -(-(local + ext) // tpc)
+        keys = req.chunk_keys[start:n_chunks]
+        req.next_store = n_chunks
+        chunk_ids = self.manager.prepare_load(keys, req.ctx)
+        blocks = req.blocks[local // unit : -(-(local + ext) // unit)]
+        job = self._new_job(EXPEDITED if not is_async else LOAD, req, keys, blocks, chunk_ids, ext)
+        if is_async:
+            loading = self.being_loaded
+            for k in keys:
+                loading[k] = loading.get(k, 0) + 1
+            self.async_loads.append(job)
+        else:
+            self.sync_loads.append(job)
+
+    def build_store_jobs(self, scheduled: list[SimRequest]) -> None:
+        for req in scheduled:
+            self._offer(req, req.num_computed + req.sched)
+        finished, self.finished_pending = self.finished_pending, []
+        for req in finished:
+            self._offer(req, max(req.prompt, req.num_tokens - 1))
+            self.manager.on_request_finished(req.ctx)
+        self.manager.on_schedule_end()
+
+    def _offer(self, req: SimRequest, tokens_after: int) -> None:
+        tpc = self.tpc
+        offloadable = min(tokens_after, req.num_tokens)
+        if self.prompt_only:
+            offloadable = min(offloadable, req.prompt)
+        n = min(offloadable // tpc, len(req.blocks) // self.upc)
+        if not self.prompt_only and n > len(req.chunk_keys):
+            self._extend_keys(req, n)
+        n = min(n, len(req.chunk_keys))
+        first = req.next_store
+        if n <= first:
+            return
+        offer = req.chunk_keys[first:n]
+        out = self.manager.prepare_store(offer, req.ctx)
+        if out is None:
+            self.allocation_failures += 1
+            return
+        req.next_store = n
+        stored = out.keys_to_store
+        if not stored:
+            return
+        upc = self.upc
+        blocks: list[int] = []
+        if len(stored) == len(offer):
+            blocks = req.blocks[first * upc : n * upc]
+        else:
+            positions = req.ctx.positions
+            for k in stored:
+                c = positions[k] // tpc - 1
+                blocks.extend(req.blocks[c * upc : (c + 1) * upc])
+        job = self._new_job(STORE, req, stored, blocks, out.chunk_ids, len(stored) * tpc)
+        self.store_next.append(job)
+        fence = self.fence
+        reused = req.status == FINISHED and not self.allocated_now.isdisjoint(blocks)
+        for b in blocks:
+            s = fence.get(b)
+            if s is None:
+                fence[b] = {job.job_id}
+            else:
+                s.add(job.job_id)
+        if reused:
+            self.flush.add(job.job_id)
+
+    def _extend_keys(self, req: SimRequest, n: int) -> None:
+        """Decode chunks have no trace hash: give them keys no other request can hit."""
+        keys = req.chunk_keys
+        if req.n_prompt_chunks < req.prompt // self.tpc:
+            return  # the trace lacks hashes for part of the prompt: no contiguous keys
+        positions = req.ctx.positions
+        for c in range(len(keys), n):
+            key = -(1 + req.rid * (1 << 24) + c)
+            keys.append(key)
+            positions[key] = (c + 1) * self.tpc
+
+    def _new_job(self, direction: str, req: SimRequest, keys: list, blocks: list, chunk_ids: list,
+                 tokens: int) -> ConnectorJob:
+        self._next_job += 1
+        copies = max(1, round(tokens * self.copies_per_token))
+        job = ConnectorJob(self._next_job, direction, req, keys, blocks, list(chunk_ids),
+                           tokens * self.kv_bytes_per_token, copies, self.step)
+        self.jobs[job.job_id] = job
+        req.jobs.add(job.job_id)
+        return job
+
+    # --- worker side ---
+
+    def begin_execute(self, backend, clock, on_submit: Callable[[ConnectorJob, float], None]) -> float:
+        """Flush, submit stores and loads; returns the flush + sync-load stall in seconds."""
+        t0 = clock.now()
+        flush, self.flush = self.flush, set()
+        submit_now = self.store_now
+        self.store_now = []
+        if flush:
+            early = [j for j in self.store_next if j.job_id in flush]
+            if early:
+                self.store_next = [j for j in self.store_next if j.job_id not in flush]
+                submit_now = submit_now + early
+        self.stores_submitted = len(submit_now)
+        self.loads_submitted = len(self.sync_loads) + len(self.async_loads)
+        for job in submit_now:
+            on_submit(job, t0)
+            backend.submit(job.transfer_job(t0), t0)
+        if flush:
+            live = [j for j in flush if j in self.jobs]
+            if live:
+                t, results = backend.wait(live, clock.now())
+                clock.wait_until(t)
+                self._held_results.extend(results)
+        if self.sync_loads:
+            now = clock.now()
+            ids = []
+            for job in self.sync_loads:
+                on_submit(job, now)
+                backend.submit(job.transfer_job(now), now)
+                ids.append(job.job_id)
+            self.sync_loads = []
+            t, results = backend.wait(ids, now)
+            clock.wait_until(t)
+            self._held_results.extend(results)
+        now = clock.now()
+        for job in self.async_loads:
+            on_submit(job, now)
+            backend.submit(job.transfer_job(now), now)
+        self.async_loads = []
+        stall = now - t0
+        self.stall_time += stall
+        return stall
+
+    def end_execute(self, backend, now: float,
+                    on_done: Callable[[ConnectorJob, TransferResult], None]) -> int:
+        """Queue this step's stores; process finished transfers. Returns jobs completed."""
+        self.store_now, self.store_next = self.store_next, []
+        results = backend.poll(now)
+        if self._held_results:
+            results = self._held_results + results
+            self._held_results = []
+        n = 0
+        manager = self.manager
+        for r in results:
+            job = self.jobs.pop(r.job_id, None)
+            if job is None:
+                continue
+            n += 1
+            req = job.req
+            req.jobs.discard(job.job_id)
+            if job.direction == STORE:
+                manager.complete_store(job.keys, req.ctx, success=r.success)
+                self.store_bytes += r.nbytes
+                self.store_time += r.duration
+                self.store_jobs += 1
+                fence = self.fence
+                for b in job.blocks:
+                    s = fence.get(b)
+                    if s is not None:
+                        s.discard(job.job_id)
+                        if not s:
+                            del fence[b]
+            else:
+                manager.complete_load(job.keys, req.ctx)
+                self.load_bytes += r.nbytes
+                self.load_time += r.duration
+                self.load_jobs += 1
+                if job.direction == LOAD:
+                    loading = self.being_loaded
+                    for k in job.keys:
+                        c = loading[k] - 1
+                        if c:
+                            loading[k] = c
+                        else:
+                            del loading[k]
+                    req.load_done = True
+            on_done(job, r)
+        return n
+
+    @property
+    def has_queued_work(self) -> bool:
+        return bool(self.finished_pending or self.store_now or self.store_next or self.sync_loads
+                    or self.async_loads or self.flush)

@@ -1,0 +1,243 @@
+"""The timed engine: an event loop that replays arrivals through a vLLM v1-like engine.
+
+Time comes from the injected clock; copies go through the injected transfer backend (the
+protocol of :mod:`kvsim.engine.transfer_protocol`); the forward pass takes what the
+injected compute model says. Defaults: virtual clock, :class:`SimulatedTransferBackend`
+on the GPU's link, :class:`RooflineCompute` of the model on the GPU. The CPU tier is the
+same :class:`kvsim.offload.OffloadManager` and policies as cache mode
+(:func:`kvsim.replay.build_manager`).
+
+One engine step at clock time t: ``schedule`` (admission, lookups, store offers) ->
+``begin_execute`` (flush stall, submit last step's stores, submit loads) -> forward pass ->
+``end_execute`` (queue this step's stores, poll completions) -> ``update`` (tokens,
+finishes). The next step starts when the forward ends; an engine with nothing to compute
+sleeps until the next arrival or transfer completion (event order: :mod:`.events`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kvsim.config import CacheConfig
+from kvsim.context import RequestContext
+from kvsim.engine.arrivals import arrival_times
+from kvsim.engine.clock import Clock, VirtualClock
+from kvsim.engine.compute_model import ComputeParams, RooflineCompute, StepBatch
+from kvsim.engine.connector import OffloadConnector
+from kvsim.engine.events import PHASE_ARRIVAL, PHASE_STEP, PHASE_TRANSFER, EventQueue
+from kvsim.engine.params import EngineParams
+from kvsim.engine.recorder import Recorder
+from kvsim.engine.request_state import REJECTED, WAITING_FOR_KV, SimRequest
+from kvsim.engine.scheduler import Scheduler
+from kvsim.engine.sim_backend import SimulatedTransferBackend
+from kvsim.engine.transfer_model import TransferModelParams, get_link
+from kvsim.engine.transfer_protocol import TransferBackend
+from kvsim.errors import InputError
+from kvsim.gpu_cache import GpuBlockPool
+from kvsim.hardware import GpuSpec, get_gpu
+from kvsim.models import ModelSpec, get_model
+from kvsim.replay import build_manager
+from kvsim.traces.model import Request
+
+POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
+
+
+def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams, unit_tokens: int) -> int:
+    """vLLM's KV budget: memory * utilization - weights - activations, in key-unit blocks."""
+    if params.gpu_blocks is not None:
+        return params.gpu_blocks
+    weights = model.num_params * model.default_dtype_bytes / params.tp
+    avail = gpu.memory_bytes * params.gpu_memory_utilization - weights - params.activation_reserve_gib * 2**30
+    per_block = model.kv_bytes_per_token(tp=params.tp) * unit_tokens
+    n = int(avail // per_block)
+    if n < 1:
+        raise InputError(f"{model.name} does not fit on {gpu.name} at tp={params.tp} with "
+                         f"gpu_memory_utilization={params.gpu_memory_utilization}: no memory left for KV")
+    return n
+
+
+class Engine:
+    def __init__(
+        self,
+        config: CacheConfig,
+        params: EngineParams | None = None,
+        *,
+        model: ModelSpec | str | None = None,
+        gpu: GpuSpec | str = "h200",
+        compute: Callable[[StepBatch], float] | None = None,
+        compute_params: ComputeParams | None = None,
+        transfer: TransferModelParams | None = None,
+        backend: TransferBackend | None = None,
+        clock: Clock | None = None,
+        offload: bool = True,
+        manager: Any | None = None,
+        requests_for_future: Iterable[Request] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.params = params = params or EngineParams()
+        self.model = get_model(model or config.model or "llama-3.1-8b") if not isinstance(model, ModelSpec) else model
+        self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        self.layout = config.layout
+        self.clock = clock if clock is not None else VirtualClock()
+        self.compute = compute if compute is not None else RooflineCompute(
+            self.model, compute_params or ComputeParams.for_gpu(self.gpu), tp=params.tp)
+        self.transfer = transfer or get_link(self.gpu.link)
+        self.backend = backend if backend is not None else SimulatedTransferBackend(self.transfer)
+        self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params, self.layout.unit_tokens)
+        self.pool = GpuBlockPool(self.num_gpu_blocks)
+        self.offload = offload
+        self.manager = None
+        self.connector: OffloadConnector | None = None
+        if offload:
+            self.manager = manager if manager is not None else build_manager(config, requests_for_future)
+            self.connector = OffloadConnector(
+                self.manager, self.layout, kv_bytes_per_token=self.model.kv_bytes_per_token(tp=params.tp),
+                num_layers=self.model.num_layers, gpu_block_tokens=params.gpu_block_tokens,
+                prompt_only=params.offload_prompt_only, sync_load_budget_bytes=params.sync_load_budget_bytes)
+        self.scheduler = Scheduler(params, self.pool, self.layout.unit_tokens, self.connector)
+        self.recorder = Recorder(params.record_steps)
+        self.progress = progress
+        self.events = EventQueue()
+        self.steps = 0
+        self.busy_s = 0.0
+        self.rescues = 0  # ordering deadlocks broken (see Scheduler.rescue)
+        self._step_at: float | None = None
+        self._token = 0
+        self._source = None
+        self._arrivals_left = False
+        self._n_finished = 0
+        self._ran = False
+
+    # --- event plumbing ---
+
+    def _schedule_step(self, t: float, phase: int = PHASE_STEP) -> None:
+        self._token += 1
+        self._step_at = t
+        self.events.push(t, phase, self._token)
+
+    def _push_next_arrival(self) -> None:
+        nxt = next(self._source, None)
+        self._arrivals_left = nxt is not None
+        if nxt is not None:
+            self.events.push(nxt[0], PHASE_ARRIVAL, nxt)
+
+    def run(self, requests: Iterable[Request]) -> Engine:
+        if self._ran:
+            raise RuntimeError("an Engine runs once; build a new one")
+        self._ran = True
+        p = self.params
+        self._source = iter(arrival_times(requests, p.time_scale, p.poisson_rate, p.seed))
+        self._push_next_arrival()
+        events, clock = self.events, self.clock
+        while events:
+            t, phase, payload = events.pop()
+            clock.wait_until(t)
+            if phase == PHASE_ARRIVAL:
+                self._admit(*payload)
+                self._push_next_arrival()
+                now = clock.now()
+                if self._step_at is None or self._step_at > now:
+                    self._schedule_step(now)
+            elif payload == self._token:
+                self._step_at = None
+                self._after_step(self._step())
+        self._drain()
+        return self
+
+    def _admit(self, arrival: float, req: Request) -> None:
+        layout = self.layout
+        unit_keys = layout.unit_keys(req.block_hashes, req.input_tokens)
+        chunk_keys = layout.chunk_keys(unit_keys)
+        if chunk_keys is unit_keys:
+            chunk_keys = list(unit_keys)
+        tpc = layout.chunk_tokens
+        positions = dict(zip(chunk_keys, range(tpc, (len(chunk_keys) + 1) * tpc, tpc)))
+        manager = self.manager
+        ctx = manager.new_context(req.request_id, positions) if manager is not None \
+            else RequestContext(req.request_id, positions)
+        sr = SimRequest(req.request_id, arrival, req.input_tokens, max(1, req.output_tokens),
+                        unit_keys, chunk_keys, ctx)
+        self.recorder.requests.append(sr)
+        unit = layout.unit_tokens
+        if -(-(sr.prompt + sr.output) // unit) > self.num_gpu_blocks:
+            sr.status = REJECTED
+            self._finished(1)
+            return
+        if manager is not None:
+            manager.on_new_request(ctx)
+        self.scheduler.waiting.append(sr)
+
+    def _finished(self, n: int) -> None:
+        self._n_finished += n
+        if self.progress is not None:
+            self.progress(n)
+
+    # --- one engine step ---
+
+    def _step(self) -> bool:
+        clock, sched, conn, rec = self.clock, self.scheduler, self.connector, self.recorder
+        t0 = clock.now()
+        step = self.steps
+        self.steps += 1
+        batch = sched.schedule(t0, step)
+        stall = conn.begin_execute(self.backend, clock, rec.on_submit) if conn is not None else 0.0
+        t1 = clock.now()
+        dur = self.compute(batch)
+        if dur:
+            clock.wait_until(t1 + dur)
+            self.busy_s += dur
+        t2 = clock.now()
+        done = conn.end_execute(self.backend, t2, rec.on_done) if conn is not None else 0
+        n_preempted = len(sched.preempted)
+        finished = sched.update(t2)
+        if finished:
+            self._finished(len(finished))
+        submitted = (conn.loads_submitted + conn.stores_submitted) if conn is not None else 0
+        if rec.record_steps:
+            self._record_step(step, t0, t2, stall, t2 - t1, batch, len(finished), n_preempted, submitted, done)
+        return bool(batch.num_seqs or done or submitted)
+
+    def _record_step(self, step: int, t0: float, t2: float, stall: float, fwd: float, batch: StepBatch,
+                     n_finished: int, n_preempted: int, submitted: int, done: int) -> None:
+        sched, conn, pool = self.scheduler, self.connector, self.pool
+        waiting_kv = sum(1 for r in sched.waiting if r.status == WAITING_FOR_KV) if conn is not None else 0
+        stats = self.manager.get_stats() if self.manager is not None else None
+        ints = (step, batch.num_seqs, batch.num_prefill_seqs, batch.prefill_tokens, batch.decode_tokens,
+                len(sched.running), len(sched.waiting) - waiting_kv, waiting_kv, pool.num_free, n_finished,
+                n_preempted, conn.loads_submitted if conn else 0, conn.stores_submitted if conn else 0, done,
+                conn.allocation_failures if conn else 0, self.manager.num_resident if self.manager else 0,
+                conn.load_bytes if conn else 0, conn.store_bytes if conn else 0)
+        self.recorder.step((t0, t2, stall, fwd, pool.usage()), ints, stats)
+
+    def _after_step(self, progress: bool) -> None:
+        sched, conn = self.scheduler, self.connector
+        now = self.clock.now()
+        queued = conn is not None and conn.has_queued_work
+        if not (sched.running or sched.waiting or queued):
+            return  # idle until the next arrival
+        if progress or queued:
+            self._schedule_step(now)
+            return
+        nct = self.backend.next_completion_time()
+        if nct is not None:
+            self._schedule_step(max(nct, now), PHASE_TRANSFER)
+        elif conn is not None and conn.jobs:
+            self._schedule_step(now + POLL_INTERVAL_S, PHASE_TRANSFER)
+        elif sched.rescue():
+            self.rescues += 1
+            self._schedule_step(now)
+        elif not self._arrivals_left:
+            raise RuntimeError(f"engine stalled at t={now:.6f}s with {len(sched.waiting)} waiting "
+                               f"and {len(sched.running)} running requests and nothing in flight")
+
+    def _drain(self) -> None:
+        """After the last step: let in-flight copies finish and account them."""
+        conn = self.connector
+        if conn is None or not conn.jobs:
+            return
+        t, results = self.backend.wait(list(conn.jobs), self.clock.now())
+        self.clock.wait_until(t)
+        conn._held_results.extend(results)
+        conn.end_execute(self.backend, self.clock.now(), self.recorder.on_done)

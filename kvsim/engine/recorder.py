@@ -1,0 +1,112 @@
+"""Tidy output tables of a timed run (requests, transfer jobs, steps) and the summary.
+
+Columns are kept in compact arrays while the run goes, and become pandas tables at the end.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pandas as pd
+
+from kvsim.engine.connector import ConnectorJob
+from kvsim.engine.request_state import REJECTED, SimRequest
+from kvsim.engine.transfer_protocol import TransferResult
+from kvsim.metrics import (
+    CPU_ALLOCATION_SIZE,
+    CPU_CACHE_READ_USAGE_PERC,
+    CPU_CACHE_USAGE_PERC,
+    CPU_CACHE_WRITE_USAGE_PERC,
+    STORES_SKIPPED,
+)
+
+REQUEST_COLUMNS = (
+    "request", "arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s", "first_token_s",
+    "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "kv_wait_s", "gpu_hit_tokens", "cpu_hit_tokens",
+    "computed_prompt_tokens", "recomputed_tokens", "preemptions", "deferrals", "rejected",
+)
+TRANSFER_COLUMNS = ("job", "direction", "request", "chunks", "bytes", "copies", "created_step",
+                    "submit_s", "start_s", "end_s", "duration_s", "success")
+STEP_FLOAT = ("start_s", "end_s", "stall_s", "forward_s", "gpu_kv_usage",
+              "cpu_cache_usage_perc", "cpu_cache_write_usage_perc", "cpu_cache_read_usage_perc")
+STEP_INT = ("step", "num_seqs", "num_prefill_seqs", "prefill_tokens", "decode_tokens", "running",
+            "waiting", "waiting_for_kv", "gpu_free_blocks", "finished", "preempted",
+            "loads_submitted", "stores_submitted", "jobs_completed", "allocation_failures_total",
+            "cpu_resident_chunks", "load_bytes_total", "store_bytes_total")
+STEP_STATS = ("allocation_sizes_count", "allocation_sizes_sum", "stores_skipped")
+_GAUGES = (CPU_CACHE_USAGE_PERC, CPU_CACHE_WRITE_USAGE_PERC, CPU_CACHE_READ_USAGE_PERC)
+
+
+class Recorder:
+    def __init__(self, record_steps: bool = True) -> None:
+        self.record_steps = record_steps
+        self.requests: list[SimRequest] = []
+        self.transfers: list[tuple] = []
+        self._submit: dict[int, float] = {}
+        self.steps_f = {c: array("d") for c in STEP_FLOAT}
+        self.steps_i = {c: array("q") for c in STEP_INT + STEP_STATS}
+
+    def on_submit(self, job: ConnectorJob, now: float) -> None:
+        self._submit[job.job_id] = now
+
+    def on_done(self, job: ConnectorJob, r: TransferResult) -> None:
+        self.transfers.append((job.job_id, job.direction, job.req.rid, len(job.keys), r.nbytes, job.copies,
+                               job.step, self._submit.pop(job.job_id, r.submit_time), r.start_time,
+                               r.end_time, r.end_time - r.start_time, r.success))
+
+    def step(self, floats: tuple, ints: tuple, stats: dict | None) -> None:
+        if not self.record_steps:
+            return
+        f = self.steps_f
+        for name, v in zip(STEP_FLOAT[:5], floats):
+            f[name].append(v)
+        for name in _GAUGES:
+            f[name[len("vllm:kv_offload_"):]].append(stats[name] if stats else 0.0)
+        i = self.steps_i
+        for name, v in zip(STEP_INT, ints):
+            i[name].append(v)
+        if stats is not None:
+            sizes = stats[CPU_ALLOCATION_SIZE]
+            i["allocation_sizes_count"].append(len(sizes))
+            i["allocation_sizes_sum"].append(sum(sizes))
+            i["stores_skipped"].append(stats[STORES_SKIPPED])
+        else:
+            i["allocation_sizes_count"].append(0)
+            i["allocation_sizes_sum"].append(0)
+            i["stores_skipped"].append(0)
+
+    # --- tables ---
+
+    def request_table(self) -> pd.DataFrame:
+        rows = []
+        for r in self.requests:
+            rejected = r.status == REJECTED
+            ttft = r.first_token - r.arrival if r.first_token is not None else float("nan")
+            tpot = ((r.finish - r.first_token) / (r.output - 1)
+                    if r.output > 1 and r.finish is not None and r.first_token is not None else float("nan"))
+            needed = r.prompt + r.output - 1 - r.gpu_hit - r.cpu_hit
+            rows.append((
+                r.rid, r.arrival, r.prompt, r.num_output,
+                _nan(r.first_scheduled), _nan(r.first_token), _nan(r.finish), ttft, tpot,
+                (r.finish - r.arrival) if r.finish is not None else float("nan"),
+                (r.first_scheduled - r.arrival) if r.first_scheduled is not None else float("nan"),
+                r.kv_wait, r.gpu_hit, r.cpu_hit, r.prompt - r.gpu_hit - r.cpu_hit if not rejected else 0,
+                r.forward_tokens - needed if not rejected else 0, r.preemptions, r.deferrals, rejected,
+            ))
+        return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
+
+    def transfer_table(self) -> pd.DataFrame:
+        return pd.DataFrame.from_records(self.transfers, columns=list(TRANSFER_COLUMNS))
+
+    def step_table(self) -> pd.DataFrame:
+        data: dict[str, np.ndarray] = {"step": np.asarray(self.steps_i["step"], dtype=np.int64)}
+        for c in STEP_FLOAT:
+            data[c] = np.asarray(self.steps_f[c], dtype=np.float64)
+        for c in STEP_INT[1:] + STEP_STATS:
+            data[c] = np.asarray(self.steps_i[c], dtype=np.int64)
+        return pd.DataFrame(data)
+
+
+def _nan(x: float | None) -> float:
+    return float("nan") if x is None else x

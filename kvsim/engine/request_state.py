@@ -1,0 +1,57 @@
+"""Per-request state of the timed engine (scheduler, connector and metrics fields)."""
+
+from __future__ import annotations
+
+from kvsim.context import RequestContext
+
+WAITING = 0
+WAITING_FOR_KV = 1   # vLLM WAITING_FOR_REMOTE_KVS: an async CPU->GPU load is in flight
+RUNNING = 2
+FINISHED = 3
+REJECTED = 4         # cannot fit in GPU KV memory even alone
+
+
+class SimRequest:
+    __slots__ = (
+        "rid", "arrival", "prompt", "output", "unit_keys", "chunk_keys", "ctx",
+        "status", "num_computed", "num_output", "blocks", "n_cached", "sched",
+        "next_store", "jobs", "load_done", "pending_ext", "n_prompt_chunks",
+        "first_scheduled", "first_token", "finish", "gpu_hit", "cpu_hit", "admitted",
+        "forward_tokens", "preemptions", "kv_wait", "kv_wait_start", "deferrals",
+    )
+
+    def __init__(self, rid: int, arrival: float, prompt: int, output: int,
+                 unit_keys: list, chunk_keys: list, ctx: RequestContext) -> None:
+        self.rid = rid
+        self.arrival = arrival
+        self.prompt = prompt
+        self.output = output
+        self.unit_keys = unit_keys
+        self.chunk_keys = chunk_keys
+        self.n_prompt_chunks = len(chunk_keys)
+        self.ctx = ctx
+        self.status = WAITING
+        self.num_computed = 0
+        self.num_output = 0
+        self.blocks: list[int] = []
+        self.n_cached = 0          # leading blocks that carry a prefix-cache hash
+        self.sched = 0             # tokens scheduled in the current step
+        self.next_store = 0        # connector: next chunk index to offer
+        self.jobs: set[int] = set()  # connector jobs in flight
+        self.load_done = False     # async load finished (vLLM finished_recving)
+        self.pending_ext = 0       # external tokens of the in-flight async load
+        self.first_scheduled: float | None = None
+        self.first_token: float | None = None
+        self.finish: float | None = None
+        self.gpu_hit = 0
+        self.cpu_hit = 0
+        self.admitted = False
+        self.forward_tokens = 0
+        self.preemptions = 0
+        self.kv_wait = 0.0
+        self.kv_wait_start: float | None = None
+        self.deferrals = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt + self.num_output

@@ -1,0 +1,153 @@
+"""The simulated transfer backend: three FIFO queues on a virtual link.
+
+Implements :class:`kvsim.engine.transfer_protocol.TransferBackend`. Each queue (store,
+load, expedited load) runs one job at a time in submission order; the queues run
+concurrently. A job first spends its fixed time (``overhead + copies * per_copy``), then
+moves its bytes at the direction's rate for its copy size. Rates are shared as on a real
+link: two loads (normal and expedited) split the H2D rate evenly, and while both directions
+move bytes each runs at ``duplex_factor`` of its rate. Alone on the link a job takes exactly
+``DirectionParams.job_time``. State advances lazily to the time of each call.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from kvsim.engine.transfer_model import TransferModelParams
+from kvsim.engine.transfer_protocol import DIRECTIONS, STORE, TransferJob, TransferResult
+
+
+class _Active:
+    __slots__ = ("job", "start", "fixed_end", "remaining", "rate", "h2d")
+
+    def __init__(self, job: TransferJob, start: float, fixed: float, rate: float) -> None:
+        self.job = job
+        self.start = start
+        self.fixed_end = start + fixed
+        self.remaining = float(job.nbytes)
+        self.rate = rate
+        self.h2d = job.direction != STORE
+
+    def copy(self) -> _Active:
+        other = _Active.__new__(_Active)
+        other.job, other.start, other.fixed_end = self.job, self.start, self.fixed_end
+        other.remaining, other.rate, other.h2d = self.remaining, self.rate, self.h2d
+        return other
+
+
+class SimulatedTransferBackend:
+    """Cost-model backend on the engine's clock (times are passed in, never read)."""
+
+    def __init__(self, params: TransferModelParams) -> None:
+        self.params = params
+        self._t = 0.0
+        self._pending: dict[str, deque[TransferJob]] = {d: deque() for d in DIRECTIONS}
+        self._active: dict[str, _Active | None] = dict.fromkeys(DIRECTIONS)
+        self._done: list[TransferResult] = []
+        self._busy: set[int] = set()
+
+    # --- protocol ---
+
+    def submit(self, job: TransferJob, now: float) -> None:
+        self._advance(now)
+        self._pending[job.direction].append(job)
+        self._busy.add(job.job_id)
+        self._start_idle(self._t)
+
+    def poll(self, now: float) -> list[TransferResult]:
+        self._advance(now)
+        done, self._done = self._done, []
+        return done
+
+    def wait(self, job_ids: Sequence[int], now: float) -> tuple[float, list[TransferResult]]:
+        self._advance(now)
+        wanted = set(job_ids) & self._busy
+        while wanted:
+            t = self._next_event_time()
+            if t is None:
+                raise RuntimeError(f"wait: jobs {sorted(wanted)} were never submitted")
+            self._advance(t)
+            wanted &= self._busy
+        ids = set(job_ids)
+        return self._t, [r for r in self._done if r.job_id in ids]
+
+    def next_completion_time(self) -> float | None:
+        if not self._busy:
+            return None
+        saved = (self._t, {d: (a.copy() if a else None) for d, a in self._active.items()},
+                 {d: deque(q) for d, q in self._pending.items()}, list(self._done), set(self._busy))
+        n = len(self._busy)
+        while len(self._busy) == n:
+            t = self._next_event_time()
+            if t is None:
+                break
+            self._advance(t)
+        first = self._t if len(self._busy) < n else None
+        self._t, self._active, self._pending, self._done, self._busy = saved
+        return first
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._busy)
+
+    # --- fluid model ---
+
+    def _start_idle(self, t: float) -> None:
+        params = self.params
+        for d in DIRECTIONS:
+            if self._active[d] is None and self._pending[d]:
+                job = self._pending[d].popleft()
+                dp = params.d2h if d == STORE else params.h2d
+                copies = max(1, job.num_copies)
+                rate = dp.bandwidth(job.nbytes / copies)
+                self._active[d] = _Active(job, max(t, job.submit_time), dp.fixed_time(copies), rate)
+
+    def _rates(self, t: float) -> dict[str, float]:
+        moving = [(d, a) for d, a in self._active.items() if a is not None and a.fixed_end <= t]
+        n_h2d = sum(1 for _, a in moving if a.h2d)
+        n_d2h = len(moving) - n_h2d
+        duplex = self.params.duplex_factor if n_h2d and n_d2h else 1.0
+        return {d: a.rate * duplex / (n_h2d if a.h2d else n_d2h) for d, a in moving}
+
+    def _next_event_time(self) -> float | None:
+        t = self._t
+        best = None
+        rates = self._rates(t)
+        for d, a in self._active.items():
+            if a is None:
+                continue
+            e = a.fixed_end if d not in rates else t + a.remaining / rates[d]
+            if best is None or e < best:
+                best = e
+        return best
+
+    def _advance(self, until: float) -> None:
+        while True:
+            t = self._t
+            nxt = self._next_event_time()
+            if nxt is None or nxt > until:
+                rates = self._rates(t)
+                for d, r in rates.items():
+                    a = self._active[d]
+                    a.remaining -= r * (until - t)
+                if until > t:
+                    self._t = until
+                return
+            rates = self._rates(t)
+            dt = nxt - t
+            finished = []
+            for d, r in rates.items():
+                a = self._active[d]
+                if t + a.remaining / r <= nxt:
+                    finished.append(d)
+                a.remaining -= r * dt
+            self._t = nxt
+            for d in finished:
+                a = self._active[d]
+                job = a.job
+                self._done.append(TransferResult(job.job_id, job.direction, True, job.nbytes,
+                                                 a.start, nxt, job.submit_time))
+                self._busy.discard(job.job_id)
+                self._active[d] = None
+            self._start_idle(nxt)

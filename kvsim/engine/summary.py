@@ -1,0 +1,94 @@
+"""The summary of a timed run: latency percentiles, throughput, hits, traffic, link use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvsim.engine.transfer_protocol import STORE
+
+
+def busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of ``[start, end)`` intervals."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    total = 0.0
+    cur_s, cur_e = starts[order[0]], ends[order[0]]
+    for s, e in zip(starts[order[1:]], ends[order[1:]]):
+        if s > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    return float(total + cur_e - cur_s)
+
+
+def _pct(x: pd.Series, q: float) -> float:
+    x = x.dropna()
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def summarize(engine: Any, requests: pd.DataFrame, transfers: pd.DataFrame) -> dict[str, Any]:
+    done = requests[~requests["rejected"]]
+    first_arrival = float(requests["arrival_s"].min()) if len(requests) else 0.0
+    end = float(done["finish_s"].max()) if len(done) else first_arrival
+    span = max(end - first_arrival, 1e-12)
+    tp = engine.params.tp
+    out: dict[str, Any] = {
+        "requests": len(requests),
+        "finished": int(done["finish_s"].notna().sum()),
+        "rejected": int(requests["rejected"].sum()),
+        "offload": engine.offload,
+        "duration_s": span,
+        "steps": engine.steps,
+        "gpu_busy_frac": engine.busy_s / span,
+    }
+    for q in (50, 90, 99):
+        out[f"ttft_p{q}_s"] = _pct(done["ttft_s"], q)
+    out["ttft_mean_s"] = float(done["ttft_s"].mean()) if len(done) else float("nan")
+    out["tpot_p50_s"] = _pct(done["tpot_s"], 50)
+    out["tpot_p90_s"] = _pct(done["tpot_s"], 90)
+    out["tpot_mean_s"] = float(done["tpot_s"].mean()) if len(done) else float("nan")
+    out["e2e_p50_s"] = _pct(done["e2e_s"], 50)
+    out["queue_p50_s"] = _pct(done["queue_s"], 50)
+    out["kv_wait_total_s"] = float(done["kv_wait_s"].sum())
+    out["output_tokens"] = int(done["output_tokens"].sum())
+    out["prompt_tokens"] = int(done["prompt_tokens"].sum())
+    out["output_throughput_tok_s"] = out["output_tokens"] / span
+    out["total_throughput_tok_s"] = (out["output_tokens"] + out["prompt_tokens"]) / span
+    out["request_throughput_s"] = out["finished"] / span
+    out["gpu_hit_tokens"] = int(done["gpu_hit_tokens"].sum())
+    out["cpu_hit_tokens"] = int(done["cpu_hit_tokens"].sum())
+    out["computed_prompt_tokens"] = int(done["computed_prompt_tokens"].sum())
+    out["recomputed_tokens"] = int(done["recomputed_tokens"].sum())
+    out["preemptions"] = int(done["preemptions"].sum())
+    out["gpu_kv_blocks"] = engine.num_gpu_blocks
+    out["gpu_block_tokens"] = engine.layout.unit_tokens
+    out["gpu_prefix_evictions"] = engine.pool.evictions
+    out["deadlock_rescues"] = engine.rescues
+    conn = engine.connector
+    if conn is not None:
+        is_store = transfers["direction"] == STORE
+        loads, stores = transfers[~is_store], transfers[is_store]
+        counters = engine.manager.counters
+        out.update({
+            "load_jobs": len(loads),
+            "store_jobs": len(stores),
+            "load_bytes": int(loads["bytes"].sum()) * tp,
+            "store_bytes": int(stores["bytes"].sum()) * tp,
+            "chunks_loaded": int(loads["chunks"].sum()),
+            "chunks_stored": int(stores["chunks"].sum()),
+            "chunks_evicted": counters.evicted_chunks,
+            "allocation_failures": conn.allocation_failures,
+            "stores_skipped": counters.stores_skipped,
+            "flush_and_sync_stall_s": conn.stall_time,
+            "pcie_h2d_util": busy_time(loads["start_s"].to_numpy(), loads["end_s"].to_numpy()) / span,
+            "pcie_d2h_util": busy_time(stores["start_s"].to_numpy(), stores["end_s"].to_numpy()) / span,
+            "cpu_chunks": engine.config.num_chunks,
+            "chunk_tokens": engine.config.chunk_tokens,
+            "policy": engine.config.policy,
+        })
+    return out

@@ -1,0 +1,45 @@
+"""GPU presets for the timed simulator: compute roofline figures, memory, and host link.
+
+Peak FLOP/s are dense BF16 tensor-core figures from the vendors' data sheets; memory is
+what ``nvidia-smi`` reports; ``link`` names a preset of
+:mod:`kvsim.engine.transfer_model`. The figures are starting points: a compute or transfer
+profile measured on the real machine replaces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsim.errors import InputError
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    peak_flops: float  # dense BF16 FLOP/s
+    hbm_bytes_per_s: float
+    memory_bytes: int
+    link: str  # transfer_model.LINK_PRESETS key
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / 2**30
+
+
+GPUS: dict[str, GpuSpec] = {g.name: g for g in (
+    GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB, "pcie5"),
+    GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB, "pcie5"),
+    GpuSpec("a100", 312e12, 2.039e12, 81920 * MIB, "pcie4"),
+    GpuSpec("l40s", 362e12, 0.864e12, 46068 * MIB, "pcie4"),
+    GpuSpec("gh200", 989e12, 4.0e12, 97871 * MIB, "gh200"),
+)}
+
+
+def get_gpu(name: str) -> GpuSpec:
+    key = str(name).strip().lower()
+    try:
+        return GPUS[key]
+    except KeyError:
+        raise InputError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}") from None

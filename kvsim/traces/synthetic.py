@@ -1,0 +1,426 @@
+"""Synthetic workloads in the Mooncake shape, with seeded, documented knobs.
+
+A prompt is a list of *segments* (a system prompt, a document, one chat turn...), each an
+opaque run of tokens with its own id. Block ids are interned from ``(parent block id,
+the pieces of segments the block covers)``, so an id identifies the whole prefix: two
+requests share the id at index ``i`` exactly when their prompts agree up to the end of
+block ``i`` (Mooncake's prefix-chained ``hash_ids``, the trailing partial block included).
+
+Kinds (``generate(kind, ...)``; every knob has a default, see :data:`KNOBS`):
+
+- ``chat``: multi-turn sessions; turn k re-reads the system prompt and the whole history.
+- ``system-prompt``: single-turn requests behind one of a few shared system prompts.
+- ``rag``: documents drawn by Zipf popularity, placed before a unique question.
+- ``agent``: loops whose context grows by tool output and model actions each step.
+- ``mix``: each arrival picks one of the kinds above by weight.
+
+Arrivals: ``poisson`` (``rate`` req/s), ``bursty`` (on/off: Poisson at ``rate`` during ON
+periods of mean ``on_s``, silence for OFF periods of mean ``off_s``), or ``replay`` (the
+timestamps of ``arrival_trace``, relative to its first request). Timestamps are whole ms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from kvsim.errors import InputError
+from kvsim.io import atomic_write
+
+from .model import Request
+
+KINDS = ("chat", "system-prompt", "rag", "agent", "mix")
+ARRIVALS = ("poisson", "bursty", "replay")
+
+#: knob -> (default, meaning), per kind; "common" applies to every kind.
+KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
+    "common": {
+        "block_tokens": (512, "tokens per hash block (Mooncake: 512)"),
+        "arrival": ("poisson", "arrival process: poisson, bursty or replay"),
+        "rate": (1.0, "requests per second (during ON periods when bursty)"),
+        "on_s": (10.0, "bursty: mean ON period, seconds (exponential)"),
+        "off_s": (30.0, "bursty: mean OFF period, seconds (exponential)"),
+        "arrival_trace": (None, "replay: trace file whose timestamps are reused"),
+        "output_tokens": (300, "mean output tokens per request"),
+        "length_cv": (0.5, "coefficient of variation of every drawn length (lognormal)"),
+    },
+    "chat": {
+        "system_tokens": (1000, "shared system prompt length"),
+        "user_tokens": (200, "mean user message length"),
+        "turns": (5.0, "mean turns per session (geometric, >= 1)"),
+        "active_sessions": (16, "sessions open at once; each arrival continues one at random"),
+        "max_context_tokens": (32000, "a session ends once its context would exceed this"),
+    },
+    "system-prompt": {
+        "n_prompts": (8, "distinct system prompts"),
+        "system_tokens": (2000, "system prompt length"),
+        "zipf_s": (1.0, "Zipf exponent of system prompt popularity (0 = uniform)"),
+        "user_tokens": (300, "mean unique user part length"),
+    },
+    "rag": {
+        "system_tokens": (500, "shared instruction prefix length"),
+        "n_docs": (1000, "documents in the corpus"),
+        "doc_tokens": (1500, "mean document length (fixed per document)"),
+        "docs_per_request": (3, "documents retrieved per request (distinct)"),
+        "zipf_s": (1.1, "Zipf exponent of document popularity"),
+        "user_tokens": (100, "mean question length"),
+    },
+    "agent": {
+        "system_tokens": (3000, "tool-definition / instruction prefix shared by all agents"),
+        "task_tokens": (500, "mean task description length"),
+        "tool_tokens": (800, "mean tool output appended per step"),
+        "steps": (10.0, "mean steps per agent loop (geometric, >= 1)"),
+        "active_sessions": (4, "agent loops running at once"),
+        "max_context_tokens": (64000, "a loop ends once its context would exceed this"),
+    },
+    "mix": {
+        "weights": ({"chat": 0.4, "rag": 0.3, "agent": 0.2, "system-prompt": 0.1},
+                    "kind -> share of requests"),
+        "component_knobs": ({}, "kind -> knobs for that component"),
+    },
+}
+
+
+def knob_defaults(kind: str) -> dict[str, Any]:
+    """Defaults of every knob ``kind`` accepts (the common ones included)."""
+    if kind not in KINDS:
+        raise InputError(f"unknown workload kind {kind!r}; choose from {', '.join(KINDS)}")
+    return {k: v for k, (v, _) in {**KNOBS["common"], **KNOBS[kind]}.items()}
+
+
+# --------------------------------------------------------------------------- block ids
+
+
+class _BlockIds:
+    """Interns prefix-chained block ids from segment lists."""
+
+    def __init__(self, block_tokens: int):
+        self.block_tokens = block_tokens
+        self._ids: dict[tuple, int] = {}
+
+    def ids(self, segments: list[tuple[int, int]]) -> tuple[int, ...]:
+        bt = self.block_tokens
+        out: list[int] = []
+        parent = -1
+        pieces: list[tuple[int, int, int]] = []
+        room = bt
+        for sid, length in segments:
+            pos = 0
+            while pos < length:
+                take = min(room, length - pos)
+                pieces.append((sid, pos, pos + take))
+                pos += take
+                room -= take
+                if room == 0:
+                    parent = self._intern(parent, pieces)
+                    out.append(parent)
+                    pieces, room = [], bt
+        if pieces:
+            out.append(self._intern(parent, pieces))
+        return tuple(out)
+
+    def _intern(self, parent: int, pieces: list) -> int:
+        key = (parent, tuple(pieces))
+        got = self._ids.get(key)
+        if got is None:
+            got = self._ids[key] = len(self._ids)
+        return got
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass
+class _Ctx:
+    rng: random.Random
+    knobs: dict[str, Any]
+    next_segment: int = 0
+
+    def segment(self, length: int) -> tuple[int, int]:
+        self.next_segment += 1
+        return (self.next_segment, length)
+
+    def length(self, mean: float) -> int:
+        """A lognormal length with the given mean and the run's coefficient of variation."""
+        if mean <= 0:
+            return 0
+        cv = float(self.knobs["length_cv"])
+        if cv <= 0:
+            return max(1, round(mean))
+        sigma2 = math.log1p(cv * cv)
+        mu = math.log(mean) - sigma2 / 2
+        return max(1, round(self.rng.lognormvariate(mu, math.sqrt(sigma2))))
+
+    def geometric(self, mean: float) -> int:
+        """Number of trials >= 1 with the given mean."""
+        if mean <= 1:
+            return 1
+        p = 1.0 / mean
+        return 1 + int(math.log(1.0 - self.rng.random()) / math.log(1.0 - p))
+
+
+def _zipf_cdf(n: int, s: float) -> list[float]:
+    weights = [1.0 / (i + 1) ** s for i in range(n)]
+    total = sum(weights)
+    acc, out = 0.0, []
+    for w in weights:
+        acc += w / total
+        out.append(acc)
+    out[-1] = 1.0
+    return out
+
+
+def _pick(rng: random.Random, cdf: list[float]) -> int:
+    import bisect
+
+    return bisect.bisect_left(cdf, rng.random())
+
+
+@dataclass
+class _Session:
+    sid: int
+    segments: list[tuple[int, int]]
+    turns_left: int
+    tokens: int
+    turns_done: int = 0
+
+
+class _SessionSource:
+    """chat and agent: an open pool of sessions whose context grows each turn."""
+
+    def __init__(self, ctx: _Ctx, kind: str, session_base: int):
+        self.ctx, self.kind = ctx, kind
+        k = ctx.knobs
+        self.system = ctx.segment(int(k["system_tokens"])) if k["system_tokens"] else None
+        self.pool: list[_Session] = []
+        self.n_sessions = session_base
+
+    def _open(self) -> _Session:
+        ctx, k = self.ctx, self.ctx.knobs
+        segs = [self.system] if self.system else []
+        if self.kind == "agent":
+            segs.append(ctx.segment(ctx.length(k["task_tokens"])))
+            turns = ctx.geometric(k["steps"])
+        else:
+            turns = ctx.geometric(k["turns"])
+        self.n_sessions += 1
+        return _Session(self.n_sessions, segs, turns, sum(n for _, n in segs))
+
+    def next(self) -> tuple[list[tuple[int, int]], int, int]:
+        ctx, k = self.ctx, self.ctx.knobs
+        while len(self.pool) < int(k["active_sessions"]):
+            self.pool.append(self._open())
+        i = ctx.rng.randrange(len(self.pool))
+        s = self.pool[i]
+        grow = k["tool_tokens"] if self.kind == "agent" else k["user_tokens"]
+        new = ctx.segment(ctx.length(grow))
+        if self.kind == "agent" and s.turns_done == 0:
+            new = None  # the first step of a loop reads the task only
+        s.turns_done += 1
+        if new:
+            s.segments.append(new)
+            s.tokens += new[1]
+        prompt = list(s.segments)
+        out = ctx.length(k["output_tokens"])
+        answer = ctx.segment(out)
+        s.segments.append(answer)
+        s.tokens += out
+        s.turns_left -= 1
+        if s.turns_left <= 0 or s.tokens >= int(k["max_context_tokens"]):
+            self.pool.pop(i)
+        return prompt, out, s.sid
+
+
+class _SystemPromptSource:
+    def __init__(self, ctx: _Ctx, kind: str, session_base: int):
+        self.ctx = ctx
+        k = ctx.knobs
+        self.prompts = [ctx.segment(int(k["system_tokens"])) for _ in range(int(k["n_prompts"]))]
+        self.cdf = _zipf_cdf(len(self.prompts), float(k["zipf_s"]))
+
+    def next(self) -> tuple[list[tuple[int, int]], int, int | None]:
+        ctx, k = self.ctx, self.ctx.knobs
+        p = self.prompts[_pick(ctx.rng, self.cdf)]
+        return [p, ctx.segment(ctx.length(k["user_tokens"]))], ctx.length(k["output_tokens"]), None
+
+
+class _RagSource:
+    def __init__(self, ctx: _Ctx, kind: str, session_base: int):
+        self.ctx = ctx
+        k = ctx.knobs
+        self.system = ctx.segment(int(k["system_tokens"])) if k["system_tokens"] else None
+        self.docs = [ctx.segment(ctx.length(k["doc_tokens"])) for _ in range(int(k["n_docs"]))]
+        self.cdf = _zipf_cdf(len(self.docs), float(k["zipf_s"]))
+
+    def next(self) -> tuple[list[tuple[int, int]], int, int | None]:
+        ctx, k = self.ctx, self.ctx.knobs
+        want = min(int(k["docs_per_request"]), len(self.docs))
+        chosen: list[int] = []
+        while len(chosen) < want:
+            d = _pick(ctx.rng, self.cdf)
+            if d not in chosen:
+                chosen.append(d)
+        segs = ([self.system] if self.system else []) + [self.docs[d] for d in chosen]
+        segs.append(ctx.segment(ctx.length(k["user_tokens"])))
+        return segs, ctx.length(k["output_tokens"]), None
+
+
+_SOURCES = {"chat": _SessionSource, "agent": _SessionSource,
+            "system-prompt": _SystemPromptSource, "rag": _RagSource}
+
+
+# --------------------------------------------------------------------------- arrivals
+
+
+def arrivals_ms(n: int, rng: random.Random, knobs: dict[str, Any]) -> list[int]:
+    """``n`` non-decreasing arrival times in whole milliseconds, the first at 0 (or as replayed)."""
+    kind = knobs["arrival"]
+    rate = float(knobs["rate"])
+    if kind in ("poisson", "bursty") and not rate > 0:
+        raise InputError(f"rate must be positive, got {rate}")
+    out: list[int] = []
+    if kind == "poisson":
+        t = 0.0
+        for _ in range(n):
+            out.append(round(t * 1000))
+            t += rng.expovariate(rate)
+    elif kind == "bursty":
+        on_s, off_s = float(knobs["on_s"]), float(knobs["off_s"])
+        if on_s <= 0 or off_s < 0:
+            raise InputError("bursty arrivals need on_s > 0 and off_s >= 0")
+        t, on_end = 0.0, rng.expovariate(1.0 / on_s)
+        while len(out) < n:
+            if t < on_end:
+                out.append(round(t * 1000))
+                t += rng.expovariate(rate)
+            else:  # an OFF period, then a new ON period (the overshoot is memoryless)
+                start = on_end + (rng.expovariate(1.0 / off_s) if off_s else 0.0)
+                t = start + (t - on_end)
+                on_end = start + rng.expovariate(1.0 / on_s)
+    elif kind == "replay":
+        src = knobs.get("arrival_trace")
+        if not src:
+            raise InputError("replay arrivals need arrival_trace=PATH")
+        from .readers import open_trace
+
+        times = [r.arrival_s for r in open_trace(src, limit=n)]
+        if len(times) < n:
+            raise InputError(f"arrival_trace {src} has {len(times)} requests, fewer than {n}")
+        t0 = times[0]
+        out = [round((t - t0) * 1000) for t in times]
+    else:
+        raise InputError(f"unknown arrival process {kind!r}; choose from {', '.join(ARRIVALS)}")
+    return out
+
+
+# --------------------------------------------------------------------------- API
+
+
+def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
+    allowed = knob_defaults(kind)
+    unknown = sorted(set(knobs) - set(allowed))
+    if unknown:
+        raise InputError(f"unknown knob(s) for {kind}: {', '.join(unknown)}; "
+                         f"known: {', '.join(sorted(allowed))}")
+    merged = {**allowed, **knobs}
+    if int(merged["block_tokens"]) < 1:
+        raise InputError("block_tokens must be >= 1")
+    return merged
+
+
+def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> list[Request]:
+    """``n_requests`` synthetic requests of ``kind`` (see the module doc and :data:`KNOBS`).
+
+    Deterministic: the same kind, seed and knobs give the same requests. ``session_id`` is
+    set for chat and agent requests (it is not part of the Mooncake output).
+    """
+    if n_requests < 0:
+        raise InputError(f"n_requests must be >= 0, got {n_requests}")
+    k = _check_knobs(kind, knobs)
+    rng = random.Random(seed)
+    ctx = _Ctx(rng, k)
+    times = arrivals_ms(n_requests, random.Random(f"{seed}/arrivals"), k)
+    ids = _BlockIds(int(k["block_tokens"]))
+    if kind == "mix":
+        weights = dict(k["weights"])
+        comp_knobs = dict(k["component_knobs"] or {})
+        names = [n for n in weights if weights[n] > 0]
+        if not names or any(n not in _SOURCES for n in names):
+            raise InputError(f"mix weights must name kinds among {', '.join(_SOURCES)}")
+        sources = []
+        for i, name in enumerate(names):
+            sub = _check_knobs(name, {**{c: k[c] for c in KNOBS["common"]}, **comp_knobs.get(name, {})})
+            sub_ctx = _Ctx(rng, sub)
+            sub_ctx.next_segment = (i + 1) << 40  # segments never collide across components
+            sources.append(_SOURCES[name](sub_ctx, name, (i + 1) << 32))
+        total = sum(weights[n] for n in names)
+        acc, cdf = 0.0, []
+        for n in names:
+            acc += weights[n] / total
+            cdf.append(acc)
+        cdf[-1] = 1.0
+        pick = lambda: sources[_pick(rng, cdf)]  # noqa: E731
+    else:
+        source = _SOURCES[kind](ctx, kind, 0)
+        pick = lambda: source  # noqa: E731
+    out: list[Request] = []
+    for i, ms in enumerate(times):
+        segments, n_out, session = pick().next()
+        prompt = sum(n for _, n in segments)
+        out.append(Request(i, ms / 1000.0, prompt, n_out, ids.ids(segments), session))
+    return out
+
+
+def to_mooncake_records(requests: Iterable[Request]) -> Iterable[dict[str, Any]]:
+    for r in requests:
+        yield {"timestamp": round(r.arrival_s * 1000), "input_length": r.input_tokens,
+               "output_length": r.output_tokens, "hash_ids": list(r.block_hashes)}
+
+
+def write_mooncake(path: str | os.PathLike, requests: Iterable[Request]) -> int:
+    """Write requests as Mooncake JSONL (timestamp ms), atomically; return the count."""
+    n = 0
+    with atomic_write(path) as f:
+        for rec in to_mooncake_records(requests):
+            f.write(json.dumps(rec, separators=(", ", ": ")) + "\n")
+            n += 1
+    return n
+
+
+def to_frame(requests: Iterable[Request]) -> pd.DataFrame:
+    """One row per request (for notebooks): arrival, lengths, block count, session."""
+    return pd.DataFrame.from_records(
+        [(r.request_id, r.arrival_s, r.input_tokens, r.output_tokens, len(r.block_hashes),
+          r.session_id) for r in requests],
+        columns=["request", "arrival_s", "input_tokens", "output_tokens", "blocks", "session"])
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A generator call as a value (used by sweep specs: ``{kind: chat, n_requests: 500}``)."""
+
+    kind: str
+    n_requests: int = 1000
+    seed: int = 0
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, d: dict[str, Any]) -> WorkloadSpec:
+        d = dict(d)
+        if "kind" not in d:
+            raise InputError("a generated trace needs 'kind'")
+        return cls(d.pop("kind"), int(d.pop("n_requests", 1000)), int(d.pop("seed", 0)), d)
+
+    def label(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in sorted(self.knobs.items()))
+        return f"gen:{self.kind}(n={self.n_requests},seed={self.seed}{',' + extra if extra else ''})"
+
+    def requests(self) -> list[Request]:
+        return generate(self.kind, self.n_requests, self.seed, **self.knobs)
