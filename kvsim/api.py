@@ -13,7 +13,6 @@ from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 from kvsim.results import Result
 from kvsim.traces import Request, Trace, open_trace
 
-
 REQUEST_FIELDS = ("request_id", "arrival_s", "input_tokens", "output_tokens", "block_hashes", "session_id")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
+from typing import IO
 
 
 def _umask_mode() -> int:
@@ -12,8 +14,6 @@ def _umask_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
-from collections.abc import Iterator
-from typing import IO
 
 
 @contextlib.contextmanager

@@ -264,7 +264,7 @@ class OffloadManager:
         partitioned_all = len(to_store) + len(ready_existing) == len(keys)
         if self._filters and to_store:
             candidates = len(to_store)
-            to_store = admission.admit(to_store)
+            to_store = admission.admit(to_store, ctx)
             skipped = candidates - len(to_store)
             if skipped:
                 partitioned_all = False

@@ -40,7 +40,7 @@ def build_manager(config: CacheConfig, requests: Iterable[Request] | None = None
         policy.prepare_future(requests, config.layout)  # type: ignore[attr-defined]
     admission = make_admission(
         config.admission, store_threshold=config.store_threshold,
-        max_tracker_size=config.max_tracker_size, seed=config.seed,
+        max_tracker_size=config.max_tracker_size, seed=config.seed, chunk_tokens=config.chunk_tokens,
     ) if config.admission != "always" or config.store_threshold >= 2 else None
     return OffloadManager(config.num_chunks, policy, admission)
 

@@ -12,10 +12,21 @@ from typing import Any
 
 from kvsim.errors import InputError
 from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.admission.length import LengthAdmission
+from kvsim.policies.admission.probabilistic import ProbabilisticAdmission
 from kvsim.policies.admission.threshold import StoreThresholdAdmission
+from kvsim.policies.admission.tinylfu import TinyLFUAdmission
 from kvsim.policies.arc import ARCPolicy
+from kvsim.policies.arc_textbook import TextbookARCPolicy
 from kvsim.policies.base import EvictionPolicy
+from kvsim.policies.belady import BeladyPolicy
+from kvsim.policies.fifo import FIFOPolicy
+from kvsim.policies.lfu import LFUPolicy
 from kvsim.policies.lru import LRUPolicy
+from kvsim.policies.s3fifo import S3FIFOPolicy
+from kvsim.policies.sieve import SievePolicy
+from kvsim.policies.slru import SLRUPolicy
+from kvsim.policies.wtinylfu import WTinyLFUPolicy
 
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {}
 ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {}
@@ -39,9 +50,11 @@ def register_admission(cls: type[AdmissionPolicy], name: str | None = None) -> t
     return cls
 
 
-for _cls in (LRUPolicy, ARCPolicy):
+for _cls in (LRUPolicy, ARCPolicy, FIFOPolicy, LFUPolicy, TextbookARCPolicy, SievePolicy,
+             S3FIFOPolicy, SLRUPolicy, WTinyLFUPolicy, BeladyPolicy):
     register_eviction(_cls)
-for _cls in (AdmissionPolicy, StoreThresholdAdmission):
+for _cls in (AdmissionPolicy, StoreThresholdAdmission, ProbabilisticAdmission, TinyLFUAdmission,
+             LengthAdmission):
     register_admission(_cls)
 
 
@@ -111,10 +124,20 @@ def make_admission(
     """Build an admission policy. vLLM semantics: ``store_threshold >= 2`` means the threshold."""
     if spec.lower() == "always" and store_threshold >= 2:
         spec = "threshold"
+    name, _, arg = spec.partition(":")
+    builtin = ADMISSION_POLICIES.get(name.lower()) if arg else None
+    if builtin is not None:  # NAME:ARG, e.g. probabilistic:0.5, length:2048, tinylfu:3
+        from_arg = getattr(builtin, "from_arg", None)
+        if from_arg is None:
+            raise InputError(f"--admission: {name!r} takes no argument (got {spec!r})")
+        return from_arg(arg, **kwargs)
     cls = admission_policy_class(spec)
     if cls is StoreThresholdAdmission:
         return cls(max(store_threshold, 2), max_tracker_size)
     try:
+        params = inspect.signature(cls).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in params}  # e.g. seed, when accepted
         return cls(**kwargs)
     except TypeError as exc:
         raise InputError(f"--admission: cannot construct {spec!r}: {exc}") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from kvsim.context import RequestContext
 from kvsim.policies.base import Key
 
 
@@ -25,8 +26,10 @@ class AdmissionPolicy:
     def record_offer(self, keys: Sequence[Key]) -> None:
         """See one offer (every key passed to one prepare_store call)."""
 
-    def admit(self, candidates: list) -> list:
-        """Return the admitted subset of the non-resident candidates, order kept."""
+    def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
+        """Return the admitted subset of the non-resident candidates, order kept.
+
+        ``ctx`` is the offering request (its key positions tell the request's length)."""
         return candidates
 
     def clear(self) -> None:

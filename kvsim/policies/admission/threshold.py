@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from kvsim.context import RequestContext
 from kvsim.errors import InputError
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Key
@@ -50,7 +51,7 @@ class StoreThresholdAdmission(AdmissionPolicy):
                 unprotected -= 1
             counts[key] = 1
 
-    def admit(self, candidates: list) -> list:
+    def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
         counts = self.counts
         threshold = self.store_threshold
         return [k for k in candidates if counts.get(k, 0) >= threshold]

@@ -1,0 +1,198 @@
+"""Hit-ratio-vs-capacity curves for LRU in one pass (stack distances), with SHARDS sampling.
+
+LRU has the inclusion property: after every access the resident set of a cache of C
+chunks is the top C of one recency stack that does not depend on C. So one pass that
+records each access's depth in the stack gives the hit ratio at every capacity.
+
+* ``protocol="object"``: every chunk key is one access; a hit at capacity C iff its depth
+  (1 + distinct keys used since its last use) is at most C. Exact for textbook LRU.
+* ``protocol="prefix"`` (vLLM's LRU in cache mode, no GPU tier): a request's keys are
+  looked up together at its start, and the CPU tier hits the longest prefix whose keys are
+  all resident, so chunk j hits iff ``max(depth of chunks 0..j) <= C``; when the request
+  finishes all its keys move to the top of the stack, head on top (vLLM commits ranks
+  tail first). Exact for every capacity of at least the longest request in chunks
+  (``exact_from``): below it vLLM's all-or-nothing store can fail, which a stack cannot
+  express.
+
+Depths come from a Fenwick tree over access timestamps (O(log N) per key).
+
+SHARDS (Waldspurger et al., FAST'15), fixed rate: only keys whose hash falls below
+``sample_rate`` are tracked; their depths are scaled by ``1 / sample_rate``, and the hit
+ratio is the share of sampled accesses that hit. Memory and time shrink with the rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from kvsim.errors import InputError
+from kvsim.keys import KeyLayout
+from kvsim.traces.model import Request
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_SAMPLE_BITS = 24
+
+
+class _Fenwick:
+    """Counts of live timestamps; grows by doubling."""
+
+    __slots__ = ("tree", "n")
+
+    def __init__(self, n: int = 1024) -> None:
+        self.n = n
+        self.tree = [0] * (n + 1)
+
+    def _grow(self, need: int) -> None:
+        old = self.n
+        n = old
+        while n < need:
+            n *= 2
+        tree = [0] * (n + 1)
+        # rebuild from point values
+        values = [self.prefix(i) - self.prefix(i - 1) for i in range(1, old + 1)]
+        self.n, self.tree = n, tree
+        for i, v in enumerate(values, 1):
+            if v:
+                self.add(i, v)
+
+    def add(self, i: int, delta: int) -> None:
+        if i > self.n:
+            self._grow(i)
+        tree, n = self.tree, self.n
+        while i <= n:
+            tree[i] += delta
+            i += i & -i
+
+    def prefix(self, i: int) -> int:
+        tree = self.tree
+        s = 0
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
+
+class _Stack:
+    """An LRU stack: depth of a key, and moving keys to the top."""
+
+    def __init__(self) -> None:
+        self.stamp: dict = {}
+        self.fenwick = _Fenwick()
+        self.clock = 0
+
+    def depth(self, key) -> int:
+        """1 for the most recent key; 0 when never seen (infinite depth)."""
+        ts = self.stamp.get(key)
+        if ts is None:
+            return 0
+        return len(self.stamp) - self.fenwick.prefix(ts) + 1
+
+    def to_top(self, key) -> None:
+        f = self.fenwick
+        ts = self.stamp.get(key)
+        if ts is not None:
+            f.add(ts, -1)
+        self.clock += 1
+        self.stamp[key] = self.clock
+        f.add(self.clock, 1)
+
+
+@dataclass
+class MRC:
+    """A hit-ratio curve: ``table`` has columns capacity, hit_ratio, miss_ratio."""
+
+    table: pd.DataFrame
+    protocol: str
+    sample_rate: float
+    accesses: int  # chunk keys seen (all, not only sampled)
+    sampled: int  # accesses that were tracked
+    exact_from: int  # smallest capacity where the curve is exact (prefix protocol)
+    info: dict = field(default_factory=dict)
+
+    def hit_ratio(self, capacity: int) -> float:
+        """Hit ratio at any capacity (step function between table rows)."""
+        return float(self._hits_at(np.asarray([capacity]))[0])
+
+    def _hits_at(self, capacities: np.ndarray) -> np.ndarray:
+        cdf = self.info["cdf"]
+        idx = np.clip(capacities, 0, len(cdf) - 1)
+        return cdf[idx]
+
+
+def _sampler(rate: float, seed: int):
+    if rate >= 1.0:
+        return None
+    threshold = int(rate * (1 << _SAMPLE_BITS))
+    salt = (seed * 0xD1B54A32D192ED03) & _MASK64
+
+    def keep(key) -> bool:
+        h = ((hash(key) ^ salt) * _GOLDEN) & _MASK64
+        return (h >> (64 - _SAMPLE_BITS)) < threshold
+
+    return keep
+
+
+def lru_mrc(requests: Iterable[Request], layout: KeyLayout, *, protocol: str = "prefix",
+            sample_rate: float = 1.0, seed: int = 0,
+            capacities: Sequence[int] | None = None, points: int = 200) -> MRC:
+    """One-pass LRU hit-ratio curve of a trace (see the module docstring)."""
+    if protocol not in ("prefix", "object"):
+        raise InputError(f"--protocol must be prefix or object, got {protocol!r}")
+    if not 0.0 < sample_rate <= 1.0:
+        raise InputError(f"--sample-rate must be in (0, 1], got {sample_rate}")
+    keep = _sampler(sample_rate, seed)
+    scale = 1.0 / sample_rate
+    stack = _Stack()
+    hist: dict[int, int] = {}  # scaled depth (0 = never) -> sampled accesses
+    accesses = sampled = total_units = longest = 0
+    unit_keys_of, chunk_keys_of = layout.unit_keys, layout.chunk_keys
+    for req in requests:
+        units = unit_keys_of(req.block_hashes, req.input_tokens)
+        total_units += len(units)
+        keys = list(dict.fromkeys(chunk_keys_of(units)))
+        accesses += len(keys)
+        longest = max(longest, len(keys))
+        if keep is not None:
+            keys = [k for k in keys if keep(k)]
+        sampled += len(keys)
+        if protocol == "object":
+            for key in keys:
+                d = stack.depth(key)
+                d = int(np.ceil(d * scale)) if d else 0
+                hist[d] = hist.get(d, 0) + 1
+                stack.to_top(key)
+            continue
+        running = 1
+        for key in keys:
+            d = stack.depth(key)
+            if running:
+                running = max(running, int(np.ceil(d * scale))) if d else 0
+            hist[running] = hist.get(running, 0) + 1
+        for key in reversed(keys):
+            stack.to_top(key)
+    max_depth = max((d for d in hist if d), default=1)
+    counts = np.zeros(max_depth + 2)
+    for d, n in hist.items():
+        if d:
+            counts[d] += n
+    cdf_hits = np.cumsum(counts)
+    cdf = cdf_hits / max(sampled, 1)  # share of (sampled) chunk accesses that hit
+    if protocol == "prefix":
+        # the replay's ratio is per prompt unit; a chunk holds units_per_chunk units
+        cdf = cdf * accesses * layout.units_per_chunk / max(total_units, 1)
+    if capacities is None:
+        top = max_depth + 1
+        grid = np.unique(np.concatenate([
+            np.geomspace(1, top, num=points).astype(int), np.linspace(1, top, num=points).astype(int)]))
+    else:
+        grid = np.asarray(sorted(set(int(c) for c in capacities)))
+    info = {"cdf": cdf, "longest_request_chunks": longest, "prompt_units": total_units}
+    hits = cdf[np.clip(grid, 0, len(cdf) - 1)]
+    table = pd.DataFrame({"capacity": grid, "hit_ratio": hits, "miss_ratio": 1.0 - hits})
+    exact_from = longest if protocol == "prefix" else 1
+    return MRC(table, protocol, sample_rate, accesses, sampled, exact_from, info)

@@ -1,0 +1,42 @@
+"""Probabilistic admission: store each new chunk with probability ``p``.
+
+A cheap way to keep one-off prompts from flushing the CPU tier (popular chunks are
+offered again and get in eventually). Coins come from a ``random.Random(seed)`` owned by
+the policy, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import random
+
+from kvsim.context import RequestContext
+from kvsim.errors import InputError
+from kvsim.policies.admission.base import AdmissionPolicy
+
+
+class ProbabilisticAdmission(AdmissionPolicy):
+    name = "probabilistic"
+    description = "admit each new chunk with probability p (probabilistic:P, P=0.5; seeded)"
+
+    def __init__(self, probability: float = 0.5, seed: int = 0) -> None:
+        if not 0.0 <= probability <= 1.0:
+            raise InputError(f"--admission probabilistic:P needs 0 <= P <= 1, got {probability}")
+        self.probability = probability
+        self.seed = seed
+        self._rng = random.Random(seed)
+
+    @classmethod
+    def from_arg(cls, arg: str, **kwargs) -> ProbabilisticAdmission:
+        try:
+            value = float(arg)
+        except ValueError:
+            raise InputError(f"--admission probabilistic:P needs a number P, got {arg!r}") from None
+        return cls(value, seed=kwargs.get("seed", 0))
+
+    def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
+        p = self.probability
+        rnd = self._rng.random
+        return [k for k in candidates if rnd() < p]
+
+    def clear(self) -> None:
+        self._rng = random.Random(self.seed)

@@ -1,0 +1,110 @@
+"""W-TinyLFU (Einziger et al., 2017; Caffeine's design): a small LRU window in front of
+an SLRU main cache, with a TinyLFU sketch deciding who enters main.
+
+* every access (a store miss announced by ``on_store_miss``, or a hit) counts in the
+  frequency sketch (:class:`kvsim.policies.admission.tinylfu.FrequencySketch`);
+* new chunks enter the window (1 % of the capacity, at least one chunk); while main has
+  room the window's overflow moves straight into main's probation segment;
+* to evict, when the window is over its share its LRU chunk (the candidate) duels main's
+  victim (probation LRU, else protected LRU): the candidate enters probation and the
+  victim leaves if the candidate's estimated frequency is higher, else the candidate
+  leaves;
+* main is an SLRU: a hit in probation promotes to protected (80 % of main), whose
+  overflow drops back to probation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from kvsim.context import RequestContext
+from kvsim.policies.admission.tinylfu import FrequencySketch
+from kvsim.policies.base import Key
+from kvsim.policies.fifo import QueuePolicy
+
+
+class WTinyLFUPolicy(QueuePolicy):
+    name = "wtinylfu"
+    description = "W-TinyLFU: 1% LRU window + SLRU main, frequency-sketch duel at admission"
+
+    def __init__(self, capacity: int, window_ratio: float = 0.01, protected_ratio: float = 0.8,
+                 seed: int = 0) -> None:
+        self.window_capacity = max(1, int(capacity * window_ratio))
+        self.main_capacity = max(0, capacity - self.window_capacity)
+        self.protected_capacity = max(1, int(self.main_capacity * protected_ratio))
+        self._seed = seed
+        super().__init__(capacity)
+
+    def _reset(self) -> None:
+        self._window: OrderedDict[Key, None] = OrderedDict()
+        self._probation: OrderedDict[Key, None] = OrderedDict()
+        self._protected: OrderedDict[Key, None] = OrderedDict()
+        self.sketch = FrequencySketch(max(16, self.capacity), seed=self._seed)
+
+    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+        increment = self.sketch.increment
+        for key in keys:
+            increment(key)
+
+    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+        window = self._window
+        window[key] = None
+        while (len(window) > self.window_capacity
+               and len(self._probation) + len(self._protected) < self.main_capacity):
+            moved = next(iter(window))
+            del window[moved]
+            self._probation[moved] = None
+
+    def _on_hit(self, key: Key) -> None:
+        self.sketch.increment(key)
+        window, protected = self._window, self._protected
+        if key in window:
+            del window[key]
+            window[key] = None
+        elif key in protected:
+            del protected[key]
+            protected[key] = None
+        else:
+            del self._probation[key]
+            protected[key] = None
+            if len(protected) > self.protected_capacity:
+                demoted = next(iter(protected))
+                del protected[demoted]
+                self._probation[demoted] = None
+
+    def _on_remove(self, key: Key) -> None:
+        for segment in (self._window, self._probation, self._protected):
+            if key in segment:
+                del segment[key]
+                return
+
+    def _first_usable(self, segment: dict, protected: set) -> Key | None:
+        usable = self._usable
+        for key in segment:
+            if usable(key, protected):
+                return key
+        return None
+
+    def _pick_victim(self, protected: set) -> Key:
+        window = self._window
+        candidate = self._first_usable(window, protected) if len(window) > self.window_capacity else None
+        victim_segment = self._probation
+        victim = self._first_usable(victim_segment, protected)
+        if victim is None:
+            victim_segment = self._protected
+            victim = self._first_usable(victim_segment, protected)
+        if candidate is not None and victim is not None:
+            estimate = self.sketch.estimate
+            del window[candidate]
+            if estimate(candidate) > estimate(victim):
+                self._probation[candidate] = None
+                del victim_segment[victim]
+                return victim
+            return candidate
+        if victim is not None:
+            del victim_segment[victim]
+            return victim
+        key = candidate if candidate is not None else self._first_usable(window, protected)
+        del window[key]
+        return key

@@ -1,0 +1,60 @@
+"""kvsim policies inside vLLM's own CPUOffloadingManager make kvsim's decisions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvsim.api import as_trace, make_options
+from kvsim.replay import CacheReplay
+
+SYNTH = "traces/mooncake_fast25_synthetic_trace.jsonl"
+
+
+def test_importing_the_module_does_not_import_vllm():
+    code = ("import sys, kvsim, kvsim.integrations.vllm as v; "
+            "assert 'vllm' not in sys.modules; assert 'KvsimS3FIFO' in dir(v); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=".")
+    assert out.returncode == 0, out.stderr
+    import kvsim.integrations.vllm as v
+
+    with pytest.raises(AttributeError):
+        v.NotExported  # noqa: B018
+
+
+@pytest.mark.parametrize("policy, class_name", [
+    ("s3fifo", "KvsimS3FIFO"), ("sieve", "KvsimSieve"), ("arc-textbook", "KvsimARCTextbook"),
+    ("wtinylfu", "KvsimWTinyLFU"), ("lfu", "KvsimLFU"), ("lru", "KvsimLRU"),
+])
+def test_vllm_manager_with_exported_policy_matches_kvsim(policy, class_name):
+    pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+    from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
+
+    import kvsim.integrations.vllm as integration
+    from kvsim.vllm_driver import VllmManagerDriver
+
+    cls = getattr(integration, class_name)
+    assert issubclass(cls, CachePolicy) and cls.__name__ == class_name
+    tr = as_trace(SYNTH, limit=250)
+    config = make_options(cpu_chunks=900, policy=policy).resolve(tr.block_tokens)
+    ours: list[tuple] = []
+    CacheReplay(config).run(tr, ours.append)
+    driver = VllmManagerDriver(900, "lru")
+    driver.inner = CPUOffloadingManager(num_chunks=900, cache_policy=class_name,
+                                        cache_policy_module_path="kvsim.integrations.vllm")
+    assert type(driver.inner._policy).__name__ == class_name
+    theirs: list[tuple] = []
+    summary = CacheReplay(config, manager=driver).run(tr, theirs.append)
+    assert summary["chunks_evicted"] > 0
+    assert theirs == ours
+
+
+def test_belady_cannot_be_exported():
+    pytest.importorskip("vllm.v1.kv_offload.cpu.policies.base")
+    from kvsim.integrations.vllm import vllm_policy_class
+
+    with pytest.raises(ValueError, match="future"):
+        vllm_policy_class("belady")
