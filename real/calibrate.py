@@ -1,0 +1,204 @@
+"""Calibration: measure the host<->GPU copy curve and fit the simulator's transfer model.
+
+For every copy size (4 KiB to 64 MiB) and count of runs, one transfer of ``count``
+separate ``copy_`` calls of ``size`` bytes is timed with events on a side stream, H2D,
+D2H, and both directions at once (two streams, timed from the first start to the last
+end). The median of a few repeats is kept. The points are then fitted per direction to
+
+    seconds = latency + count * per_copy + bytes / bandwidth(size)
+
+where ``bandwidth(size)`` is the measured curve (bytes per second of copy time for one
+copy of that size). The result is a plain dict; :mod:`real.profile` turns it into the
+profile JSON that the simulated transfer model loads.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from real.device import Device
+from real.host_pool import HostLayout, HostPool
+from real.kv_cache import KVGeometry
+
+KIB = 1024
+MIB = 1024 * 1024
+DEFAULT_SIZES = tuple(4 * KIB << i for i in range(15))  # 4 KiB .. 64 MiB
+DEFAULT_COUNTS = (1, 8, 64)
+H2D, D2H, BOTH = "h2d", "d2h", "both"
+
+
+@dataclass(frozen=True)
+class Point:
+    direction: str   # h2d, d2h or both
+    size: int        # bytes per copy
+    count: int       # copies per transfer (per direction for "both")
+    seconds: float   # median wall time of the transfer on the device
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.count * (2 if self.direction == BOTH else 1)
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+
+def _buffers(device: Device, max_bytes: int, pin: bool):
+    words = max_bytes // 8
+    geometry = KVGeometry(1, 4096)
+    host = HostPool(HostLayout(geometry, 1), max(1, max_bytes // 4096), pin=pin)
+    host_b = torch.empty(words, dtype=torch.int64)
+    host_b.fill_(3)
+    host.data.fill_(1)
+    gpu_a = device.empty((words,), torch.int64)
+    gpu_b = device.empty((words,), torch.int64)
+    gpu_a.fill_(2)
+    gpu_b.fill_(4)
+    return host, host_b, gpu_a, gpu_b
+
+
+def _time_once(device: Device, streams, plans) -> float:
+    """Run each plan ``(dst, src, size_words, count)`` on its stream; first start to last end."""
+    nb = device.is_cuda
+    starts, ends = [], []
+    for stream, (dst, src, w, n) in zip(streams, plans):
+        s, e = device.new_event(), device.new_event()
+        stream.wait_stream(device.compute_stream)
+        s.record(stream)
+
+        def copies(dst=dst, src=src, w=w, n=n) -> None:
+            for i in range(n):
+                dst[i * w : (i + 1) * w].copy_(src[i * w : (i + 1) * w], non_blocking=nb)
+
+        stream.run(copies)
+        e.record(stream)
+        starts.append(s)
+        ends.append(e)
+    for e in ends:
+        e.synchronize()
+    return max(e.time() for e in ends) - min(s.time() for s in starts)
+
+
+def measure(device: Device, *, sizes: Sequence[int] = DEFAULT_SIZES,
+            counts: Sequence[int] = DEFAULT_COUNTS, max_bytes: int = 256 * MIB,
+            repeats: int = 5, directions: Sequence[str] = (H2D, D2H, BOTH),
+            pin: bool | None = None) -> tuple[list[Point], bool]:
+    """Time the copy grid; returns the points and whether host memory was pinned."""
+    pin = device.is_cuda if pin is None else pin
+    host, host_b, gpu_a, gpu_b = _buffers(device, max_bytes, pin)
+    try:
+        h2d_s, d2h_s = device.new_stream("h2d"), device.new_stream("d2h")
+        points = []
+        for size in sizes:
+            w = max(1, size // 8)
+            for count in counts:
+                if size * count > max_bytes:
+                    continue
+                plans = {
+                    H2D: ([h2d_s], [(gpu_a, host.data, w, count)]),
+                    D2H: ([d2h_s], [(host_b, gpu_b, w, count)]),
+                    BOTH: ([h2d_s, d2h_s], [(gpu_a, host.data, w, count), (host_b, gpu_b, w, count)]),
+                }
+                for d in directions:
+                    streams, plan = plans[d]
+                    _time_once(device, streams, plan)  # warm-up
+                    times = [_time_once(device, streams, plan) for _ in range(repeats)]
+                    points.append(Point(d, w * 8, count, statistics.median(times)))
+        return points, host.pinned
+    finally:
+        host.close()
+
+
+def fit(points: Sequence[Point]) -> dict:
+    """Per direction and size, ``seconds = overhead + count * (per_copy + size / rate(size))``.
+
+    With several counts per size a line is fitted in ``count``: its slope is the time of
+    one copy of that size, its intercept the fixed cost of a transfer (``overhead_s`` is
+    the median intercept). ``per_copy_s`` is the intercept of copy time against copy size
+    over the small sizes; the curve is what remains (``effective_gbps`` keeps the rate with
+    the per-copy cost included), so the model reproduces every calibrated point. ``duplex_factor`` is the aggregate rate with both directions
+    busy over the sum of the one-way rates, for copies of 1 MiB and more.
+    """
+    out: dict = {"directions": {}}
+    for d in (H2D, D2H, BOTH):
+        pts = [p for p in points if p.direction == d]
+        if not pts:
+            continue
+        slopes, intercepts = {}, []
+        for size in sorted({p.size for p in pts}):
+            sp = [p for p in pts if p.size == size]
+            counts = np.array([p.count for p in sp], dtype=float)
+            secs = np.array([p.seconds for p in sp], dtype=float)
+            if len(set(counts)) >= 2:
+                slope, intercept = np.polyfit(counts, secs, 1)
+            else:
+                slope, intercept = secs[0] / counts[0], 0.0
+            if slope <= 0:  # noise at tiny sizes: fall back to the mean rate
+                slope, intercept = float(np.sum(secs) / np.sum(counts)), 0.0
+            slopes[size] = float(slope)
+            intercepts.append(max(float(intercept), 0.0))
+        # per-copy cost: the intercept of copy time against copy size (small sizes), so
+        # copies smaller than the smallest calibrated size are not predicted as free
+        small = [s for s in slopes if s <= 256 * KIB] or list(slopes)
+        per_copy = 0.0
+        if len(small) >= 2:
+            a = float(np.polyfit(np.array(small, float), np.array([slopes[s] for s in small]), 1)[1])
+            per_copy = min(max(a, 0.0), 0.9 * min(slopes.values()))
+        mult = 2 if d == BOTH else 1
+        curve = {s: mult * s / (t - per_copy) / 1e9 for s, t in slopes.items()}
+        out["directions"][d] = {
+            "curve_gbps": {str(k): v for k, v in curve.items()},
+            "effective_gbps": {str(s): mult * s / t / 1e9 for s, t in slopes.items()},
+            "peak_gbps": max(mult * s / t / 1e9 for s, t in slopes.items()),
+            "per_copy_s": per_copy,
+            "overhead_s": float(np.median(intercepts)),
+            "points": [[p.size, p.count, p.seconds] for p in pts],
+        }
+    dirs = out["directions"]
+    if all(d in dirs for d in (H2D, D2H, BOTH)):
+        ratios = []
+        eff = {d: dirs[d]["effective_gbps"] for d in (H2D, D2H, BOTH)}
+        for k, both in eff[BOTH].items():
+            if int(k) >= MIB and k in eff[H2D] and k in eff[D2H]:
+                ratios.append(both / (eff[H2D][k] + eff[D2H][k]))
+        if ratios:
+            out["duplex_factor"] = float(min(max(np.median(ratios), 1e-3), 1.0))
+    return out
+
+
+def to_profile(fitted: dict, link: str):
+    """The simulator's :class:`TransferModelParams` from a :func:`fit` result."""
+    from kvsim.engine.transfer_model import DirectionParams, TransferModelParams
+
+    def direction(name: str) -> DirectionParams:
+        d = fitted["directions"][name]
+        curve = tuple(sorted((float(k), float(v)) for k, v in d["curve_gbps"].items()))
+        return DirectionParams(d["overhead_s"], d["per_copy_s"], curve)
+
+    return TransferModelParams(link, direction(H2D), direction(D2H),
+                               fitted.get("duplex_factor", 0.8))
+
+
+def calibrate(device: Device, *, link: str | None = None, **measure_kwargs) -> tuple[object, dict]:
+    """Measure and fit; returns ``(TransferModelParams, report)``."""
+    points, pinned = measure(device, **measure_kwargs)
+    fitted = fit(points)
+    name = link or ("cuda-" + torch.cuda.get_device_name(device.torch_device)
+                    if device.is_cuda else "cpu-emulated")
+    fitted["pinned"] = pinned
+    fitted["device"] = device.kind
+    return to_profile(fitted, name), fitted
+
+
+def gbps_at_least(fitted: dict, direction: str, min_size: int) -> float | None:
+    """The lowest effective bandwidth measured for copies of ``min_size`` bytes or more."""
+    d = fitted["directions"].get(direction)
+    if d is None:
+        return None
+    vals = [v for k, v in d["effective_gbps"].items() if int(k) >= min_size]
+    return min(vals) if vals else None

@@ -1,0 +1,121 @@
+"""Simulation vs hardware: the comparison tables of a validation run, as plain values.
+
+Inputs are per-request rows (``request``, ``gpu_hit``, ``cpu_hit``, ``ttft``) of the two
+runs, the real backend's :class:`~real.transfer.JobRecord` list, the transfer jobs the
+simulated run completed (``(direction, keys, duration)``) and the link model. Nothing here
+runs anything; every number is computed from what the runs recorded.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvsim.engine.transfer_protocol import STORE
+
+
+def abs_pct_errors(predicted: Sequence[float], measured: Sequence[float]) -> np.ndarray:
+    """``|predicted - measured| / measured`` for pairs with a positive measurement."""
+    p = np.asarray(predicted, dtype=float)
+    m = np.asarray(measured, dtype=float)
+    ok = m > 0
+    return np.abs(p[ok] - m[ok]) / m[ok]
+
+
+def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict:
+    err = abs_pct_errors(predicted, measured)
+    if err.size == 0:
+        return {"n": 0, "median_abs_pct_err": None, "p90_abs_pct_err": None}
+    return {"n": int(err.size), "median_abs_pct_err": float(np.median(err) * 100),
+            "p90_abs_pct_err": float(np.percentile(err, 90) * 100),
+            "predicted_mean_s": float(np.mean(predicted)), "measured_mean_s": float(np.mean(measured))}
+
+
+def hit_decisions(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
+    """Identical per-request (gpu_hit, cpu_hit)? And where they first differ."""
+    sim = {r["request"]: (r["gpu_hit"], r["cpu_hit"]) for r in sim_rows}
+    real = {r["request"]: (r["gpu_hit"], r["cpu_hit"]) for r in real_rows}
+    order = [r["request"] for r in sim_rows]
+    first = None
+    same = 0
+    for rid in order:
+        if sim.get(rid) == real.get(rid):
+            same += 1
+        elif first is None:
+            first = {"request": rid, "simulated": sim.get(rid), "real": real.get(rid)}
+    missing = sorted(set(real) ^ set(sim), key=str)
+    return {"requests": len(order), "identical": same, "all_identical": same == len(order) and not missing,
+            "first_difference": first, "requests_in_one_run_only": len(missing)}
+
+
+def transfer_durations(records, link, sim_jobs: Sequence[tuple] = (),
+                       real_jobs: Sequence[tuple] = ()) -> dict:
+    """Measured job durations vs (a) the link model for that exact job (its bytes and
+    copy calls), alone on the link, and (b) the duration the simulated run gave the
+    matching job: same kind (store/load), same request, same chunk count, in order.
+
+    ``sim_jobs``: ``(direction, request, chunks, duration)``; ``real_jobs``:
+    ``(JobRecord, request, chunks)``.
+    """
+    ok = [r for r in records if r.success]
+    out: dict = {}
+    for label, want in (("store", (STORE,)), ("load", ("load", "expedited")), ("all", None)):
+        recs = [r for r in ok if want is None or r.direction in want]
+        pred = [(link.d2h if r.direction == STORE else link.h2d).job_time(r.nbytes, r.copies) for r in recs]
+        out[label] = error_stats(pred, [r.duration for r in recs])
+    sim_by: dict[tuple, list[float]] = defaultdict(list)
+    for direction, request, chunks, dur in sim_jobs:
+        sim_by[(_kind(direction), request, chunks)].append(dur)
+    pred, meas = [], []
+    for rec, request, chunks in real_jobs:
+        lst = sim_by.get((_kind(rec.direction), request, chunks))
+        if rec.success and lst:
+            pred.append(lst.pop(0))
+            meas.append(rec.duration)
+    out["matched_to_simulated_run"] = error_stats(pred, meas)
+    return out
+
+
+def _kind(direction: str) -> str:
+    return "store" if direction == STORE else "load"
+
+
+def ttft(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
+    real = {r["request"]: r["ttft"] for r in real_rows}
+    pred, meas = [], []
+    for r in sim_rows:
+        m = real.get(r["request"])
+        if r["ttft"] is not None and m is not None:
+            pred.append(r["ttft"])
+            meas.append(m)
+    stats = error_stats(pred, meas)
+    if meas:
+        stats["predicted_median_s"] = float(np.median(pred))
+        stats["measured_median_s"] = float(np.median(meas))
+    return stats
+
+
+def bandwidth(records, link) -> dict:
+    """Achieved GB/s per direction (bytes over busy time) vs the link's peak."""
+    out = {}
+    for label, want, dp in (("store_d2h", (STORE,), link.d2h), ("load_h2d", ("load", "expedited"), link.h2d)):
+        recs = [r for r in records if r.success and r.direction in want]
+        busy = _union_length([(r.start_time, r.end_time) for r in recs])
+        nbytes = sum(r.nbytes for r in recs)
+        peak = max(rate for _, rate in dp.curve)
+        gbps = nbytes / busy / 1e9 if busy > 0 else None
+        out[label] = {"bytes": nbytes, "busy_s": busy, "achieved_gbps": gbps, "link_peak_gbps": peak,
+                      "fraction_of_peak": gbps / peak if gbps is not None else None}
+    return out
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
