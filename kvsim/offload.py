@@ -12,7 +12,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from itertools import repeat
 from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 from kvsim.context import RequestContext
 from kvsim.metrics import (
@@ -43,8 +45,7 @@ class ProtocolError(RuntimeError):
     """The caller broke the manager's protocol (e.g. loading a chunk that is not ready)."""
 
 
-@dataclass(frozen=True)
-class PrepareStoreOutput:
+class PrepareStoreOutput(NamedTuple):
     keys_to_store: list
     chunk_ids: list[int]
     evicted_keys: list
@@ -136,18 +137,21 @@ class OffloadManager:
 
     def _allocate(self, n: int) -> list[Chunk]:
         """Fresh ids first (0, 1, 2, ...), then the free list, LIFO."""
-        fresh = min(n, self.num_chunks - self._num_allocated)
         start = self._num_allocated
+        fresh = min(n, self.num_chunks - start)
         pool = self._pool
         if len(pool) < start + fresh:
-            pool.extend(Chunk(i) for i in range(len(pool), start + fresh))
+            pool.extend(map(Chunk, range(len(pool), start + fresh)))
         out = pool[start : start + fresh]
         self._num_allocated = start + fresh
-        free = self._free_list
-        for _ in range(n - fresh):
-            out.append(pool[free.pop()])
-        for chunk in out:
-            chunk.ref_cnt = -1
+        reused = n - fresh
+        if reused:
+            free = self._free_list
+            ids = free[-reused:]
+            del free[-reused:]
+            ids.reverse()  # pop() order
+            out.extend(map(pool.__getitem__, ids))
+        deque(map(setattr, out, repeat("ref_cnt"), repeat(-1)), maxlen=0)
         return out
 
     # --- request access state ---

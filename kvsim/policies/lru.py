@@ -199,13 +199,22 @@ class LRUPolicy(EvictionPolicy):
         self._counter = 0
         self._generation += 1
 
+    def _committed_all_older(self) -> bool:
+        """Every committed key is older than every provisional one (always so in cache mode).
+
+        A provisional rank ``base - position`` with ``0 < position < POSITION_SPAN`` lies
+        strictly between ``base - POSITION_SPAN`` and ``base``, so comparing the newest
+        committed rank with the oldest group's base decides it.
+        """
+        committed = self._committed
+        return not committed or self._rank[next(reversed(committed))] <= min(self._groups) - POSITION_SPAN
+
     def _in_rank_order(self) -> Iterator[Key]:
         committed = self._committed
         if not self._groups:
             return iter(committed)
         rank = self._rank
-        oldest_provisional = min(rank[k] for g in self._groups.values() for k in g)
-        if not committed or rank[next(reversed(committed))] < oldest_provisional:
+        if self._committed_all_older():
             # every committed key is older than every provisional one (always so in cache mode)
             tail = sorted((rank[k], k) for g in self._groups.values() for k in g)
             return chain(committed, (k for _, k in tail))
@@ -224,10 +233,7 @@ class LRUPolicy(EvictionPolicy):
         chunks = self.chunks
         committed = self._committed
         rank = self._rank
-        if len(committed) >= n and not self._groups or (
-            self._groups and committed
-            and rank[next(reversed(committed))] < min(rank[k] for g in self._groups.values() for k in g)
-        ):
+        if len(committed) >= n and (not self._groups or self._committed_all_older()):
             # Fast path: the n oldest committed keys, if all evictable and unprotected.
             head = list(islice(committed, n))
             if (len(head) == n and protected.isdisjoint(head)
