@@ -124,3 +124,20 @@ class EvictionPolicy(ABC):
     def mark_non_evictable_many(self, keys: Iterable[Key]) -> None:
         for key in keys:
             self.mark_non_evictable(key)
+
+
+class ChunkMapPolicy(EvictionPolicy):
+    """A policy whose resident chunks live in one ``self.chunks`` dict (most of them)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.chunks: dict[Key, Chunk] = {}
+
+    def get(self, key: Key) -> Chunk | None:
+        return self.chunks.get(key)
+
+    def keys(self) -> Iterable[Key]:
+        return self.chunks.keys()
+
+    def __len__(self) -> int:
+        return len(self.chunks)

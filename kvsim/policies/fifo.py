@@ -24,15 +24,14 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from kvsim.context import RequestContext, order_request_keys
-from kvsim.policies.base import Chunk, EvictionPolicy, Key
+from kvsim.policies.base import Chunk, ChunkMapPolicy, Key
 
 
-class QueuePolicy(EvictionPolicy):
+class QueuePolicy(ChunkMapPolicy):
     """Accounting shared by the textbook policies; subclasses pick victims."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self.chunks: dict[Key, Chunk] = {}
         self._evictable: set = set()
         self._reset()
 
@@ -62,15 +61,6 @@ class QueuePolicy(EvictionPolicy):
         return key in self._evictable and key not in protected
 
     # --- EvictionPolicy ---
-
-    def get(self, key: Key) -> Chunk | None:
-        return self.chunks.get(key)
-
-    def keys(self) -> Iterable[Key]:
-        return self.chunks.keys()
-
-    def __len__(self) -> int:
-        return len(self.chunks)
 
     def insert(self, key: Key, chunk: Chunk, ctx: RequestContext) -> None:
         if key in self.chunks:

@@ -23,20 +23,19 @@ from itertools import chain, islice
 from operator import attrgetter
 
 from kvsim.context import RequestContext, order_request_keys
-from kvsim.policies.base import Chunk, EvictionPolicy, Key
+from kvsim.policies.base import Chunk, ChunkMapPolicy, Key
 
 POSITION_SPAN = 1 << 40
 _REF = attrgetter("ref_cnt")
 
 
-class LRUPolicy(EvictionPolicy):
+class LRUPolicy(ChunkMapPolicy):
     name = "lru"
     description = "vLLM 0.33 LRU: request-scoped recency, provisional ranks, tail evicted before head"
     tracks_evictability = False  # eviction reads ref_cnt directly
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self.chunks: dict[Key, Chunk] = {}
         self._rank: dict[Key, int] = {}
         self._committed: OrderedDict[Key, None] = OrderedDict()
         # request rank base -> its provisional keys; a key is provisional iff its rank is
@@ -116,15 +115,6 @@ class LRUPolicy(EvictionPolicy):
         self._rank[key] = base - position
 
     # --- interface ---
-
-    def get(self, key: Key) -> Chunk | None:
-        return self.chunks.get(key)
-
-    def keys(self) -> Iterable[Key]:
-        return self.chunks.keys()
-
-    def __len__(self) -> int:
-        return len(self.chunks)
 
     def insert(self, key: Key, chunk: Chunk, ctx: RequestContext) -> None:
         self.insert_many((key,), (chunk,), ctx)
