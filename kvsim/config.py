@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvsim.errors import InputError
+from kvsim.io import read_json
 from kvsim.keys import KeyLayout
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -146,18 +147,13 @@ def load_vllm_config(text_or_path: str) -> dict[str, Any]:
     source = "--vllm-config"
     if os.path.exists(text_or_path):
         source = text_or_path
-        try:
-            with open(text_or_path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
-            raise InputError(f"cannot read ({exc.strerror})", source=text_or_path) from None
+        data = read_json(text_or_path)
     else:
-        text = text_or_path
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
-                         source=source) from None
+        try:
+            data = json.loads(text_or_path)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+                             source=source) from None
     if not isinstance(data, dict):
         raise InputError("expected a JSON object", source=source)
     if "kv_connector_extra_config" in data:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
+
+from kvsim.errors import InputError
 
 
 def _umask_mode() -> int:
@@ -39,3 +42,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
     """Yield a file object; on success it replaces ``path``, on any error nothing is left."""
     with atomic_path(path) as tmp, open(tmp, mode, **open_kwargs) as f:
         yield f
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Parse a JSON file; unreadable or malformed files are a one-line :class:`InputError`."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror})", source=path) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+                         source=path) from None

@@ -22,12 +22,12 @@ backend sleeps that long to emulate the forward pass.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, fields, replace
 
 from kvsim.errors import InputError
 from kvsim.hardware import GpuSpec
+from kvsim.io import read_json
 from kvsim.models import ModelSpec
 
 
@@ -75,13 +75,7 @@ class ComputeParams:
 
 def load_compute_profile(path: str | os.PathLike, base: ComputeParams) -> ComputeParams:
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror})", source=path) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})", source=path) from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise InputError("expected a JSON object", source=path)
     return base.with_profile(data, source=path)

@@ -32,6 +32,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from kvsim.errors import InputError
+from kvsim.io import read_json
 
 PROFILE_VERSION = 1
 GB = 1e9
@@ -125,14 +126,7 @@ class TransferModelParams:
 def load_transfer_profile(path: str | os.PathLike) -> TransferModelParams:
     """Read a calibration profile (schema in this module's docstring)."""
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror})", source=path) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})", source=path) from None
-    return TransferModelParams.from_dict(data, source=path)
+    return TransferModelParams.from_dict(read_json(path), source=path)
 
 
 # PCIe Gen5 x16 (H100/H200): DMA small-descriptor cliff from vLLM PR #42212, about 50 GB/s
