@@ -26,6 +26,8 @@ from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 @offload_options
 @click.option("--format", "fmt", type=click.Choice(["mooncake", "bailian", "azure", "native"]),
               default=None, help="Trace format (default: detected from the file).")
+@click.option("--prefill-chunk-tokens", type=int, default=None,
+              help="Offer stores per chunked-prefill step of N tokens, as vLLM does (default: one offer per request).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
 @click.option("--requests-csv", type=click.Path(dir_okay=False), default=None,
               help="Write one row per request (trace order) to this CSV.")

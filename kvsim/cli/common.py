@@ -30,7 +30,6 @@ def offload_options(f: Callable) -> Callable:
         click.option("--gpu-block-tokens", type=int, default=None, help="vLLM GPU block size used for sizing (default 16)."),
         click.option("--gpu-blocks", type=int, default=None, help="GPU blocks of the key unit. replay: prefix-cache size, 0 (default) disables it; simulate: KV capacity, default from GPU memory."),
         click.option("--vllm-config", default=None, metavar="JSON|FILE", help="vLLM kv_connector_extra_config (inline JSON or a file); explicit options win."),
-        click.option("--prefill-chunk-tokens", type=int, default=None, help="Offer stores per chunked-prefill step of N tokens, as vLLM does (default: one offer per request)."),
         click.option("--seed", type=int, default=None, help="Seed for randomised policies (default 0)."),
     ]
     for option in reversed(options):
