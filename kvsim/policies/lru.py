@@ -4,29 +4,33 @@ Ranks order chunks oldest-first. vLLM uses tuples ``(counter, -end_position)`` i
 heap; here a rank is the int ``counter * POSITION_SPAN - end_position`` (same order), and
 the order is kept without a heap, which gives the same victims much faster:
 
-* *committed* keys carry a fresh rank ``(++counter, 0)``; fresh ranks only grow, so an
-  insertion-ordered dict holds them in rank order;
+* *committed* keys carry a fresh rank ``(++counter, 0)``. Fresh ranks only grow, so an
+  append-only log of ``(rank, key)`` holds them in rank order; an entry whose rank is no
+  longer the key's rank is stale and skipped (ranks are never reused), so re-ranking a
+  key is one append and nothing is deleted in the middle;
 * a running request's keys carry its provisional rank ``(request counter, -position)``
   from its first access; they live in one small group per request, tail oldest;
-* eviction walks the merge of the committed order and the groups, in increasing rank,
-  skipping pinned, pending and protected chunks in place (``ref_cnt != 0``);
+* eviction walks the committed log merged with the groups, in increasing rank, skipping
+  pinned, pending and protected chunks in place (``ref_cnt != 0``);
 * ``on_request_finished`` commits fresh ranks tail first, so the head ends most recent;
 * an access never demotes a chunk (ranks only rise); recency is independent of pinning.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from heapq import merge
 from itertools import chain, islice
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from kvsim.context import RequestContext, order_request_keys
 from kvsim.policies.base import Chunk, ChunkMapPolicy, Key
 
 POSITION_SPAN = 1 << 40
 _REF = attrgetter("ref_cnt")
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
 
 
 class LRUPolicy(ChunkMapPolicy):
@@ -37,11 +41,12 @@ class LRUPolicy(ChunkMapPolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._rank: dict[Key, int] = {}
-        self._committed: OrderedDict[Key, None] = OrderedDict()
+        self._log: deque[tuple[int, Key]] = deque()  # committed (rank, key), oldest first; lazy
         # request rank base -> its provisional keys; a key is provisional iff its rank is
         # not a multiple of POSITION_SPAN, and its group is its rank rounded up to one.
         self._groups: dict[int, dict[Key, None]] = {}
         self._counter = 0
+        self._newest_committed = 0  # the largest fresh rank handed out (an upper bound)
         self._generation = 0
 
     # --- ranks ---
@@ -54,65 +59,46 @@ class LRUPolicy(ChunkMapPolicy):
             ctx.state[self] = state
         return state[1]
 
-    def _detach(self, key: Key) -> None:
-        rank = self._rank[key]
-        if rank % POSITION_SPAN == 0:
-            del self._committed[key]
-        else:
-            base = -(-rank // POSITION_SPAN) * POSITION_SPAN
-            group = self._groups[base]
-            del group[key]
-            if not group:
-                del self._groups[base]
+    def _leave_group(self, key: Key, rank: int) -> None:
+        base = -(-rank // POSITION_SPAN) * POSITION_SPAN
+        group = self._groups[base]
+        del group[key]
+        if not group:
+            del self._groups[base]
+
+    def _commit(self, keys: list[Key]) -> None:
+        """Give ``keys`` (resident, not provisional any more) fresh ranks, last = newest."""
+        first = self._counter + 1
+        self._counter += len(keys)
+        ranks = range(first * POSITION_SPAN, (self._counter + 1) * POSITION_SPAN, POSITION_SPAN)
+        self._rank.update(zip(keys, ranks))
+        self._newest_committed = self._counter * POSITION_SPAN
+        log = self._log
+        log.extend(zip(ranks, keys))
+        if len(log) > 2 * len(self.chunks) + 1024:
+            rank = self._rank
+            self._log = deque(e for e in log if rank.get(e[1]) == e[0])
 
     def _refresh(self, keys_newest_last: Iterable[Key]) -> None:
         """Fresh ranks in the order given: the last key becomes the most recent."""
-        chunks = self.chunks
-        present = list(filter(chunks.__contains__, keys_newest_last))
+        present = list(filter(self.chunks.__contains__, keys_newest_last))
         if not present:
             return
-        rank = self._rank
-        committed = self._committed
         groups = self._groups
-        if len(groups) == 1:
-            ((base, group),) = groups.items()
-            if len(group) == len(present) and group.keys() == set(present):
-                # the finishing request's own group is exactly what it commits (cache mode)
-                del groups[base]
-                groups = None
-        provisional = [k for k in present if rank[k] % POSITION_SPAN] if groups else ()
-        if groups is None:
-            pass
-        elif provisional:
-            leaving = set(provisional)
-            for base, group in list(groups.items()):
-                if group.keys() <= leaving:
-                    del groups[base]  # usually the finishing request's whole group
-                else:
-                    for key in leaving.intersection(group):
-                        del group[key]
-                    if not group:
-                        del groups[base]
-            if len(provisional) < len(present):
-                pop = committed.pop
-                for key in present:
-                    if key not in leaving:
-                        pop(key)
-        else:
-            pop = committed.pop
+        if groups:
+            if len(groups) == 1:
+                ((base, group),) = groups.items()
+                if len(group) == len(present) and group.keys() == set(present):
+                    # the finishing request's own group is exactly what it commits (cache mode)
+                    groups.clear()
+                    self._commit(present)
+                    return
+            rank = self._rank
             for key in present:
-                pop(key)
-        committed.update(dict.fromkeys(present))
-        first = self._counter + 1
-        self._counter += len(present)
-        rank.update(zip(present, range(first * POSITION_SPAN, (self._counter + 1) * POSITION_SPAN, POSITION_SPAN)))
-
-    def _place_provisional(self, key: Key, base: int, position: int) -> None:
-        group = self._groups.get(base)
-        if group is None:
-            group = self._groups[base] = {}
-        group[key] = None
-        self._rank[key] = base - position
+                r = rank[key]
+                if r % POSITION_SPAN:
+                    self._leave_group(key, r)
+        self._commit(present)
 
     # --- interface ---
 
@@ -120,8 +106,7 @@ class LRUPolicy(ChunkMapPolicy):
         self.insert_many((key,), (chunk,), ctx)
 
     def insert_many(self, keys: Sequence[Key], chunks: Sequence[Chunk], ctx: RequestContext) -> None:
-        resident = self.chunks
-        resident.update(zip(keys, chunks))
+        self.chunks.update(zip(keys, chunks))
         positions = ctx.positions
         if positions.keys() >= set(keys):  # the connector always knows positions
             base = self._request_base(ctx)
@@ -131,22 +116,20 @@ class LRUPolicy(ChunkMapPolicy):
             group.update(dict.fromkeys(keys))
             self._rank.update(zip(keys, map(base.__sub__, map(positions.__getitem__, keys))))
             return
-        base = None
         for key in keys:
             position = positions.get(key)
             if position is None:
-                self._counter += 1
-                self._rank[key] = self._counter * POSITION_SPAN
-                self._committed[key] = None
+                self._commit([key])
             else:
-                if base is None:
-                    base = self._request_base(ctx)
-                self._place_provisional(key, base, position)
+                base = self._request_base(ctx)
+                self._groups.setdefault(base, {})[key] = None
+                self._rank[key] = base - position
 
     def remove(self, key: Key) -> None:
         del self.chunks[key]
-        self._detach(key)  # reads the rank
-        del self._rank[key]
+        r = self._rank.pop(key)
+        if r % POSITION_SPAN:
+            self._leave_group(key, r)
 
     def touch(self, keys: Iterable[Key], ctx: RequestContext) -> None:
         self._refresh(reversed(list(keys)))
@@ -156,26 +139,24 @@ class LRUPolicy(ChunkMapPolicy):
 
     def on_request_access(self, keys: Sequence[Key], ctx: RequestContext) -> None:
         base = self._request_base(ctx)  # the request's rank dates from its first access
-        chunks = self.chunks
-        positions = ctx.positions
-        rank = self._rank
-        resident = list(filter(chunks.__contains__, keys))
+        resident = list(filter(self.chunks.__contains__, keys))
         if not resident:
             return
+        positions = ctx.positions
+        rank = self._rank
         raised = [k for k in resident if k in positions and rank[k] < base - positions[k]]
         if not raised:
             return
-        committed = self._committed
         for key in raised:
-            if rank[key] % POSITION_SPAN:
-                self._detach(key)
-            else:
-                del committed[key]
+            r = rank[key]
+            if r % POSITION_SPAN:
+                self._leave_group(key, r)
+            # a committed key's log entry goes stale once its rank changes below
         group = self._groups.get(base)
         if group is None:
             group = self._groups[base] = {}
         group.update(dict.fromkeys(raised))
-        rank.update([(k, base - positions[k]) for k in raised])
+        rank.update(zip(raised, map(base.__sub__, map(positions.__getitem__, raised))))
 
     def on_request_finished(self, key_groups, insertion_only, reused, ctx) -> None:
         keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, ctx)
@@ -184,31 +165,34 @@ class LRUPolicy(ChunkMapPolicy):
     def clear(self) -> None:
         self.chunks.clear()
         self._rank.clear()
-        self._committed.clear()
+        self._log.clear()
         self._groups.clear()
         self._counter = 0
+        self._newest_committed = 0
         self._generation += 1
+
+    # --- eviction ---
+
+    def _committed_in_order(self) -> Iterator[Key]:
+        rank = self._rank
+        return (k for r, k in self._log if rank.get(k) == r)
 
     def _committed_all_older(self) -> bool:
         """Every committed key is older than every provisional one (always so in cache mode).
 
-        A provisional rank ``base - position`` with ``0 < position < POSITION_SPAN`` lies
-        strictly between ``base - POSITION_SPAN`` and ``base``, so comparing the newest
-        committed rank with the oldest group's base decides it.
+        Committed ranks are at most the newest fresh rank handed out; a provisional rank
+        ``base - position`` (``0 < position < POSITION_SPAN``) exceeds ``base - POSITION_SPAN``.
         """
-        committed = self._committed
-        return not committed or self._rank[next(reversed(committed))] <= min(self._groups) - POSITION_SPAN
+        return self._newest_committed <= min(self._groups) - POSITION_SPAN
 
     def _in_rank_order(self) -> Iterator[Key]:
-        committed = self._committed
         if not self._groups:
-            return iter(committed)
+            return self._committed_in_order()
         rank = self._rank
         if self._committed_all_older():
-            # every committed key is older than every provisional one (always so in cache mode)
             tail = sorted((rank[k], k) for g in self._groups.values() for k in g)
-            return chain(committed, (k for _, k in tail))
-        streams = [((rank[k], k) for k in self._committed)]
+            return chain(self._committed_in_order(), (k for _, k in tail))
+        streams = [((rank[k], k) for k in self._committed_in_order())]
         for group in self._groups.values():
             streams.append(sorted((rank[k], k) for k in group))
         return (k for _, k in merge(*streams))
@@ -217,21 +201,45 @@ class LRUPolicy(ChunkMapPolicy):
         """Resident keys oldest first (for tests and inspection)."""
         return list(self._in_rank_order())
 
+    def _evict_oldest_committed(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
+        """Fast path: the n oldest committed keys, if all are evictable and unprotected."""
+        log, rank, chunks = self._log, self._rank, self.chunks
+        head = list(islice(log, n))
+        if len(head) == n:
+            keys = list(map(_SECOND, head))
+            if (list(map(rank.get, keys)) == list(map(_FIRST, head)) and protected.isdisjoint(keys)
+                    and list(map(_REF, map(chunks.__getitem__, keys))).count(0) == n):
+                for _ in range(n):
+                    log.popleft()
+                deque(map(rank.__delitem__, keys), maxlen=0)
+                return list(zip(keys, map(chunks.pop, keys)))
+        picked: list[Key] = []
+        popped = 0
+        for r, k in log:
+            popped += 1
+            if rank.get(k) != r:
+                continue  # stale
+            if chunks[k].ref_cnt or k in protected:
+                return None
+            picked.append(k)
+            if len(picked) == n:
+                break
+        else:
+            return None
+        for _ in range(popped):
+            log.popleft()
+        for k in picked:
+            del rank[k]
+        return list(zip(picked, map(chunks.pop, picked)))
+
     def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
         if n <= 0:
             return []
+        if not self._groups or self._committed_all_older():
+            victims = self._evict_oldest_committed(n, protected)
+            if victims is not None:
+                return victims
         chunks = self.chunks
-        committed = self._committed
-        rank = self._rank
-        if len(committed) >= n and (not self._groups or self._committed_all_older()):
-            # Fast path: the n oldest committed keys, if all evictable and unprotected.
-            head = list(islice(committed, n))
-            if (len(head) == n and protected.isdisjoint(head)
-                    and list(map(_REF, map(chunks.__getitem__, head))).count(0) == n):
-                for _ in range(n):
-                    committed.popitem(last=False)
-                deque(map(rank.pop, head), maxlen=0)
-                return list(zip(head, map(chunks.pop, head)))
         picked: list[Key] = []
         for key in self._in_rank_order():
             if chunks[key].ref_cnt == 0 and key not in protected:
@@ -240,9 +248,11 @@ class LRUPolicy(ChunkMapPolicy):
                     break
         else:
             return None
+        rank = self._rank
         victims = []
         for key in picked:
-            self._detach(key)
-            del rank[key]
+            r = rank.pop(key)
+            if r % POSITION_SPAN:
+                self._leave_group(key, r)
             victims.append((key, chunks.pop(key)))
         return victims
