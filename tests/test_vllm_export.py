@@ -58,3 +58,25 @@ def test_belady_cannot_be_exported():
 
     with pytest.raises(ValueError, match="future"):
         vllm_policy_class("belady")
+
+
+def test_position_view_answers_what_kvsim_policies_ask():
+    # vLLM builds without a private positions dict still work through the public lookup
+    from kvsim.context import RequestContext
+    from kvsim.integrations.vllm import _PositionView
+    from kvsim.policies import Chunk, LRUPolicy
+
+    class FakeReqContext:
+        def __init__(self, positions):
+            self._p = positions
+
+        def get_offload_key_position(self, key):
+            return self._p.get(key)
+
+    view = _PositionView(FakeReqContext({1: 16, 2: 32}))
+    assert view.keys() >= {1, 2} and not (view.keys() >= {1, 3})
+    assert view[2] == 32 and view.get(3) is None and 1 in view
+    policy = LRUPolicy(4)
+    ctx = RequestContext("r", view)  # type: ignore[arg-type]
+    policy.insert_many([1, 2], [Chunk(0, 0), Chunk(1, 0)], ctx)
+    assert policy.eviction_order() == [2, 1]  # a running request's tail is older than its head

@@ -64,6 +64,24 @@ class _PositionView:
             raise KeyError(key)
         return pos
 
+    def keys(self) -> _KnownKeys:
+        return _KnownKeys(self)
+
+
+class _KnownKeys:
+    """``positions.keys() >= some_keys`` without enumerating (vLLM exposes lookups only)."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: _PositionView) -> None:
+        self._view = view
+
+    def __contains__(self, key) -> bool:
+        return key in self._view
+
+    def __ge__(self, keys) -> bool:
+        return all(k in self._view for k in keys)
+
 
 def kvsim_context(vctx: Any) -> RequestContext:
     """The kvsim context of a vLLM ReqContext (created once, then reused)."""
