@@ -126,3 +126,14 @@ def test_existing_csv_is_not_clobbered_by_a_failed_run(tmp_path):
     path = _trace(tmp_path, "bad.jsonl", BAD_TRACES["mid_trace"][0])
     proc = run_kvsim("replay", path, "--cpu-chunks", "4", "--requests-csv", str(out))
     assert proc.returncode == 2 and out.read_text() == "keep me\n"
+
+
+def test_a_trace_without_reuse_information_is_called_out():
+    import subprocess
+    import sys
+
+    for command in ("replay", "simulate"):
+        proc = subprocess.run([sys.executable, "-m", "kvsim", command, "traces/azure_llm_2023_code.csv",
+                               "--cpu-chunks", "100", "--limit", "5"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert "no prefix-reuse information" in proc.stderr

@@ -12,6 +12,7 @@ from kvsim.cli.common import (
     check_output_path,
     count_lines,
     echo_summary,
+    note_missing_reuse,
     offload_options,
     pop_offload_kwargs,
     progress,
@@ -52,6 +53,7 @@ def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv:
     options = pop_offload_kwargs(kwargs)
     check_output_path(requests_csv, "--requests-csv")
     tr = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens"), limit=limit)
+    note_missing_reuse(tr.info)
     config = make_options(vllm_config, **options).resolve(tr.block_tokens)
     if protocol != "prefix":
         from kvsim.object_cache import replay_config

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import click
 
+from kvsim.api import as_trace
 from kvsim.api_simulate import BASELINE_PREFIX, simulate
-from kvsim.cli.common import check_output_path, count_lines, offload_options, pop_offload_kwargs
+from kvsim.cli.common import (
+    check_output_path,
+    count_lines,
+    note_missing_reuse,
+    offload_options,
+    pop_offload_kwargs,
+)
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.errors import InputError
 from kvsim.io import atomic_path, atomic_write
@@ -112,14 +120,15 @@ def simulate_command(trace: str, gpu: str, baseline: bool, limit: int | None, ti
             raise InputError(f"--out: {out_dir} is not a directory")
         os.makedirs(out_dir, exist_ok=True)
     check_output_path(chrome_trace, "--chrome-trace")
+    note_missing_reuse(as_trace(trace, block_tokens=kwargs.get("block_tokens")).info)
     if show_progress is None:
-        show_progress = click.get_text_stream("stderr").isatty()
+        show_progress = sys.stderr.isatty()
     n = count_lines(trace, limit) if show_progress else None
     runs = 2 if baseline else 1
     bar = None
     if show_progress:
         bar = click.progressbar(length=(n or 0) * runs or None, label="simulating",
-                                file=click.get_text_stream("stderr"), show_pos=True, show_eta=True)
+                                file=sys.stderr, show_pos=True, show_eta=True)
         bar.__enter__()
     try:
         result = simulate(

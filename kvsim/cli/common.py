@@ -82,3 +82,10 @@ def progress(items: Iterable, length: int | None, label: str, enabled: bool) -> 
     with click.progressbar(items, length=length, label=label, file=sys.stderr,
                            show_pos=True, show_eta=True) as bar:
         yield from bar
+
+
+def note_missing_reuse(info) -> None:
+    """Say so when a trace carries no prefix information (Azure): nothing can ever hit."""
+    if not info.has_reuse_info:
+        click.echo(f"kvsim: note: {info.path} has no prefix-reuse information ({info.format} format); "
+                   "no prompt block can hit a cache, so hit ratios are 0 by construction", err=True)
