@@ -100,6 +100,12 @@ class OffloadOptions:
             raise InputError(f"give only one CPU tier size, got {' and '.join(given)}")
         chunk_bytes = None
         if self.model:
+            from kvsim.models import get_model
+
+            try:
+                get_model(self.model)
+            except InputError as exc:
+                raise InputError(f"--model: {exc}") from None
             chunk_bytes = self._sizing(chunk_tokens, 0).raw_chunk_bytes
         if self.cpu_chunks is not None:
             if self.cpu_chunks < 1:
