@@ -194,47 +194,35 @@ def _not_object(d: object, path: str, lineno: int) -> InputError:
 # --------------------------------------------------------------------------- JSONL readers
 
 
-def _iter_mooncake(path: str, bt: int, limit: int | None) -> Iterator[Request]:
+# A record parser takes one decoded JSON value and returns
+# (arrival_s, input_tokens, output_tokens, block_hashes, session_id), raising InputError.
+RecordFields = tuple[float, int, int, tuple[int, ...], "int | None"]
+
+
+def _iter_jsonl(path: str, limit: int | None, parse, *, header: bool = False) -> Iterator[Request]:
+    """The JSONL loop every format shares: decode, skip blank lines, number the requests,
+    stop at ``limit``, and reject a file with no request. ``header`` skips (after
+    validating) a native header line."""
     loads = json.loads
     rid = 0
     if limit == 0:
         return
     with _open_bin(path) as f:
-        for lineno, line in _lines(f, path):
+        lines = _lines(f, path)
+        if header:
+            for _lineno, line in lines:
+                if line.strip():
+                    _read_native_header(line, path)  # block_tokens already taken by open_trace
+                    break
+        for lineno, line in lines:
             try:
                 d = loads(line)
             except ValueError as e:
                 if not line.strip():
                     continue
                 raise _bad_line(line, e, path, lineno) from None
-            try:
-                ts = d["timestamp"]
-                inp = d["input_length"]
-                out = d["output_length"]
-                ids = d["hash_ids"]
-            except (KeyError, TypeError, IndexError):
-                ts = inp = out = ids = None
-            n = len(ids) if type(ids) is list else -1
-            if (
-                type(inp) is int
-                and type(out) is int
-                and inp >= 0
-                and out >= 0
-                and (type(ts) is int or type(ts) is float)
-                and 0 <= ts < _INF
-                and (n == inp // bt or n == -(-inp // bt))
-                and all(type(h) is int for h in ids)
-            ):
-                yield Request(rid, ts / 1000.0, inp, out, tuple(ids))
-            else:
-                if type(d) is not dict:
-                    raise _not_object(d, path, lineno)
-                # slow path: find and report the first problem
-                ts = _check_time(d, "timestamp", path, lineno)
-                inp = _check_nonneg_int(d, "input_length", path, lineno)
-                out = _check_nonneg_int(d, "output_length", path, lineno)
-                ids = _check_ids(d, "hash_ids", inp, "input_length", bt, path, lineno)
-                yield Request(rid, ts / 1000.0, inp, out, ids)
+            ts, inp, out, ids, sid = parse(d, path, lineno)
+            yield Request(rid, ts, inp, out, ids, sid)
             rid += 1
             if rid == limit:
                 return
@@ -242,63 +230,81 @@ def _iter_mooncake(path: str, bt: int, limit: int | None) -> Iterator[Request]:
         raise InputError("no requests in trace file", source=path)
 
 
-def _iter_bailian(path: str, bt: int, limit: int | None) -> Iterator[Request]:
-    loads = json.loads
-    rid = 0
-    if limit == 0:
-        return
-    with _open_bin(path) as f:
-        for lineno, line in _lines(f, path):
-            try:
-                d = loads(line)
-            except ValueError as e:
-                if not line.strip():
-                    continue
-                raise _bad_line(line, e, path, lineno) from None
-            try:
-                cid = d["chat_id"]
-                pid = d["parent_chat_id"]
-                ts = d["timestamp"]
-                inp = d["input_length"]
-                out = d["output_length"]
-                typ = d["type"]
-                turn = d["turn"]
-                ids = d["hash_ids"]
-            except (KeyError, TypeError, IndexError):
-                cid = pid = ts = inp = out = typ = turn = ids = None
-            n = len(ids) if type(ids) is list else -1
-            if (
-                type(cid) is int
-                and type(pid) is int
-                and type(turn) is int
-                and type(typ) is str
-                and type(inp) is int
-                and type(out) is int
-                and inp >= 0
-                and out >= 0
-                and (type(ts) is int or type(ts) is float)
-                and 0 <= ts < _INF
-                and (n == inp // bt or n == -(-inp // bt))
-                and all(type(h) is int for h in ids)
-            ):
-                yield Request(rid, float(ts), inp, out, tuple(ids), cid)
-            else:
-                if type(d) is not dict:
-                    raise _not_object(d, path, lineno)
-                cid = _check_int(d, "chat_id", path, lineno)
-                _check_int(d, "parent_chat_id", path, lineno)
-                ts = _check_time(d, "timestamp", path, lineno)
-                inp = _check_nonneg_int(d, "input_length", path, lineno)
-                out = _check_nonneg_int(d, "output_length", path, lineno)
-                _check_str(d, "type", path, lineno)
-                _check_int(d, "turn", path, lineno)
-                ids = _check_ids(d, "hash_ids", inp, "input_length", bt, path, lineno)
-                yield Request(rid, float(ts), inp, out, ids, cid)
-            rid += 1
-            if rid == limit:
-                return
-    if rid == 0:
-        raise InputError("no requests in trace file", source=path)
+def _mooncake_parser(bt: int):
+    def parse(d, path: str, lineno: int) -> RecordFields:
+        try:
+            ts = d["timestamp"]
+            inp = d["input_length"]
+            out = d["output_length"]
+            ids = d["hash_ids"]
+        except (KeyError, TypeError, IndexError):
+            ts = inp = out = ids = None
+        n = len(ids) if type(ids) is list else -1
+        if (
+            type(inp) is int
+            and type(out) is int
+            and inp >= 0
+            and out >= 0
+            and (type(ts) is int or type(ts) is float)
+            and 0 <= ts < _INF
+            and (n == inp // bt or n == -(-inp // bt))
+            and all(type(h) is int for h in ids)
+        ):
+            return ts / 1000.0, inp, out, tuple(ids), None
+        if type(d) is not dict:
+            raise _not_object(d, path, lineno)
+        # slow path: find and report the first problem
+        ts = _check_time(d, "timestamp", path, lineno)
+        inp = _check_nonneg_int(d, "input_length", path, lineno)
+        out = _check_nonneg_int(d, "output_length", path, lineno)
+        ids = _check_ids(d, "hash_ids", inp, "input_length", bt, path, lineno)
+        return ts / 1000.0, inp, out, ids, None
+
+    return parse
+
+
+def _bailian_parser(bt: int):
+    def parse(d, path: str, lineno: int) -> RecordFields:
+        try:
+            cid = d["chat_id"]
+            pid = d["parent_chat_id"]
+            ts = d["timestamp"]
+            inp = d["input_length"]
+            out = d["output_length"]
+            typ = d["type"]
+            turn = d["turn"]
+            ids = d["hash_ids"]
+        except (KeyError, TypeError, IndexError):
+            cid = pid = ts = inp = out = typ = turn = ids = None
+        n = len(ids) if type(ids) is list else -1
+        if (
+            type(cid) is int
+            and type(pid) is int
+            and type(turn) is int
+            and type(typ) is str
+            and type(inp) is int
+            and type(out) is int
+            and inp >= 0
+            and out >= 0
+            and (type(ts) is int or type(ts) is float)
+            and 0 <= ts < _INF
+            and (n == inp // bt or n == -(-inp // bt))
+            and all(type(h) is int for h in ids)
+        ):
+            return float(ts), inp, out, tuple(ids), cid
+        if type(d) is not dict:
+            raise _not_object(d, path, lineno)
+        cid = _check_int(d, "chat_id", path, lineno)
+        _check_int(d, "parent_chat_id", path, lineno)
+        ts = _check_time(d, "timestamp", path, lineno)
+        inp = _check_nonneg_int(d, "input_length", path, lineno)
+        out = _check_nonneg_int(d, "output_length", path, lineno)
+        _check_str(d, "type", path, lineno)
+        _check_int(d, "turn", path, lineno)
+        ids = _check_ids(d, "hash_ids", inp, "input_length", bt, path, lineno)
+        return float(ts), inp, out, ids, cid
+
+    return parse
 
 
 def _read_native_header(line: bytes, path: str) -> int:
@@ -329,65 +335,57 @@ def _read_native_header(line: bytes, path: str) -> int:
     return bt
 
 
+def _native_parser(bt: int):
+    def parse(d, path: str, lineno: int) -> RecordFields:
+        try:
+            ts = d["arrival_s"]
+            inp = d["input_tokens"]
+            out = d["output_tokens"]
+            ids = d["block_hashes"]
+            sid = d.get("session_id")
+        except (KeyError, TypeError, IndexError, AttributeError):
+            ts = inp = out = ids = sid = None
+        n = len(ids) if type(ids) is list else -1
+        if (
+            type(inp) is int
+            and type(out) is int
+            and inp >= 0
+            and out >= 0
+            and (type(ts) is float or type(ts) is int)
+            and 0 <= ts < _INF
+            and (sid is None or type(sid) is int)
+            and (n == inp // bt or n == -(-inp // bt) or n == 0)
+            and all(type(h) is int for h in ids)
+        ):
+            return float(ts), inp, out, tuple(ids), sid
+        if type(d) is not dict:
+            raise _not_object(d, path, lineno)
+        ts = _check_time(d, "arrival_s", path, lineno)
+        inp = _check_nonneg_int(d, "input_tokens", path, lineno)
+        out = _check_nonneg_int(d, "output_tokens", path, lineno)
+        sid = d.get("session_id")
+        if sid is not None and type(sid) is not int:
+            raise InputError(
+                f"field 'session_id' must be an integer or null, got {_show(sid)}",
+                source=path,
+                line=lineno,
+            )
+        ids = _check_ids(d, "block_hashes", inp, "input_tokens", bt, path, lineno, True)
+        return float(ts), inp, out, ids, sid
+
+    return parse
+
+
+def _iter_mooncake(path: str, bt: int, limit: int | None) -> Iterator[Request]:
+    return _iter_jsonl(path, limit, _mooncake_parser(bt))
+
+
+def _iter_bailian(path: str, bt: int, limit: int | None) -> Iterator[Request]:
+    return _iter_jsonl(path, limit, _bailian_parser(bt))
+
+
 def _iter_native(path: str, bt: int, limit: int | None) -> Iterator[Request]:
-    loads = json.loads
-    rid = 0
-    if limit == 0:
-        return
-    with _open_bin(path) as f:
-        lines = _lines(f, path)
-        for _lineno, line in lines:
-            if line.strip():
-                _read_native_header(line, path)  # block_tokens already taken by open_trace
-                break
-        for lineno, line in lines:
-            try:
-                d = loads(line)
-            except ValueError as e:
-                if not line.strip():
-                    continue
-                raise _bad_line(line, e, path, lineno) from None
-            try:
-                ts = d["arrival_s"]
-                inp = d["input_tokens"]
-                out = d["output_tokens"]
-                ids = d["block_hashes"]
-                sid = d.get("session_id")
-            except (KeyError, TypeError, IndexError, AttributeError):
-                ts = inp = out = ids = sid = None
-            n = len(ids) if type(ids) is list else -1
-            if (
-                type(inp) is int
-                and type(out) is int
-                and inp >= 0
-                and out >= 0
-                and (type(ts) is float or type(ts) is int)
-                and 0 <= ts < _INF
-                and (sid is None or type(sid) is int)
-                and (n == inp // bt or n == -(-inp // bt) or n == 0)
-                and all(type(h) is int for h in ids)
-            ):
-                yield Request(rid, float(ts), inp, out, tuple(ids), sid)
-            else:
-                if type(d) is not dict:
-                    raise _not_object(d, path, lineno)
-                ts = _check_time(d, "arrival_s", path, lineno)
-                inp = _check_nonneg_int(d, "input_tokens", path, lineno)
-                out = _check_nonneg_int(d, "output_tokens", path, lineno)
-                sid = d.get("session_id")
-                if sid is not None and type(sid) is not int:
-                    raise InputError(
-                        f"field 'session_id' must be an integer or null, got {_show(sid)}",
-                        source=path,
-                        line=lineno,
-                    )
-                ids = _check_ids(d, "block_hashes", inp, "input_tokens", bt, path, lineno, True)
-                yield Request(rid, float(ts), inp, out, ids, sid)
-            rid += 1
-            if rid == limit:
-                return
-    if rid == 0:
-        raise InputError("no requests in trace file", source=path)
+    return _iter_jsonl(path, limit, _native_parser(bt), header=True)
 
 
 # --------------------------------------------------------------------------- Azure CSV
