@@ -15,6 +15,20 @@ from kvsim.policies.base import Key
 from kvsim.policies.fifo import QueuePolicy
 
 
+def segmented_hit(probation: OrderedDict, protected: OrderedDict, key: Key, protected_capacity: int) -> None:
+    """A reuse in a segmented LRU: to the protected MRU end; the protected segment's LRU
+    chunk drops back to the probationary MRU end when it overflows. (W-TinyLFU's main
+    region is the same SLRU.)"""
+    if key in protected:
+        protected.move_to_end(key)
+        return
+    del probation[key]
+    protected[key] = None
+    if len(protected) > protected_capacity:
+        demoted, _ = protected.popitem(last=False)
+        probation[demoted] = None
+
+
 class SLRUPolicy(QueuePolicy):
     name = "slru"
     description = "segmented LRU: probation + protected (80%) segments, promotion on reuse"
@@ -31,17 +45,7 @@ class SLRUPolicy(QueuePolicy):
         self._probation[key] = None
 
     def _on_hit(self, key: Key) -> None:
-        protected = self._protected
-        if key in protected:
-            del protected[key]
-            protected[key] = None
-            return
-        del self._probation[key]
-        protected[key] = None
-        if len(protected) > self.protected_capacity:
-            demoted = next(iter(protected))
-            del protected[demoted]
-            self._probation[demoted] = None
+        segmented_hit(self._probation, self._protected, key, self.protected_capacity)
 
     def _on_remove(self, key: Key) -> None:
         if key in self._probation:

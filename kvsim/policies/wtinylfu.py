@@ -22,6 +22,7 @@ from kvsim.context import RequestContext
 from kvsim.policies.admission.tinylfu import FrequencySketch
 from kvsim.policies.base import Key
 from kvsim.policies.fifo import QueuePolicy
+from kvsim.policies.slru import segmented_hit
 
 
 class WTinyLFUPolicy(QueuePolicy):
@@ -62,16 +63,8 @@ class WTinyLFUPolicy(QueuePolicy):
         if key in window:
             del window[key]
             window[key] = None
-        elif key in protected:
-            del protected[key]
-            protected[key] = None
         else:
-            del self._probation[key]
-            protected[key] = None
-            if len(protected) > self.protected_capacity:
-                demoted = next(iter(protected))
-                del protected[demoted]
-                self._probation[demoted] = None
+            segmented_hit(self._probation, protected, key, self.protected_capacity)
 
     def _on_remove(self, key: Key) -> None:
         for segment in (self._window, self._probation, self._protected):
