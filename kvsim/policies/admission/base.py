@@ -12,7 +12,17 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from kvsim.context import RequestContext
+from kvsim.errors import InputError
 from kvsim.policies.base import Key
+
+
+def parse_arg(arg: str, kind: type, usage: str) -> int | float:
+    """The ``N`` of ``--admission name:N`` as ``kind``; a one-line error names the usage."""
+    try:
+        return kind(arg)
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise InputError(f"--admission {usage} needs {noun}, got {arg!r}") from None
 
 
 class AdmissionPolicy:

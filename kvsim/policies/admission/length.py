@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
-from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.admission.base import AdmissionPolicy, parse_arg
 from kvsim.policies.base import Key
 
 
@@ -32,12 +32,8 @@ class LengthAdmission(AdmissionPolicy):
 
     @classmethod
     def from_arg(cls, arg: str, **kwargs) -> LengthAdmission:
-        try:
-            value = int(arg)
-        except ValueError:
-            raise InputError(f"--admission length:N needs an integer N (tokens), got {arg!r}") from None
         extra = {k: kwargs[k] for k in ("chunk_tokens", "seed") if k in kwargs}
-        return cls(value, **extra)
+        return cls(parse_arg(arg, int, "length:N"), **extra)
 
     def record_offer(self, keys: Sequence[Key]) -> None:
         self._offer_tokens = len(keys) * self.chunk_tokens

@@ -11,7 +11,7 @@ import random
 
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
-from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.admission.base import AdmissionPolicy, parse_arg
 
 
 class ProbabilisticAdmission(AdmissionPolicy):
@@ -27,11 +27,7 @@ class ProbabilisticAdmission(AdmissionPolicy):
 
     @classmethod
     def from_arg(cls, arg: str, **kwargs) -> ProbabilisticAdmission:
-        try:
-            value = float(arg)
-        except ValueError:
-            raise InputError(f"--admission probabilistic:P needs a number P, got {arg!r}") from None
-        return cls(value, seed=kwargs.get("seed", 0))
+        return cls(parse_arg(arg, float, "probabilistic:P"), seed=kwargs.get("seed", 0))
 
     def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
         p = self.probability

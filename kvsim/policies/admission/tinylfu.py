@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
-from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.admission.base import AdmissionPolicy, parse_arg
 from kvsim.policies.base import Key
 
 _MASK64 = (1 << 64) - 1
@@ -95,11 +95,7 @@ class TinyLFUAdmission(AdmissionPolicy):
 
     @classmethod
     def from_arg(cls, arg: str, **kwargs) -> TinyLFUAdmission:
-        try:
-            value = int(arg)
-        except ValueError:
-            raise InputError(f"--admission tinylfu:N needs an integer N, got {arg!r}") from None
-        return cls(value, seed=kwargs.get("seed", 0))
+        return cls(parse_arg(arg, int, "tinylfu:N"), seed=kwargs.get("seed", 0))
 
     def record_offer(self, keys: Sequence[Key]) -> None:
         increment = self.sketch.increment
