@@ -32,22 +32,22 @@ EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {}
 ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {}
 
 
+def _register(table: dict, kind: str, cls: type, name: str | None) -> type:
+    key = (name or cls.name).lower()
+    if key in table and table[key] is not cls:
+        raise ValueError(f"{kind} policy {key!r} is already registered")
+    table[key] = cls
+    return cls
+
+
 def register_eviction(cls: type[EvictionPolicy], name: str | None = None) -> type[EvictionPolicy]:
     """Register an eviction policy class under ``name`` (default ``cls.name``)."""
-    key = (name or cls.name).lower()
-    if key in EVICTION_POLICIES and EVICTION_POLICIES[key] is not cls:
-        raise ValueError(f"eviction policy {key!r} is already registered")
-    EVICTION_POLICIES[key] = cls
-    return cls
+    return _register(EVICTION_POLICIES, "eviction", cls, name)
 
 
 def register_admission(cls: type[AdmissionPolicy], name: str | None = None) -> type[AdmissionPolicy]:
     """Register an admission policy class under ``name`` (default ``cls.name``)."""
-    key = (name or cls.name).lower()
-    if key in ADMISSION_POLICIES and ADMISSION_POLICIES[key] is not cls:
-        raise ValueError(f"admission policy {key!r} is already registered")
-    ADMISSION_POLICIES[key] = cls
-    return cls
+    return _register(ADMISSION_POLICIES, "admission", cls, name)
 
 
 for _cls in (LRUPolicy, ARCPolicy, FIFOPolicy, LFUPolicy, TextbookARCPolicy, SievePolicy,
