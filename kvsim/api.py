@@ -108,8 +108,7 @@ def replay(
 
         return Result(summary={"trace": str(tr.path), **replay_config(tr, config, protocol)},
                       tables={}, config=config.as_dict())
-    future = tr if _needs_future(config.policy, config.policy_module) else None
-    run = CacheReplay(config, requests_for_future=future)
+    run = CacheReplay(config, requests_for_future=tr)  # read only by policies that need the future
     rows: list[tuple] = []
     summary = run.run(tr, rows.append if per_request else None)
     tables = {}
@@ -119,7 +118,3 @@ def replay(
     return Result(summary=summary, tables=tables, config=config.as_dict())
 
 
-def _needs_future(policy: str, module: str | None) -> bool:
-    from kvsim.policies.registry import eviction_policy_class
-
-    return bool(getattr(eviction_policy_class(policy, module), "needs_future", False))

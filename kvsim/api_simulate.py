@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvsim.api import _needs_future, as_trace, make_options
+from kvsim.api import as_trace, make_options
 from kvsim.engine.compute_model import ComputeParams, load_compute_profile
 from kvsim.engine.engine import Engine
 from kvsim.engine.params import EngineParams
@@ -77,7 +77,7 @@ def simulate(
     compute_params = ComputeParams.for_gpu(gpu_spec)
     if compute_profile is not None:
         compute_params = load_compute_profile(compute_profile, compute_params)
-    future = tr if sized and _needs_future(config.policy, config.policy_module) else None
+    future = tr if sized else None  # read only by policies that need the future
 
     def run(offload: bool) -> tuple[dict, dict]:
         engine = Engine(config, params, model=model, gpu=gpu_spec, compute_params=compute_params,

@@ -63,10 +63,7 @@ def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv:
         summary = replay_config(tr, config, protocol)
         echo_summary({"trace": trace, **summary}, as_json, "kvsim replay (object protocol)")
         return
-    from kvsim.api import _needs_future
-
-    future = tr if _needs_future(config.policy, config.policy_module) else None
-    run = CacheReplay(config, requests_for_future=future)
+    run = CacheReplay(config, requests_for_future=tr)  # read only by policies that need the future
     if show_progress is None:
         show_progress = sys.stderr.isatty()
     requests = progress(tr, count_lines(trace, limit), "replaying", show_progress)
