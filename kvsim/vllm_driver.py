@@ -23,12 +23,11 @@ def _key_bytes(key: int) -> bytes:
 
 
 class _StoreOut:
-    __slots__ = ("keys_to_store", "evicted_keys", "_raw")
+    __slots__ = ("keys_to_store", "evicted_keys")
 
-    def __init__(self, keys_to_store: list, evicted_keys: list, raw: list) -> None:
+    def __init__(self, keys_to_store: list, evicted_keys: list) -> None:
         self.keys_to_store = keys_to_store
         self.evicted_keys = evicted_keys
-        self._raw = raw
 
 
 class VllmManagerDriver:
@@ -95,8 +94,7 @@ class VllmManagerDriver:
         if out is None:
             return None
         to_int = self._to_int
-        return _StoreOut([to_int[b] for b in out.keys_to_store], [to_int[b] for b in out.evicted_keys],
-                         list(out.keys_to_store))
+        return _StoreOut([to_int[b] for b in out.keys_to_store], [to_int[b] for b in out.evicted_keys])
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         self.inner.complete_store([_key_bytes(k) for k in keys], ctx, success)
