@@ -26,9 +26,6 @@ class RequestContext:
     def set_key_position(self, key: Hashable, end_token: int) -> None:
         self.positions[key] = end_token
 
-    def key_position(self, key: Hashable) -> int | None:
-        return self.positions.get(key)
-
     def __repr__(self) -> str:
         return f"RequestContext({self.req_id!r})"
 

@@ -35,3 +35,10 @@ def test_a_frame_without_the_request_columns_is_rejected():
     with pytest.raises(kvsim.InputError, match="block_hashes"):
         kvsim.replay(pd.DataFrame({"arrival_s": [0.0], "input_tokens": [10], "output_tokens": [1]}),
                      cpu_chunks=4)
+
+
+def test_summary_frame_lists_every_summary_metric_in_order():
+    res = kvsim.replay("traces/samples/mooncake_small.jsonl", limit=20, cpu_chunks=50)
+    frame = res.summary_frame()
+    assert list(frame["metric"]) == list(res.summary)
+    assert frame.set_index("metric").loc["requests", "value"] == 20
