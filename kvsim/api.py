@@ -92,11 +92,14 @@ def replay(
     per_request: bool = True,
     vllm_config: str | dict | None = None,
     protocol: str = "prefix",
+    fused: bool | None = None,
     **options: Any,
 ) -> Result:
     """Cache-mode replay (``protocol="object"``: every chunk key is a get, see
     :mod:`kvsim.object_cache`). Keywords are :class:`kvsim.config.OffloadOptions` fields, e.g.
     ``replay(path, cpu_gib=64, model="llama-3.1-8b", policy="arc", gpu_blocks=2000)``.
+    ``fused=False`` runs ``lru`` through the full manager protocol instead of the fused tier
+    (same decisions, slower); see :class:`kvsim.replay.CacheReplay`.
 
     Returns a Result whose ``summary`` holds the totals and ratios and whose ``requests``
     table has one row per request (when ``per_request``).
@@ -108,7 +111,7 @@ def replay(
 
         return Result(summary={"trace": str(tr.path), **replay_config(tr, config, protocol)},
                       tables={}, config=config.as_dict())
-    run = CacheReplay(config, requests_for_future=tr)  # read only by policies that need the future
+    run = CacheReplay(config, requests_for_future=tr, fused=fused)  # the future: read only if needed
     rows: list[tuple] = []
     summary = run.run(tr, rows.append if per_request else None)
     tables = {}

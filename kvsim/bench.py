@@ -33,44 +33,58 @@ def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: 
                  policies: Sequence[str] = ("lru", "arc"), repeat: int = 3, with_vllm: bool | None = None,
                  chunk_tokens: int | None = None) -> pd.DataFrame:
     """One row per (engine, policy): seconds, blocks/s, ratio to the first policy's kvsim
-    rate (``vs_kvsim_lru``: pass lru first), hit ratio.
+    rate (``vs_kvsim_lru``: pass lru first) and to LRU through the full protocol
+    (``vs_protocol_lru``), hit ratio.
 
+    For ``lru`` the fused tier (engine ``kvsim``) is timed against the full manager
+    protocol (engine ``kvsim-protocol``) and both must make the same per-request decisions.
     ``with_vllm=None`` drives vLLM's ``CPUOffloadingManager`` too when vLLM is importable
-    (lru and arc only), and checks that it makes the same per-request decisions.
+    (lru and arc only), and checks that it makes kvsim's per-request decisions.
     """
     opts = OffloadOptions(cpu_chunks=cpu_chunks, chunk_tokens=chunk_tokens)
     blocks = sum(r.input_tokens // block_tokens for r in requests)
     if with_vllm is None:
         with_vllm = vllm_available()
-    rows = []
-    base_rate = None
+    table: list[dict[str, Any]] = []
+    base_rate: list[float] = []
+
+    def timed(engine: str, policy: str, make: Callable[[], CacheReplay], runs: int,
+              reference: list | None) -> list:
+        rows: list = []
+
+        def run():
+            rows.clear()
+            return make().run(requests, rows.append)
+
+        seconds, summary = _best_time(run, runs)
+        rate = blocks / seconds
+        if not base_rate:
+            base_rate.append(rate)  # the first row is the reference (the CLI puts lru first)
+        table.append({"engine": engine, "policy": policy, "seconds": seconds, "blocks": blocks,
+                      "blocks_per_s": rate, "vs_kvsim_lru": rate / base_rate[0],
+                      "cpu_hit_ratio": summary["cpu_hit_ratio"],
+                      "same_decisions": None if reference is None else rows == reference,
+                      # how many times faster kvsim's default tier is than this engine
+                      "kvsim_speedup": None if reference is None else seconds / _seconds_of(table, policy)})
+        return list(rows)
+
     for policy in policies:
         cfg = opts.with_(policy=policy).resolve(block_tokens)
-        kv_rows: list = []
-
-        def run_kvsim(cfg=cfg, kv_rows=kv_rows):
-            kv_rows.clear()
-            return CacheReplay(cfg, requests_for_future=requests).run(requests, kv_rows.append)
-
-        seconds, summary = _best_time(run_kvsim, repeat)
-        rate = blocks / seconds
-        if base_rate is None:
-            base_rate = rate  # the first policy is the reference (the CLI puts lru first)
-        rows.append({"engine": "kvsim", "policy": policy, "seconds": seconds, "blocks": blocks,
-                     "blocks_per_s": rate, "vs_kvsim_lru": rate / base_rate,
-                     "cpu_hit_ratio": summary["cpu_hit_ratio"], "same_decisions": None})
+        ours = timed("kvsim", policy, lambda cfg=cfg: CacheReplay(cfg, requests_for_future=requests),
+                     repeat, None)
+        if policy == "lru":
+            timed("kvsim-protocol", policy, lambda cfg=cfg: CacheReplay(cfg, fused=False), repeat, ours)
         if with_vllm and policy in ("lru", "arc"):
-            v_rows: list = []
+            timed("vllm-0.33", policy,
+                  lambda cfg=cfg, policy=policy: CacheReplay(cfg, manager=VllmManagerDriver(cfg.num_chunks, policy)),
+                  1, ours)
+    frame = pd.DataFrame(table)
+    protocol = frame[(frame["engine"] == "kvsim-protocol") & (frame["policy"] == "lru")]
+    if len(protocol):
+        # policies compared on one footing: every non-LRU policy runs the full protocol
+        frame.insert(6, "vs_protocol_lru", frame["blocks_per_s"] / protocol["blocks_per_s"].iloc[0])
+    return frame
 
-            def run_vllm(cfg=cfg, v_rows=v_rows, policy=policy):
-                v_rows.clear()
-                driver = VllmManagerDriver(cfg.num_chunks, policy)
-                return CacheReplay(cfg, manager=driver).run(requests, v_rows.append)
 
-            v_seconds, v_summary = _best_time(run_vllm, 1)
-            same = v_rows == kv_rows
-            rows.append({"engine": "vllm-0.33", "policy": policy, "seconds": v_seconds, "blocks": blocks,
-                         "blocks_per_s": blocks / v_seconds, "vs_kvsim_lru": (blocks / v_seconds) / base_rate,
-                         "cpu_hit_ratio": v_summary["cpu_hit_ratio"], "same_decisions": same,
-                         "kvsim_speedup": v_seconds / seconds})
-    return pd.DataFrame(rows)
+def _seconds_of(table: list[dict[str, Any]], policy: str) -> float:
+    return next(r["seconds"] for r in table if r["engine"] == "kvsim" and r["policy"] == policy)

@@ -22,7 +22,10 @@ from typing import Any
 from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
 from kvsim.offload import OffloadManager
+from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.registry import make_admission, make_eviction_policy
+from kvsim.replay_fused import FusedLRUTier
+from kvsim.replay_protocol import ProtocolTier
 from kvsim.traces.model import Request
 
 REQUEST_COLUMNS = (
@@ -38,21 +41,41 @@ def build_manager(config: CacheConfig, requests: Iterable[Request] | None = None
         if requests is None:
             raise ValueError(f"policy {config.policy!r} needs the trace's future")
         policy.prepare_future(requests, config.layout)  # type: ignore[attr-defined]
-    admission = make_admission(
+    return OffloadManager(config.num_chunks, policy, build_admission(config))
+
+
+def build_admission(config: CacheConfig) -> AdmissionPolicy | None:
+    """The configured admission rule; None admits everything."""
+    if config.admission == "always" and config.store_threshold < 2:
+        return None
+    return make_admission(
         config.admission, store_threshold=config.store_threshold,
         max_tracker_size=config.max_tracker_size, seed=config.seed, chunk_tokens=config.chunk_tokens,
-    ) if config.admission != "always" or config.store_threshold >= 2 else None
-    return OffloadManager(config.num_chunks, policy, admission)
+    )
 
 
 class CacheReplay:
-    """Drives one manager (kvsim's, or an adapter around vLLM's) through a trace."""
+    """Drives one CPU tier (kvsim's, or an adapter around vLLM's manager) through a trace.
+
+    ``fused=None`` picks :class:`~kvsim.replay_fused.FusedLRUTier` for kvsim's own ``lru``
+    (the same decisions, several times faster) and the full manager protocol otherwise;
+    ``fused=False`` always runs the protocol.
+    """
 
     def __init__(self, config: CacheConfig, manager: Any | None = None,
-                 requests_for_future: Iterable[Request] | None = None) -> None:
+                 requests_for_future: Iterable[Request] | None = None, *, fused: bool | None = None) -> None:
         self.config = config
         self.layout = config.layout
-        self.manager = manager if manager is not None else build_manager(config, requests_for_future)
+        can_fuse = manager is None and config.policy == "lru" and config.policy_module is None
+        if fused and not can_fuse:
+            raise ValueError("the fused tier runs kvsim's own 'lru' only, without a manager of the caller's")
+        if can_fuse and fused is not False:
+            self.tier: ProtocolTier | FusedLRUTier = FusedLRUTier(
+                config.num_chunks, config.chunk_tokens, config.prefill_chunk_tokens, build_admission(config))
+            self.manager = None
+        else:
+            self.manager = manager if manager is not None else build_manager(config, requests_for_future)
+            self.tier = ProtocolTier(self.manager, config.chunk_tokens, config.prefill_chunk_tokens)
         self.gpu = GpuBlockPool(config.gpu_blocks)
         self.totals = dict.fromkeys(
             ("requests", "prompt_tokens", "prompt_blocks", "gpu_hit_blocks", "cpu_hit_blocks",
@@ -65,78 +88,32 @@ class CacheReplay:
         units_per_chunk = layout.units_per_chunk
         tpc = layout.chunk_tokens
         unit_keys_of = layout.unit_keys
-        manager = self.manager
-        new_context = manager.new_context
-        lookup_prefix = manager.lookup_prefix
-        prepare_store = manager.prepare_store
-        counters = getattr(manager, "counters", None)
+        serve = self.tier.serve
         gpu = self.gpu
         gpu_on = gpu.enabled
         gpu_blocks = gpu.num_blocks
-        prefill_step = self.config.prefill_chunk_tokens
         t = self.totals
         n_req = n_tokens = n_units = n_gpu = n_cpu = n_stored = n_evicted = n_fail = 0
-        skipped_before = counters.stores_skipped if counters is not None else 0
 
         for req in requests:
             input_tokens = req.input_tokens
             unit_keys = unit_keys_of(req.block_hashes, input_tokens)
             chunk_keys = unit_keys if units_per_chunk == 1 else unit_keys[units_per_chunk - 1 :: units_per_chunk]
             n_chunks = len(chunk_keys)
-            ctx = new_context(req.request_id, dict(zip(chunk_keys, range(tpc, (n_chunks + 1) * tpc, tpc))))
-            manager.on_new_request(ctx)
 
             gpu_hit = 0
-            if gpu_on and unit_keys:
-                gpu_hit = gpu.match_prefix(unit_keys, (input_tokens - 1) // unit_tokens)
-            local = gpu_hit * unit_tokens
-
-            next_store = 0
-            cpu_hit_tokens = 0
-            if n_chunks * tpc - local >= tpc:
-                start = local // tpc
-                count, _pending = lookup_prefix(chunk_keys[start:])
-                hit_tokens = tpc * (start + count) - local
-                if hit_tokens >= tpc:
-                    load_keys = chunk_keys[start : start + count]
-                    manager.prepare_load(load_keys, ctx)
-                    manager.complete_load(load_keys, ctx)
-                    cpu_hit_tokens = hit_tokens
-                    next_store = start + count
-
             store_chunks = n_chunks
             if gpu_on:
+                if unit_keys:
+                    gpu_hit = gpu.match_prefix(unit_keys, (input_tokens - 1) // unit_tokens)
                 needed = -(-input_tokens // unit_tokens)
                 held = gpu.acquire_cached(unit_keys[:gpu_hit]) if gpu_hit else []
                 fresh = gpu.allocate(min(needed, gpu_blocks) - gpu_hit) or []
                 allocated_units = gpu_hit + len(fresh)
                 store_chunks = min(n_chunks, allocated_units * unit_tokens // tpc)
 
-            stored = evicted = 0
-            failed = False
-            if store_chunks > next_store:
-                if prefill_step:
-                    # chunked prefill: chunks are offered in the step that schedules their
-                    # last token; a failed offer is retried, with the new chunks, next step
-                    computed = min(local + cpu_hit_tokens, input_tokens - 1)
-                    bounds = [min(store_chunks, min(end, input_tokens) // tpc)
-                              for end in range(computed + prefill_step, input_tokens + prefill_step, prefill_step)]
-                else:
-                    bounds = (store_chunks,)
-                for upto in bounds:
-                    if upto <= next_store:
-                        continue
-                    out = prepare_store(chunk_keys[next_store:upto], ctx)
-                    if out is None:
-                        failed = True
-                        n_fail += 1
-                        continue
-                    next_store = upto
-                    if out.keys_to_store:
-                        stored += len(out.keys_to_store)
-                        evicted += len(out.evicted_keys)
-                        manager.complete_store(out.keys_to_store, ctx)
-            manager.on_request_finished(ctx)
+            cpu_hit_tokens, stored, evicted, failed, skipped = serve(
+                req.request_id, chunk_keys, gpu_hit * unit_tokens, store_chunks, input_tokens)
 
             if gpu_on:
                 complete_fresh = min(len(unit_keys), allocated_units) - gpu_hit
@@ -152,12 +129,11 @@ class CacheReplay:
             n_cpu += cpu_units
             n_stored += stored
             n_evicted += evicted
+            n_fail += failed
             if row_sink is not None:
-                skipped_now = counters.stores_skipped if counters is not None else 0
                 row_sink((req.request_id, req.arrival_s, input_tokens, len(unit_keys), gpu_hit,
                           cpu_units, stored * units_per_chunk, evicted * units_per_chunk,
-                          (skipped_now - skipped_before) * units_per_chunk, failed))
-                skipped_before = skipped_now
+                          skipped * units_per_chunk, failed > 0))
 
         t["requests"] += n_req
         t["prompt_tokens"] += n_tokens
@@ -172,8 +148,8 @@ class CacheReplay:
     def summary(self) -> dict[str, Any]:
         t = self.totals
         cfg = self.config
-        m = self.manager
-        counters = getattr(m, "counters", None)
+        tier = self.tier
+        counters = tier.counters
         upc = self.layout.units_per_chunk
         blocks = t["prompt_blocks"]
         ratio = (lambda x: x / blocks) if blocks else (lambda x: 0.0)
@@ -198,10 +174,11 @@ class CacheReplay:
             "cpu_chunks": cfg.num_chunks,
             "chunk_tokens": cfg.chunk_tokens,
             "chunk_bytes": chunk_bytes,
-            "cpu_resident_chunks": getattr(m, "num_resident", None),
+            "cpu_resident_chunks": tier.num_resident,
             "gpu_blocks": cfg.gpu_blocks,
             "gpu_evictions": self.gpu.evictions,
             "policy": cfg.policy,
+            "tier": "fused-lru" if isinstance(self.tier, FusedLRUTier) else "protocol",
             "admission": "threshold" if cfg.store_threshold >= 2 and cfg.admission == "always" else cfg.admission,
             "store_threshold": cfg.store_threshold,
         }

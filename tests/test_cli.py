@@ -42,6 +42,20 @@ def test_replay_json_parses():
     assert 0 <= summary["cpu_hit_ratio"] <= 1
 
 
+def test_no_fused_runs_the_protocol_with_the_same_results(tmp_path):
+    out = {}
+    for flag in ("--fused", "--no-fused"):
+        csv_path = tmp_path / f"{flag}.csv"
+        res = CliRunner().invoke(cli, ["replay", TRACE, "--cpu-chunks", "300",
+                                       "--json", flag, "--requests-csv", str(csv_path)])
+        assert res.exit_code == 0, res.output
+        out[flag] = json.loads(res.output), csv_path.read_text()
+    (fused, fused_rows), (protocol, protocol_rows) = out["--fused"], out["--no-fused"]
+    assert (fused.pop("tier"), protocol.pop("tier")) == ("fused-lru", "protocol")
+    assert fused == protocol and fused_rows == protocol_rows
+    assert fused["chunks_evicted"] > 0 and fused["cpu_hit_blocks"] > 0
+
+
 def test_requests_csv_has_one_row_per_request(tmp_path):
     out = tmp_path / "rows.csv"
     res = CliRunner().invoke(cli, ["replay", TRACE, "--cpu-chunks", "50", "--requests-csv", str(out),

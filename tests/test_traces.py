@@ -382,6 +382,15 @@ def test_hash_ids_length_consistency(tmp_path, ids, ok):
         assert "input_length=1100" in msg and "2 or 3" in msg
 
 
+def test_repeated_block_id_is_rejected(tmp_path):
+    # prefix-chained ids never repeat within a prompt; a repeat would alias two blocks
+    p = _write(tmp_path / "m.jsonl", [MOON_LINE, dict(MOON_LINE, hash_ids=[4, 5, 4])])
+    assert _err(p, 2) == (f"{p}:2: field 'hash_ids': id 4 repeats (elements 0 and 2); block ids are "
+                          "prefix-chained and never repeat within a request")
+    with pytest.raises(InputError, match=r"^mem: request 3: block_hashes: id 9 repeats \(elements 1 and 2\)"):
+        Trace.from_requests([Request(3, 0.0, 48, 1, (8, 9, 9))], 16, name="mem")
+
+
 @pytest.mark.parametrize(
     "field",
     [

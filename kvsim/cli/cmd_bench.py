@@ -55,7 +55,7 @@ def bench_command(trace: str | None, cpu_chunks: int, policies: str, repeat: int
                f"read in {read_s:.2f} s ({blocks / read_s:,.0f} blocks/s)")
     shown = table.copy()
     shown["blocks_per_s"] = shown["blocks_per_s"].map(lambda v: f"{v:,.0f}")
-    for col in ("seconds", "vs_kvsim_lru", "cpu_hit_ratio", "kvsim_speedup"):
+    for col in ("seconds", "vs_kvsim_lru", "vs_protocol_lru", "cpu_hit_ratio", "kvsim_speedup"):
         if col in shown:
             shown[col] = shown[col].map(lambda v: "" if v != v or v is None else f"{v:.3f}")
     click.echo(shown.fillna("").to_string(index=False))

@@ -37,9 +37,12 @@ from kvsim.replay import REQUEST_COLUMNS, CacheReplay
               help="Progress bar on stderr (default: when stderr is a terminal).")
 @click.option("--protocol", type=click.Choice(["prefix", "object"]), default="prefix", show_default=True,
               help="prefix: vLLM's connector; object: every chunk is a get, a miss inserts it.")
+@click.option("--fused/--no-fused", default=True, show_default=True,
+              help="lru: the fused one-request-at-a-time tier, or the full manager protocol "
+                   "(the same decisions, about 5x slower; for cross-checking).")
 def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv: str | None,
                    as_json: bool, show_progress: bool | None, vllm_config: str | None,
-                   protocol: str = "prefix", **kwargs) -> None:
+                   protocol: str = "prefix", fused: bool = True, **kwargs) -> None:
     """Replay TRACE in cache mode: requests one at a time, no timing.
 
     Prints prompt blocks, GPU / CPU / combined hit ratios, chunks stored, evicted and
@@ -63,7 +66,9 @@ def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv:
         summary = replay_config(tr, config, protocol)
         echo_summary({"trace": trace, **summary}, as_json, "kvsim replay (object protocol)")
         return
-    run = CacheReplay(config, requests_for_future=tr)  # read only by policies that need the future
+    # the trace is read for its future only by policies that need it; other policies than
+    # kvsim's lru always run the protocol, so --fused is a default, not a demand
+    run = CacheReplay(config, requests_for_future=tr, fused=None if fused else False)
     if show_progress is None:
         show_progress = sys.stderr.isatty()
     requests = progress(tr, count_lines(trace, limit), "replaying", show_progress)

@@ -34,6 +34,22 @@ class Request:
         return n if n < m else m
 
 
+def repeated_block_id(ids: tuple[int, ...] | list[int]) -> str | None:
+    """Describe the first id that repeats within one request, or None.
+
+    Prefix-chained ids never repeat inside a prompt (equal ids mean equal prefixes, hence
+    equal lengths); a repeat would make two blocks of one request share a cache entry.
+    """
+    if len(set(ids)) == len(ids):
+        return None
+    first: dict[int, int] = {}
+    for i, h in enumerate(ids):
+        if h in first:
+            return f"id {h} repeats (elements {first[h]} and {i}); block ids are prefix-chained and never repeat within a request"
+        first[h] = i
+    return None
+
+
 @dataclass(frozen=True)
 class TraceInfo:
     """Where a trace comes from and how to read its block ids."""
@@ -65,6 +81,12 @@ class Trace:
     ) -> Trace:
         """An in-memory trace over ``requests`` (kept as given, including their request_id)."""
         reqs = list(requests)
+        for r in reqs:
+            problem = repeated_block_id(r.block_hashes)
+            if problem is not None:
+                from kvsim.errors import InputError
+
+                raise InputError(f"request {r.request_id}: block_hashes: {problem}", source=name)
         info = TraceInfo(
             path=name,
             format="native",

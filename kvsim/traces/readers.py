@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 
 from ..errors import InputError
-from .model import Request, Trace, TraceInfo
+from .model import Request, Trace, TraceInfo, repeated_block_id
 
 TRACE_FORMATS: tuple[str, ...] = ("mooncake", "bailian", "azure", "native")
 
@@ -171,6 +171,9 @@ def _check_ids(
             )
     if ids or not allow_empty:
         _check_len(len(ids), n_tokens, key, len_key, bt, path, lineno)
+    problem = repeated_block_id(ids)
+    if problem is not None:
+        raise InputError(f"field '{key}': {problem}", source=path, line=lineno)
     return tuple(ids)
 
 
@@ -249,6 +252,7 @@ def _mooncake_parser(bt: int):
             and 0 <= ts < _INF
             and (n == inp // bt or n == -(-inp // bt))
             and all(type(h) is int for h in ids)
+            and len(set(ids)) == n
         ):
             return ts / 1000.0, inp, out, tuple(ids), None
         if type(d) is not dict:
@@ -290,6 +294,7 @@ def _bailian_parser(bt: int):
             and 0 <= ts < _INF
             and (n == inp // bt or n == -(-inp // bt))
             and all(type(h) is int for h in ids)
+            and len(set(ids)) == n
         ):
             return float(ts), inp, out, tuple(ids), cid
         if type(d) is not dict:
@@ -356,6 +361,7 @@ def _native_parser(bt: int):
             and (sid is None or type(sid) is int)
             and (n == inp // bt or n == -(-inp // bt) or n == 0)
             and all(type(h) is int for h in ids)
+            and len(set(ids)) == n
         ):
             return float(ts), inp, out, tuple(ids), sid
         if type(d) is not dict:
