@@ -20,9 +20,8 @@ tier's on random traces and configurations (and vLLM's own manager's when import
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import repeat
 
 from kvsim.context import RequestContext
 from kvsim.offload import ManagerCounters
@@ -75,7 +74,8 @@ class FusedLRUTier:
             hit_tokens = tpc * (start + count) - local_tokens
             if hit_tokens >= tpc:
                 loaded = keys[start : start + count]
-                deque(map(order.__delitem__, loaded), maxlen=0)  # raised to provisional
+                for key in loaded:  # raised to provisional (a plain loop beats map on an OrderedDict)
+                    del order[key]
                 mine = set(loaded)
                 counters.loaded_chunks += count
                 cpu_hit_tokens = hit_tokens
@@ -91,14 +91,17 @@ class FusedLRUTier:
                 offer = keys[next_store:upto]
                 if self._records:
                     self.admission.record_offer(offer)
-                if any(map(order.__contains__, offer)):
+                reused = any(map(order.__contains__, offer))
+                if reused:
                     # resident ready keys are reuse: recorded, raised to provisional
-                    reused = list(filter(order.__contains__, offer))
-                    deque(map(order.__delitem__, reused), maxlen=0)
+                    found = list(filter(order.__contains__, offer))
+                    for key in found:
+                        del order[key]
                     if mine is None:
                         mine = set()
-                    mine.update(reused)
-                to_store = [k for k in offer if k not in mine] if mine else list(offer)
+                    mine.update(found)
+                # an offer holds keys of this request only after reuse or a failed offer
+                to_store = [k for k in offer if k not in mine] if (reused or failed) and mine else offer
                 if self._filters and to_store:
                     candidates = len(to_store)
                     to_store = self.admission.admit(to_store, self._context(req_id, keys))
@@ -113,7 +116,11 @@ class FusedLRUTier:
                 resident = len(order) + (len(mine) if mine else 0)
                 need = n - (self.num_chunks - resident)
                 if need > 0:
-                    if need > resident or not self._evict(need, mine, offer, keys):
+                    if need <= len(order):  # the common case: the least recent committed keys
+                        popitem = order.popitem
+                        for _ in range(need):
+                            popitem(False)
+                    elif need > resident or not self._evict(need, mine, offer, keys):
                         counters.allocation_failures += 1
                         failed += 1
                         continue
@@ -127,20 +134,20 @@ class FusedLRUTier:
                 counters.stored_chunks += n
                 next_store = upto
 
-        if mine:
+        if mine:  # commit tail first, so the head is the most recent
             if len(mine) == n_chunks:
-                order.update(zip(reversed(keys), repeat(None)))
+                for key in reversed(keys):
+                    order[key] = None
             else:
-                order.update(zip(filter(mine.__contains__, reversed(keys)), repeat(None)))
+                for key in reversed(keys):
+                    if key in mine:
+                        order[key] = None
         return cpu_hit_tokens, stored, evicted, failed, skipped
 
     def _evict(self, need: int, mine: set | None, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
-        """Free ``need`` chunks, all or nothing: committed keys oldest first, then the
-        running request's own keys tail first, never one of the current offer."""
+        """Free ``need`` (more than the committed) chunks, all or nothing: every committed
+        key, then the running request's own keys tail first, never one of the current offer."""
         order = self._order
-        if need <= len(order):
-            deque(map(order.popitem, repeat(False, need)), maxlen=0)
-            return True
         if not mine:
             return False
         protected = set(offer)

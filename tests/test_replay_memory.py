@@ -25,8 +25,9 @@ def _hot(n: int):
 
 
 def _peak_bytes(stream, n: int, policy: str) -> int:
-    cfg = OffloadOptions(cpu_chunks=500, model=None, gpu_blocks=200, policy=policy).resolve(512)
-    run = CacheReplay(cfg)
+    name, _, tier = policy.partition("/")
+    cfg = OffloadOptions(cpu_chunks=500, model=None, gpu_blocks=200, policy=name).resolve(512)
+    run = CacheReplay(cfg, fused=False if tier == "protocol" else None)
     tracemalloc.start()
     run.run(stream(n))
     peak = tracemalloc.get_traced_memory()[1]
@@ -35,7 +36,7 @@ def _peak_bytes(stream, n: int, policy: str) -> int:
     return peak
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("policy", ["lru", "lru/protocol", "arc"])
 @pytest.mark.parametrize("stream", [_churn, _hot])
 def test_peak_memory_does_not_grow_with_the_trace(stream, policy):
     short, long = _peak_bytes(stream, 1_000, policy), _peak_bytes(stream, 8_000, policy)
