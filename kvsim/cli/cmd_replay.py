@@ -39,7 +39,7 @@ from kvsim.replay import REQUEST_COLUMNS, CacheReplay
               help="prefix: vLLM's connector; object: every chunk is a get, a miss inserts it.")
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="lru: the fused one-request-at-a-time tier, or the full manager protocol "
-                   "(the same decisions, about 5x slower; for cross-checking).")
+                   "(the same decisions, several times slower; for cross-checking).")
 def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv: str | None,
                    as_json: bool, show_progress: bool | None, vllm_config: str | None,
                    protocol: str = "prefix", fused: bool = True, **kwargs) -> None:
