@@ -23,7 +23,8 @@ from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
 from kvsim.offload import OffloadManager
 from kvsim.policies.admission.base import AdmissionPolicy
-from kvsim.policies.registry import make_admission, make_eviction_policy
+from kvsim.policies.lru import LRUPolicy
+from kvsim.policies.registry import eviction_policy_class, make_admission, make_eviction_policy
 from kvsim.replay_fused import FusedLRUTier
 from kvsim.replay_protocol import ProtocolTier
 from kvsim.traces.model import Request
@@ -66,7 +67,7 @@ class CacheReplay:
                  requests_for_future: Iterable[Request] | None = None, *, fused: bool | None = None) -> None:
         self.config = config
         self.layout = config.layout
-        can_fuse = manager is None and config.policy == "lru" and config.policy_module is None
+        can_fuse = manager is None and eviction_policy_class(config.policy, config.policy_module) is LRUPolicy
         if fused and not can_fuse:
             raise ValueError("the fused tier runs kvsim's own 'lru' only, without a manager of the caller's")
         if can_fuse and fused is not False:
