@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from kvsim.config import OffloadOptions
-from kvsim.replay import CacheReplay
+from kvsim.replay import CacheReplay, fused_tier_class
 from kvsim.traces import Request
 from kvsim.vllm_driver import VllmManagerDriver, vllm_available
 
@@ -36,8 +36,8 @@ def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: 
     rate (``vs_kvsim_lru``: pass lru first) and to LRU through the full protocol
     (``vs_protocol_lru``), hit ratio.
 
-    For ``lru`` the fused tier (engine ``kvsim``) is timed against the full manager
-    protocol (engine ``kvsim-protocol``) and both must make the same per-request decisions.
+    For ``lru`` and ``arc`` the fused tier (engine ``kvsim``) is timed against the full
+    manager protocol (engine ``kvsim-protocol``), which must make the same per-request decisions.
     ``with_vllm=None`` drives vLLM's ``CPUOffloadingManager`` too when vLLM is importable
     (lru and arc only), and checks that it makes kvsim's per-request decisions.
     """
@@ -72,7 +72,7 @@ def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: 
         cfg = opts.with_(policy=policy).resolve(block_tokens)
         ours = timed("kvsim", policy, lambda cfg=cfg: CacheReplay(cfg, requests_for_future=requests),
                      repeat, None)
-        if policy == "lru":
+        if fused_tier_class(cfg) is not None:
             timed("kvsim-protocol", policy, lambda cfg=cfg: CacheReplay(cfg, fused=False), repeat, ours)
         if with_vllm and policy in ("lru", "arc"):
             timed("vllm-0.33", policy,

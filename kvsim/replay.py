@@ -23,9 +23,11 @@ from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
 from kvsim.offload import OffloadManager
 from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
 from kvsim.policies.registry import eviction_policy_class, make_admission, make_eviction_policy
-from kvsim.replay_fused import FusedLRUTier
+from kvsim.replay_fused import FusedLRUTier, FusedTier
+from kvsim.replay_fused_arc import FusedARCTier
 from kvsim.replay_protocol import ProtocolTier
 from kvsim.traces.model import Request
 
@@ -55,23 +57,33 @@ def build_admission(config: CacheConfig) -> AdmissionPolicy | None:
     )
 
 
+#: policy class -> its fused tier (exact classes: a user's subclass runs the protocol)
+FUSED_TIERS: dict[type, type[FusedTier]] = {LRUPolicy: FusedLRUTier, ARCPolicy: FusedARCTier}
+
+
+def fused_tier_class(config: CacheConfig) -> type[FusedTier] | None:
+    """The fused tier for the configured policy, if it has one."""
+    return FUSED_TIERS.get(eviction_policy_class(config.policy, config.policy_module))
+
+
 class CacheReplay:
     """Drives one CPU tier (kvsim's, or an adapter around vLLM's manager) through a trace.
 
-    ``fused=None`` picks :class:`~kvsim.replay_fused.FusedLRUTier` for kvsim's own ``lru``
-    (the same decisions, several times faster) and the full manager protocol otherwise;
-    ``fused=False`` always runs the protocol.
+    ``fused=None`` picks the fused tier (:mod:`kvsim.replay_fused`: the same decisions,
+    several times faster) for kvsim's own ``lru`` and ``arc``, and the full manager
+    protocol otherwise; ``fused=False`` always runs the protocol.
     """
 
     def __init__(self, config: CacheConfig, manager: Any | None = None,
                  requests_for_future: Iterable[Request] | None = None, *, fused: bool | None = None) -> None:
         self.config = config
         self.layout = config.layout
-        can_fuse = manager is None and eviction_policy_class(config.policy, config.policy_module) is LRUPolicy
-        if fused and not can_fuse:
-            raise ValueError("the fused tier runs kvsim's own 'lru' only, without a manager of the caller's")
-        if can_fuse and fused is not False:
-            self.tier: ProtocolTier | FusedLRUTier = FusedLRUTier(
+        fused_tier = fused_tier_class(config) if manager is None else None
+        if fused and fused_tier is None:
+            raise ValueError("the fused tier runs kvsim's own 'lru' and 'arc' only, "
+                             "without a manager of the caller's")
+        if fused_tier is not None and fused is not False:
+            self.tier: ProtocolTier | FusedTier = fused_tier(
                 config.num_chunks, config.chunk_tokens, config.prefill_chunk_tokens, build_admission(config))
             self.manager = None
         else:
@@ -179,7 +191,7 @@ class CacheReplay:
             "gpu_blocks": cfg.gpu_blocks,
             "gpu_evictions": self.gpu.evictions,
             "policy": cfg.policy,
-            "tier": "fused-lru" if isinstance(self.tier, FusedLRUTier) else "protocol",
+            "tier": getattr(self.tier, "name", "protocol"),
             "admission": "threshold" if cfg.store_threshold >= 2 and cfg.admission == "always" else cfg.admission,
             "store_threshold": cfg.store_threshold,
         }

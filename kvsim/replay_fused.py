@@ -1,27 +1,25 @@
-"""vLLM 0.33's manager with its LRU, fused for requests that run one at a time.
+"""vLLM 0.33's manager and its policies, fused for requests that run one at a time.
 
 Cache mode never overlaps two requests, and that collapses most of the protocol's
-bookkeeping: between requests every resident chunk is ready and unpinned and carries a
-committed rank; during a request only its own chunks are provisional. So the whole state
-is one ordered dict of committed keys (least recent first) plus the running request's
-resident keys, and each request costs a few C-level dict operations per chunk instead of
-a dozen protocol calls. The decisions are those of :class:`~kvsim.offload.OffloadManager`
-with :class:`~kvsim.policies.lru.LRUPolicy` (vLLM's LRU, §3.2):
+bookkeeping: between requests every resident chunk is ready and unpinned, and when a
+request prepares a store its loads are complete, so nothing is pinned and only the offer
+is protected. Ref counts, pending writes, chunk ids and per-request access records reduce
+to a few sets, and each request costs a few C-level dict operations per chunk instead of
+a dozen protocol calls.
 
-* a running request's keys are newer than every committed key (its provisional rank
-  dates from its first access), and among themselves the tail is oldest;
-* eviction takes committed keys oldest first, then the request's own keys tail first,
-  never one of the current offer (all chunks are unpinned when a store is prepared);
-* at finish the request's resident keys are committed tail first, so the head is newest.
-
-``tests/test_replay_fused.py`` checks that rows and final order equal the protocol
-tier's on random traces and configurations (and vLLM's own manager's when importable).
+:class:`FusedTier` is the connector's per-request sequence (lookup, load, offers with
+admission and all-or-nothing allocation, finish) written once; a subclass keeps one
+policy's state and makes the decisions of :class:`~kvsim.offload.OffloadManager` with
+that policy. ``tests/test_replay_fused.py`` checks rows, summary, final eviction order
+and counters against the protocol tier on random traces and configurations (and against
+vLLM's own manager when it is importable).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import ClassVar
 
 from kvsim.context import RequestContext
 from kvsim.offload import ManagerCounters
@@ -30,8 +28,10 @@ from kvsim.policies.base import Key
 from kvsim.replay_protocol import offer_bounds
 
 
-class FusedLRUTier:
-    """The CPU tier of cache-mode replay with vLLM's LRU, one request at a time."""
+class FusedTier:
+    """The CPU tier of cache-mode replay, one request at a time; subclasses add a policy."""
+
+    name: ClassVar[str] = "fused"
 
     def __init__(self, num_chunks: int, chunk_tokens: int, prefill_step: int | None,
                  admission: AdmissionPolicy | None = None) -> None:
@@ -44,39 +44,57 @@ class FusedLRUTier:
         self._records = self.admission.records_offers
         self._filters = type(self.admission).admit is not AdmissionPolicy.admit
         self.counters = ManagerCounters()
-        self._order: OrderedDict[Key, None] = OrderedDict()  # committed keys, least recent first
+
+    # --- the policy's part ---
 
     @property
     def num_resident(self) -> int:
-        return len(self._order)
+        raise NotImplementedError
 
     def resident_keys(self) -> list[Key]:
-        """Resident keys, least recently used first (the eviction order)."""
-        return list(self._order)
+        """Resident keys in eviction order (the next victim first)."""
+        raise NotImplementedError
+
+    def _lookup(self, keys: Sequence[Key]) -> int:
+        """How many leading keys are resident (the connector's scan)."""
+        raise NotImplementedError
+
+    def _load(self, keys: Sequence[Key]) -> None:
+        """The request loads these resident keys (recorded as reuse)."""
+
+    def _offer(self, offer: Sequence[Key], retry: bool) -> list[Key]:
+        """Record the offer's resident keys as reuse; return the others (store candidates).
+        ``retry``: an offer of this request failed before."""
+        raise NotImplementedError
+
+    def _candidates(self, keys: Sequence[Key]) -> None:
+        """The admitted store candidates of one offer, before allocation (a store miss)."""
+
+    def _evict(self, need: int, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
+        """Free ``need`` chunks, all or nothing, never one of ``offer``."""
+        raise NotImplementedError
+
+    def _insert(self, keys: list[Key]) -> None:
+        raise NotImplementedError
+
+    def _finish(self, keys: Sequence[Key]) -> None:
+        """Commit the request's accesses; ``keys`` are all its chunk keys, head first."""
+
+    # --- the connector's part ---
 
     def serve(self, req_id: object, keys: Sequence[Key], local_tokens: int, store_chunks: int,
               input_tokens: int) -> tuple[int, int, int, int, int]:
         """Returns ``(cpu_hit_tokens, stored, evicted, failed_offers, skipped)`` in chunks."""
-        order = self._order
         tpc = self.chunk_tokens
         counters = self.counters
-        n_chunks = len(keys)
-        mine: set | None = None  # the request's resident keys (provisional ranks)
         next_store = 0
         cpu_hit_tokens = 0
-        if n_chunks * tpc - local_tokens >= tpc:
+        if len(keys) * tpc - local_tokens >= tpc:
             start = local_tokens // tpc
-            count = 0
-            for key in keys[start:] if start else keys:
-                if key not in order:
-                    break
-                count += 1
+            count = self._lookup(keys[start:] if start else keys)
             hit_tokens = tpc * (start + count) - local_tokens
             if hit_tokens >= tpc:
-                loaded = keys[start : start + count]
-                for key in loaded:  # raised to provisional (a plain loop beats map on an OrderedDict)
-                    del order[key]
-                mine = set(loaded)
+                self._load(keys[start : start + count])
                 counters.loaded_chunks += count
                 cpu_hit_tokens = hit_tokens
                 next_store = start + count
@@ -91,17 +109,7 @@ class FusedLRUTier:
                 offer = keys[next_store:upto]
                 if self._records:
                     self.admission.record_offer(offer)
-                reused = any(map(order.__contains__, offer))
-                if reused:
-                    # resident ready keys are reuse: recorded, raised to provisional
-                    found = list(filter(order.__contains__, offer))
-                    for key in found:
-                        del order[key]
-                    if mine is None:
-                        mine = set()
-                    mine.update(found)
-                # an offer holds keys of this request only after reuse or a failed offer
-                to_store = [k for k in offer if k not in mine] if (reused or failed) and mine else offer
+                to_store = self._offer(offer, failed > 0)
                 if self._filters and to_store:
                     candidates = len(to_store)
                     to_store = self.admission.admit(to_store, self._context(req_id, keys))
@@ -111,45 +119,93 @@ class FusedLRUTier:
                 if not to_store:
                     next_store = upto
                     continue
+                self._candidates(to_store)
                 n = len(to_store)
                 counters.allocation_sizes.observe(n)
-                resident = len(order) + (len(mine) if mine else 0)
+                resident = self.num_resident
                 need = n - (self.num_chunks - resident)
                 if need > 0:
-                    if need <= len(order):  # the common case: the least recent committed keys
-                        popitem = order.popitem
-                        for _ in range(need):
-                            popitem(False)
-                    elif need > resident or not self._evict(need, mine, offer, keys):
+                    if need > resident or not self._evict(need, offer, keys):
                         counters.allocation_failures += 1
                         failed += 1
                         continue
                     evicted += need
                     counters.evicted_chunks += need
-                if mine is None:
-                    mine = set(to_store)
-                else:
-                    mine.update(to_store)
+                self._insert(to_store)
                 stored += n
                 counters.stored_chunks += n
                 next_store = upto
-
-        if mine:  # commit tail first, so the head is the most recent
-            if len(mine) == n_chunks:
-                for key in reversed(keys):
-                    order[key] = None
-            else:
-                for key in reversed(keys):
-                    if key in mine:
-                        order[key] = None
+        self._finish(keys)
         return cpu_hit_tokens, stored, evicted, failed, skipped
 
-    def _evict(self, need: int, mine: set | None, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
-        """Free ``need`` (more than the committed) chunks, all or nothing: every committed
-        key, then the running request's own keys tail first, never one of the current offer."""
+    def _context(self, req_id: object, keys: Sequence[Key]) -> RequestContext:
+        tpc = self.chunk_tokens
+        return RequestContext(req_id, dict(zip(keys, range(tpc, (len(keys) + 1) * tpc, tpc))))
+
+
+class FusedLRUTier(FusedTier):
+    """vLLM's LRU (§3.2) one request at a time.
+
+    * a running request's keys are newer than every committed key (its provisional rank
+      dates from its first access), and among themselves the tail is oldest;
+    * eviction takes committed keys oldest first, then the request's own keys tail first;
+    * at finish the request's resident keys are committed tail first, so the head is newest.
+
+    So the state is one ordered dict of committed keys, least recent first, and the set of
+    the running request's resident keys, which leave the dict while the request runs.
+    (Plain loops beat ``map`` over an OrderedDict's methods here.)
+    """
+
+    name = "fused-lru"
+
+    def __init__(self, num_chunks: int, chunk_tokens: int, prefill_step: int | None,
+                 admission: AdmissionPolicy | None = None) -> None:
+        super().__init__(num_chunks, chunk_tokens, prefill_step, admission)
+        self._order: OrderedDict[Key, None] = OrderedDict()  # committed keys, least recent first
+        self._mine: set[Key] = set()  # the running request's resident keys (provisional ranks)
+
+    @property
+    def num_resident(self) -> int:
+        return len(self._order) + len(self._mine)
+
+    def resident_keys(self) -> list[Key]:
+        return list(self._order)  # between requests every resident key is committed
+
+    def _lookup(self, keys: Sequence[Key]) -> int:
         order = self._order
-        if not mine:
-            return False
+        count = 0
+        for key in keys:
+            if key not in order:
+                break
+            count += 1
+        return count
+
+    def _load(self, keys: Sequence[Key]) -> None:
+        order = self._order
+        for key in keys:  # raised to provisional
+            del order[key]
+        self._mine.update(keys)
+
+    def _offer(self, offer: Sequence[Key], retry: bool) -> list[Key]:
+        order = self._order
+        mine = self._mine
+        reused = any(map(order.__contains__, offer))
+        if reused:  # resident ready keys are reuse: raised to provisional
+            found = list(filter(order.__contains__, offer))
+            for key in found:
+                del order[key]
+            mine.update(found)
+        # an offer holds keys of this request only after reuse or a failed offer
+        return [k for k in offer if k not in mine] if reused or retry else offer
+
+    def _evict(self, need: int, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
+        order = self._order
+        if need <= len(order):  # the common case: the least recent committed keys
+            popitem = order.popitem
+            for _ in range(need):
+                popitem(False)
+            return True
+        mine = self._mine
         protected = set(offer)
         own = [k for k in reversed(keys) if k in mine and k not in protected]  # tail first
         rest = need - len(order)
@@ -159,6 +215,19 @@ class FusedLRUTier:
         mine.difference_update(own[:rest])
         return True
 
-    def _context(self, req_id: object, keys: Sequence[Key]) -> RequestContext:
-        tpc = self.chunk_tokens
-        return RequestContext(req_id, dict(zip(keys, range(tpc, (len(keys) + 1) * tpc, tpc))))
+    def _insert(self, keys: list[Key]) -> None:
+        self._mine.update(keys)
+
+    def _finish(self, keys: Sequence[Key]) -> None:
+        mine = self._mine
+        if not mine:
+            return
+        order = self._order
+        if len(mine) == len(keys):  # commit tail first, so the head is the most recent
+            for key in reversed(keys):
+                order[key] = None
+        else:
+            for key in reversed(keys):
+                if key in mine:
+                    order[key] = None
+        mine.clear()
