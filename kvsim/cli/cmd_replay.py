@@ -38,7 +38,7 @@ from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 @click.option("--protocol", type=click.Choice(["prefix", "object"]), default="prefix", show_default=True,
               help="prefix: vLLM's connector; object: every chunk is a get, a miss inserts it.")
 @click.option("--fused/--no-fused", default=True, show_default=True,
-              help="lru: the fused one-request-at-a-time tier, or the full manager protocol "
+              help="lru, arc: the fused one-request-at-a-time tier, or the full manager protocol "
                    "(the same decisions, several times slower; for cross-checking).")
 def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv: str | None,
                    as_json: bool, show_progress: bool | None, vllm_config: str | None,
@@ -67,7 +67,7 @@ def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv:
         echo_summary({"trace": trace, **summary}, as_json, "kvsim replay (object protocol)")
         return
     # the trace is read for its future only by policies that need it; other policies than
-    # kvsim's lru always run the protocol, so --fused is a default, not a demand
+    # kvsim's lru and arc always run the protocol, so --fused is a default, not a demand
     run = CacheReplay(config, requests_for_future=tr, fused=None if fused else False)
     if show_progress is None:
         show_progress = sys.stderr.isatty()
