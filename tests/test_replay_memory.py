@@ -36,7 +36,7 @@ def _peak_bytes(stream, n: int, policy: str) -> int:
     return peak
 
 
-@pytest.mark.parametrize("policy", ["lru", "lru/protocol", "arc"])
+@pytest.mark.parametrize("policy", ["lru", "lru/protocol", "arc", "arc/protocol"])
 @pytest.mark.parametrize("stream", [_churn, _hot])
 def test_peak_memory_does_not_grow_with_the_trace(stream, policy):
     short, long = _peak_bytes(stream, 1_000, policy), _peak_bytes(stream, 8_000, policy)
