@@ -15,11 +15,84 @@ from collections.abc import Iterable, Iterator, Sequence
 from kvsim.context import RequestContext, order_request_keys
 from kvsim.policies.base import Chunk, EvictionPolicy, Key
 
+_END = object()
+
 
 def _evictable_entries(entries: OrderedDict, protected: set) -> Iterator[tuple[Key, Chunk]]:
     for key, chunk in entries.items():
         if chunk.ref_cnt == 0 and key not in protected:
             yield key, chunk
+
+
+def adapt_to_ghost_hit(p: float, key: Key, b1: OrderedDict, b2: OrderedDict, capacity: int) -> float:
+    """vLLM's ghost adaptation: a B1 hit grows the T1 target, a B2 hit shrinks it; the
+    ghost moves to its list's MRU end. Returns the new target."""
+    if key in b1:
+        b1.move_to_end(key)
+        return min(p + max(1, len(b2) / len(b1)), capacity)
+    if key in b2:
+        b2.move_to_end(key)
+        return max(p - max(1, len(b1) / len(b2)), 0)
+    return p
+
+
+def finish_request(keys: Sequence[Key], insertion_only: set, reused: set,
+                   t1: OrderedDict, t2: OrderedDict) -> None:
+    """vLLM's ARC at a request's finish, tail first (``keys`` head first): a key it only
+    inserted moves to its list's MRU end (a store is no frequency hit); a key it reused is
+    promoted from T1, or moved within T2, to T2's MRU end. Other keys are left alone."""
+    for key in reversed(keys):
+        if key in insertion_only:
+            if key in t1:
+                t1.move_to_end(key)
+            elif key in t2:
+                t2.move_to_end(key)
+        elif key in reused:
+            if key in t1:
+                t2[key] = t1.pop(key)
+            elif key in t2:
+                t2.move_to_end(key)
+
+
+def retire_victims(picked: list, t1: OrderedDict, t2: OrderedDict, b1: OrderedDict, b2: OrderedDict,
+                   capacity: int) -> None:
+    """Move picked ``(key, from_t1)`` victims to their ghost list's MRU end, in pick order,
+    then cap B1 and B2 at ``capacity`` each (vLLM's variant), dropping their LRU ends."""
+    for key, from_t1 in picked:
+        if from_t1:
+            del t1[key]
+            b1[key] = None
+        else:
+            del t2[key]
+            b2[key] = None
+    for ghost in (b1, b2):
+        for _ in range(len(ghost) - capacity):
+            ghost.popitem(last=False)
+
+
+def pick_victims(n: int, t1_size: int, target: int, scan_t1: Iterator, scan_t2: Iterator) -> list | None:
+    """vLLM's walk: from T1 while its virtual size is at least ``int(p)``, else from T2, else
+    the T1 fallback; each scan (of evictable entries, in LRU order) is consumed once.
+    Returns ``[(entry, from_t1), ...]`` in pick order, or None when n cannot be found."""
+    picked = []
+    virtual_t1 = t1_size
+    for _ in range(n):
+        if virtual_t1 >= target:
+            entry = next(scan_t1, _END)
+            if entry is not _END:
+                picked.append((entry, True))
+                virtual_t1 -= 1
+                continue
+        entry = next(scan_t2, _END)
+        if entry is not _END:
+            picked.append((entry, False))
+            continue
+        entry = next(scan_t1, _END)  # T1 fallback
+        if entry is _END:
+            return None
+        picked.append((entry, True))
+        virtual_t1 -= 1
+    return picked
 
 
 class ARCPolicy(EvictionPolicy):
@@ -54,13 +127,7 @@ class ARCPolicy(EvictionPolicy):
             self.t2.pop(key, None)
 
     def _adapt_to_ghost_hit(self, key: Key) -> None:
-        b1, b2 = self.b1, self.b2
-        if key in b1:
-            self.p = min(self.p + max(1, len(b2) / len(b1)), self.capacity)
-            b1.move_to_end(key)
-        elif key in b2:
-            self.p = max(self.p - max(1, len(b1) / len(b2)), 0)
-            b2.move_to_end(key)
+        self.p = adapt_to_ghost_hit(self.p, key, self.b1, self.b2, self.capacity)
 
     def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
         if not self.b1 and not self.b2:
@@ -84,18 +151,7 @@ class ARCPolicy(EvictionPolicy):
 
     def on_request_finished(self, key_groups, insertion_only, reused, ctx) -> None:
         keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, ctx)
-        t1, t2 = self.t1, self.t2
-        for key in reversed(keys):
-            if key in insertion_only:
-                if key in t1:
-                    t1.move_to_end(key)
-                elif key in t2:
-                    t2.move_to_end(key)
-            elif key in reused:
-                if key in t1:
-                    t2[key] = t1.pop(key)
-                elif key in t2:
-                    t2.move_to_end(key)
+        finish_request(keys, insertion_only, reused, self.t1, self.t2)
 
     def clear(self) -> None:
         self.t1.clear()
@@ -107,39 +163,10 @@ class ARCPolicy(EvictionPolicy):
     def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
         if n == 0:
             return []
-        virtual_t1 = len(self.t1)
-        target = int(self.p)
-        scan_t1 = _evictable_entries(self.t1, protected)
-        scan_t2 = _evictable_entries(self.t2, protected)
-        picked: list[tuple[Key, Chunk, bool]] = []
-        for _ in range(n):
-            entry = None
-            if virtual_t1 >= target:
-                entry = next(scan_t1, None)
-                if entry is not None:
-                    picked.append((*entry, True))
-                    virtual_t1 -= 1
-                    continue
-            entry = next(scan_t2, None)
-            if entry is not None:
-                picked.append((*entry, False))
-                continue
-            entry = next(scan_t1, None)  # T1 fallback
-            if entry is None:
-                return None
-            picked.append((*entry, True))
-            virtual_t1 -= 1
-        victims = []
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
-        for key, chunk, from_t1 in picked:
-            if from_t1:
-                del t1[key]
-                b1[key] = None
-            else:
-                del t2[key]
-                b2[key] = None
-            victims.append((key, chunk))
-        for ghost in (b1, b2):
-            for _ in range(len(ghost) - self.capacity):
-                ghost.popitem(last=False)
-        return victims
+        picked = pick_victims(n, len(self.t1), int(self.p), _evictable_entries(self.t1, protected),
+                              _evictable_entries(self.t2, protected))
+        if picked is None:
+            return None
+        retire_victims([(key, from_t1) for (key, _), from_t1 in picked], self.t1, self.t2, self.b1, self.b2,
+                       self.capacity)
+        return [entry for entry, _ in picked]
