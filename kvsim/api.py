@@ -98,7 +98,7 @@ def replay(
     """Cache-mode replay (``protocol="object"``: every chunk key is a get, see
     :mod:`kvsim.object_cache`). Keywords are :class:`kvsim.config.OffloadOptions` fields, e.g.
     ``replay(path, cpu_gib=64, model="llama-3.1-8b", policy="arc", gpu_blocks=2000)``.
-    ``fused=False`` runs ``lru`` through the full manager protocol instead of the fused tier
+    ``fused=False`` runs ``lru`` and ``arc`` through the full manager protocol instead of their fused tiers
     (same decisions, slower); see :class:`kvsim.replay.CacheReplay`.
 
     Returns a Result whose ``summary`` holds the totals and ratios and whose ``requests``

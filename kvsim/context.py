@@ -30,6 +30,12 @@ class RequestContext:
         return f"RequestContext({self.req_id!r})"
 
 
+def chunk_positions(keys, chunk_tokens: int) -> dict:
+    """Each chunk key's token end position (chunk i ends at ``(i + 1) * chunk_tokens``), as
+    the connector records them for a prompt's chunks, head first."""
+    return dict(zip(keys, range(chunk_tokens, (len(keys) + 1) * chunk_tokens, chunk_tokens)))
+
+
 def order_request_keys(key_groups, ctx: RequestContext) -> list:
     """Flatten groups head-to-tail; sort by token position when every position is known."""
     keys = [k for group in key_groups for k in group]

@@ -191,7 +191,7 @@ class CacheReplay:
             "gpu_blocks": cfg.gpu_blocks,
             "gpu_evictions": self.gpu.evictions,
             "policy": cfg.policy,
-            "tier": getattr(self.tier, "name", "protocol"),
+            "tier": self.tier.name,
             "admission": "threshold" if cfg.store_threshold >= 2 and cfg.admission == "always" else cfg.admission,
             "store_threshold": cfg.store_threshold,
         }

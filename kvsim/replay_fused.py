@@ -17,18 +17,19 @@ vLLM's own manager when it is importable).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import ClassVar
 
-from kvsim.context import RequestContext
+from kvsim.context import RequestContext, chunk_positions
 from kvsim.offload import ManagerCounters
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Key
 from kvsim.replay_protocol import offer_bounds
 
 
-class FusedTier:
+class FusedTier(ABC):
     """The CPU tier of cache-mode replay, one request at a time; subclasses add a policy."""
 
     name: ClassVar[str] = "fused"
@@ -48,35 +49,39 @@ class FusedTier:
     # --- the policy's part ---
 
     @property
-    def num_resident(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def num_resident(self) -> int: ...
 
+    @abstractmethod
     def resident_keys(self) -> list[Key]:
         """Resident keys in eviction order (the next victim first)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _lookup(self, keys: Sequence[Key]) -> int:
         """How many leading keys are resident (the connector's scan)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _load(self, keys: Sequence[Key]) -> None:
         """The request loads these resident keys (recorded as reuse)."""
 
+    @abstractmethod
     def _offer(self, offer: Sequence[Key], retry: bool) -> list[Key]:
         """Record the offer's resident keys as reuse; return the others (store candidates).
         ``retry``: an offer of this request failed before."""
-        raise NotImplementedError
 
     def _candidates(self, keys: Sequence[Key]) -> None:
-        """The admitted store candidates of one offer, before allocation (a store miss)."""
+        """The admitted store candidates of one offer, before allocation (a store miss);
+        only policies that learn from store misses (ARC's ghosts) need it."""
 
+    @abstractmethod
     def _evict(self, need: int, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
         """Free ``need`` chunks, all or nothing, never one of ``offer``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _insert(self, keys: list[Key]) -> None:
-        raise NotImplementedError
+        """The admitted keys of a successful offer enter the tier."""
 
+    @abstractmethod
     def _finish(self, keys: Sequence[Key]) -> None:
         """Commit the request's accesses; ``keys`` are all its chunk keys, head first."""
 
@@ -101,9 +106,8 @@ class FusedTier:
 
         stored = evicted = failed = skipped = 0
         if store_chunks > next_store:
-            bounds = (store_chunks,) if not self.prefill_step else offer_bounds(
-                store_chunks, local_tokens + cpu_hit_tokens, input_tokens, tpc, self.prefill_step)
-            for upto in bounds:
+            for upto in offer_bounds(store_chunks, local_tokens + cpu_hit_tokens, input_tokens, tpc,
+                                     self.prefill_step):
                 if upto <= next_store:
                     continue
                 offer = keys[next_store:upto]
@@ -139,8 +143,7 @@ class FusedTier:
         return cpu_hit_tokens, stored, evicted, failed, skipped
 
     def _context(self, req_id: object, keys: Sequence[Key]) -> RequestContext:
-        tpc = self.chunk_tokens
-        return RequestContext(req_id, dict(zip(keys, range(tpc, (len(keys) + 1) * tpc, tpc))))
+        return RequestContext(req_id, chunk_positions(keys, self.chunk_tokens))
 
 
 class FusedLRUTier(FusedTier):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kvsim.context import chunk_positions
 from kvsim.policies.base import Key
 
 
@@ -30,6 +31,8 @@ def offer_bounds(store_chunks: int, computed_tokens: int, input_tokens: int, chu
 
 class ProtocolTier:
     """One request's CPU-tier calls (steps 2-5 of :mod:`kvsim.replay`) on a manager."""
+
+    name = "protocol"
 
     def __init__(self, manager: Any, chunk_tokens: int, prefill_step: int | None) -> None:
         self.manager = manager
@@ -55,7 +58,7 @@ class ProtocolTier:
         counters = self.counters
         skipped_before = counters.stores_skipped if counters is not None else 0
         n_chunks = len(keys)
-        ctx = manager.new_context(req_id, dict(zip(keys, range(tpc, (n_chunks + 1) * tpc, tpc))))
+        ctx = manager.new_context(req_id, chunk_positions(keys, tpc))
         manager.on_new_request(ctx)
 
         next_store = 0

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvsim.config import CacheConfig
-from kvsim.context import RequestContext
+from kvsim.context import RequestContext, chunk_positions
 from kvsim.engine.arrivals import arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
 from kvsim.engine.compute_model import ComputeParams, RooflineCompute, StepBatch
@@ -152,8 +152,7 @@ class Engine:
         chunk_keys = layout.chunk_keys(unit_keys)
         if chunk_keys is unit_keys:
             chunk_keys = list(unit_keys)
-        tpc = layout.chunk_tokens
-        positions = dict(zip(chunk_keys, range(tpc, (len(chunk_keys) + 1) * tpc, tpc)))
+        positions = chunk_positions(chunk_keys, layout.chunk_tokens)
         manager = self.manager
         ctx = manager.new_context(req.request_id, positions) if manager is not None \
             else RequestContext(req.request_id, positions)
