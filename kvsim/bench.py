@@ -46,7 +46,6 @@ def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: 
     if with_vllm is None:
         with_vllm = vllm_available()
     table: list[dict[str, Any]] = []
-    base_rate: list[float] = []
 
     def timed(engine: str, policy: str, make: Callable[[], CacheReplay], runs: int,
               reference: list | None) -> list:
@@ -58,10 +57,9 @@ def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: 
 
         seconds, summary = _best_time(run, runs)
         rate = blocks / seconds
-        if not base_rate:
-            base_rate.append(rate)  # the first row is the reference (the CLI puts lru first)
+        base_rate = table[0]["blocks_per_s"] if table else rate  # the first row (the CLI puts lru first)
         table.append({"engine": engine, "policy": policy, "seconds": seconds, "blocks": blocks,
-                      "blocks_per_s": rate, "vs_kvsim_lru": rate / base_rate[0],
+                      "blocks_per_s": rate, "vs_kvsim_lru": rate / base_rate,
                       "cpu_hit_ratio": summary["cpu_hit_ratio"],
                       "same_decisions": None if reference is None else rows == reference,
                       # how many times faster kvsim's default tier is than this engine

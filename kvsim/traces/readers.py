@@ -95,52 +95,31 @@ def _typename(v: object) -> str:
     }.get(type(v), type(v).__name__)
 
 
-def _check_nonneg_int(d: dict, key: str, path: str, lineno: int) -> int:
+def _check_field(d: dict, key: str, ok, want: str, path: str, lineno: int):
+    """``d[key]`` when present and ``ok(value)``; else a one-line InputError saying ``want``."""
     if key not in d:
         raise InputError(f"missing field '{key}'", source=path, line=lineno)
     v = d[key]
-    if type(v) is not int or v < 0:
-        raise InputError(
-            f"field '{key}' must be a non-negative integer, got {_show(v)}",
-            source=path,
-            line=lineno,
-        )
+    if not ok(v):
+        raise InputError(f"field '{key}' must be {want}, got {_show(v)}", source=path, line=lineno)
     return v
+
+
+def _check_nonneg_int(d: dict, key: str, path: str, lineno: int) -> int:
+    return _check_field(d, key, lambda v: type(v) is int and v >= 0, "a non-negative integer", path, lineno)
 
 
 def _check_int(d: dict, key: str, path: str, lineno: int) -> int:
-    if key not in d:
-        raise InputError(f"missing field '{key}'", source=path, line=lineno)
-    v = d[key]
-    if type(v) is not int:
-        raise InputError(
-            f"field '{key}' must be an integer, got {_show(v)}", source=path, line=lineno
-        )
-    return v
+    return _check_field(d, key, lambda v: type(v) is int, "an integer", path, lineno)
 
 
 def _check_time(d: dict, key: str, path: str, lineno: int) -> float:
-    if key not in d:
-        raise InputError(f"missing field '{key}'", source=path, line=lineno)
-    v = d[key]
-    if (type(v) is not int and type(v) is not float) or not (0 <= v < _INF):
-        raise InputError(
-            f"field '{key}' must be a non-negative finite number, got {_show(v)}",
-            source=path,
-            line=lineno,
-        )
-    return v
+    return _check_field(d, key, lambda v: (type(v) is int or type(v) is float) and 0 <= v < _INF,
+                        "a non-negative finite number", path, lineno)
 
 
 def _check_str(d: dict, key: str, path: str, lineno: int) -> str:
-    if key not in d:
-        raise InputError(f"missing field '{key}'", source=path, line=lineno)
-    v = d[key]
-    if type(v) is not str:
-        raise InputError(
-            f"field '{key}' must be a string, got {_show(v)}", source=path, line=lineno
-        )
-    return v
+    return _check_field(d, key, lambda v: type(v) is str, "a string", path, lineno)
 
 
 def _check_ids(
