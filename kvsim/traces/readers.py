@@ -181,6 +181,20 @@ def _not_object(d: object, path: str, lineno: int) -> InputError:
 RecordFields = tuple[float, int, int, tuple[int, ...], "int | None"]
 
 
+def _shared_fields_ok(ts, inp, out, ids, bt: int, allow_empty: bool = False) -> bool:
+    """The fast path's test of the fields every JSONL format has: time, lengths and block
+    ids (one per complete block, or also the partial one; distinct). False sends the
+    record to the slow path, which names the first problem."""
+    if type(inp) is not int or type(out) is not int or inp < 0 or out < 0:
+        return False
+    if not ((type(ts) is int or type(ts) is float) and 0 <= ts < _INF) or type(ids) is not list:
+        return False
+    n = len(ids)
+    if n != inp // bt and n != -(-inp // bt) and not (allow_empty and n == 0):
+        return False
+    return all(type(h) is int for h in ids) and len(set(ids)) == n
+
+
 def _iter_jsonl(path: str, limit: int | None, parse, *, header: bool = False) -> Iterator[Request]:
     """The JSONL loop every format shares: decode, skip blank lines, number the requests,
     stop at ``limit``, and reject a file with no request. ``header`` skips (after
@@ -221,18 +235,7 @@ def _mooncake_parser(bt: int):
             ids = d["hash_ids"]
         except (KeyError, TypeError, IndexError):
             ts = inp = out = ids = None
-        n = len(ids) if type(ids) is list else -1
-        if (
-            type(inp) is int
-            and type(out) is int
-            and inp >= 0
-            and out >= 0
-            and (type(ts) is int or type(ts) is float)
-            and 0 <= ts < _INF
-            and (n == inp // bt or n == -(-inp // bt))
-            and all(type(h) is int for h in ids)
-            and len(set(ids)) == n
-        ):
+        if _shared_fields_ok(ts, inp, out, ids, bt):
             return ts / 1000.0, inp, out, tuple(ids), None
         if type(d) is not dict:
             raise _not_object(d, path, lineno)
@@ -259,21 +262,12 @@ def _bailian_parser(bt: int):
             ids = d["hash_ids"]
         except (KeyError, TypeError, IndexError):
             cid = pid = ts = inp = out = typ = turn = ids = None
-        n = len(ids) if type(ids) is list else -1
         if (
             type(cid) is int
             and type(pid) is int
             and type(turn) is int
             and type(typ) is str
-            and type(inp) is int
-            and type(out) is int
-            and inp >= 0
-            and out >= 0
-            and (type(ts) is int or type(ts) is float)
-            and 0 <= ts < _INF
-            and (n == inp // bt or n == -(-inp // bt))
-            and all(type(h) is int for h in ids)
-            and len(set(ids)) == n
+            and _shared_fields_ok(ts, inp, out, ids, bt)
         ):
             return float(ts), inp, out, tuple(ids), cid
         if type(d) is not dict:
@@ -329,19 +323,7 @@ def _native_parser(bt: int):
             sid = d.get("session_id")
         except (KeyError, TypeError, IndexError, AttributeError):
             ts = inp = out = ids = sid = None
-        n = len(ids) if type(ids) is list else -1
-        if (
-            type(inp) is int
-            and type(out) is int
-            and inp >= 0
-            and out >= 0
-            and (type(ts) is float or type(ts) is int)
-            and 0 <= ts < _INF
-            and (sid is None or type(sid) is int)
-            and (n == inp // bt or n == -(-inp // bt) or n == 0)
-            and all(type(h) is int for h in ids)
-            and len(set(ids)) == n
-        ):
+        if (sid is None or type(sid) is int) and _shared_fields_ok(ts, inp, out, ids, bt, allow_empty=True):
             return float(ts), inp, out, tuple(ids), sid
         if type(d) is not dict:
             raise _not_object(d, path, lineno)
