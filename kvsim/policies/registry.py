@@ -89,18 +89,7 @@ def _check_subclass(obj: Any, base: type, option: str, spec: str) -> type:
 
 def eviction_policy_class(spec: str, module_path: str | None = None) -> type[EvictionPolicy]:
     """Resolve ``lru``, ``arc``, ..., ``pkg.mod:Class``, or vLLM's (name, module path)."""
-    option = "--policy"
-    cls = EVICTION_POLICIES.get(spec.lower())
-    if cls is not None:
-        return cls
-    if ":" in spec:
-        return _check_subclass(_import_class(spec, option), EvictionPolicy, option, spec)
-    if module_path:
-        return _check_subclass(
-            _import_class(f"{module_path}:{spec}", option), EvictionPolicy, option, spec
-        )
-    known = ", ".join(sorted(EVICTION_POLICIES))
-    raise InputError(f"{option}: unknown eviction policy {spec!r}; known: {known} (or module:Class)")
+    return _resolve(EVICTION_POLICIES, EvictionPolicy, "--policy", "eviction policy", spec, module_path)
 
 
 def make_eviction_policy(spec: str, capacity: int, module_path: str | None = None) -> EvictionPolicy:
@@ -108,14 +97,21 @@ def make_eviction_policy(spec: str, capacity: int, module_path: str | None = Non
 
 
 def admission_policy_class(spec: str) -> type[AdmissionPolicy]:
-    option = "--admission"
-    cls = ADMISSION_POLICIES.get(spec.lower())
+    return _resolve(ADMISSION_POLICIES, AdmissionPolicy, "--admission", "admission policy", spec)
+
+
+def _resolve(table: dict, base: type, option: str, noun: str, spec: str, module_path: str | None = None):
+    """A registered name (any case), ``pkg.mod:Class``, or ``spec`` looked up in ``module_path``;
+    anything else is a one-line error listing the known names."""
+    cls = table.get(spec.lower())
     if cls is not None:
         return cls
     if ":" in spec:
-        return _check_subclass(_import_class(spec, option), AdmissionPolicy, option, spec)
-    known = ", ".join(sorted(ADMISSION_POLICIES))
-    raise InputError(f"{option}: unknown admission policy {spec!r}; known: {known} (or module:Class)")
+        return _check_subclass(_import_class(spec, option), base, option, spec)
+    if module_path:
+        return _check_subclass(_import_class(f"{module_path}:{spec}", option), base, option, spec)
+    known = ", ".join(sorted(table))
+    raise InputError(f"{option}: unknown {noun} {spec!r}; known: {known} (or module:Class)")
 
 
 def make_admission(
