@@ -13,9 +13,7 @@ for driving the real backend in ``real/``.
 
 from __future__ import annotations
 
-from typing import Any
-
-from kvsim.api import generate, replay, requests_frame
+from kvsim.api import generate, replay, requests_frame, simulate
 from kvsim.config import CacheConfig, OffloadOptions
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
@@ -26,21 +24,6 @@ from kvsim.traces import Request, Trace, open_trace
 from kvsim.traces.stats import trace_stats
 
 __version__ = "0.1.0"
-
-# The timed engine loads on first use, so `import kvsim` and the CLI stay quick.
-_LAZY = {
-    "simulate": ("kvsim.api_simulate", "simulate"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
-    raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
-
 
 __all__ = [
     "CacheConfig",

@@ -1,48 +1,34 @@
-"""The Python API: one call per job, returning :class:`kvsim.results.Result` values."""
+"""The Python API: one call per job, returning :class:`kvsim.results.Result` values.
+
+The command line calls these functions too, so a run from a notebook and a run from the
+shell go through the same code.
+"""
 
 from __future__ import annotations
 
+import csv
 import os
-from collections.abc import Iterable
-from typing import Any
-
-import pandas as pd
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from kvsim.config import OffloadOptions, load_vllm_config, options_from_vllm_config
+from kvsim.errors import InputError
+from kvsim.io import atomic_write
 from kvsim.replay import REQUEST_COLUMNS, CacheReplay
+from kvsim.replay.object_protocol import replay_config
 from kvsim.results import Result
-from kvsim.traces import Request, Trace, open_trace
+from kvsim.traces import Request, as_trace, requests_frame
 
-REQUEST_FIELDS = ("request_id", "arrival_s", "input_tokens", "output_tokens", "block_hashes", "session_id")
+if TYPE_CHECKING:
+    import pandas as pd
 
+    from kvsim.replay.mrc import MRC
+    from kvsim.traces.coerce import TraceLike
 
-def requests_frame(requests: Iterable[Request], block_tokens: int) -> pd.DataFrame:
-    """Requests as a DataFrame (one row each, the :class:`Request` fields as columns).
+__all__ = ["generate", "make_options", "mrc", "replay", "requests_frame", "simulate"]
 
-    ``frame.attrs["block_tokens"]`` keeps the hash-block size, so the frame can be passed
-    back to ``replay`` / ``simulate`` as a trace.
-    """
-    frame = pd.DataFrame.from_records(
-        [(r.request_id, r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes, r.session_id)
-         for r in requests], columns=list(REQUEST_FIELDS))
-    frame.attrs["block_tokens"] = block_tokens
-    return frame
-
-
-def _frame_requests(frame: pd.DataFrame) -> list[Request]:
-    missing = [c for c in REQUEST_FIELDS[1:5] if c not in frame.columns]
-    if missing:
-        from kvsim.errors import InputError
-
-        raise InputError(f"a requests DataFrame needs the columns {', '.join(missing)}")
-    ids = frame["request_id"] if "request_id" in frame else range(len(frame))
-    sessions = frame["session_id"] if "session_id" in frame else [None] * len(frame)
-    return [
-        Request(int(i), float(t), int(n_in), int(n_out), tuple(int(h) for h in hashes),
-                None if s is None or s != s else int(s))
-        for i, t, n_in, n_out, hashes, s in zip(ids, frame["arrival_s"], frame["input_tokens"],
-                                                frame["output_tokens"], frame["block_hashes"], sessions)
-    ]
+#: summary keys of a ``simulate(..., baseline=True)`` run's offload-free twin start with this
+BASELINE_PREFIX = "baseline_"
 
 
 def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> pd.DataFrame:
@@ -52,25 +38,6 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
 
     block_tokens = int(knobs.get("block_tokens", 512))
     return requests_frame(generate_requests(kind, n_requests=n_requests, seed=seed, **knobs), block_tokens)
-
-
-def as_trace(trace: str | os.PathLike | Trace | Iterable[Request] | pd.DataFrame, *,
-             block_tokens: int | None = None, limit: int | None = None, fmt: str | None = None) -> Trace:
-    """Accept a path, a :class:`Trace`, a requests DataFrame, or a list of requests."""
-    if isinstance(trace, pd.DataFrame):
-        bt = block_tokens or trace.attrs.get("block_tokens", 512)
-        return as_trace(Trace.from_requests(_frame_requests(trace), bt), limit=limit)
-    if isinstance(trace, Trace):
-        if limit is not None:
-            t = Trace(trace.info, limit)
-            t._requests = trace._requests
-            return t
-        return trace
-    if isinstance(trace, (str, os.PathLike)):
-        return open_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
-    reqs = list(trace)
-    t = Trace.from_requests(reqs, block_tokens or 512)
-    return as_trace(t, limit=limit) if limit is not None else t
 
 
 def make_options(vllm_config: str | dict | None = None, **options: Any) -> OffloadOptions:
@@ -85,39 +52,176 @@ def make_options(vllm_config: str | dict | None = None, **options: Any) -> Offlo
     return base.with_(**explicit)
 
 
+def _counted(requests: Iterable[Request], progress: Callable[[int], None]) -> Iterable[Request]:
+    for req in requests:
+        yield req
+        progress(1)
+
+
 def replay(
-    trace: str | os.PathLike | Trace | Iterable[Request],
+    trace: TraceLike,
     *,
     limit: int | None = None,
+    fmt: str | None = None,
     per_request: bool = True,
+    requests_csv: str | os.PathLike | None = None,
     vllm_config: str | dict | None = None,
     protocol: str = "prefix",
     fused: bool | None = None,
+    progress: Callable[[int], None] | None = None,
     **options: Any,
 ) -> Result:
     """Cache-mode replay (``protocol="object"``: every chunk key is a get, see
-    :mod:`kvsim.object_cache`). Keywords are :class:`kvsim.config.OffloadOptions` fields, e.g.
-    ``replay(path, cpu_gib=64, model="llama-3.1-8b", policy="arc", gpu_blocks=2000)``.
-    ``fused=False`` runs ``lru`` and ``arc`` through the full manager protocol instead of their fused tiers
-    (same decisions, slower); see :class:`kvsim.replay.CacheReplay`.
+    :mod:`kvsim.replay.object_protocol`). Keywords are :class:`kvsim.config.OffloadOptions`
+    fields, e.g. ``replay(path, cpu_gib=64, model="llama-3.1-8b", policy="arc", gpu_blocks=2000)``.
+    ``fused=False`` runs ``lru`` and ``arc`` through the full manager protocol instead of their
+    fused tiers (same decisions, slower); see :class:`kvsim.replay.CacheReplay`.
 
     Returns a Result whose ``summary`` holds the totals and ratios and whose ``requests``
-    table has one row per request (when ``per_request``).
+    table has one row per request (when ``per_request``). ``requests_csv`` streams the same
+    rows to a CSV file instead (written whole or not at all), so memory stays bounded by the
+    cache state. ``progress(n)`` is called as requests are replayed.
     """
-    tr = as_trace(trace, block_tokens=options.get("block_tokens"), limit=limit)
+    tr = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens"), limit=limit)
     config = make_options(vllm_config, **options).resolve(tr.block_tokens)
+    requests: Iterable[Request] = tr if progress is None else _counted(tr, progress)
     if protocol != "prefix":
-        from kvsim.object_cache import replay_config
-
-        return Result(summary={"trace": str(tr.path), **replay_config(tr, config, protocol)},
+        if requests_csv is not None:
+            raise InputError("--requests-csv is for --protocol prefix only")
+        return Result(summary={"trace": str(tr.path), **replay_config(requests, config, protocol)},
                       tables={}, config=config.as_dict())
-    run = CacheReplay(config, requests_for_future=tr, fused=fused)  # the future: read only if needed
-    rows: list[tuple] = []
-    summary = run.run(tr, rows.append if per_request else None)
+    # the trace is read for its future only by policies that need it
+    run = CacheReplay(config, requests_for_future=tr, fused=fused)
     tables = {}
-    if per_request:
+    if requests_csv is not None:
+        with atomic_write(requests_csv, newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(REQUEST_COLUMNS)
+            summary = run.run(requests, writer.writerow)
+    elif per_request:
+        import pandas as pd
+
+        rows: list[tuple] = []
+        summary = run.run(requests, rows.append)
         tables["requests"] = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
-    summary = {"trace": str(tr.path), **summary}
-    return Result(summary=summary, tables=tables, config=config.as_dict())
+    else:
+        summary = run.run(requests)
+    return Result(summary={"trace": str(tr.path), **summary}, tables=tables, config=config.as_dict())
 
 
+def mrc(
+    trace: TraceLike,
+    *,
+    policy: str = "lru",
+    protocol: str = "prefix",
+    sample_rate: float = 1.0,
+    seed: int = 0,
+    limit: int | None = None,
+    fmt: str | None = None,
+    block_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+    points: int = 200,
+) -> MRC:
+    """The hit ratio at every CPU capacity in one pass (LRU stack distances; see
+    :mod:`kvsim.replay.mrc`); ``sample_rate < 1`` samples keys spatially (SHARDS)."""
+    from kvsim.keys import KeyLayout
+    from kvsim.replay.mrc import lru_mrc
+
+    if policy.lower() != "lru":
+        raise InputError(f"--policy: a one-pass curve needs a stack policy; only lru has one "
+                         f"(got {policy!r}); sweep capacities with kvsim replay for others")
+    tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
+    bt = block_tokens or tr.block_tokens
+    layout = KeyLayout(bt, chunk_tokens or bt)
+    return lru_mrc(tr, layout, protocol=protocol, sample_rate=sample_rate, seed=seed, points=points)
+
+
+def simulate(
+    trace: TraceLike,
+    *,
+    gpu: str = "h200",
+    model: str | None = None,
+    cpu_gib: float | None = None,
+    cpu_chunks: int | None = None,
+    policy: str | None = None,
+    baseline: bool = False,
+    seed: int = 0,
+    limit: int | None = None,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+    long_prefill_token_threshold: int = 0,
+    gpu_kv_blocks: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    enable_prefix_caching: bool = True,
+    offload_prompt_only: bool = True,
+    sync_load_budget_bytes: int = 0,
+    time_scale: float = 1.0,
+    poisson_rate: float | None = None,
+    link: str | None = None,
+    compute_profile: str | os.PathLike | None = None,
+    tp: int | None = None,
+    record_steps: bool = True,
+    vllm_config: str | dict | None = None,
+    progress: Callable[[int], None] | None = None,
+    **options: Any,
+) -> Result:
+    """Timed replay of ``trace`` on one modelled GPU running a vLLM v1-like engine.
+
+    With no CPU size (``cpu_gib`` / ``cpu_chunks`` / ``vllm_config``) the run has no
+    offloading. ``baseline=True`` adds the same run without offloading: its tables are
+    ``baseline_requests`` and ``baseline_steps`` and its summary keys start ``baseline_``.
+    Other keywords are :class:`kvsim.config.OffloadOptions` fields (``chunk_tokens``,
+    ``admission``, ``store_threshold``, ...). ``link`` is a preset (pcie5, pcie4, gh200) or a
+    calibration profile path; ``compute_profile`` a JSON of roofline coefficients.
+
+    Returns a Result with tables ``requests``, ``transfers``, ``steps`` and a flat summary.
+    """
+    # The timed engine loads on first use, so `import kvsim` and the CLI stay quick.
+    from kvsim.engine.compute_model import ComputeParams, load_compute_profile
+    from kvsim.engine.engine import Engine
+    from kvsim.engine.params import EngineParams
+    from kvsim.engine.summary import summarize
+    from kvsim.engine.transfer_model import get_link
+    from kvsim.hardware import get_gpu
+    from kvsim.models import get_model
+
+    model = model or "llama-3.1-8b"
+    tr = as_trace(trace, block_tokens=options.get("block_tokens"), limit=limit)
+    sized = cpu_gib is not None or cpu_chunks is not None or vllm_config is not None
+    opts = make_options(vllm_config, model=model, cpu_gib=cpu_gib, cpu_chunks=cpu_chunks if sized else 1,
+                        policy=policy, seed=seed, tp=tp, **options)
+    config = opts.resolve(tr.block_tokens)
+    params = EngineParams(
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        long_prefill_token_threshold=long_prefill_token_threshold, gpu_blocks=gpu_kv_blocks,
+        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
+        offload_prompt_only=offload_prompt_only, sync_load_budget_bytes=sync_load_budget_bytes,
+        gpu_block_tokens=opts.gpu_block_tokens, tp=opts.tp, time_scale=time_scale,
+        poisson_rate=poisson_rate, seed=seed, record_steps=record_steps)
+    # every name resolves here, once: the engine takes the spec objects
+    model_spec = get_model(model)
+    gpu_spec = get_gpu(gpu)
+    transfer = get_link(link) if link else get_link(gpu_spec.link)
+    compute_params = ComputeParams.for_gpu(gpu_spec)
+    if compute_profile is not None:
+        compute_params = load_compute_profile(compute_profile, compute_params)
+    future = tr if sized else None  # read only by policies that need the future
+
+    def run(offload: bool) -> tuple[dict, dict]:
+        engine = Engine(config, params, model=model_spec, gpu=gpu_spec, compute_params=compute_params,
+                        transfer=transfer, offload=offload, requests_for_future=future if offload else None,
+                        progress=progress).run(tr)
+        rec = engine.recorder
+        tables = {"requests": rec.request_table(), "transfers": rec.transfer_table(), "steps": rec.step_table()}
+        return summarize(engine, tables["requests"], tables["transfers"]), tables
+
+    summary, tables = run(offload=sized)
+    summary = {"trace": str(tr.path), "gpu": gpu_spec.name, "model": model, "link": transfer.link, **summary}
+    if baseline:
+        base_summary, base_tables = run(offload=False)
+        summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
+        tables[BASELINE_PREFIX + "requests"] = base_tables["requests"]
+        tables[BASELINE_PREFIX + "steps"] = base_tables["steps"]
+    config_out = {**config.as_dict(), **params.as_dict(), "gpu": gpu_spec.name, "link": transfer.to_dict(),
+                  "compute": compute_params.__dict__, "offload": sized}
+    return Result(summary=summary, tables=tables, config=config_out)

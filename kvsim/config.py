@@ -30,6 +30,14 @@ _VLLM_IGNORED = {
 }
 
 
+def resolve_admission(admission: str, store_threshold: int) -> str:
+    """The admission rule a run uses: vLLM's ``store_threshold >= 2`` turns the default
+    ``always`` into the threshold rule. The one place that decides it."""
+    if admission.lower() == "always" and store_threshold >= 2:
+        return "threshold"
+    return admission
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Everything cache-mode replay needs, resolved and validated."""
@@ -47,6 +55,9 @@ class CacheConfig:
     model: str | None = None
     seed: int = 0
     prefill_chunk_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "admission", resolve_admission(self.admission, self.store_threshold))
 
     @property
     def layout(self) -> KeyLayout:

@@ -44,6 +44,17 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
         yield f
 
 
+FIGURE_FORMATS = ("png", "pdf", "svg")
+
+
+def figure_format(path: str | os.PathLike, option: str = "--plot") -> str:
+    """The file format a figure path asks for; checked before a run, not after it."""
+    ext = os.path.splitext(os.fspath(path))[1].lstrip(".").lower() or "png"
+    if ext not in FIGURE_FORMATS:
+        raise InputError(f"{option}: cannot write a .{ext} figure; use one of {', '.join(FIGURE_FORMATS)}")
+    return ext
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a JSON file; unreadable or malformed files are a one-line :class:`InputError`."""
     path = os.fspath(path)

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import repeat
 from operator import attrgetter, itemgetter
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+from kvsim.config import CacheConfig
 from kvsim.context import RequestContext
 from kvsim.metrics import (
     ALLOCATION_SIZE_BUCKETS,
@@ -28,6 +29,10 @@ from kvsim.metrics import (
 )
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, Key
+from kvsim.policies.registry import make_admission, make_eviction_policy
+
+if TYPE_CHECKING:
+    from kvsim.traces.model import Request
 
 _REF = attrgetter("ref_cnt")
 _CHUNK_ID = attrgetter("chunk_id")
@@ -116,6 +121,17 @@ class OffloadManager:
         self._chunks: dict[Key, Chunk] = {}  # resident keys (the policy holds the same set)
         self._pool: list[Chunk] = []  # one Chunk object per chunk id, reused
         self._tracks = policy.tracks_evictability
+
+    @classmethod
+    def from_config(cls, config: CacheConfig, requests: Iterable[Request] | None = None) -> OffloadManager:
+        """The manager with the configured eviction and admission policies; ``requests`` is
+        the trace's future, read only by a policy that needs it (Belady)."""
+        policy = make_eviction_policy(config.policy, config.num_chunks, config.policy_module)
+        if getattr(policy, "needs_future", False):
+            if requests is None:
+                raise ValueError(f"policy {config.policy!r} needs the trace's future")
+            policy.prepare_future(requests, config.layout)  # type: ignore[attr-defined]
+        return cls(config.num_chunks, policy, admission_from_config(config))
 
     # --- chunk pool ---
 
@@ -419,3 +435,13 @@ class OffloadManager:
         stats[STORES_SKIPPED] = self._skipped_since_stats
         self._skipped_since_stats = 0
         return stats
+
+
+def admission_from_config(config: CacheConfig) -> AdmissionPolicy | None:
+    """The configured admission rule; None admits everything (vLLM's default)."""
+    if config.admission == "always":
+        return None
+    return make_admission(
+        config.admission, store_threshold=config.store_threshold,
+        max_tracker_size=config.max_tracker_size, seed=config.seed, chunk_tokens=config.chunk_tokens,
+    )

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.errors import InputError
-from kvsim.io import atomic_path
+from kvsim.io import atomic_path, figure_format
 
 KINDS = ("hit-vs-capacity", "ttft-cdf", "usage-timeline", "transfers")
 CAPACITY_COLUMNS = ("cpu_gib", "cpu_chunks")
@@ -40,16 +40,41 @@ def _need(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
                          f"the table has {', '.join(map(str, df.columns))}")
 
 
+def save_as(fig: plt.Figure, path: str | os.PathLike, *, close: bool = True) -> str:
+    """Write one figure file (format from the extension) atomically; return its path."""
+    path = os.fspath(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=figure_format(path), dpi=120, bbox_inches="tight")
+    if close:
+        plt.close(fig)
+    return path
+
+
 def save(fig: plt.Figure, base: str | os.PathLike) -> list[str]:
     """Write ``base.png`` and ``base.svg`` (each atomically); return the paths."""
-    paths = []
-    for ext in ("png", "svg"):
-        path = f"{os.fspath(base)}.{ext}"
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=ext, dpi=120, bbox_inches="tight")
-        paths.append(path)
+    paths = [save_as(fig, f"{os.fspath(base)}.{ext}", close=False) for ext in ("png", "svg")]
     plt.close(fig)
     return paths
+
+
+def mrc_curve(mrc, *, title: str | None = None) -> plt.Figure:
+    """Hit ratio against CPU capacity (log x) of a :class:`kvsim.replay.mrc.MRC`, with the
+    capacity from which a prefix-protocol curve is exact."""
+    t = mrc.table
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.plot(t["capacity"], t["hit_ratio"], drawstyle="steps-post")
+    if mrc.protocol == "prefix" and mrc.exact_from > 1:
+        ax.axvline(mrc.exact_from, color="grey", linestyle=":", label=f"exact from {mrc.exact_from}")
+        ax.legend(loc="lower right")
+    ax.set_xscale("log")
+    ax.set_xlabel("CPU capacity (chunks)")
+    ax.set_ylabel("CPU hit ratio" if mrc.protocol == "prefix" else "hit ratio")
+    ax.set_ylim(0, max(0.05, float(t["hit_ratio"].max()) * 1.1))
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def _config_columns(df: pd.DataFrame) -> list[str]:

@@ -144,7 +144,7 @@ def _metrics(mode: str, trace: Any, limit: int | None, options: dict[str, Any]) 
 
         return dict(replay(trace, limit=limit, per_request=False, **options).summary)
     try:
-        from kvsim.api_simulate import simulate
+        from kvsim.api import simulate
     except ImportError as e:
         raise RuntimeError(f"timed mode is not available in this kvsim build ({e})") from None
     return dict(simulate(trace, limit=limit, **options).summary)

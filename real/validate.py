@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvsim.api import as_trace, make_options
+from kvsim.api import make_options
 from kvsim.engine.clock import MonotonicClock, VirtualClock
 from kvsim.engine.compute_model import ComputeParams, RooflineCompute, StepBatch
 from kvsim.engine.engine import Engine, gpu_kv_blocks
@@ -32,6 +32,7 @@ from kvsim.engine.transfer_model import TransferModelParams, get_link
 from kvsim.errors import InputError
 from kvsim.hardware import get_gpu
 from kvsim.models import ModelSpec, get_model
+from kvsim.traces import as_trace
 from real import compare
 from real.device import Device
 from real.host_pool import HostLayout, HostPool

@@ -7,6 +7,8 @@ from kvsim.config import CacheConfig
 from kvsim.engine.engine import Engine
 from kvsim.engine.params import EngineParams
 from kvsim.engine.transfer_model import DirectionParams, TransferModelParams
+from kvsim.hardware import get_gpu
+from kvsim.models import get_model
 from kvsim.traces import Request, Trace
 
 CHUNK_BYTES = 16 * 131072  # llama-3.1-8b: 128 KiB per token, 16-token chunk = 2 MiB
@@ -32,7 +34,7 @@ def make_engine(*, cpu_chunks: int = 100, gpu_blocks: int = 64, per_chunk: float
                          model="llama-3.1-8b", store_threshold=store_threshold)
     ep = EngineParams(gpu_blocks=gpu_blocks, enable_prefix_caching=prefix,
                       max_num_batched_tokens=budget, **params)
-    return Engine(config, ep, model="llama-3.1-8b", compute=one_second_steps,
+    return Engine(config, ep, model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"), compute=one_second_steps,
                   transfer=link(per_chunk), offload=offload)
 
 

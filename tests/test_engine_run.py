@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from test_engine_helpers import CHUNK_BYTES, make_engine, req
 
-from kvsim.api_simulate import simulate
+from kvsim.api import simulate
 from kvsim.cli import cli
 from kvsim.engine.clock import MonotonicClock
 from kvsim.engine.compute_model import (
@@ -167,7 +167,8 @@ def test_backend_and_clock_are_pluggable():
     config = CacheConfig(num_chunks=50, block_tokens=16, chunk_tokens=16, model="llama-3.1-8b")
     backend = CountingBackend(SimulatedTransferBackend(link(0.001)))
     reqs = [req(0, 0, 48, 2, (0, 1, 2)), req(1, 0.02, 48, 2, (0, 1, 2))]
-    eng = Engine(config, EngineParams(gpu_blocks=20, enable_prefix_caching=False), model="llama-3.1-8b",
+    eng = Engine(config, EngineParams(gpu_blocks=20, enable_prefix_caching=False),
+                 model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"),
                  compute=lambda b: one_second_steps(b) * 0.005, backend=backend, clock=MonotonicClock())
     eng.run(Trace.from_requests(reqs, 16))
     r = eng.recorder.request_table()

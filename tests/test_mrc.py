@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.api import as_trace, replay
+from kvsim.api import replay
 from kvsim.errors import InputError
 from kvsim.keys import KeyLayout
-from kvsim.mrc import lru_mrc
-from kvsim.object_cache import object_replay
+from kvsim.replay.mrc import lru_mrc
+from kvsim.replay.object_protocol import object_replay
+from kvsim.traces import as_trace
 
 SYNTH = "traces/mooncake_fast25_synthetic_trace.jsonl"
 

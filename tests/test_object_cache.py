@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from kvsim.api import as_trace, replay
+from kvsim.api import replay
 from kvsim.keys import KeyLayout
-from kvsim.object_cache import ObjectCache, block_stream, object_replay
 from kvsim.policies.registry import make_eviction_policy
+from kvsim.replay.object_protocol import ObjectCache, block_stream, object_replay
+from kvsim.traces import as_trace
 
 # kvsim name -> libCacheSim class name. All six match exactly (see README).
 MATCHED = {"lru": "LRU", "fifo": "FIFO", "arc-textbook": "ARC", "sieve": "Sieve",

@@ -129,7 +129,7 @@ def test_cli_reads_files_and_folders(tmp_path):
 
 def test_real_timed_tables():
     """The tables kvsim.simulate returns plot as they are."""
-    simulate = pytest.importorskip("kvsim.api_simulate").simulate
+    simulate = pytest.importorskip("kvsim.api").simulate
     r = simulate("traces/samples/mooncake_small.jsonl", limit=30, cpu_chunks=100)
     for fig in (plots.ttft_cdf(r.requests), plots.usage_timeline(r.steps), plots.transfers(r.transfers)):
         assert fig.axes and fig.axes[-1].get_xlabel()

@@ -9,7 +9,6 @@ import pytest
 from kvsim.api import replay
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
-from kvsim.object_cache import ObjectCache
 from kvsim.offload import OffloadManager
 from kvsim.policies.admission.length import LengthAdmission
 from kvsim.policies.admission.probabilistic import ProbabilisticAdmission
@@ -22,6 +21,7 @@ from kvsim.policies.registry import (
     make_admission,
     make_eviction_policy,
 )
+from kvsim.replay.object_protocol import ObjectCache
 
 SYNTH = "traces/mooncake_fast25_synthetic_trace.jsonl"
 LAB = ["fifo", "lfu", "arc-textbook", "sieve", "s3fifo", "slru", "wtinylfu", "belady"]
@@ -211,8 +211,8 @@ def test_clear_resets(policy):
 
 def test_bench_table_covers_every_policy():
     # speed itself is measured by `kvsim bench`, not asserted in a (flaky) timed test
-    from kvsim.bench import bench_replay
     from kvsim.policies.registry import EVICTION_POLICIES
+    from kvsim.replay.bench import bench_replay
     from kvsim.traces import open_trace
 
     trace = open_trace(SYNTH, limit=200)
@@ -231,7 +231,7 @@ def test_bench_table_covers_every_policy():
 @pytest.mark.parametrize("policy, admission", [("s3fifo", "tinylfu"), ("belady", "always"),
                                                ("wtinylfu", "probabilistic:0.5"), ("sieve", "length:2048")])
 def test_timed_mode_runs_every_kind(policy, admission):
-    from kvsim.api_simulate import simulate
+    from kvsim.api import simulate
 
     r = simulate(SYNTH, limit=150, cpu_chunks=1500, policy=policy, admission=admission, record_steps=False)
     assert r.summary["requests"] == 150
@@ -239,7 +239,7 @@ def test_timed_mode_runs_every_kind(policy, admission):
 
 
 def test_timed_belady_beats_lru():
-    from kvsim.api_simulate import simulate
+    from kvsim.api import simulate
 
     hits = {p: simulate(SYNTH, limit=150, cpu_chunks=1500, policy=p, record_steps=False).summary["cpu_hit_tokens"]
             for p in ("lru", "belady")}

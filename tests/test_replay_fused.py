@@ -14,9 +14,9 @@ import pytest
 
 from kvsim.config import OffloadOptions
 from kvsim.replay import CacheReplay
-from kvsim.replay_fused import FusedLRUTier
-from kvsim.replay_fused_arc import FusedARCTier
-from kvsim.replay_protocol import ProtocolTier
+from kvsim.replay.fused_arc import FusedARCTier
+from kvsim.replay.fused_lru import FusedLRUTier
+from kvsim.replay.protocol_tier import ProtocolTier
 from kvsim.traces import Request, open_trace
 
 BLOCK = 16
@@ -142,7 +142,7 @@ def test_the_tier_is_chosen_by_policy() -> None:
 @pytest.mark.parametrize("policy", ["lru", "arc"])
 def test_fused_tier_makes_vllms_decisions(policy: str) -> None:
     pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
-    from kvsim.vllm_driver import VllmManagerDriver
+    from kvsim.integrations.from_vllm import VllmManagerDriver
 
     skipped = 8  # the driver does not count skipped stores; every other column must agree
     for seed in range(100):

@@ -55,7 +55,7 @@ def test_steps_start_after_the_cached_prefix(fused):
 @pytest.mark.vllm
 def test_prefill_offers_make_vllms_decisions():
     pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
-    from kvsim.vllm_driver import VllmManagerDriver
+    from kvsim.integrations.from_vllm import VllmManagerDriver
 
     requests = list(open_trace(SAMPLE))
     for policy in ("lru", "arc"):

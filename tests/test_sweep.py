@@ -182,7 +182,7 @@ def test_timed_cells_run_or_fail_cleanly():
                executor="serial")
     row = df.iloc[0]
     try:
-        import kvsim.api_simulate  # noqa: F401
+        import kvsim.api  # noqa: F401
     except ImportError:
         assert row.status == "error" and "timed mode is not available" in row.error
     else:

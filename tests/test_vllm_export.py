@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from kvsim.api import as_trace, make_options
+from kvsim.api import make_options
 from kvsim.replay import CacheReplay
+from kvsim.traces import as_trace
 
 SYNTH = "traces/mooncake_fast25_synthetic_trace.jsonl"
 
@@ -30,11 +31,11 @@ def test_importing_the_module_does_not_import_vllm():
 ])
 def test_vllm_manager_with_exported_policy_matches_kvsim(policy, class_name):
     pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
+    import kvsim.integrations.vllm as integration
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
-    import kvsim.integrations.vllm as integration
-    from kvsim.vllm_driver import VllmManagerDriver
+    from kvsim.integrations.from_vllm import VllmManagerDriver
 
     cls = getattr(integration, class_name)
     assert issubclass(cls, CachePolicy) and cls.__name__ == class_name
@@ -62,8 +63,9 @@ def test_belady_cannot_be_exported():
 
 def test_position_view_answers_what_kvsim_policies_ask():
     # vLLM builds without a private positions dict still work through the public lookup
-    from kvsim.context import RequestContext
     from kvsim.integrations.vllm import _PositionView
+
+    from kvsim.context import RequestContext
     from kvsim.policies import Chunk, LRUPolicy
 
     class FakeReqContext:

@@ -7,11 +7,11 @@ import time
 
 import click
 
-from kvsim.api import as_trace
-from kvsim.bench import bench_replay
 from kvsim.cli.common import check_output_path
 from kvsim.errors import InputError
 from kvsim.io import atomic_write
+from kvsim.replay.bench import bench_replay
+from kvsim.traces import as_trace
 
 DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl")
 

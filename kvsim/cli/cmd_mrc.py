@@ -7,38 +7,9 @@ import os
 
 import click
 
-from kvsim.api import as_trace
-from kvsim.cli.common import check_output_path
-from kvsim.errors import InputError
-from kvsim.io import atomic_path, atomic_write
-from kvsim.keys import KeyLayout
-from kvsim.mrc import MRC, lru_mrc
-
-
-def save_plot(mrc: MRC, path: str, title: str) -> None:
-    """Hit ratio against capacity (log x axis), written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t = mrc.table
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    ax.plot(t["capacity"], t["hit_ratio"], drawstyle="steps-post")
-    if mrc.protocol == "prefix" and mrc.exact_from > 1:
-        ax.axvline(mrc.exact_from, color="grey", linestyle=":", label=f"exact from {mrc.exact_from}")
-        ax.legend(loc="lower right")
-    ax.set_xscale("log")
-    ax.set_xlabel("CPU capacity (chunks)")
-    ax.set_ylabel("CPU hit ratio" if mrc.protocol == "prefix" else "hit ratio")
-    ax.set_ylim(0, max(0.05, float(t["hit_ratio"].max()) * 1.1))
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    ext = os.path.splitext(path)[1].lstrip(".").lower() or "png"
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=ext)
-    plt.close(fig)
+from kvsim.api import mrc
+from kvsim.cli.common import check_output_path, format_option
+from kvsim.io import atomic_write, figure_format
 
 
 @click.command("mrc")
@@ -50,8 +21,7 @@ def save_plot(mrc: MRC, path: str, title: str) -> None:
 @click.option("--sample-rate", type=float, default=1.0, show_default=True,
               help="SHARDS spatial sampling rate; 1 = exact.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Salt of the sampling hash.")
-@click.option("--format", "fmt", type=click.Choice(["mooncake", "bailian", "azure", "native"]), default=None,
-              help="Trace format (default: detected).")
+@format_option
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N requests.")
 @click.option("--block-tokens", type=int, default=None, help="Tokens per trace hash block.")
 @click.option("--chunk-tokens", type=int, default=None, help="Tokens per CPU chunk (default: one block).")
@@ -70,20 +40,19 @@ def mrc_command(trace: str, policy: str, protocol: str, sample_rate: float, seed
     Example:
       kvsim mrc traces/mooncake_fast25_conversation_trace.jsonl --csv mrc.csv --plot mrc.png
     """
-    if policy.lower() != "lru":
-        raise InputError(f"--policy: a one-pass curve needs a stack policy; only lru has one "
-                         f"(got {policy!r}); sweep capacities with kvsim replay for others")
     check_output_path(csv_path, "--csv")
     check_output_path(plot_path, "--plot")
-    tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
-    bt = block_tokens or tr.block_tokens
-    layout = KeyLayout(bt, chunk_tokens or bt)
-    curve = lru_mrc(tr, layout, protocol=protocol, sample_rate=sample_rate, seed=seed, points=points)
+    if plot_path:
+        figure_format(plot_path)
+    curve = mrc(trace, policy=policy, protocol=protocol, sample_rate=sample_rate, seed=seed,
+                limit=limit, fmt=fmt, block_tokens=block_tokens, chunk_tokens=chunk_tokens, points=points)
     if csv_path:
         with atomic_write(csv_path, newline="") as f:
             curve.table.to_csv(f, index=False)
     if plot_path:
-        save_plot(curve, plot_path, f"LRU ({protocol}) {os.path.basename(trace)}")
+        from kvsim import plots
+
+        plots.save_as(plots.mrc_curve(curve, title=f"LRU ({protocol}) {os.path.basename(trace)}"), plot_path)
     t = curve.table
     summary = {
         "trace": trace, "policy": "lru", "protocol": protocol, "sample_rate": sample_rate,

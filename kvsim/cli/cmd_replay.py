@@ -2,31 +2,28 @@
 
 from __future__ import annotations
 
-import csv
 import sys
 
 import click
 
-from kvsim.api import as_trace, make_options
+from kvsim.api import replay
 from kvsim.cli.common import (
     check_output_path,
     count_lines,
     echo_summary,
+    format_option,
     note_missing_reuse,
     offload_options,
     pop_offload_kwargs,
-    progress,
+    progress_bar,
 )
-from kvsim.errors import InputError
-from kvsim.io import atomic_write
-from kvsim.replay import REQUEST_COLUMNS, CacheReplay
+from kvsim.traces import as_trace
 
 
 @click.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False))
 @offload_options
-@click.option("--format", "fmt", type=click.Choice(["mooncake", "bailian", "azure", "native"]),
-              default=None, help="Trace format (default: detected from the file).")
+@format_option
 @click.option("--prefill-chunk-tokens", type=int, default=None,
               help="Offer stores per chunked-prefill step of N tokens, as vLLM does (default: one offer per request).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
@@ -55,31 +52,18 @@ def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv:
     """
     options = pop_offload_kwargs(kwargs)
     check_output_path(requests_csv, "--requests-csv")
-    tr = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens"), limit=limit)
-    note_missing_reuse(tr.info)
-    config = make_options(vllm_config, **options).resolve(tr.block_tokens)
-    if protocol != "prefix":
-        from kvsim.object_cache import replay_config
-
-        if requests_csv:
-            raise InputError("--requests-csv is for --protocol prefix only")
-        summary = replay_config(tr, config, protocol)
-        echo_summary({"trace": trace, **summary}, as_json, "kvsim replay (object protocol)")
-        return
-    # the trace is read for its future only by policies that need it; other policies than
-    # kvsim's lru and arc always run the protocol, so --fused is a default, not a demand
-    run = CacheReplay(config, requests_for_future=tr, fused=None if fused else False)
+    note_missing_reuse(as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info)
     if show_progress is None:
         show_progress = sys.stderr.isatty()
-    requests = progress(tr, count_lines(trace, limit), "replaying", show_progress)
-    if requests_csv:
-        with atomic_write(requests_csv, newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(REQUEST_COLUMNS)
-            summary = run.run(requests, writer.writerow)
-    else:
-        summary = run.run(requests)
-    echo_summary({"trace": trace, **summary}, as_json, "kvsim replay (cache mode)")
+    length = count_lines(trace, limit) if show_progress else None
+    with progress_bar(show_progress, length, "replaying") as bar:
+        # other policies than kvsim's lru and arc always run the protocol, so --fused is a
+        # default, not a demand
+        result = replay(trace, fmt=fmt, limit=limit, per_request=False, requests_csv=requests_csv,
+                        vllm_config=vllm_config, protocol=protocol, fused=None if fused else False,
+                        progress=bar, **options)
+    title = "kvsim replay (cache mode)" if protocol == "prefix" else "kvsim replay (object protocol)"
+    echo_summary({**result.summary, "trace": trace}, as_json, title)
 
 
 COMMANDS = [replay_command]

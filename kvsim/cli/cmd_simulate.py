@@ -8,19 +8,20 @@ import sys
 
 import click
 
-from kvsim.api import as_trace
-from kvsim.api_simulate import BASELINE_PREFIX, simulate
+from kvsim.api import BASELINE_PREFIX, simulate
 from kvsim.cli.common import (
     check_output_path,
     count_lines,
     note_missing_reuse,
     offload_options,
     pop_offload_kwargs,
+    progress_bar,
 )
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.errors import InputError
 from kvsim.io import atomic_path, atomic_write
 from kvsim.results import Result, format_value
+from kvsim.traces import as_trace
 
 SHOWN = (
     ("requests", "requests"), ("finished", "finished"), ("rejected", "rejected (too long for GPU KV)"),
@@ -125,12 +126,7 @@ def simulate_command(trace: str, gpu: str, baseline: bool, limit: int | None, ti
         show_progress = sys.stderr.isatty()
     n = count_lines(trace, limit) if show_progress else None
     runs = 2 if baseline else 1
-    bar = None
-    if show_progress:
-        bar = click.progressbar(length=(n or 0) * runs or None, label="simulating",
-                                file=sys.stderr, show_pos=True, show_eta=True)
-        bar.__enter__()
-    try:
+    with progress_bar(show_progress, (n or 0) * runs or None, "simulating") as bar:
         result = simulate(
             trace, gpu=gpu, baseline=baseline, limit=limit, time_scale=time_scale, poisson_rate=poisson_rate,
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -138,11 +134,7 @@ def simulate_command(trace: str, gpu: str, baseline: bool, limit: int | None, ti
             enable_prefix_caching=not no_prefix_caching, offload_prompt_only=not offload_all_tokens,
             sync_load_budget_bytes=sync_load_budget_bytes, link=link, compute_profile=compute_profile,
             record_steps=bool(out_dir or chrome_trace), vllm_config=vllm_config,
-            progress=bar.update if bar is not None else None,
-            **{k: v for k, v in options.items() if v is not None})
-    finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
+            progress=bar, **{k: v for k, v in options.items() if v is not None})
     if out_dir:
         write_tables(result, out_dir)
     if chrome_trace:

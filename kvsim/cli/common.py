@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 
 from kvsim.errors import InputError
 from kvsim.results import format_table
+from kvsim.traces import TRACE_FORMATS
 
 
 def offload_options(f: Callable) -> Callable:
@@ -35,6 +37,12 @@ def offload_options(f: Callable) -> Callable:
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def format_option(f: Callable) -> Callable:
+    """``--format``: one of the trace formats kvsim reads (default: detected)."""
+    return click.option("--format", "fmt", type=click.Choice(list(TRACE_FORMATS)), default=None,
+                        help="Trace format (default: detected from the file).")(f)
 
 
 OFFLOAD_KEYS = ("cpu_chunks", "cpu_gib", "model", "tp", "policy", "admission", "store_threshold",
@@ -74,14 +82,15 @@ def count_lines(path: str, limit: int | None) -> int | None:
     return min(n, limit) if limit is not None else n
 
 
-def progress(items: Iterable, length: int | None, label: str, enabled: bool) -> Iterator:
-    """Iterate with a progress bar on stderr when enabled."""
+@contextlib.contextmanager
+def progress_bar(enabled: bool, length: int | None, label: str) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr as the API's ``progress(n)`` callback (None when disabled)."""
     if not enabled:
-        yield from items
+        yield None
         return
-    with click.progressbar(items, length=length, label=label, file=sys.stderr,
+    with click.progressbar(length=length, label=label, file=sys.stderr,
                            show_pos=True, show_eta=True) as bar:
-        yield from bar
+        yield bar.update
 
 
 def note_missing_reuse(info) -> None:

@@ -5,7 +5,7 @@ protocol of :mod:`kvsim.engine.transfer_protocol`); the forward pass takes what 
 injected compute model says. Defaults: virtual clock, :class:`SimulatedTransferBackend`
 on the GPU's link, :class:`RooflineCompute` of the model on the GPU. The CPU tier is the
 same :class:`kvsim.offload.OffloadManager` and policies as cache mode
-(:func:`kvsim.replay.build_manager`).
+(:meth:`kvsim.offload.OffloadManager.from_config`).
 
 One engine step at clock time t: ``schedule`` (admission, lookups, store offers) ->
 ``begin_execute`` (flush stall, submit last step's stores, submit loads) -> forward pass ->
@@ -35,9 +35,9 @@ from kvsim.engine.transfer_model import TransferModelParams, get_link
 from kvsim.engine.transfer_protocol import TransferBackend
 from kvsim.errors import InputError
 from kvsim.gpu_cache import GpuBlockPool
-from kvsim.hardware import GpuSpec, get_gpu
-from kvsim.models import ModelSpec, get_model
-from kvsim.replay import build_manager
+from kvsim.hardware import GpuSpec
+from kvsim.models import ModelSpec
+from kvsim.offload import OffloadManager
 from kvsim.traces.model import Request
 
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
@@ -63,8 +63,8 @@ class Engine:
         config: CacheConfig,
         params: EngineParams | None = None,
         *,
-        model: ModelSpec | str | None = None,
-        gpu: GpuSpec | str = "h200",
+        model: ModelSpec,
+        gpu: GpuSpec,
         compute: Callable[[StepBatch], float] | None = None,
         compute_params: ComputeParams | None = None,
         transfer: TransferModelParams | None = None,
@@ -77,8 +77,8 @@ class Engine:
     ) -> None:
         self.config = config
         self.params = params = params or EngineParams()
-        self.model = get_model(model or config.model or "llama-3.1-8b") if not isinstance(model, ModelSpec) else model
-        self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        self.model = model
+        self.gpu = gpu
         self.layout = config.layout
         self.clock = clock if clock is not None else VirtualClock()
         self.compute = compute if compute is not None else RooflineCompute(
@@ -91,7 +91,7 @@ class Engine:
         self.manager = None
         self.connector: OffloadConnector | None = None
         if offload:
-            self.manager = manager if manager is not None else build_manager(config, requests_for_future)
+            self.manager = manager if manager is not None else OffloadManager.from_config(config, requests_for_future)
             self.connector = OffloadConnector(
                 self.manager, self.layout, kv_bytes_per_token=self.model.kv_bytes_per_token(tp=params.tp),
                 num_layers=self.model.num_layers, gpu_block_tokens=params.gpu_block_tokens,

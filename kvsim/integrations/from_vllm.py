@@ -1,4 +1,4 @@
-"""Drive vLLM 0.33's own ``CPUOffloadingManager`` through kvsim's replay protocol.
+"""vLLM -> kvsim: drive vLLM 0.33's own ``CPUOffloadingManager`` through kvsim's replay protocol.
 
 Used by ``kvsim bench`` (speed ratio) and the differential tests (same decisions).
 vLLM is imported lazily, only here; kvsim never depends on it.

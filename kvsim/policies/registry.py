@@ -10,6 +10,7 @@ import importlib
 import inspect
 from typing import Any
 
+from kvsim.config import resolve_admission
 from kvsim.errors import InputError
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.admission.length import LengthAdmission
@@ -117,9 +118,9 @@ def _resolve(table: dict, base: type, option: str, noun: str, spec: str, module_
 def make_admission(
     spec: str = "always", *, store_threshold: int = 0, max_tracker_size: int = 64_000, **kwargs: Any
 ) -> AdmissionPolicy:
-    """Build an admission policy. vLLM semantics: ``store_threshold >= 2`` means the threshold."""
-    if spec.lower() == "always" and store_threshold >= 2:
-        spec = "threshold"
+    """Build an admission policy (``always`` with ``store_threshold >= 2`` is the threshold,
+    as :func:`kvsim.config.resolve_admission` decides for every run)."""
+    spec = resolve_admission(spec, store_threshold)
     name, _, arg = spec.partition(":")
     builtin = ADMISSION_POLICIES.get(name.lower()) if arg else None
     if builtin is not None:  # NAME:ARG, e.g. probabilistic:0.5, length:2048, tinylfu:3

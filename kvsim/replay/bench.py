@@ -14,9 +14,9 @@ from typing import Any
 import pandas as pd
 
 from kvsim.config import OffloadOptions
+from kvsim.integrations.from_vllm import VllmManagerDriver, vllm_available
 from kvsim.replay import CacheReplay, fused_tier_class
 from kvsim.traces import Request
-from kvsim.vllm_driver import VllmManagerDriver, vllm_available
 
 
 def _best_time(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:

@@ -21,40 +21,20 @@ from typing import Any
 
 from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
-from kvsim.offload import OffloadManager
-from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.offload import OffloadManager, admission_from_config
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
-from kvsim.policies.registry import eviction_policy_class, make_admission, make_eviction_policy
-from kvsim.replay_fused import FusedLRUTier, FusedTier
-from kvsim.replay_fused_arc import FusedARCTier
-from kvsim.replay_protocol import ProtocolTier
+from kvsim.policies.registry import eviction_policy_class
+from kvsim.replay.fused_arc import FusedARCTier
+from kvsim.replay.fused_lru import FusedLRUTier
+from kvsim.replay.fused_tier import FusedTier
+from kvsim.replay.protocol_tier import ProtocolTier
 from kvsim.traces.model import Request
 
 REQUEST_COLUMNS = (
     "request", "arrival_s", "prompt_tokens", "prompt_blocks", "gpu_hit_blocks",
     "cpu_hit_blocks", "stored_blocks", "evicted_blocks", "skipped_blocks", "store_failed",
 )
-
-
-def build_manager(config: CacheConfig, requests: Iterable[Request] | None = None) -> OffloadManager:
-    """The offload manager with the configured eviction and admission policies."""
-    policy = make_eviction_policy(config.policy, config.num_chunks, config.policy_module)
-    if getattr(policy, "needs_future", False):
-        if requests is None:
-            raise ValueError(f"policy {config.policy!r} needs the trace's future")
-        policy.prepare_future(requests, config.layout)  # type: ignore[attr-defined]
-    return OffloadManager(config.num_chunks, policy, build_admission(config))
-
-
-def build_admission(config: CacheConfig) -> AdmissionPolicy | None:
-    """The configured admission rule; None admits everything."""
-    if config.admission == "always" and config.store_threshold < 2:
-        return None
-    return make_admission(
-        config.admission, store_threshold=config.store_threshold,
-        max_tracker_size=config.max_tracker_size, seed=config.seed, chunk_tokens=config.chunk_tokens,
-    )
 
 
 #: policy class -> its fused tier (exact classes: a user's subclass runs the protocol)
@@ -69,7 +49,7 @@ def fused_tier_class(config: CacheConfig) -> type[FusedTier] | None:
 class CacheReplay:
     """Drives one CPU tier (kvsim's, or an adapter around vLLM's manager) through a trace.
 
-    ``fused=None`` picks the fused tier (:mod:`kvsim.replay_fused`: the same decisions,
+    ``fused=None`` picks the fused tier (:mod:`kvsim.replay.fused_tier`: the same decisions,
     several times faster) for kvsim's own ``lru`` and ``arc``, and the full manager
     protocol otherwise; ``fused=False`` always runs the protocol.
     """
@@ -84,10 +64,10 @@ class CacheReplay:
                              "without a manager of the caller's")
         if fused_tier is not None and fused is not False:
             self.tier: ProtocolTier | FusedTier = fused_tier(
-                config.num_chunks, config.chunk_tokens, config.prefill_chunk_tokens, build_admission(config))
+                config.num_chunks, config.chunk_tokens, config.prefill_chunk_tokens, admission_from_config(config))
             self.manager = None
         else:
-            self.manager = manager if manager is not None else build_manager(config, requests_for_future)
+            self.manager = manager if manager is not None else OffloadManager.from_config(config, requests_for_future)
             self.tier = ProtocolTier(self.manager, config.chunk_tokens, config.prefill_chunk_tokens)
         self.gpu = GpuBlockPool(config.gpu_blocks)
         self.totals = dict.fromkeys(
@@ -172,7 +152,8 @@ class CacheReplay:
             "requests": t["requests"],
             "prompt_tokens": t["prompt_tokens"],
             "prompt_blocks": blocks,
-            "block_tokens": self.layout.unit_tokens,
+            "block_tokens": cfg.block_tokens,
+            "unit_tokens": self.layout.unit_tokens,
             "gpu_hit_blocks": t["gpu_hit_blocks"],
             "cpu_hit_blocks": t["cpu_hit_blocks"],
             "gpu_hit_ratio": ratio(t["gpu_hit_blocks"]),
@@ -192,7 +173,7 @@ class CacheReplay:
             "gpu_evictions": self.gpu.evictions,
             "policy": cfg.policy,
             "tier": self.tier.name,
-            "admission": "threshold" if cfg.store_threshold >= 2 and cfg.admission == "always" else cfg.admission,
+            "admission": cfg.admission,
             "store_threshold": cfg.store_threshold,
         }
         return out

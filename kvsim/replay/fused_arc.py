@@ -15,7 +15,7 @@ from itertools import filterfalse
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.arc import adapt_to_ghost_hit, finish_request, pick_victims, retire_victims
 from kvsim.policies.base import Key
-from kvsim.replay_fused import FusedTier
+from kvsim.replay.fused_tier import FusedTier
 
 
 class FusedARCTier(FusedTier):

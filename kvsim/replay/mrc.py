@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.errors import InputError
+from kvsim.fenwick import Fenwick
 from kvsim.keys import KeyLayout
 from kvsim.traces.model import Request
 
@@ -38,51 +39,12 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _SAMPLE_BITS = 24
 
 
-class _Fenwick:
-    """Counts of live timestamps; grows by doubling."""
-
-    __slots__ = ("tree", "n")
-
-    def __init__(self, n: int = 1024) -> None:
-        self.n = n
-        self.tree = [0] * (n + 1)
-
-    def _grow(self, need: int) -> None:
-        old = self.n
-        n = old
-        while n < need:
-            n *= 2
-        tree = [0] * (n + 1)
-        # rebuild from point values
-        values = [self.prefix(i) - self.prefix(i - 1) for i in range(1, old + 1)]
-        self.n, self.tree = n, tree
-        for i, v in enumerate(values, 1):
-            if v:
-                self.add(i, v)
-
-    def add(self, i: int, delta: int) -> None:
-        if i > self.n:
-            self._grow(i)
-        tree, n = self.tree, self.n
-        while i <= n:
-            tree[i] += delta
-            i += i & -i
-
-    def prefix(self, i: int) -> int:
-        tree = self.tree
-        s = 0
-        while i > 0:
-            s += tree[i]
-            i -= i & -i
-        return s
-
-
 class _Stack:
     """An LRU stack: depth of a key, and moving keys to the top."""
 
     def __init__(self) -> None:
         self.stamp: dict = {}
-        self.fenwick = _Fenwick()
+        self.fenwick = Fenwick()
         self.clock = 0
 
     def depth(self, key) -> int:

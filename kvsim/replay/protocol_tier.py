@@ -30,7 +30,7 @@ def offer_bounds(store_chunks: int, computed_tokens: int, input_tokens: int, chu
 
 
 class ProtocolTier:
-    """One request's CPU-tier calls (steps 2-5 of :mod:`kvsim.replay`) on a manager."""
+    """One request's CPU-tier calls (steps 2-5 of :mod:`kvsim.replay.driver`) on a manager."""
 
     name = "protocol"
 

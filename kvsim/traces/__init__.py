@@ -5,6 +5,7 @@
 >>> first = next(iter(trace))
 """
 
+from .coerce import as_trace, frame_requests, requests_frame
 from .model import Request, Trace, TraceInfo
 from .readers import (
     DEFAULT_BLOCK_TOKENS,
@@ -20,7 +21,10 @@ __all__ = [
     "Request",
     "Trace",
     "TraceInfo",
+    "as_trace",
+    "frame_requests",
     "open_trace",
+    "requests_frame",
     "sniff_format",
     "write_native",
 ]

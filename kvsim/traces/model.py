@@ -6,8 +6,10 @@ file and streams :class:`Request` objects from it (see :mod:`kvsim.traces.reader
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from kvsim.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +70,16 @@ class Trace:
     requests are produced when ``limit`` is not None.
     """
 
-    __slots__ = ("info", "limit", "_requests")
+    __slots__ = ("info", "limit", "_requests", "_reader")
 
-    def __init__(self, info: TraceInfo, limit: int | None = None):
+    def __init__(self, info: TraceInfo, limit: int | None = None,
+                 reader: Callable[[TraceInfo, int | None], Iterator[Request]] | None = None):
+        """``reader(info, limit)`` streams a file's requests (the readers module passes its
+        own, so this model needs no reader code)."""
         self.info = info
         self.limit = limit
         self._requests: list[Request] | None = None
+        self._reader = reader
 
     @classmethod
     def from_requests(
@@ -84,8 +90,6 @@ class Trace:
         for r in reqs:
             problem = repeated_block_id(r.block_hashes)
             if problem is not None:
-                from kvsim.errors import InputError
-
                 raise InputError(f"request {r.request_id}: block_hashes: {problem}", source=name)
         info = TraceInfo(
             path=name,
@@ -95,6 +99,12 @@ class Trace:
         )
         t = cls(info, None)
         t._requests = reqs
+        return t
+
+    def with_limit(self, limit: int | None) -> Trace:
+        """The same trace, capped at ``limit`` requests (in memory or streamed alike)."""
+        t = Trace(self.info, limit, self._reader)
+        t._requests = self._requests
         return t
 
     @property
@@ -113,9 +123,9 @@ class Trace:
         if self._requests is not None:
             reqs = self._requests if self.limit is None else self._requests[: self.limit]
             return iter(reqs)
-        from .readers import iter_file
-
-        return iter_file(self.info, self.limit)
+        if self._reader is None:
+            raise ValueError("a file-backed Trace needs a reader; build it with open_trace")
+        return self._reader(self.info, self.limit)
 
     def __repr__(self) -> str:
         lim = "" if self.limit is None else f", limit={self.limit}"

@@ -16,10 +16,10 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator
 
 from ..errors import InputError
+from ..io import atomic_path
 from .model import Request, Trace, TraceInfo, repeated_block_id
 
 TRACE_FORMATS: tuple[str, ...] = ("mooncake", "bailian", "azure", "native")
@@ -545,7 +545,7 @@ def open_trace(
     if block_tokens is not None:
         bt = block_tokens
     info = TraceInfo(path=p, format=fmt, block_tokens=bt, has_reuse_info=fmt != "azure")
-    return Trace(info, limit)
+    return Trace(info, limit, iter_file)
 
 
 # --------------------------------------------------------------------------- writer
@@ -561,38 +561,27 @@ def write_native(path: str | os.PathLike, requests: Iterable[Request], block_tok
     if type(block_tokens) is not int or block_tokens <= 0:
         raise InputError(f"block_tokens must be a positive integer, got {block_tokens!r}")
     p = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(p))
-    fd, tmp = tempfile.mkstemp(prefix=".kvsim-trace-", suffix=".tmp", dir=d)
     n = 0
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if p.endswith(".gz") else None
-            out = io.TextIOWrapper(gz if gz is not None else raw, "utf-8", newline="\n")
-            dumps = json.dumps
-            out.write(dumps({"kvsim_trace": NATIVE_VERSION, "block_tokens": block_tokens}) + "\n")
-            for r in requests:
-                rec = {
-                    "arrival_s": r.arrival_s,
-                    "input_tokens": r.input_tokens,
-                    "output_tokens": r.output_tokens,
-                    "block_hashes": list(r.block_hashes),
-                }
-                if r.session_id is not None:
-                    rec["session_id"] = r.session_id
-                out.write(dumps(rec, separators=(",", ":")) + "\n")
-                n += 1
-            out.flush()
-            out.detach()
-            if gz is not None:
-                gz.close()  # writes the gzip trailer; leaves raw open
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_path(p) as tmp, open(tmp, "wb") as raw:
+        gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if p.endswith(".gz") else None
+        out = io.TextIOWrapper(gz if gz is not None else raw, "utf-8", newline="\n")
+        dumps = json.dumps
+        out.write(dumps({"kvsim_trace": NATIVE_VERSION, "block_tokens": block_tokens}) + "\n")
+        for r in requests:
+            rec = {
+                "arrival_s": r.arrival_s,
+                "input_tokens": r.input_tokens,
+                "output_tokens": r.output_tokens,
+                "block_hashes": list(r.block_hashes),
+            }
+            if r.session_id is not None:
+                rec["session_id"] = r.session_id
+            out.write(dumps(rec, separators=(",", ":")) + "\n")
+            n += 1
+        out.flush()
+        out.detach()
+        if gz is not None:
+            gz.close()  # writes the gzip trailer; leaves raw open
+        raw.flush()
+        os.fsync(raw.fileno())
     return n

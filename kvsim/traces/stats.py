@@ -24,34 +24,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsim.fenwick import Fenwick
 from kvsim.results import Result
 
+from .coerce import as_trace
 from .model import Request, Trace
 
 QUANTILES = (0.5, 0.9, 0.99)
-
-
-class _Fenwick:
-    """Prefix sums over access positions (marks the latest access of each block)."""
-
-    def __init__(self, n: int):
-        self.n = n
-        self.tree = [0] * (n + 1)
-
-    def add(self, i: int, v: int) -> None:
-        i += 1
-        tree, n = self.tree, self.n
-        while i <= n:
-            tree[i] += v
-            i += i & -i
-
-    def prefix(self, i: int) -> int:
-        """Sum of positions [0, i)."""
-        s, tree = 0, self.tree
-        while i > 0:
-            s += tree[i]
-            i -= i & -i
-        return s
 
 
 def _describe(name: str, values: np.ndarray, unit: str) -> dict[str, Any]:
@@ -86,8 +65,6 @@ def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: 
     ``requests``, ``rate_rps`` per ``bin_s`` window) and ``distributions`` (mean and
     percentiles of prompt/output tokens, reuse distance and reuse time).
     """
-    from kvsim.api import as_trace
-
     tr = as_trace(trace, block_tokens=block_tokens, limit=limit)
     bt = block_tokens or tr.block_tokens
     req_rows: list[tuple] = []
@@ -106,7 +83,7 @@ def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: 
         req_rows, columns=["request", "arrival_s", "input_tokens", "output_tokens", "blocks", "hit_blocks"])
 
     # reuse distance (distinct blocks in between) and reuse time, O(N log N)
-    fw = _Fenwick(len(accesses))
+    fw = Fenwick(len(accesses))  # position p of the access stream is index p + 1
     last_pos: dict[int, int] = {}
     last_time: dict[int, float] = {}
     counts: dict[int, int] = {}
@@ -115,10 +92,10 @@ def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: 
         prev = last_pos.get(b)
         if prev is not None:
             reuse_block.append(b)
-            reuse_dist.append(fw.prefix(pos) - fw.prefix(prev + 1))
+            reuse_dist.append(fw.prefix(pos) - fw.prefix(prev + 1))  # accesses strictly between
             reuse_time.append(t - last_time[b])
-            fw.add(prev, -1)
-        fw.add(pos, 1)
+            fw.add(prev + 1, -1)
+        fw.add(pos + 1, 1)
         last_pos[b] = pos
         last_time[b] = t
         counts[b] = counts.get(b, 0) + 1

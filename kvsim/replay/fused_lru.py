@@ -1,0 +1,100 @@
+"""vLLM's LRU fused for requests that run one at a time (see :mod:`kvsim.replay.fused_tier`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.base import Key
+from kvsim.replay.fused_tier import FusedTier
+
+
+class FusedLRUTier(FusedTier):
+    """vLLM's LRU (§3.2) one request at a time.
+
+    * a running request's keys are newer than every committed key (its provisional rank
+      dates from its first access), and among themselves the tail is oldest;
+    * eviction takes committed keys oldest first, then the request's own keys tail first;
+    * at finish the request's resident keys are committed tail first, so the head is newest.
+
+    So the state is one ordered dict of committed keys, least recent first, and the set of
+    the running request's resident keys, which leave the dict while the request runs.
+    (Plain loops beat ``map`` over an OrderedDict's methods here.)
+    """
+
+    name = "fused-lru"
+
+    def __init__(self, num_chunks: int, chunk_tokens: int, prefill_step: int | None,
+                 admission: AdmissionPolicy | None = None) -> None:
+        super().__init__(num_chunks, chunk_tokens, prefill_step, admission)
+        self._order: OrderedDict[Key, None] = OrderedDict()  # committed keys, least recent first
+        self._mine: set[Key] = set()  # the running request's resident keys (provisional ranks)
+
+    @property
+    def num_resident(self) -> int:
+        return len(self._order) + len(self._mine)
+
+    def resident_keys(self) -> list[Key]:
+        return list(self._order)  # between requests every resident key is committed
+
+    def _lookup(self, keys: Sequence[Key]) -> int:
+        order = self._order
+        count = 0
+        for key in keys:
+            if key not in order:
+                break
+            count += 1
+        return count
+
+    def _load(self, keys: Sequence[Key]) -> None:
+        order = self._order
+        for key in keys:  # raised to provisional
+            del order[key]
+        self._mine.update(keys)
+
+    def _offer(self, offer: Sequence[Key], retry: bool) -> list[Key]:
+        order = self._order
+        mine = self._mine
+        reused = any(map(order.__contains__, offer))
+        if reused:  # resident ready keys are reuse: raised to provisional
+            found = list(filter(order.__contains__, offer))
+            for key in found:
+                del order[key]
+            mine.update(found)
+        # an offer holds keys of this request only after reuse or a failed offer
+        return [k for k in offer if k not in mine] if reused or retry else offer
+
+    def _evict(self, need: int, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
+        order = self._order
+        if need <= len(order):  # the common case: the least recent committed keys
+            popitem = order.popitem
+            for _ in range(need):
+                popitem(False)
+            return True
+        mine = self._mine
+        protected = set(offer)
+        own = [k for k in reversed(keys) if k in mine and k not in protected]  # tail first
+        rest = need - len(order)
+        if len(own) < rest:
+            return False
+        order.clear()
+        mine.difference_update(own[:rest])
+        return True
+
+    def _insert(self, keys: list[Key]) -> None:
+        self._mine.update(keys)
+
+    def _finish(self, keys: Sequence[Key]) -> None:
+        mine = self._mine
+        if not mine:
+            return
+        order = self._order
+        if len(mine) == len(keys):  # commit tail first, so the head is the most recent
+            for key in reversed(keys):
+                order[key] = None
+        else:
+            for key in reversed(keys):
+                if key in mine:
+                    order[key] = None
+        mine.clear()

@@ -1,0 +1,71 @@
+"""Anything a user may call a trace (a path, a :class:`Trace`, a requests DataFrame, a list
+of requests) becomes a :class:`Trace` here, so every entry point accepts the same things."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from kvsim.errors import InputError
+
+from .model import Request, Trace
+from .readers import open_trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    #: what every entry point accepts as a trace
+    TraceLike = str | os.PathLike[str] | Trace | Iterable[Request] | pd.DataFrame
+
+REQUEST_FIELDS = ("request_id", "arrival_s", "input_tokens", "output_tokens", "block_hashes", "session_id")
+
+def requests_frame(requests: Iterable[Request], block_tokens: int) -> pd.DataFrame:
+    """Requests as a DataFrame (one row each, the :class:`Request` fields as columns).
+
+    ``frame.attrs["block_tokens"]`` keeps the hash-block size, so the frame can be passed
+    back to ``replay`` / ``simulate`` as a trace.
+    """
+    import pandas as pd
+
+    frame = pd.DataFrame.from_records(
+        [(r.request_id, r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes, r.session_id)
+         for r in requests], columns=list(REQUEST_FIELDS))
+    frame.attrs["block_tokens"] = block_tokens
+    return frame
+
+
+def frame_requests(frame: pd.DataFrame) -> list[Request]:
+    """The requests of a DataFrame shaped like :func:`requests_frame`'s."""
+    missing = [c for c in REQUEST_FIELDS[1:5] if c not in frame.columns]
+    if missing:
+        raise InputError(f"a requests DataFrame needs the columns {', '.join(missing)}")
+    ids = frame["request_id"] if "request_id" in frame else range(len(frame))
+    sessions = frame["session_id"] if "session_id" in frame else [None] * len(frame)
+    return [
+        Request(int(i), float(t), int(n_in), int(n_out), tuple(int(h) for h in hashes),
+                None if s is None or s != s else int(s))
+        for i, t, n_in, n_out, hashes, s in zip(ids, frame["arrival_s"], frame["input_tokens"],
+                                                frame["output_tokens"], frame["block_hashes"], sessions)
+    ]
+
+
+def _is_frame(obj: Any) -> bool:
+    # A DataFrame exists only once pandas is imported: no need to import it to ask.
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(obj, pd.DataFrame)
+
+
+def as_trace(trace: TraceLike, *, block_tokens: int | None = None, limit: int | None = None,
+             fmt: str | None = None) -> Trace:
+    """Accept a path, a :class:`Trace`, a requests DataFrame, or a list of requests."""
+    if _is_frame(trace):
+        bt = block_tokens or trace.attrs.get("block_tokens", 512)
+        return as_trace(Trace.from_requests(frame_requests(trace), bt), limit=limit)
+    if isinstance(trace, Trace):
+        return trace.with_limit(limit) if limit is not None else trace
+    if isinstance(trace, (str, os.PathLike)):
+        return open_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
+    t = Trace.from_requests(list(trace), block_tokens or 512)
+    return t.with_limit(limit) if limit is not None else t
