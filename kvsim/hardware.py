@@ -23,10 +23,6 @@ class GpuSpec:
     memory_bytes: int
     link: str  # transfer_model.LINK_PRESETS key
 
-    @property
-    def memory_gib(self) -> float:
-        return self.memory_bytes / 2**30
-
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in (
     GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB, "pcie5"),

@@ -15,18 +15,8 @@ CPU_CACHE_WRITE_USAGE_PERC = "vllm:kv_offload_cpu_cache_write_usage_perc"
 CPU_CACHE_READ_USAGE_PERC = "vllm:kv_offload_cpu_cache_read_usage_perc"
 CPU_ALLOCATION_SIZE = "vllm:kv_offload_cpu_allocation_size"
 STORES_SKIPPED = "vllm:kv_offload_stores_skipped"
-ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"
-LOAD_BYTES = "vllm:kv_offload_load_bytes"
-STORE_BYTES = "vllm:kv_offload_store_bytes"
-LOAD_TIME = "vllm:kv_offload_load_time"
-STORE_TIME = "vllm:kv_offload_store_time"
-LOAD_SIZE = "vllm:kv_offload_load_size"
-STORE_SIZE = "vllm:kv_offload_store_size"
 
 ALLOCATION_SIZE_BUCKETS: tuple[float, ...] = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
-TRANSFER_SIZE_BUCKETS: tuple[float, ...] = (
-    1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6,
-)
 
 
 @dataclass
@@ -46,12 +36,3 @@ class Histogram:
         self.counts[bisect_left(self.buckets, value)] += 1
         self.count += 1
         self.sum += value
-
-    def cumulative(self) -> dict[str, int]:
-        """``{"le=1": n, ..., "le=+Inf": total}``."""
-        out: dict[str, int] = {}
-        running = 0
-        for bound, n in zip([*self.buckets, float("inf")], self.counts):
-            running += n
-            out[f"le={'+Inf' if bound == float('inf') else f'{bound:g}'}"] = running
-        return out

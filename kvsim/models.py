@@ -32,11 +32,8 @@ class ModelSpec:
     num_kv_heads: int  # per model (before the TP split)
     head_dim: int
     num_attention_heads: int
-    hidden_size: int
-    intermediate_size: int
     num_params: float  # total parameters (weight bytes for a roofline compute model)
     active_params: float  # = num_params for dense models; active per token for MoE
-    vocab_size: int
     is_mla: bool = False
     kv_lora_rank: int = 0  # MLA latent size per token per layer
     qk_rope_head_dim: int = 0  # MLA rope part per token per layer
@@ -78,11 +75,8 @@ _PRESETS = (
         num_kv_heads=8,
         head_dim=64,
         num_attention_heads=32,
-        hidden_size=2048,
-        intermediate_size=8192,
         num_params=1.24e9,
         active_params=1.24e9,
-        vocab_size=128256,
     ),
     ModelSpec(
         name="llama-3.1-8b",
@@ -90,11 +84,8 @@ _PRESETS = (
         num_kv_heads=8,
         head_dim=128,
         num_attention_heads=32,
-        hidden_size=4096,
-        intermediate_size=14336,
         num_params=8.03e9,
         active_params=8.03e9,
-        vocab_size=128256,
     ),
     ModelSpec(
         name="llama-3.1-70b",
@@ -102,11 +93,8 @@ _PRESETS = (
         num_kv_heads=8,
         head_dim=128,
         num_attention_heads=64,
-        hidden_size=8192,
-        intermediate_size=28672,
         num_params=70.6e9,
         active_params=70.6e9,
-        vocab_size=128256,
     ),
     ModelSpec(
         name="qwen2.5-7b",
@@ -114,11 +102,8 @@ _PRESETS = (
         num_kv_heads=4,
         head_dim=128,
         num_attention_heads=28,
-        hidden_size=3584,
-        intermediate_size=18944,
         num_params=7.6e9,
         active_params=7.6e9,
-        vocab_size=152064,
     ),
     ModelSpec(
         name="qwen3-8b",
@@ -126,11 +111,8 @@ _PRESETS = (
         num_kv_heads=8,
         head_dim=128,
         num_attention_heads=32,
-        hidden_size=4096,
-        intermediate_size=12288,
         num_params=8.2e9,
         active_params=8.2e9,
-        vocab_size=151936,
     ),
     ModelSpec(
         name="deepseek-v3",
@@ -138,11 +120,8 @@ _PRESETS = (
         num_kv_heads=1,  # one shared latent (vLLM MLAAttentionSpec)
         head_dim=512 + 64,  # kv_lora_rank + qk_rope_head_dim
         num_attention_heads=128,
-        hidden_size=7168,
-        intermediate_size=18432,  # dense layers; routed experts use 2048
         num_params=671e9,
         active_params=37e9,
-        vocab_size=129280,
         is_mla=True,
         kv_lora_rank=512,
         qk_rope_head_dim=64,

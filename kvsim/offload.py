@@ -77,19 +77,17 @@ class ManagerCounters:
     allocation_sizes: Histogram = field(default_factory=lambda: Histogram(ALLOCATION_SIZE_BUCKETS))
 
 
+@dataclass(slots=True, eq=False)
 class _RequestAccess:
     """Keys one request observed, in first-observation order (one KV-cache group)."""
 
-    __slots__ = ("generation", "keys", "seen", "inserted", "reused", "store_miss", "finished")
-
-    def __init__(self, generation: int) -> None:
-        self.generation = generation
-        self.keys: list = []
-        self.seen: set = set()
-        self.inserted: set = set()
-        self.reused: set = set()
-        self.store_miss: set = set()
-        self.finished = False
+    generation: int
+    keys: list = field(default_factory=list)
+    seen: set = field(default_factory=set)
+    inserted: set = field(default_factory=set)
+    reused: set = field(default_factory=set)
+    store_miss: set = field(default_factory=set)
+    finished: bool = False
 
 
 class OffloadManager:
@@ -389,9 +387,6 @@ class OffloadManager:
 
     def on_schedule_end(self) -> None:
         """The last manager call of an engine step (a no-op for the CPU tier)."""
-
-    def has_pending_work(self) -> bool:
-        return False
 
     def take_events(self) -> Iterator[OffloadingEvent]:
         if self.events is None:

@@ -196,18 +196,15 @@ def _run_serial(cells: list[dict], base_dir: str, workers: int, address: str | N
 
 
 def _run_local(cells: list[dict], base_dir: str, workers: int, address: str | None) -> Iterator[dict]:
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     pool = ProcessPoolExecutor(max_workers=workers)
     finished = False
     try:
         of = {pool.submit(run_cell, c, base_dir): c for c in cells}
-        pending = set(of)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                exc = fut.exception()
-                yield _failed_row(of[fut], exc) if exc is not None else fut.result()
+        for fut in as_completed(of):
+            exc = fut.exception()
+            yield _failed_row(of[fut], exc) if exc is not None else fut.result()
         finished = True
     finally:  # interrupted: drop queued cells, do not wait for running ones
         pool.shutdown(wait=finished, cancel_futures=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from support import SAMPLE
 
 import kvsim
 from kvsim.traces import open_trace
@@ -23,11 +24,11 @@ def test_generate_returns_a_frame_that_replays_like_its_requests():
 
 
 def test_requests_frame_round_trip_of_a_file_trace():
-    trace = open_trace("traces/samples/mooncake_small.jsonl", limit=30)
+    trace = open_trace(SAMPLE, limit=30)
     frame = kvsim.requests_frame(trace, trace.block_tokens)
     assert list(frame["input_tokens"]) == [r.input_tokens for r in trace]
     a = kvsim.replay(frame, cpu_chunks=50).requests
-    b = kvsim.replay("traces/samples/mooncake_small.jsonl", limit=30, cpu_chunks=50).requests
+    b = kvsim.replay(SAMPLE, limit=30, cpu_chunks=50).requests
     assert a.equals(b)
 
 
@@ -38,7 +39,7 @@ def test_a_frame_without_the_request_columns_is_rejected():
 
 
 def test_summary_frame_lists_every_summary_metric_in_order():
-    res = kvsim.replay("traces/samples/mooncake_small.jsonl", limit=20, cpu_chunks=50)
+    res = kvsim.replay(SAMPLE, limit=20, cpu_chunks=50)
     frame = res.summary_frame()
     assert list(frame["metric"]) == list(res.summary)
     assert frame.set_index("metric").loc["requests", "value"] == 20

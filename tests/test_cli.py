@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvsim.cli import cli
+from support import ROOT, TRACES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACE = os.path.join(ROOT, "traces", "samples", "mooncake_small.jsonl")
 REQUIRED = ["request", "prompt_blocks", "gpu_hit_blocks", "cpu_hit_blocks", "stored_blocks",
             "evicted_blocks"]
@@ -147,7 +147,7 @@ def test_a_trace_without_reuse_information_is_called_out():
     import sys
 
     for command in ("replay", "simulate"):
-        proc = subprocess.run([sys.executable, "-m", "kvsim", command, "traces/azure_llm_2023_code.csv",
+        proc = subprocess.run([sys.executable, "-m", "kvsim", command, str(TRACES / "azure_llm_2023_code.csv"),
                                "--cpu-chunks", "100", "--limit", "5"], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         assert "no prefix-reuse information" in proc.stderr

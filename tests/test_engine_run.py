@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from support import SAMPLE
 from test_engine_helpers import CHUNK_BYTES, make_engine, req
 
 from kvsim.api import simulate
@@ -27,7 +28,6 @@ from kvsim.hardware import get_gpu
 from kvsim.models import get_model
 from kvsim.traces import Request, Trace, open_trace
 
-SMALL = "traces/samples/mooncake_small.jsonl"
 
 
 def reuse_trace(n: int = 60) -> Trace:
@@ -42,12 +42,12 @@ def reuse_trace(n: int = 60) -> Trace:
 
 @pytest.fixture(scope="module")
 def small_run():
-    return simulate(SMALL, cpu_gib=8, gpu_kv_blocks=300, limit=80, time_scale=3, policy="arc")
+    return simulate(SAMPLE, cpu_gib=8, gpu_kv_blocks=300, limit=80, time_scale=3, policy="arc")
 
 
 def test_conservation(small_run):
     r, tr = small_run.requests, small_run.transfers
-    trace = list(open_trace(SMALL, limit=80))
+    trace = list(open_trace(SAMPLE, limit=80))
     assert len(r) == 80 and not r.rejected.any()
     assert r.finish_s.notna().all()
     assert r.output_tokens.sum() == sum(max(1, q.output_tokens) for q in trace)
@@ -75,17 +75,17 @@ def test_steps_table_has_vllm_gauges(small_run):
 
 def test_determinism_with_poisson_retiming():
     kw = dict(cpu_gib=8, gpu_kv_blocks=100, limit=40, poisson_rate=0.5, seed=7)
-    a, b = simulate(SMALL, **kw), simulate(SMALL, **kw)
+    a, b = simulate(SAMPLE, **kw), simulate(SAMPLE, **kw)
     for name in ("requests", "transfers", "steps"):
         pd.testing.assert_frame_equal(a.tables[name], b.tables[name])
     assert a.summary == b.summary
-    c = simulate(SMALL, **{**kw, "seed": 8})
+    c = simulate(SAMPLE, **{**kw, "seed": 8})
     assert not c.requests.arrival_s.equals(a.requests.arrival_s)
 
 
 def test_time_scale_stretches_arrivals():
-    r = simulate(SMALL, limit=10, time_scale=2.0, record_steps=False)
-    trace = list(open_trace(SMALL, limit=10))
+    r = simulate(SAMPLE, limit=10, time_scale=2.0, record_steps=False)
+    trace = list(open_trace(SAMPLE, limit=10))
     assert list(r.requests.arrival_s) == [2.0 * q.arrival_s for q in trace]
     assert not r.summary["offload"] and r.transfers.empty
 
@@ -178,7 +178,7 @@ def test_backend_and_clock_are_pluggable():
 
 
 def test_api_rejects_requests_too_long_for_the_gpu():
-    res = simulate(SMALL, limit=20, gpu_kv_blocks=10, cpu_chunks=100, record_steps=False)
+    res = simulate(SAMPLE, limit=20, gpu_kv_blocks=10, cpu_chunks=100, record_steps=False)
     r = res.requests
     assert r.rejected.any() and r[~r.rejected].finish_s.notna().all()
     assert res.summary["rejected"] == int(r.rejected.sum())
@@ -187,7 +187,7 @@ def test_api_rejects_requests_too_long_for_the_gpu():
 def test_cli_simulate_writes_tables_and_chrome_trace(tmp_path):
     out, trace_file = tmp_path / "out", tmp_path / "out" / "trace.json"
     result = CliRunner().invoke(cli, [
-        "simulate", SMALL, "--cpu-gib", "8", "--gpu-blocks", "120", "--limit", "30", "--baseline",
+        "simulate", SAMPLE, "--cpu-gib", "8", "--gpu-blocks", "120", "--limit", "30", "--baseline",
         "--out", str(out), "--chrome-trace", str(trace_file), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "TTFT p50" in result.output and "no offload" in result.output
@@ -204,7 +204,7 @@ def test_cli_simulate_writes_tables_and_chrome_trace(tmp_path):
 
 
 def test_cli_bad_input_is_one_line():
-    result = CliRunner().invoke(cli, ["simulate", SMALL, "--gpu", "b200", "--no-progress"])
+    result = CliRunner().invoke(cli, ["simulate", SAMPLE, "--gpu", "b200", "--no-progress"])
     assert result.exit_code != 0
     assert "unknown GPU" in str(result.exception) or "unknown GPU" in result.output
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import SAMPLE, SYNTHETIC
 
 from kvsim.api import replay
 from kvsim.errors import InputError
@@ -12,12 +13,11 @@ from kvsim.replay.mrc import lru_mrc
 from kvsim.replay.object_protocol import object_replay
 from kvsim.traces import as_trace
 
-SYNTH = "traces/mooncake_fast25_synthetic_trace.jsonl"
 
 
 @pytest.fixture(scope="module")
 def trace():
-    return as_trace(SYNTH, limit=500)
+    return as_trace(SYNTHETIC, limit=500)
 
 
 def test_prefix_curve_equals_replays(trace):
@@ -68,7 +68,7 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
 
     csv, png = tmp_path / "mrc.csv", tmp_path / "mrc.png"
     with pytest.raises(SystemExit) as exc:
-        main(["mrc", "traces/samples/mooncake_small.jsonl", "--csv", str(csv), "--plot", str(png),
+        main(["mrc", SAMPLE, "--csv", str(csv), "--plot", str(png),
               "--sample-rate", "0.5"])
     assert exc.value.code == 0
     head = csv.read_text().splitlines()
@@ -76,6 +76,6 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mrc.csv", "mrc.png"]  # no temp files left
     with pytest.raises(SystemExit) as exc:
-        main(["mrc", "traces/samples/mooncake_small.jsonl", "--policy", "arc"])
+        main(["mrc", SAMPLE, "--policy", "arc"])
     assert exc.value.code == 2
     assert "only lru" in capsys.readouterr().err

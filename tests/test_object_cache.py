@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from support import SAMPLE, SYNTHETIC
 
 from kvsim.api import replay
 from kvsim.keys import KeyLayout
@@ -72,7 +73,7 @@ def test_same_misses_as_libcachesim(policy):
 
 def test_same_misses_as_libcachesim_on_a_trace_block_stream():
     lcs = pytest.importorskip("libcachesim")
-    tr = as_trace("traces/mooncake_fast25_synthetic_trace.jsonl", limit=300)
+    tr = as_trace(SYNTHETIC, limit=300)
     keys = list(block_stream(tr, KeyLayout(tr.block_tokens, tr.block_tokens)))
     for policy, name in MATCHED.items():
         assert kvsim_misses(policy, keys, 500) == libcachesim_misses(lcs, name, keys, 500), policy
@@ -87,7 +88,7 @@ def test_accounting_and_capacity():
 
 
 def test_object_replay_summary_and_api():
-    tr = as_trace("traces/samples/mooncake_small.jsonl")
+    tr = as_trace(SAMPLE)
     layout = KeyLayout(tr.block_tokens, tr.block_tokens)
     s = object_replay(tr, layout, 400, "sieve")
     assert s["accesses"] == sum(1 for _ in block_stream(tr, layout))
@@ -100,7 +101,7 @@ def test_cli_object_protocol(capsys):
     from kvsim.cli import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["replay", "traces/samples/mooncake_small.jsonl", "--cpu-chunks", "300",
+        main(["replay", SAMPLE, "--cpu-chunks", "300",
               "--policy", "s3fifo", "--admission", "tinylfu", "--protocol", "object", "--json"])
     assert exc.value.code == 0
     out = capsys.readouterr().out

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from support import SAMPLE
 
 from kvsim import plots
 from kvsim.cli import cli
@@ -100,7 +101,7 @@ def test_missing_columns_are_input_errors():
 
 
 def test_trace_figures(tmp_path):
-    st = trace_stats("traces/samples/mooncake_small.jsonl", limit=60)
+    st = trace_stats(SAMPLE, limit=60)
     paths = plots.save_all(plots.trace_figures(st), tmp_path)
     assert len(paths) == 8 and all((tmp_path / p).stat().st_size > 1000 for p in paths)
 
@@ -130,7 +131,7 @@ def test_cli_reads_files_and_folders(tmp_path):
 def test_real_timed_tables():
     """The tables kvsim.simulate returns plot as they are."""
     simulate = pytest.importorskip("kvsim.api").simulate
-    r = simulate("traces/samples/mooncake_small.jsonl", limit=30, cpu_chunks=100)
+    r = simulate(SAMPLE, limit=30, cpu_chunks=100)
     for fig in (plots.ttft_cdf(r.requests), plots.usage_timeline(r.steps), plots.transfers(r.transfers)):
         assert fig.axes and fig.axes[-1].get_xlabel()
         plots.plt.close(fig)

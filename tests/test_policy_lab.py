@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from support import SAMPLE, SYNTHETIC
 
 from kvsim.api import replay
 from kvsim.context import RequestContext
@@ -23,7 +24,6 @@ from kvsim.policies.registry import (
 )
 from kvsim.replay.object_protocol import ObjectCache
 
-SYNTH = "traces/mooncake_fast25_synthetic_trace.jsonl"
 LAB = ["fifo", "lfu", "arc-textbook", "sieve", "s3fifo", "slru", "wtinylfu", "belady"]
 
 
@@ -79,7 +79,7 @@ def test_belady_is_the_lower_bound_on_the_object_protocol():
 
 @pytest.mark.parametrize("policy", sorted(PREFIX_GOLDEN))
 def test_prefix_mode_golden(policy):
-    s = replay(SYNTH, limit=300, cpu_chunks=1200, policy=policy, per_request=False).summary
+    s = replay(SYNTHETIC, limit=300, cpu_chunks=1200, policy=policy, per_request=False).summary
     assert (s["cpu_hit_blocks"], s["chunks_evicted"]) == PREFIX_GOLDEN[policy]
 
 
@@ -92,7 +92,7 @@ def test_belady_beats_every_online_policy_in_prefix_mode():
 @pytest.mark.parametrize("admission", ["always", "probabilistic:0.5", "tinylfu", "length:2048", "threshold"])
 def test_every_pair_replays(policy, admission):
     kw = {"store_threshold": 2, "admission": "always"} if admission == "threshold" else {"admission": admission}
-    s = replay(SYNTH, limit=60, cpu_chunks=400, policy=policy, per_request=False, **kw).summary
+    s = replay(SYNTHETIC, limit=60, cpu_chunks=400, policy=policy, per_request=False, **kw).summary
     assert s["requests"] == 60
     assert s["cpu_resident_chunks"] <= 400
     if admission != "always":
@@ -100,7 +100,7 @@ def test_every_pair_replays(policy, admission):
 
 
 def test_same_seed_same_result_for_the_randomised_admission():
-    runs = [replay(SYNTH, limit=80, cpu_chunks=300, admission="probabilistic:0.5", seed=s,
+    runs = [replay(SYNTHETIC, limit=80, cpu_chunks=300, admission="probabilistic:0.5", seed=s,
                    per_request=False).summary["chunks_stored"] for s in (1, 1, 2)]
     assert runs[0] == runs[1] != runs[2]
 
@@ -150,7 +150,7 @@ def test_plugin_policy_loads_and_runs(monkeypatch):
     monkeypatch.syspath_prepend("tests/fixtures")
     cls = eviction_policy_class("policylab_plugins:NewestFirst")
     assert cls.__name__ == "NewestFirst"
-    s = replay(SYNTH, limit=50, cpu_chunks=300, policy="policylab_plugins:NewestFirst",
+    s = replay(SYNTHETIC, limit=50, cpu_chunks=300, policy="policylab_plugins:NewestFirst",
                per_request=False).summary
     assert s["requests"] == 50 and s["chunks_evicted"] > 0
 
@@ -172,7 +172,7 @@ def test_cli_plugin_error_is_one_line(monkeypatch, capsys):
 
     monkeypatch.syspath_prepend("tests/fixtures")
     with pytest.raises(SystemExit) as exc:
-        main(["replay", "traces/samples/mooncake_small.jsonl", "--cpu-chunks", "100",
+        main(["replay", SAMPLE, "--cpu-chunks", "100",
               "--policy", "policylab_plugins:Incomplete"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
@@ -215,7 +215,7 @@ def test_bench_table_covers_every_policy():
     from kvsim.replay.bench import bench_replay
     from kvsim.traces import open_trace
 
-    trace = open_trace(SYNTH, limit=200)
+    trace = open_trace(SYNTHETIC, limit=200)
     requests = list(trace)
     df = bench_replay(requests, trace.block_tokens, cpu_chunks=1500, policies=sorted(EVICTION_POLICIES),
                       repeat=1, with_vllm=False)
@@ -233,7 +233,7 @@ def test_bench_table_covers_every_policy():
 def test_timed_mode_runs_every_kind(policy, admission):
     from kvsim.api import simulate
 
-    r = simulate(SYNTH, limit=150, cpu_chunks=1500, policy=policy, admission=admission, record_steps=False)
+    r = simulate(SYNTHETIC, limit=150, cpu_chunks=1500, policy=policy, admission=admission, record_steps=False)
     assert r.summary["requests"] == 150
     assert r.summary["cpu_hit_tokens"] > 0
 
@@ -241,6 +241,6 @@ def test_timed_mode_runs_every_kind(policy, admission):
 def test_timed_belady_beats_lru():
     from kvsim.api import simulate
 
-    hits = {p: simulate(SYNTH, limit=150, cpu_chunks=1500, policy=p, record_steps=False).summary["cpu_hit_tokens"]
+    hits = {p: simulate(SYNTHETIC, limit=150, cpu_chunks=1500, policy=p, record_steps=False).summary["cpu_hit_tokens"]
             for p in ("lru", "belady")}
     assert hits["belady"] > hits["lru"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from support import SAMPLE, need_vllm
 
 from kvsim.config import OffloadOptions
 from kvsim.replay import CacheReplay
@@ -120,7 +121,7 @@ def test_the_random_cases_reach_the_rare_paths() -> None:
 @pytest.mark.parametrize("policy", ["lru", "arc"])
 @pytest.mark.parametrize("cpu_chunks", [64, 1024])
 def test_fused_tier_equals_the_protocol_on_a_real_trace(cpu_chunks: int, policy: str) -> None:
-    requests = list(open_trace("traces/samples/mooncake_small.jsonl"))
+    requests = list(open_trace(SAMPLE))
     cfg = OffloadOptions(cpu_chunks=cpu_chunks, model=None, gpu_blocks=200, policy=policy).resolve(512)
     assert _replay(requests, cfg, True) == _replay(requests, cfg, False)
 
@@ -141,7 +142,7 @@ def test_the_tier_is_chosen_by_policy() -> None:
 @pytest.mark.vllm
 @pytest.mark.parametrize("policy", ["lru", "arc"])
 def test_fused_tier_makes_vllms_decisions(policy: str) -> None:
-    pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
+    need_vllm("vllm.v1.kv_offload.cpu.manager")
     from kvsim.integrations.from_vllm import VllmManagerDriver
 
     skipped = 8  # the driver does not count skipped stores; every other column must agree

@@ -7,8 +7,8 @@ import pytest
 from kvsim.config import OffloadOptions
 from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 from kvsim.traces import Request, open_trace
+from support import SAMPLE, need_vllm
 
-SAMPLE = "traces/samples/mooncake_small.jsonl"
 
 
 def _req(i: int, hashes: list[int], tokens: int) -> Request:
@@ -54,7 +54,7 @@ def test_steps_start_after_the_cached_prefix(fused):
 
 @pytest.mark.vllm
 def test_prefill_offers_make_vllms_decisions():
-    pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
+    need_vllm("vllm.v1.kv_offload.cpu.manager")
     from kvsim.integrations.from_vllm import VllmManagerDriver
 
     requests = list(open_trace(SAMPLE))

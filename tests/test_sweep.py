@@ -12,6 +12,7 @@ import time
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from support import ROOT, SAMPLE
 
 import kvsim
 from kvsim.cli import cli
@@ -19,9 +20,7 @@ from kvsim.errors import InputError
 from kvsim.policies.lru import LRUPolicy
 from kvsim.sweep import SweepSpec, cell_id, read_journal, run_cell, sweep
 
-SMALL = "traces/samples/mooncake_small.jsonl"
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEC = {"traces": [SMALL], "limit": 120, "options": {"model": "llama-3.1-8b"},
+SPEC = {"traces": [SAMPLE], "limit": 120, "options": {"model": "llama-3.1-8b"},
         "grid": {"policy": ["lru", "arc"], "cpu_chunks": [40, 400], "store_threshold": [0, 2]}}
 
 
@@ -32,7 +31,7 @@ def _metrics(df: pd.DataFrame) -> pd.DataFrame:
 def test_cells_in_order_with_stable_ids():
     cells = SweepSpec.from_mapping(SPEC).cells()
     assert len(cells) == 8
-    assert cells[0] == {"trace": SMALL, "mode": "cache", "limit": 120, "model": "llama-3.1-8b",
+    assert cells[0] == {"trace": SAMPLE, "mode": "cache", "limit": 120, "model": "llama-3.1-8b",
                         "policy": "lru", "cpu_chunks": 40, "store_threshold": 0}
     assert [c["store_threshold"] for c in cells[:2]] == [0, 2]  # last axis fastest
     assert cell_id(cells[0]) == cell_id(dict(reversed(list(cells[0].items()))))
@@ -41,10 +40,10 @@ def test_cells_in_order_with_stable_ids():
 
 @pytest.mark.parametrize("bad, match", [
     ({"traces": []}, "at least one trace"),
-    ({"traces": [SMALL], "gird": {}}, "unknown sweep spec key"),
-    ({"traces": [SMALL], "mode": "fast"}, "mode must be"),
-    ({"traces": [SMALL], "options": {"policy": "lru"}, "grid": {"policy": ["arc"]}}, "both fixed and swept"),
-    ({"traces": [SMALL], "grid": {"status": [1]}}, "reserved"),
+    ({"traces": [SAMPLE], "gird": {}}, "unknown sweep spec key"),
+    ({"traces": [SAMPLE], "mode": "fast"}, "mode must be"),
+    ({"traces": [SAMPLE], "options": {"policy": "lru"}, "grid": {"policy": ["arc"]}}, "both fixed and swept"),
+    ({"traces": [SAMPLE], "grid": {"status": [1]}}, "reserved"),
 ])
 def test_bad_specs(bad, match):
     with pytest.raises(InputError, match=match):
@@ -54,7 +53,7 @@ def test_bad_specs(bad, match):
 def test_row_is_the_single_run():
     cell = SweepSpec.from_mapping(SPEC).cells()[5]
     row = run_cell(cell)
-    direct = kvsim.replay(SMALL, limit=120, per_request=False, model="llama-3.1-8b", policy="arc",
+    direct = kvsim.replay(SAMPLE, limit=120, per_request=False, model="llama-3.1-8b", policy="arc",
                           cpu_chunks=40, store_threshold=2).summary
     assert row["status"] == "ok" and row["error"] is None
     for k in ("combined_hit_ratio", "chunks_stored", "chunks_evicted", "bytes_loaded", "admission"):
@@ -89,18 +88,18 @@ def test_ray_agrees_with_local():
 
 
 def test_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
-    spec = {"traces": [SMALL, "no/such/trace.jsonl"], "limit": 50,
+    spec = {"traces": [SAMPLE, "no/such/trace.jsonl"], "limit": 50,
             "grid": {"policy": ["lru", "nope"], "cpu_chunks": [100]}}
     df = sweep(spec, executor="local", workers=2, out=tmp_path)
     assert len(df) == 4
     status = dict(zip(zip(df.trace, df.policy), df.status))
-    assert status[(SMALL, "lru")] == "ok"
-    assert status[(SMALL, "nope")] == status[("no/such/trace.jsonl", "lru")] == "error"
+    assert status[(SAMPLE, "lru")] == "ok"
+    assert status[(SAMPLE, "nope")] == status[("no/such/trace.jsonl", "lru")] == "error"
     errors = df.set_index(["trace", "policy"])["error"]
-    assert "nope" in errors[(SMALL, "nope")]
+    assert "nope" in errors[(SAMPLE, "nope")]
     assert "not found" in errors[("no/such/trace.jsonl", "lru")]
     assert pd.read_parquet(tmp_path / "results.parquet")["status"].tolist() == df["status"].tolist()
-    res = CliRunner().invoke(cli, ["sweep", "--trace", SMALL, "--limit", "20", "--policy", "lru,nope",
+    res = CliRunner().invoke(cli, ["sweep", "--trace", SAMPLE, "--limit", "20", "--policy", "lru,nope",
                                    "--cpu-chunks", "10", "--out", str(tmp_path / "cli"), "--executor", "serial"])
     assert res.exit_code == 1
     assert "1 ok, 1 failed" in res.output
@@ -170,7 +169,7 @@ def test_generated_trace_cells_and_cli_grid(tmp_path):
     assert df.trace.iloc[0] == "gen:chat(n=150,seed=2)"
     assert df.requests.tolist() == [150, 150]
     assert df.combined_hit_ratio.iloc[0] < df.combined_hit_ratio.iloc[1]
-    res = CliRunner().invoke(cli, ["sweep", "--trace", SMALL, "--limit", "30", "--policy", "lru,arc",
+    res = CliRunner().invoke(cli, ["sweep", "--trace", SAMPLE, "--limit", "30", "--policy", "lru,arc",
                                    "--cpu-chunks", "10,100", "--out", str(tmp_path), "--executor", "serial"])
     assert res.exit_code == 0, res.output
     table = pd.read_csv(tmp_path / "results.csv")
@@ -178,7 +177,7 @@ def test_generated_trace_cells_and_cli_grid(tmp_path):
 
 
 def test_timed_cells_run_or_fail_cleanly():
-    df = sweep({"traces": [SMALL], "mode": "timed", "limit": 20, "grid": {"cpu_chunks": [100]}},
+    df = sweep({"traces": [SAMPLE], "mode": "timed", "limit": 20, "grid": {"cpu_chunks": [100]}},
                executor="serial")
     row = df.iloc[0]
     try:
@@ -198,7 +197,7 @@ class CrashPolicy(LRUPolicy):
 
 
 def test_dead_worker_is_recorded_not_fatal(tmp_path):
-    spec = {"traces": [SMALL], "limit": 20,
+    spec = {"traces": [SAMPLE], "limit": 20,
             "grid": {"policy": [f"{__name__}:CrashPolicy"], "cpu_chunks": [10]}}
     df = sweep(spec, executor="local", workers=1, out=tmp_path)
     assert df.status.tolist() == ["error"] and "worker failed" in df.error.iloc[0]

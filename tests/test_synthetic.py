@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 from click.testing import CliRunner
+from support import SAMPLE
 
 from kvsim.cli import cli
 from kvsim.errors import InputError
@@ -15,7 +16,6 @@ from kvsim.traces import open_trace
 from kvsim.traces.stats import trace_stats
 from kvsim.traces.synthetic import KINDS, generate, to_frame, write_mooncake
 
-SMALL = "traces/samples/mooncake_small.jsonl"
 
 
 def _check_prefix_chained(reqs, bt=512):
@@ -102,11 +102,11 @@ def test_bursty_is_burstier_with_the_on_off_mean_rate():
 
 
 def test_replayed_arrivals():
-    reqs = generate("chat", 50, seed=0, arrival="replay", arrival_trace=SMALL)
-    src = [r.arrival_s for r in open_trace(SMALL, limit=50)]
+    reqs = generate("chat", 50, seed=0, arrival="replay", arrival_trace=SAMPLE)
+    src = [r.arrival_s for r in open_trace(SAMPLE, limit=50)]
     assert [r.arrival_s for r in reqs] == pytest.approx([t - src[0] for t in src])
     with pytest.raises(InputError, match="fewer than"):
-        generate("chat", 500, arrival="replay", arrival_trace=SMALL)
+        generate("chat", 500, arrival="replay", arrival_trace=SAMPLE)
 
 
 def test_rag_document_popularity_is_zipf():

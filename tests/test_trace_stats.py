@@ -7,13 +7,13 @@ import math
 
 import pytest
 from click.testing import CliRunner
+from support import SAMPLE
 
 import kvsim
 from kvsim.cli import cli
 from kvsim.traces import Request, Trace
 from kvsim.traces.stats import trace_stats
 
-SMALL = "traces/samples/mooncake_small.jsonl"
 
 
 def _tiny() -> Trace:
@@ -66,8 +66,8 @@ def test_no_reuse_trace():
 
 
 def test_infinite_cache_ratio_is_replay_at_unbounded_capacity():
-    s = trace_stats(SMALL).summary
-    r = kvsim.replay(SMALL, cpu_chunks=10**7, per_request=False).summary
+    s = trace_stats(SAMPLE).summary
+    r = kvsim.replay(SAMPLE, cpu_chunks=10**7, per_request=False).summary
     assert s["blocks"] == r["prompt_blocks"]
     assert s["infinite_cache_hit_ratio"] == pytest.approx(r["combined_hit_ratio"])
     assert s["requests"] == 200
@@ -75,16 +75,16 @@ def test_infinite_cache_ratio_is_replay_at_unbounded_capacity():
 
 def test_limit_and_infinite_ratio_is_the_ceiling():
     """A small CPU tier hits less; an unbounded one reaches exactly the infinite-cache ratio."""
-    st = trace_stats(SMALL, limit=120)
+    st = trace_stats(SAMPLE, limit=120)
     assert st.summary["requests"] == 120
     assert (st.reuses["distance"] >= 0).all()
-    ratios = [kvsim.replay(SMALL, limit=120, cpu_chunks=c, per_request=False).summary["combined_hit_ratio"]
+    ratios = [kvsim.replay(SAMPLE, limit=120, cpu_chunks=c, per_request=False).summary["combined_hit_ratio"]
               for c in (10, 10**7)]
     assert ratios[0] <= ratios[1] == pytest.approx(st.summary["infinite_cache_hit_ratio"])
 
 
 def test_cli_json_and_plots(tmp_path):
-    res = CliRunner().invoke(cli, ["trace", "stats", SMALL, "--limit", "50", "--json",
+    res = CliRunner().invoke(cli, ["trace", "stats", SAMPLE, "--limit", "50", "--json",
                                    "--plot", str(tmp_path / "figs")])
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
@@ -96,6 +96,6 @@ def test_cli_json_and_plots(tmp_path):
 
 
 def test_cli_table():
-    res = CliRunner().invoke(cli, ["trace", "stats", SMALL, "--limit", "20"])
+    res = CliRunner().invoke(cli, ["trace", "stats", SAMPLE, "--limit", "20"])
     assert res.exit_code == 0
     assert "infinite_cache_hit_ratio" in res.output and "reuse_distance" in res.output

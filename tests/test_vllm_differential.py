@@ -16,9 +16,10 @@ import random
 from collections import Counter
 
 import pytest
+from support import need_vllm
 
-vllm_manager = pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
-vllm_base = pytest.importorskip("vllm.v1.kv_offload.base")
+vllm_manager = need_vllm("vllm.v1.kv_offload.cpu.manager")
+vllm_base = need_vllm("vllm.v1.kv_offload.base")
 
 from kvsim.context import RequestContext  # noqa: E402
 from kvsim.metrics import (  # noqa: E402

@@ -6,18 +6,18 @@ import subprocess
 import sys
 
 import pytest
+from support import ROOT, SYNTHETIC, need_vllm
 
 from kvsim.api import make_options
 from kvsim.replay import CacheReplay
 from kvsim.traces import as_trace
 
-SYNTH = "traces/mooncake_fast25_synthetic_trace.jsonl"
 
 
 def test_importing_the_module_does_not_import_vllm():
     code = ("import sys, kvsim, kvsim.integrations.vllm as v; "
             "assert 'vllm' not in sys.modules; assert 'KvsimS3FIFO' in dir(v); print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=".")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     import kvsim.integrations.vllm as v
 
@@ -25,21 +25,22 @@ def test_importing_the_module_does_not_import_vllm():
         v.NotExported  # noqa: B018
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("policy, class_name", [
     ("s3fifo", "KvsimS3FIFO"), ("sieve", "KvsimSieve"), ("arc-textbook", "KvsimARCTextbook"),
     ("wtinylfu", "KvsimWTinyLFU"), ("lfu", "KvsimLFU"), ("lru", "KvsimLRU"),
 ])
 def test_vllm_manager_with_exported_policy_matches_kvsim(policy, class_name):
-    pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
-    import kvsim.integrations.vllm as integration
+    need_vllm("vllm.v1.kv_offload.cpu.manager")
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
+    import kvsim.integrations.vllm as integration
     from kvsim.integrations.from_vllm import VllmManagerDriver
 
     cls = getattr(integration, class_name)
     assert issubclass(cls, CachePolicy) and cls.__name__ == class_name
-    tr = as_trace(SYNTH, limit=250)
+    tr = as_trace(SYNTHETIC, limit=250)
     config = make_options(cpu_chunks=900, policy=policy).resolve(tr.block_tokens)
     ours: list[tuple] = []
     CacheReplay(config).run(tr, ours.append)
@@ -53,8 +54,9 @@ def test_vllm_manager_with_exported_policy_matches_kvsim(policy, class_name):
     assert theirs == ours
 
 
+@pytest.mark.vllm
 def test_belady_cannot_be_exported():
-    pytest.importorskip("vllm.v1.kv_offload.cpu.policies.base")
+    need_vllm("vllm.v1.kv_offload.cpu.policies.base")
     from kvsim.integrations.vllm import vllm_policy_class
 
     with pytest.raises(ValueError, match="future"):
@@ -63,9 +65,8 @@ def test_belady_cannot_be_exported():
 
 def test_position_view_answers_what_kvsim_policies_ask():
     # vLLM builds without a private positions dict still work through the public lookup
-    from kvsim.integrations.vllm import _PositionView
-
     from kvsim.context import RequestContext
+    from kvsim.integrations.vllm import _PositionView
     from kvsim.policies import Chunk, LRUPolicy
 
     class FakeReqContext:

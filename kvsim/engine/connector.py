@@ -24,6 +24,7 @@ Worker side (called by the engine around the forward pass):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from kvsim.engine.request_state import FINISHED, SimRequest
 from kvsim.engine.transfer_protocol import EXPEDITED, LOAD, STORE, TransferJob, TransferResult
@@ -31,20 +32,19 @@ from kvsim.keys import KeyLayout
 from kvsim.offload import OffloadManager
 
 
+@dataclass(slots=True, eq=False)
 class ConnectorJob:
-    __slots__ = ("job_id", "direction", "req", "keys", "blocks", "chunk_ids", "nbytes", "copies", "step")
+    """One load or store of one request, from submission to completion."""
 
-    def __init__(self, job_id: int, direction: str, req: SimRequest, keys: list, blocks: list,
-                 chunk_ids: list, nbytes: int, copies: int, step: int) -> None:
-        self.job_id = job_id
-        self.direction = direction
-        self.req = req
-        self.keys = keys
-        self.blocks = blocks
-        self.chunk_ids = chunk_ids
-        self.nbytes = nbytes
-        self.copies = copies
-        self.step = step
+    job_id: int
+    direction: str
+    req: SimRequest
+    keys: list
+    blocks: list
+    chunk_ids: list
+    nbytes: int
+    copies: int
+    step: int
 
     def transfer_job(self, now: float) -> TransferJob:
         return TransferJob(self.job_id, self.direction, self.blocks, self.chunk_ids,
@@ -80,8 +80,6 @@ class OffloadConnector:
         # cumulative counters (vLLM connector metrics)
         self.allocation_failures = 0
         self.load_bytes = self.store_bytes = 0
-        self.load_time = self.store_time = 0.0
-        self.load_jobs = self.store_jobs = 0
         self.stall_time = 0.0
         self.stores_submitted = self.loads_submitted = 0
 
@@ -292,8 +290,6 @@ class OffloadConnector:
             if job.direction == STORE:
                 manager.complete_store(job.keys, req.ctx, success=r.success)
                 self.store_bytes += r.nbytes
-                self.store_time += r.duration
-                self.store_jobs += 1
                 fence = self.fence
                 for b in job.blocks:
                     s = fence.get(b)
@@ -304,8 +300,6 @@ class OffloadConnector:
             else:
                 manager.complete_load(job.keys, req.ctx)
                 self.load_bytes += r.nbytes
-                self.load_time += r.duration
-                self.load_jobs += 1
                 if job.direction == LOAD:
                     loading = self.being_loaded
                     for k in job.keys:

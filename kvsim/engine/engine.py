@@ -107,7 +107,6 @@ class Engine:
         self._token = 0
         self._source = None
         self._arrivals_left = False
-        self._n_finished = 0
         self._ran = False
 
     # --- event plumbing ---
@@ -169,7 +168,6 @@ class Engine:
         self.scheduler.waiting.append(sr)
 
     def _finished(self, n: int) -> None:
-        self._n_finished += n
         if self.progress is not None:
             self.progress(n)
 

@@ -6,6 +6,7 @@ vLLM is imported lazily, only here; kvsim never depends on it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -22,12 +23,12 @@ def _key_bytes(key: int) -> bytes:
     return (key & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big") + b"\x00\x00\x00\x00"
 
 
+@dataclass(slots=True)
 class _StoreOut:
-    __slots__ = ("keys_to_store", "evicted_keys")
+    """vLLM's ``PrepareStoreOutput`` with kvsim's int keys."""
 
-    def __init__(self, keys_to_store: list, evicted_keys: list) -> None:
-        self.keys_to_store = keys_to_store
-        self.evicted_keys = evicted_keys
+    keys_to_store: list
+    evicted_keys: list
 
 
 class VllmManagerDriver:
