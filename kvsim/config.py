@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.errors import InputError
 from kvsim.io import read_json
 from kvsim.keys import KeyLayout
+
+if TYPE_CHECKING:
+    from kvsim.models import ModelSpec
+    from kvsim.sizing import CPUTierSizing
 
 DEFAULT_MODEL = "llama-3.1-8b"
 
@@ -110,26 +114,27 @@ class OffloadOptions:
         if len(given) > 1:
             raise InputError(f"give only one CPU tier size, got {' and '.join(given)}")
         chunk_bytes = None
+        spec = None
         if self.model:
             from kvsim.models import get_model
 
             try:
-                get_model(self.model)
+                spec = get_model(self.model)  # the one lookup of the name
             except InputError as exc:
                 raise InputError(f"--model: {exc}") from None
-            chunk_bytes = self._sizing(chunk_tokens, 0).raw_chunk_bytes
+            chunk_bytes = self._sizing(spec, chunk_tokens, 0).raw_chunk_bytes
         if self.cpu_chunks is not None:
             if self.cpu_chunks < 1:
                 raise InputError(f"--cpu-chunks must be >= 1, got {self.cpu_chunks}")
             num_chunks = self.cpu_chunks
         else:
-            if not self.model:
+            if spec is None:
                 raise InputError("--cpu-gib needs --model to know the bytes per chunk")
             cpu_bytes = self.cpu_bytes if self.cpu_bytes is not None else int(self.cpu_gib * 2**30)
             option = "--cpu-gib" if self.cpu_gib is not None else "cpu_bytes_to_use"
             if cpu_bytes <= 0:
                 raise InputError(f"{option} must be positive, got {self.cpu_gib or cpu_bytes}")
-            sizing = self._sizing(chunk_tokens, cpu_bytes, option)
+            sizing = self._sizing(spec, chunk_tokens, cpu_bytes, option)
             num_chunks = sizing.num_chunks
         return CacheConfig(
             num_chunks=num_chunks, block_tokens=block_tokens, chunk_tokens=chunk_tokens,
@@ -139,7 +144,8 @@ class OffloadOptions:
             model=self.model, seed=self.seed, prefill_chunk_tokens=self.prefill_chunk_tokens,
         )
 
-    def _sizing(self, chunk_tokens: int, cpu_bytes: int, option: str = "--cpu-gib"):
+    def _sizing(self, spec: ModelSpec, chunk_tokens: int, cpu_bytes: int,
+                option: str = "--cpu-gib") -> CPUTierSizing:
         from kvsim.sizing import size_for_model
 
         if chunk_tokens % self.gpu_block_tokens:
@@ -149,7 +155,7 @@ class OffloadOptions:
             )
         try:
             return size_for_model(
-                self.model, cpu_bytes, gpu_block_tokens=self.gpu_block_tokens,
+                spec, cpu_bytes, gpu_block_tokens=self.gpu_block_tokens,
                 blocks_per_chunk=chunk_tokens // self.gpu_block_tokens, tp=self.tp,
                 require_one_chunk=cpu_bytes > 0,
             )

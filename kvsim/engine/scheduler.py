@@ -1,16 +1,18 @@
 """One vLLM v1 scheduler step: continuous batching with chunked prefill and preemption.
 
-``schedule(now)``:
+``schedule(now)`` runs vLLM's ``Scheduler.schedule`` as named steps:
 
-1. running requests first, in order: each gets ``min(remaining, budget)`` tokens (one while
-   decoding); when GPU blocks run out the last running request is preempted (its blocks
-   freed, its progress dropped: recompute) until the current one fits or is itself preempted;
-2. only if nobody was preempted, waiting requests in FCFS order while the budget and
-   ``max_num_seqs`` allow: a request whose async load finished is promoted; a new or
-   preempted one gets its local GPU prefix hit, then the connector lookup (which may defer
-   it: skipped this step, it keeps its place); an async CPU hit allocates blocks and parks
-   the request in WAITING_FOR_KV with zero tokens; a request that cannot get its blocks
-   stops admission (FCFS);
+1. ``_schedule_running``: running requests first, in order; each gets its remaining tokens
+   through ``clamp_new_tokens`` (one while decoding); ``_grow_or_preempt`` gets its blocks,
+   preempting the last running request (its blocks freed, its progress dropped: recompute)
+   until the current one fits or is itself preempted;
+2. ``_schedule_waiting``, only if nobody was preempted: waiting requests in FCFS order while
+   the budget and ``max_num_seqs`` allow: a request whose async load finished is promoted; a
+   new or preempted one gets its local GPU prefix hit, then the connector lookup
+   (``_lookup_hit``, which may defer it: skipped this step, it keeps its place);
+   ``_take_admission_blocks`` gets its blocks; an async CPU hit parks the request in
+   WAITING_FOR_KV with zero tokens (``_park_for_load``); a request that cannot get its
+   blocks stops admission (FCFS);
 3. the connector builds its store jobs (``build_connector_meta``).
 
 ``update(t_end)`` applies the forward: computed tokens advance, a request whose tokens are
@@ -21,6 +23,11 @@ GPU blocks are ``KeyLayout.unit_tokens`` long (the trace's hash block, 512 token
 Mooncake), not vLLM's 16: a request's partial last block holds a whole block, and prefix
 hits are in whole hash blocks (the trace cannot say more). Decode blocks get no prefix
 hash (the trace has no hashes for output tokens).
+
+Not modelled from vLLM 0.33's token clamp: the ``max_model_len`` cap (binds only with
+speculative decoding), ``enable_chunked_prefill=False`` (kvsim always chunks), the adaptive
+threshold, and the rule that drops ``long_prefill_token_threshold`` when only one request
+is running or waiting.
 """
 
 from __future__ import annotations
@@ -34,9 +41,63 @@ from kvsim.engine.request_state import FINISHED, RUNNING, WAITING, WAITING_FOR_K
 from kvsim.gpu_cache import GpuBlockPool
 
 
+def clamp_new_tokens(n: int, budget: int, threshold: int) -> int:
+    """Tokens one request gets this step: vLLM's clamp, shared by the running and waiting loops.
+
+    ``n`` is the tokens the request still has to compute; ``threshold`` is
+    ``long_prefill_token_threshold`` (0: off), applied first so a long prefill cannot starve
+    the others, then the step's remaining ``budget``. A decode (``n == 1``) is never cut by a
+    threshold, which is >= 1 when on.
+    """
+    if 0 < threshold < n:
+        n = threshold
+    return n if n <= budget else budget
+
+
+class _BatchTally:
+    """The step's scheduled requests and forward shape, summed as each one is scheduled."""
+
+    __slots__ = ("reqs", "n_prefill_seqs", "prefill", "decode", "context", "pairs")
+
+    def __init__(self) -> None:
+        self.reqs: list[SimRequest] = []
+        self.n_prefill_seqs = 0
+        self.prefill = 0
+        self.decode = 0
+        self.context = 0
+        self.pairs = 0.0
+
+    def add(self, req: SimRequest, n: int, computed: int, is_decode: bool) -> None:
+        """Schedule ``n`` tokens of ``req`` after ``computed``: the compute model's inputs."""
+        req.sched = n
+        self.reqs.append(req)
+        if is_decode:
+            self.decode += 1
+        else:
+            self.prefill += n
+            self.n_prefill_seqs += 1
+        self.context += computed
+        self.pairs += n * computed + n * (n + 1) / 2
+
+    def batch(self) -> StepBatch:
+        return StepBatch(
+            len(self.reqs),
+            self.n_prefill_seqs,
+            self.prefill,
+            self.decode,
+            self.context,
+            self.pairs,
+        )
+
+
 class Scheduler:
-    def __init__(self, params: EngineParams, pool: GpuBlockPool, unit_tokens: int,
-                 connector: OffloadConnector | None) -> None:
+    def __init__(
+        self,
+        params: EngineParams,
+        pool: GpuBlockPool,
+        unit_tokens: int,
+        connector: OffloadConnector | None,
+    ) -> None:
         self.params = params
         self.pool = pool
         self.unit = unit_tokens
@@ -82,156 +143,184 @@ class Scheduler:
         if self.connector is not None:
             self.connector.on_preempt(req)
 
+    def _blocks_needed(self, req: SimRequest, n: int) -> int:
+        """Blocks ``req`` lacks to hold its computed tokens plus ``n`` more."""
+        return -(-(req.num_computed + n) // self.unit) - len(req.blocks)
+
     # --- the step ---
 
     def schedule(self, now: float, step: int) -> StepBatch:
-        conn = self.connector
-        if conn is not None:
-            conn.begin_schedule(step)
-        params = self.params
-        unit = self.unit
-        budget = params.max_num_batched_tokens
-        threshold = params.long_prefill_token_threshold
-        running = self.running
-        scheduled: list[SimRequest] = []
+        """vLLM's step order: running requests first; new admissions only if none was preempted."""
+        if self.connector is not None:
+            self.connector.begin_schedule(step)
         self.preempted = []
-        n_prefill_seqs = prefill = decode = context = 0
-        pairs = 0.0
+        tally = _BatchTally()
+        budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
+        if not self.preempted:
+            self._schedule_waiting(now, budget, tally)
+        self.scheduled = tally.reqs
+        if self.connector is not None:
+            self.connector.build_store_jobs(tally.reqs)
+        return tally.batch()
 
+    def _schedule_running(self, budget: int, tally: _BatchTally) -> int:
+        """Give running requests their next chunk or decode token, in order; returns the budget
+        left. The first one that cannot get its blocks, even after preemption, ends the loop,
+        as in vLLM (the ones behind it are not tried)."""
+        threshold = self.params.long_prefill_token_threshold
+        running = self.running
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = req.prompt + req.num_output - req.num_computed
-            if n > 1 and threshold and n > threshold:
-                n = threshold
-            if n > budget:
-                n = budget
-            need = -(-(req.num_computed + n) // unit) - len(req.blocks)
-            if need > 0:
-                blocks = self._allocate(need)
-                while blocks is None:
-                    victim = running.pop()
-                    self._preempt(victim)
-                    if victim is req:
-                        break
-                    blocks = self._allocate(need)
-                if blocks is None:
-                    break
-                req.blocks.extend(blocks)
+            n = clamp_new_tokens(req.prompt + req.num_output - req.num_computed, budget, threshold)
+            if not self._grow_or_preempt(req, n):
+                break
             c = req.num_computed
             if c < req.prompt:
                 self._cache_upto(req, c + n)
-            req.sched = n
-            scheduled.append(req)
+            tally.add(req, n, c, n == 1 and c >= req.prompt)
             budget -= n
-            if n == 1 and c >= req.prompt:
-                decode += 1
-            else:
-                prefill += n
-                n_prefill_seqs += 1
-            context += c
-            pairs += n * c + n * (n + 1) / 2
             i += 1
+        return budget
 
-        if not self.preempted:
-            waiting = self.waiting
-            skipped: list[SimRequest] = []
-            max_seqs = params.max_num_seqs
-            pool = self.pool
-            while waiting and budget > 0 and len(running) < max_seqs:
-                req = waiting[0]
-                if req.status == WAITING_FOR_KV:
-                    if not req.load_done:
-                        waiting.popleft()
-                        skipped.append(req)
-                        continue
-                    self._promote(req)
-                if req.num_computed == 0:
-                    tokens = req.num_tokens
-                    gpu_hit = 0
-                    if self.prefix_caching and req.unit_keys:
-                        gpu_hit = pool.match_prefix(req.unit_keys, (tokens - 1) // unit)
-                    local = gpu_hit * unit
-                    ext, is_async = 0, False
-                    if conn is not None:
-                        found = conn.lookup(req, local)
-                        if found is None:
-                            req.deferrals += 1
-                            if req.kv_wait_start is None:
-                                req.kv_wait_start = now
-                            waiting.popleft()
-                            skipped.append(req)
-                            continue
-                        ext, is_async = found
-                    if is_async:
-                        n = 0
-                    else:
-                        n = tokens - local - ext
-                        if threshold and n > threshold:
-                            n = threshold
-                        if n > budget:
-                            n = budget
-                    hit_keys = req.unit_keys[:gpu_hit]
-                    need = -(-(local + ext + n) // unit) - gpu_hit
-                    if need + (self._free_hit_blocks(hit_keys) if gpu_hit else 0) > pool.num_free:
+    def _grow_or_preempt(self, req: SimRequest, n: int) -> bool:
+        """Get ``req`` the blocks for ``n`` more tokens, preempting from the tail of the running
+        list (vLLM FCFS: the latest arrival loses its KV) until they fit. False when ``req``
+        itself was preempted: nothing is left to take blocks from."""
+        need = -(-(req.num_computed + n) // self.unit) - len(req.blocks)  # hot: inlined
+        if need <= 0:
+            return True
+        blocks = self._allocate(need)
+        while blocks is None:
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is req:
+                return False
+            blocks = self._allocate(need)
+        req.blocks.extend(blocks)
+        return True
+
+    def _schedule_waiting(self, now: float, budget: int, tally: _BatchTally) -> None:
+        """Admit waiting requests FCFS while budget and ``max_num_seqs`` allow. A request that
+        must wait (load in flight, connector deferral, async load just started) is skipped
+        and keeps its place; one that cannot get its blocks stops admission."""
+        threshold = self.params.long_prefill_token_threshold
+        waiting = self.waiting
+        running = self.running
+        skipped: list[SimRequest] = []
+        max_seqs = self.params.max_num_seqs
+        while waiting and budget > 0 and len(running) < max_seqs:
+            req = waiting[0]
+            if req.status == WAITING_FOR_KV:
+                if not req.load_done:
+                    skipped.append(waiting.popleft())
+                    continue
+                self._promote(req)
+            if req.num_computed == 0:
+                hit = self._lookup_hit(req, now)
+                if hit is None:
+                    skipped.append(waiting.popleft())
+                    continue
+                gpu_hit, ext, is_async = hit
+                local = gpu_hit * self.unit
+                n = (
+                    0
+                    if is_async
+                    else clamp_new_tokens(req.num_tokens - local - ext, budget, threshold)
+                )
+                if not self._take_admission_blocks(req, gpu_hit, ext, is_async, n):
+                    break
+                if is_async:
+                    self._park_for_load(req, now, local, ext)
+                    skipped.append(waiting.popleft())
+                    continue
+                req.num_computed = local + ext
+            else:
+                n = clamp_new_tokens(req.num_tokens - req.num_computed, budget, threshold)
+                need = self._blocks_needed(req, n)
+                if need > 0:
+                    blocks = self._allocate(need)
+                    if blocks is None:
                         break
-                    held = pool.acquire_cached(hit_keys) if gpu_hit else []
-                    fresh = self._allocate(need) if need > 0 else []
-                    req.blocks = held + fresh
-                    req.n_cached = gpu_hit
-                    if not req.admitted:
-                        req.admitted = True
-                        req.gpu_hit = local
-                        req.cpu_hit = ext if local + ext < tokens else ext - 1
-                    if conn is not None:
-                        conn.update_state_after_alloc(req, local, ext, is_async)
-                    if is_async:
-                        req.status = WAITING_FOR_KV
-                        req.num_computed = local
-                        req.pending_ext = ext
-                        req.load_done = False
-                        if req.kv_wait_start is None:
-                            req.kv_wait_start = now
-                        waiting.popleft()
-                        skipped.append(req)
-                        continue
-                    req.num_computed = local + ext
-                else:
-                    n = req.num_tokens - req.num_computed
-                    if threshold and n > threshold:
-                        n = threshold
-                    if n > budget:
-                        n = budget
-                    need = -(-(req.num_computed + n) // unit) - len(req.blocks)
-                    if need > 0:
-                        blocks = self._allocate(need)
-                        if blocks is None:
-                            break
-                        req.blocks.extend(blocks)
-                waiting.popleft()
-                req.status = RUNNING
-                running.append(req)
-                c = req.num_computed
-                self._cache_upto(req, c + n)
-                if req.kv_wait_start is not None:
-                    req.kv_wait += now - req.kv_wait_start
-                    req.kv_wait_start = None
-                if req.first_scheduled is None:
-                    req.first_scheduled = now
-                req.sched = n
-                scheduled.append(req)
-                budget -= n
-                prefill += n
-                n_prefill_seqs += 1
-                context += c
-                pairs += n * c + n * (n + 1) / 2
-            if skipped:
-                waiting.extendleft(reversed(skipped))
+                    req.blocks.extend(blocks)
+            waiting.popleft()
+            self._start_running(req, n, now, tally)
+            budget -= n
+        if skipped:
+            waiting.extendleft(reversed(skipped))
 
-        self.scheduled = scheduled
-        if conn is not None:
-            conn.build_store_jobs(scheduled)
-        return StepBatch(len(scheduled), n_prefill_seqs, prefill, decode, context, pairs)
+    def _lookup_hit(self, req: SimRequest, now: float) -> tuple[int, int, bool] | None:
+        """A new or preempted request's prefix hit: (GPU hit blocks, external tokens, async).
+
+        The GPU hit stops short of the last token, which vLLM always recomputes. None when
+        the connector defers the lookup: the request waits, its KV wait clock running.
+        """
+        tokens = req.num_tokens
+        gpu_hit = 0
+        if self.prefix_caching and req.unit_keys:
+            gpu_hit = self.pool.match_prefix(req.unit_keys, (tokens - 1) // self.unit)
+        if self.connector is None:
+            return gpu_hit, 0, False
+        found = self.connector.lookup(req, gpu_hit * self.unit)
+        if found is None:
+            req.deferrals += 1
+            if req.kv_wait_start is None:
+                req.kv_wait_start = now
+            return None
+        ext, is_async = found
+        return gpu_hit, ext, is_async
+
+    def _take_admission_blocks(
+        self, req: SimRequest, gpu_hit: int, ext: int, is_async: bool, n: int
+    ) -> bool:
+        """Give an admitted request its GPU-hit blocks plus fresh ones for the external hit and
+        ``n`` new tokens, all or nothing (vLLM ``allocate_slots``): hit blocks sitting in the
+        free queue count against free space. On success record its hits and tell the
+        connector."""
+        unit = self.unit
+        pool = self.pool
+        local = gpu_hit * unit
+        hit_keys = req.unit_keys[:gpu_hit]
+        need = -(-(local + ext + n) // unit) - gpu_hit
+        if need + (self._free_hit_blocks(hit_keys) if gpu_hit else 0) > pool.num_free:
+            return False
+        held = pool.acquire_cached(hit_keys) if gpu_hit else []
+        fresh = self._allocate(need) if need > 0 else []
+        req.blocks = held + fresh
+        req.n_cached = gpu_hit
+        if not req.admitted:
+            req.admitted = True
+            tokens = req.num_tokens
+            req.gpu_hit = local
+            req.cpu_hit = ext if local + ext < tokens else ext - 1
+        if self.connector is not None:
+            self.connector.update_state_after_alloc(req, local, ext, is_async)
+        return True
+
+    def _park_for_load(self, req: SimRequest, now: float, local: int, ext: int) -> None:
+        """An async CPU hit: the request holds its blocks in WAITING_FOR_KV with no tokens
+        scheduled until the load lands (vLLM WAITING_FOR_REMOTE_KVS)."""
+        req.status = WAITING_FOR_KV
+        req.num_computed = local
+        req.pending_ext = ext
+        req.load_done = False
+        if req.kv_wait_start is None:
+            req.kv_wait_start = now
+
+    def _start_running(self, req: SimRequest, n: int, now: float, tally: _BatchTally) -> None:
+        """Move an admitted request to the running list with ``n`` tokens this step; its
+        KV-wait and first-scheduled clocks stop here. Always counted as prefill, as vLLM
+        counts a request coming from the waiting queue."""
+        req.status = RUNNING
+        self.running.append(req)
+        c = req.num_computed
+        self._cache_upto(req, c + n)
+        if req.kv_wait_start is not None:
+            req.kv_wait += now - req.kv_wait_start
+            req.kv_wait_start = None
+        if req.first_scheduled is None:
+            req.first_scheduled = now
+        tally.add(req, n, c, False)
 
     def rescue(self) -> bool:
         """Break an ordering deadlock vLLM itself can fall into with a tiny GPU cache.

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from kvsim.context import RequestContext
 from kvsim.policies.base import Key
-from kvsim.policies.fifo import QueuePolicy
+from kvsim.policies.queue import QueuePolicy
 
 
 class TextbookARCPolicy(QueuePolicy):
@@ -41,8 +41,12 @@ class TextbookARCPolicy(QueuePolicy):
         self.t2: OrderedDict[Key, None] = OrderedDict()
         self.b1: OrderedDict[Key, None] = OrderedDict()
         self.b2: OrderedDict[Key, None] = OrderedDict()
-        self._incoming: OrderedDict[Key, int] = OrderedDict()  # ghost hits not yet stored: key -> 1 (B1) or 2 (B2)
-        self._unreplaced: OrderedDict[Key, int] = OrderedDict()  # ghost hits whose room is not made yet
+        self._incoming: OrderedDict[Key, int] = (
+            OrderedDict()
+        )  # ghost hits not yet stored: key -> 1 (B1) or 2 (B2)
+        self._unreplaced: OrderedDict[Key, int] = (
+            OrderedDict()
+        )  # ghost hits whose room is not made yet
 
     def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
         b1, b2 = self.b1, self.b2
@@ -84,16 +88,11 @@ class TextbookARCPolicy(QueuePolicy):
         else:
             del self.t2[key]
 
-    def _first_usable(self, entries: dict, protected: set) -> Key | None:
-        usable = self._usable
-        for key in entries:
-            if usable(key, protected):
-                return key
-        return None
-
     def _replace(self, x_in_b2: bool, protected: set) -> Key:
         t1 = self.t1
-        from_t1 = (len(t1) > 0 and (len(t1) > self.p or (x_in_b2 and len(t1) == self.p))) or not self.t2
+        from_t1 = (
+            len(t1) > 0 and (len(t1) > self.p or (x_in_b2 and len(t1) == self.p))
+        ) or not self.t2
         first, second = (t1, self.t2) if from_t1 else (self.t2, t1)
         key = self._first_usable(first, protected)
         if key is None:

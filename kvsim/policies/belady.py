@@ -28,7 +28,7 @@ from heapq import heapify, heappop, heappush
 
 from kvsim.context import RequestContext
 from kvsim.policies.base import Key
-from kvsim.policies.fifo import QueuePolicy
+from kvsim.policies.queue import QueuePolicy
 
 NEVER = 1 << 62
 

@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 from kvsim.context import RequestContext
 from kvsim.policies.base import Key
-from kvsim.policies.fifo import QueuePolicy
+from kvsim.policies.queue import QueuePolicy
 
 
 class LFUPolicy(QueuePolicy):

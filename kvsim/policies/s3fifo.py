@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from kvsim.context import RequestContext
 from kvsim.policies.base import Key
-from kvsim.policies.fifo import QueuePolicy
+from kvsim.policies.queue import QueuePolicy
 
 
 class S3FIFOPolicy(QueuePolicy):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from kvsim.context import RequestContext
 from kvsim.policies.base import Key
-from kvsim.policies.fifo import QueuePolicy
+from kvsim.policies.queue import QueuePolicy
 
 
 class SievePolicy(QueuePolicy):

@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 from kvsim.context import RequestContext
 from kvsim.policies.base import Key
-from kvsim.policies.fifo import QueuePolicy
+from kvsim.policies.queue import QueuePolicy
 
 
 def segmented_hit(probation: OrderedDict, protected: OrderedDict, key: Key, protected_capacity: int) -> None:

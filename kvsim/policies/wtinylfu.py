@@ -2,7 +2,7 @@
 an SLRU main cache, with a TinyLFU sketch deciding who enters main.
 
 * every access (a store miss announced by ``on_store_miss``, or a hit) counts in the
-  frequency sketch (:class:`kvsim.policies.admission.tinylfu.FrequencySketch`);
+  frequency sketch (:class:`kvsim.policies.frequency_sketch.FrequencySketch`);
 * new chunks enter the window (1 % of the capacity, at least one chunk); while main has
   room the window's overflow moves straight into main's probation segment;
 * to evict, when the window is over its share its LRU chunk (the candidate) duels main's
@@ -19,9 +19,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from kvsim.context import RequestContext
-from kvsim.policies.admission.tinylfu import FrequencySketch
 from kvsim.policies.base import Key
-from kvsim.policies.fifo import QueuePolicy
+from kvsim.policies.frequency_sketch import FrequencySketch
+from kvsim.policies.queue import QueuePolicy
 from kvsim.policies.slru import segmented_hit
 
 
@@ -29,8 +29,9 @@ class WTinyLFUPolicy(QueuePolicy):
     name = "wtinylfu"
     description = "W-TinyLFU: 1% LRU window + SLRU main, frequency-sketch duel at admission"
 
-    def __init__(self, capacity: int, window_ratio: float = 0.01, protected_ratio: float = 0.8,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, capacity: int, window_ratio: float = 0.01, protected_ratio: float = 0.8, seed: int = 0
+    ) -> None:
         self.window_capacity = max(1, int(capacity * window_ratio))
         self.main_capacity = max(0, capacity - self.window_capacity)
         self.protected_capacity = max(1, int(self.main_capacity * protected_ratio))
@@ -51,8 +52,10 @@ class WTinyLFUPolicy(QueuePolicy):
     def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
         window = self._window
         window[key] = None
-        while (len(window) > self.window_capacity
-               and len(self._probation) + len(self._protected) < self.main_capacity):
+        while (
+            len(window) > self.window_capacity
+            and len(self._probation) + len(self._protected) < self.main_capacity
+        ):
             moved = next(iter(window))
             del window[moved]
             self._probation[moved] = None
@@ -72,16 +75,11 @@ class WTinyLFUPolicy(QueuePolicy):
                 del segment[key]
                 return
 
-    def _first_usable(self, segment: dict, protected: set) -> Key | None:
-        usable = self._usable
-        for key in segment:
-            if usable(key, protected):
-                return key
-        return None
-
     def _pick_victim(self, protected: set) -> Key:
         window = self._window
-        candidate = self._first_usable(window, protected) if len(window) > self.window_capacity else None
+        candidate = (
+            self._first_usable(window, protected) if len(window) > self.window_capacity else None
+        )
         victim_segment = self._probation
         victim = self._first_usable(victim_segment, protected)
         if victim is None:
