@@ -26,8 +26,8 @@ hash (the trace has no hashes for output tokens).
 
 Not modelled from vLLM 0.33's token clamp: the ``max_model_len`` cap (binds only with
 speculative decoding), ``enable_chunked_prefill=False`` (kvsim always chunks), the adaptive
-threshold, and the rule that drops ``long_prefill_token_threshold`` when only one request
-is running or waiting.
+threshold. As in vLLM, ``long_prefill_token_threshold`` applies only while more than one
+request is running or waiting (a lone request has nobody to starve).
 """
 
 from __future__ import annotations
@@ -154,6 +154,8 @@ class Scheduler:
         if self.connector is not None:
             self.connector.begin_schedule(step)
         self.preempted = []
+        eligible = len(self.running) + len(self.waiting)
+        self.threshold = self.params.long_prefill_token_threshold if eligible > 1 else 0
         tally = _BatchTally()
         budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
         if not self.preempted:
@@ -167,7 +169,7 @@ class Scheduler:
         """Give running requests their next chunk or decode token, in order; returns the budget
         left. The first one that cannot get its blocks, even after preemption, ends the loop,
         as in vLLM (the ones behind it are not tried)."""
-        threshold = self.params.long_prefill_token_threshold
+        threshold = self.threshold
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -204,7 +206,7 @@ class Scheduler:
         """Admit waiting requests FCFS while budget and ``max_num_seqs`` allow. A request that
         must wait (load in flight, connector deferral, async load just started) is skipped
         and keeps its place; one that cannot get its blocks stops admission."""
-        threshold = self.params.long_prefill_token_threshold
+        threshold = self.threshold
         waiting = self.waiting
         running = self.running
         skipped: list[SimRequest] = []
