@@ -37,10 +37,12 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
     from kvsim.traces.synthetic import generate as generate_requests
 
     block_tokens = int(knobs.get("block_tokens", 512))
-    return requests_frame(generate_requests(kind, n_requests=n_requests, seed=seed, **knobs), block_tokens)
+    return requests_frame(
+        generate_requests(kind, n_requests=n_requests, seed=seed, **knobs), block_tokens
+    )
 
 
-def make_options(vllm_config: str | dict | None = None, **options: Any) -> OffloadOptions:
+def make_options(vllm_config: str | dict[str, Any] | None = None, **options: Any) -> OffloadOptions:
     """Options from keywords, on top of a vLLM ``kv_connector_extra_config`` if given."""
     base = OffloadOptions()
     if vllm_config is not None:
@@ -64,8 +66,8 @@ def replay(
     limit: int | None = None,
     fmt: str | None = None,
     per_request: bool = True,
-    requests_csv: str | os.PathLike | None = None,
-    vllm_config: str | dict | None = None,
+    requests_csv: str | os.PathLike[str] | None = None,
+    vllm_config: str | dict[str, Any] | None = None,
     protocol: str = "prefix",
     fused: bool | None = None,
     progress: Callable[[int], None] | None = None,
@@ -88,8 +90,11 @@ def replay(
     if protocol != "prefix":
         if requests_csv is not None:
             raise InputError("--requests-csv is for --protocol prefix only")
-        return Result(summary={"trace": str(tr.path), **replay_config(requests, config, protocol)},
-                      tables={}, config=config.as_dict())
+        return Result(
+            summary={"trace": str(tr.path), **replay_config(requests, config, protocol)},
+            tables={},
+            config=config.as_dict(),
+        )
     # the trace is read for its future only by policies that need it
     run = CacheReplay(config, requests_for_future=tr, fused=fused)
     tables = {}
@@ -101,12 +106,14 @@ def replay(
     elif per_request:
         import pandas as pd
 
-        rows: list[tuple] = []
+        rows: list[tuple[Any, ...]] = []
         summary = run.run(requests, rows.append)
         tables["requests"] = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
     else:
         summary = run.run(requests)
-    return Result(summary={"trace": str(tr.path), **summary}, tables=tables, config=config.as_dict())
+    return Result(
+        summary={"trace": str(tr.path), **summary}, tables=tables, config=config.as_dict()
+    )
 
 
 def mrc(
@@ -128,8 +135,10 @@ def mrc(
     from kvsim.replay.mrc import lru_mrc
 
     if policy.lower() != "lru":
-        raise InputError(f"--policy: a one-pass curve needs a stack policy; only lru has one "
-                         f"(got {policy!r}); sweep capacities with kvsim replay for others")
+        raise InputError(
+            f"--policy: a one-pass curve needs a stack policy; only lru has one "
+            f"(got {policy!r}); sweep capacities with kvsim replay for others"
+        )
     tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
     bt = block_tokens or tr.block_tokens
     layout = KeyLayout(bt, chunk_tokens or bt)
@@ -158,10 +167,10 @@ def simulate(
     time_scale: float = 1.0,
     poisson_rate: float | None = None,
     link: str | None = None,
-    compute_profile: str | os.PathLike | None = None,
+    compute_profile: str | os.PathLike[str] | None = None,
     tp: int | None = None,
     record_steps: bool = True,
-    vllm_config: str | dict | None = None,
+    vllm_config: str | dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
     **options: Any,
 ) -> Result:
@@ -188,16 +197,33 @@ def simulate(
     model = model or "llama-3.1-8b"
     tr = as_trace(trace, block_tokens=options.get("block_tokens"), limit=limit)
     sized = cpu_gib is not None or cpu_chunks is not None or vllm_config is not None
-    opts = make_options(vllm_config, model=model, cpu_gib=cpu_gib, cpu_chunks=cpu_chunks if sized else 1,
-                        policy=policy, seed=seed, tp=tp, **options)
+    opts = make_options(
+        vllm_config,
+        model=model,
+        cpu_gib=cpu_gib,
+        cpu_chunks=cpu_chunks if sized else 1,
+        policy=policy,
+        seed=seed,
+        tp=tp,
+        **options,
+    )
     config = opts.resolve(tr.block_tokens)
     params = EngineParams(
-        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-        long_prefill_token_threshold=long_prefill_token_threshold, gpu_blocks=gpu_kv_blocks,
-        gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=enable_prefix_caching,
-        offload_prompt_only=offload_prompt_only, sync_load_budget_bytes=sync_load_budget_bytes,
-        gpu_block_tokens=opts.gpu_block_tokens, tp=opts.tp, time_scale=time_scale,
-        poisson_rate=poisson_rate, seed=seed, record_steps=record_steps)
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        gpu_blocks=gpu_kv_blocks,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_prefix_caching=enable_prefix_caching,
+        offload_prompt_only=offload_prompt_only,
+        sync_load_budget_bytes=sync_load_budget_bytes,
+        gpu_block_tokens=opts.gpu_block_tokens,
+        tp=opts.tp,
+        time_scale=time_scale,
+        poisson_rate=poisson_rate,
+        seed=seed,
+        record_steps=record_steps,
+    )
     # every name resolves here, once: the engine takes the spec objects
     model_spec = get_model(model)
     gpu_spec = get_gpu(gpu)
@@ -207,21 +233,45 @@ def simulate(
         compute_params = load_compute_profile(compute_profile, compute_params)
     future = tr if sized else None  # read only by policies that need the future
 
-    def run(offload: bool) -> tuple[dict, dict]:
-        engine = Engine(config, params, model=model_spec, gpu=gpu_spec, compute_params=compute_params,
-                        transfer=transfer, offload=offload, requests_for_future=future if offload else None,
-                        progress=progress).run(tr)
+    def run(offload: bool) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+        engine = Engine(
+            config,
+            params,
+            model=model_spec,
+            gpu=gpu_spec,
+            compute_params=compute_params,
+            transfer=transfer,
+            offload=offload,
+            requests_for_future=future if offload else None,
+            progress=progress,
+        ).run(tr)
         rec = engine.recorder
-        tables = {"requests": rec.request_table(), "transfers": rec.transfer_table(), "steps": rec.step_table()}
+        tables = {
+            "requests": rec.request_table(),
+            "transfers": rec.transfer_table(),
+            "steps": rec.step_table(),
+        }
         return summarize(engine, tables["requests"], tables["transfers"]), tables
 
     summary, tables = run(offload=sized)
-    summary = {"trace": str(tr.path), "gpu": gpu_spec.name, "model": model, "link": transfer.link, **summary}
+    summary = {
+        "trace": str(tr.path),
+        "gpu": gpu_spec.name,
+        "model": model,
+        "link": transfer.link,
+        **summary,
+    }
     if baseline:
         base_summary, base_tables = run(offload=False)
         summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
         tables[BASELINE_PREFIX + "requests"] = base_tables["requests"]
         tables[BASELINE_PREFIX + "steps"] = base_tables["steps"]
-    config_out = {**config.as_dict(), **params.as_dict(), "gpu": gpu_spec.name, "link": transfer.to_dict(),
-                  "compute": compute_params.__dict__, "offload": sized}
+    config_out = {
+        **config.as_dict(),
+        **params.as_dict(),
+        "gpu": gpu_spec.name,
+        "link": transfer.to_dict(),
+        "compute": compute_params.__dict__,
+        "offload": sized,
+    }
     return Result(summary=summary, tables=tables, config=config_out)

@@ -17,6 +17,8 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class GpuSpec:
+    """One GPU type's roofline figures, memory and host link (what the timed engine models)."""
+
     name: str
     peak_flops: float  # dense BF16 FLOP/s
     hbm_bytes_per_s: float
@@ -24,13 +26,16 @@ class GpuSpec:
     link: str  # transfer_model.LINK_PRESETS key
 
 
-GPUS: dict[str, GpuSpec] = {g.name: g for g in (
-    GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB, "pcie5"),
-    GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB, "pcie5"),
-    GpuSpec("a100", 312e12, 2.039e12, 81920 * MIB, "pcie4"),
-    GpuSpec("l40s", 362e12, 0.864e12, 46068 * MIB, "pcie4"),
-    GpuSpec("gh200", 989e12, 4.0e12, 97871 * MIB, "gh200"),
-)}
+GPUS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec("h100", 989e12, 3.35e12, 81559 * MIB, "pcie5"),
+        GpuSpec("h200", 989e12, 4.8e12, 143771 * MIB, "pcie5"),
+        GpuSpec("a100", 312e12, 2.039e12, 81920 * MIB, "pcie4"),
+        GpuSpec("l40s", 362e12, 0.864e12, 46068 * MIB, "pcie4"),
+        GpuSpec("gh200", 989e12, 4.0e12, 97871 * MIB, "gh200"),
+    )
+}
 
 
 def get_gpu(name: str) -> GpuSpec:

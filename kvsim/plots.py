@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,6 +27,12 @@ import pandas as pd
 
 from kvsim.errors import InputError
 from kvsim.io import atomic_path, figure_format
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from kvsim.replay.mrc import MRC
+    from kvsim.results import Result
 
 KINDS = ("hit-vs-capacity", "ttft-cdf", "usage-timeline", "transfers")
 CAPACITY_COLUMNS = ("cpu_gib", "cpu_chunks")
@@ -36,11 +43,13 @@ _NOT_A_SERIES = {"cell", "cell_id", "status", "error", "elapsed_s", "mode", "lim
 def _need(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise InputError(f"{what} needs column(s) {', '.join(missing)}; "
-                         f"the table has {', '.join(map(str, df.columns))}")
+        raise InputError(
+            f"{what} needs column(s) {', '.join(missing)}; "
+            f"the table has {', '.join(map(str, df.columns))}"
+        )
 
 
-def save_as(fig: plt.Figure, path: str | os.PathLike, *, close: bool = True) -> str:
+def save_as(fig: Figure, path: str | os.PathLike[str], *, close: bool = True) -> str:
     """Write one figure file (format from the extension) atomically; return its path."""
     path = os.fspath(path)
     with atomic_path(path) as tmp:
@@ -50,21 +59,23 @@ def save_as(fig: plt.Figure, path: str | os.PathLike, *, close: bool = True) -> 
     return path
 
 
-def save(fig: plt.Figure, base: str | os.PathLike) -> list[str]:
+def save(fig: Figure, base: str | os.PathLike[str]) -> list[str]:
     """Write ``base.png`` and ``base.svg`` (each atomically); return the paths."""
     paths = [save_as(fig, f"{os.fspath(base)}.{ext}", close=False) for ext in ("png", "svg")]
     plt.close(fig)
     return paths
 
 
-def mrc_curve(mrc, *, title: str | None = None) -> plt.Figure:
+def mrc_curve(mrc: MRC, *, title: str | None = None) -> Figure:
     """Hit ratio against CPU capacity (log x) of a :class:`kvsim.replay.mrc.MRC`, with the
     capacity from which a prefix-protocol curve is exact."""
     t = mrc.table
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ax.plot(t["capacity"], t["hit_ratio"], drawstyle="steps-post")
     if mrc.protocol == "prefix" and mrc.exact_from > 1:
-        ax.axvline(mrc.exact_from, color="grey", linestyle=":", label=f"exact from {mrc.exact_from}")
+        ax.axvline(
+            mrc.exact_from, color="grey", linestyle=":", label=f"exact from {mrc.exact_from}"
+        )
         ax.legend(loc="lower right")
     ax.set_xscale("log")
     ax.set_xlabel("CPU capacity (chunks)")
@@ -84,22 +95,34 @@ def _config_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in cols[:end] if c not in _NOT_A_SERIES]
 
 
-def hit_vs_capacity(results: pd.DataFrame, *, x: str | None = None, y: str = "combined_hit_ratio",
-                    by: Sequence[str] | None = None, title: str | None = None) -> plt.Figure:
+def hit_vs_capacity(
+    results: pd.DataFrame,
+    *,
+    x: str | None = None,
+    y: str = "combined_hit_ratio",
+    by: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Figure:
     """Hit ratio against CPU capacity, one line per policy/admission/... combination."""
     df = results[results["status"] == "ok"] if "status" in results.columns else results
     if x is None:
         x = next((c for c in CAPACITY_COLUMNS if c in df.columns and df[c].notna().any()), None)
         if x is None:
-            raise InputError(f"hit-vs-capacity needs a capacity column ({' or '.join(CAPACITY_COLUMNS)})")
+            raise InputError(
+                f"hit-vs-capacity needs a capacity column ({' or '.join(CAPACITY_COLUMNS)})"
+            )
     _need(df, [x, y], "hit-vs-capacity")
-    df = df.assign(**{x: pd.to_numeric(df[x], errors="coerce"),
-                      y: pd.to_numeric(df[y], errors="coerce")}).dropna(subset=[x, y])
+    df = df.assign(
+        **{x: pd.to_numeric(df[x], errors="coerce"), y: pd.to_numeric(df[y], errors="coerce")}
+    ).dropna(subset=[x, y])
     if df.empty:
         raise InputError("hit-vs-capacity: no successful cells to plot")
     if by is None:
-        by = [c for c in _config_columns(df) if c != x and c not in CAPACITY_COLUMNS
-              and df[c].astype(str).nunique() > 1]
+        by = [
+            c
+            for c in _config_columns(df)
+            if c != x and c not in CAPACITY_COLUMNS and df[c].astype(str).nunique() > 1
+        ]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     groups = df.groupby(list(by), dropna=False, sort=True) if by else [((), df)]
     for key, g in groups:
@@ -110,7 +133,9 @@ def hit_vs_capacity(results: pd.DataFrame, *, x: str | None = None, y: str = "co
     ax.set_xscale("log" if df[x].min() > 0 and df[x].max() / df[x].min() >= 20 else "linear")
     unit = {"cpu_gib": "CPU tier size (GiB)", "cpu_chunks": "CPU tier size (chunks)"}
     ax.set_xlabel(unit.get(x, x))
-    ax.set_ylabel(y.replace("_", " ") + (" (fraction of prompt blocks)" if y.endswith("ratio") else ""))
+    ax.set_ylabel(
+        y.replace("_", " ") + (" (fraction of prompt blocks)" if y.endswith("ratio") else "")
+    )
     if y.endswith("ratio"):
         ax.set_ylim(0, max(1e-3, float(df[y].max()) * 1.1))
     ax.set_title(title or f"{y.replace('_', ' ')} vs CPU capacity")
@@ -119,7 +144,7 @@ def hit_vs_capacity(results: pd.DataFrame, *, x: str | None = None, y: str = "co
     return fig
 
 
-def ttft_cdf(requests: pd.DataFrame, *, by: str | None = None, title: str | None = None) -> plt.Figure:
+def ttft_cdf(requests: pd.DataFrame, *, by: str | None = None, title: str | None = None) -> Figure:
     """Empirical CDF of time to first token, one line per value of ``by``."""
     _need(requests, ["ttft_s"] + ([by] if by else []), "ttft-cdf")
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -128,8 +153,12 @@ def ttft_cdf(requests: pd.DataFrame, *, by: str | None = None, title: str | None
         v = np.sort(g["ttft_s"].dropna().to_numpy(dtype=float)) * 1000.0
         if len(v) == 0:
             continue
-        ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post",
-                label=f"{by}={key}" if by else str(key))
+        ax.step(
+            v,
+            np.arange(1, len(v) + 1) / len(v),
+            where="post",
+            label=f"{by}={key}" if by else str(key),
+        )
     ax.set_xlabel("time to first token (ms)")
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1.02)
@@ -148,12 +177,20 @@ def _usage_columns(steps: pd.DataFrame) -> list[str]:
     cols = [c for c in USAGE_COLUMNS if c in steps.columns]
     if cols:
         return cols
-    return [c for c in steps.columns if str(c).startswith(("gpu_", "cpu_"))
-            and pd.api.types.is_numeric_dtype(steps[c])]
+    return [
+        c
+        for c in steps.columns
+        if str(c).startswith(("gpu_", "cpu_")) and pd.api.types.is_numeric_dtype(steps[c])
+    ]
 
 
-def usage_timeline(steps: pd.DataFrame, *, columns: Sequence[str] | None = None,
-                   time: str | None = None, title: str | None = None) -> plt.Figure:
+def usage_timeline(
+    steps: pd.DataFrame,
+    *,
+    columns: Sequence[str] | None = None,
+    time: str | None = None,
+    title: str | None = None,
+) -> Figure:
     """GPU and CPU cache occupancy over (simulated) time; one panel per tier.
 
     ``time`` defaults to the first of ``time_s``, ``end_s``, ``start_s``; ``columns`` to
@@ -164,17 +201,22 @@ def usage_timeline(steps: pd.DataFrame, *, columns: Sequence[str] | None = None,
     cols = list(columns) if columns else _usage_columns(steps)
     _need(steps, [time], "usage-timeline")
     if not cols:
-        raise InputError("usage-timeline needs gpu_kv_usage/cpu_cache_usage_perc, gpu_usage/cpu_usage "
-                         "or gpu_*/cpu_* columns")
+        raise InputError(
+            "usage-timeline needs gpu_kv_usage/cpu_cache_usage_perc, gpu_usage/cpu_usage "
+            "or gpu_*/cpu_* columns"
+        )
     _need(steps, cols, "usage-timeline")
     tiers = [t for t in ("gpu", "cpu") if any(c.startswith(t) for c in cols)] or ["usage"]
-    fig, axes = plt.subplots(len(tiers), 1, figsize=(8, 2.6 * len(tiers) + 0.6), sharex=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(tiers), 1, figsize=(8, 2.6 * len(tiers) + 0.6), sharex=True, squeeze=False
+    )
     for ax, tier in zip(axes[:, 0], tiers):
         mine = [c for c in cols if c.startswith(tier)] if tier != "usage" else cols
         for c in mine:
             ax.step(steps[time], steps[c], where="post", label=c)
-        fraction = all(("usage" in c or c.endswith("fraction")) and steps[c].max() <= 1.0 for c in mine)
+        fraction = all(
+            ("usage" in c or c.endswith("fraction")) and steps[c].max() <= 1.0 for c in mine
+        )
         ax.set_ylabel(f"{tier.upper()} {'(fraction used)' if fraction else '(blocks / chunks)'}")
         if fraction:
             ax.set_ylim(0, 1.05)
@@ -185,7 +227,7 @@ def usage_timeline(steps: pd.DataFrame, *, columns: Sequence[str] | None = None,
     return fig
 
 
-def transfers(table: pd.DataFrame, *, bins: int = 60, title: str | None = None) -> plt.Figure:
+def transfers(table: pd.DataFrame, *, bins: int = 60, title: str | None = None) -> Figure:
     """Transfer bandwidth over time per direction (top) and duration against size (bottom)."""
     _need(table, ["direction", "bytes", "start_s", "end_s"], "transfers")
     if table.empty:
@@ -201,8 +243,11 @@ def transfers(table: pd.DataFrame, *, bins: int = 60, title: str | None = None) 
         for lo, hi, nbytes in zip(s, e, b):
             span = max(hi - lo, 1e-12)
             overlap = np.clip(np.minimum(edges[1:], hi) - np.maximum(edges[:-1], lo), 0, None)
-            per_bin += nbytes * overlap / span if hi > lo else nbytes * (
-                (edges[:-1] <= lo) & (lo < edges[1:]))
+            per_bin += (
+                nbytes * overlap / span
+                if hi > lo
+                else nbytes * ((edges[:-1] <= lo) & (lo < edges[1:]))
+            )
         top.step(edges[:-1], per_bin / width / 1e9, where="post", label=str(direction))
         bottom.scatter(b / 2**20, (e - s) * 1000.0, s=8, alpha=0.6, label=str(direction))
     top.set_xlabel("time (s)")
@@ -223,14 +268,17 @@ def transfers(table: pd.DataFrame, *, bins: int = 60, title: str | None = None) 
 # --------------------------------------------------------------------------- trace stats
 
 
-def trace_figures(stats) -> dict[str, plt.Figure]:
+def trace_figures(stats: Result) -> dict[str, Figure]:
     """Figures of a :func:`kvsim.traces.stats.trace_stats` result, by file stem."""
     req, reuses, pop, arr = stats.requests, stats.reuses, stats.popularity, stats.arrivals
     name = os.path.basename(str(stats.summary.get("trace", "trace")))
-    figs: dict[str, plt.Figure] = {}
+    figs: dict[str, Figure] = {}
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, col, label in ((axes[0], "input_tokens", "prompt"), (axes[1], "output_tokens", "output")):
+    for ax, col, label in (
+        (axes[0], "input_tokens", "prompt"),
+        (axes[1], "output_tokens", "output"),
+    ):
         v = req[col].to_numpy()
         ax.hist(v, bins=50, color="tab:blue" if label == "prompt" else "tab:orange")
         ax.set_xlabel(f"{label} length (tokens)")
@@ -241,8 +289,10 @@ def trace_figures(stats) -> dict[str, plt.Figure]:
     figs["token_lengths"] = fig
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, col, label in ((axes[0], "distance", "reuse distance (distinct blocks)"),
-                           (axes[1], "time_s", "reuse time (s)")):
+    for ax, col, label in (
+        (axes[0], "distance", "reuse distance (distinct blocks)"),
+        (axes[1], "time_s", "reuse time (s)"),
+    ):
         v = np.sort(reuses[col].to_numpy(dtype=float))
         if len(v):
             ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post")
@@ -277,7 +327,7 @@ def trace_figures(stats) -> dict[str, plt.Figure]:
     return figs
 
 
-def save_all(figs: dict[str, plt.Figure], folder: str | os.PathLike) -> list[str]:
+def save_all(figs: dict[str, Figure], folder: str | os.PathLike[str]) -> list[str]:
     """Save every figure as ``folder/<stem>.png`` and ``.svg``."""
     os.makedirs(folder, exist_ok=True)
     out: list[str] = []

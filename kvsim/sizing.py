@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from kvsim.errors import InputError
 from kvsim.models import ModelSpec, get_model
@@ -78,7 +79,7 @@ class CPUTierSizing:
     cpu_kv_cache_size_bytes: int  # num_chunks * row_bytes
     cpu_kv_cache_size_tokens: int | None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

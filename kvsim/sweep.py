@@ -53,7 +53,7 @@ class SweepSpec:
     name: str = "sweep"
 
     @classmethod
-    def load(cls, spec: str | os.PathLike | Mapping[str, Any] | SweepSpec) -> SweepSpec:
+    def load(cls, spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> SweepSpec:
         if isinstance(spec, SweepSpec):
             return spec
         if isinstance(spec, (str, os.PathLike)):
@@ -75,8 +75,10 @@ class SweepSpec:
     def from_mapping(cls, data: Mapping[str, Any]) -> SweepSpec:
         unknown = sorted(set(data) - SPEC_KEYS)
         if unknown:
-            raise InputError(f"unknown sweep spec key(s): {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(SPEC_KEYS))}")
+            raise InputError(
+                f"unknown sweep spec key(s): {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(SPEC_KEYS))}"
+            )
         traces = data.get("traces")
         if isinstance(traces, (str, dict)):
             traces = [traces]
@@ -85,8 +87,10 @@ class SweepSpec:
         mode = data.get("mode", "cache")
         if mode not in MODES:
             raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        grid = {k: (list(v) if isinstance(v, (list, tuple)) else [v])
-                for k, v in (data.get("grid") or {}).items()}
+        grid = {
+            k: (list(v) if isinstance(v, (list, tuple)) else [v])
+            for k, v in (data.get("grid") or {}).items()
+        }
         for k, v in grid.items():
             if not v:
                 raise InputError(f"grid axis {k!r} is empty")
@@ -94,12 +98,20 @@ class SweepSpec:
         clash = sorted(set(options) & set(grid))
         if clash:
             raise InputError(f"option(s) both fixed and swept: {', '.join(clash)}")
-        reserved = sorted((set(options) | set(grid)) & ({"trace", "mode", "limit"} | set(STATUS_COLUMNS)))
+        reserved = sorted(
+            (set(options) | set(grid)) & ({"trace", "mode", "limit"} | set(STATUS_COLUMNS))
+        )
         if reserved:
             raise InputError(f"reserved name(s) in options/grid: {', '.join(reserved)}")
         limit = data.get("limit")
-        return cls(traces=list(traces), mode=mode, limit=None if limit is None else int(limit),
-                   options=options, grid=grid, name=str(data.get("name", "sweep")))
+        return cls(
+            traces=list(traces),
+            mode=mode,
+            limit=None if limit is None else int(limit),
+            options=options,
+            grid=grid,
+            name=str(data.get("name", "sweep")),
+        )
 
     def cells(self) -> list[dict[str, Any]]:
         """Every cell's configuration, traces outermost, grid axes in spec order."""
@@ -107,8 +119,13 @@ class SweepSpec:
         out = []
         for trace in self.traces:
             for values in itertools.product(*(self.grid[a] for a in axes)):
-                cell = {"trace": trace, "mode": self.mode, "limit": self.limit,
-                        **self.options, **dict(zip(axes, values))}
+                cell = {
+                    "trace": trace,
+                    "mode": self.mode,
+                    "limit": self.limit,
+                    **self.options,
+                    **dict(zip(axes, values)),
+                }
                 out.append(cell)
         return out
 
@@ -161,8 +178,12 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
     row: dict[str, Any] = {"cell_id": cell_id(cell), **cell, "trace": _trace_label(cell["trace"])}
     options = {k: v for k, v in cell.items() if k not in ("trace", "mode", "limit")}
     try:
-        metrics = _metrics(cell.get("mode", "cache"), _resolve_trace(cell["trace"], base_dir),
-                           cell.get("limit"), options)
+        metrics = _metrics(
+            cell.get("mode", "cache"),
+            _resolve_trace(cell["trace"], base_dir),
+            cell.get("limit"),
+            options,
+        )
         metrics.pop("trace", None)
         for k, v in metrics.items():
             if k not in row and _scalar(v):
@@ -178,9 +199,14 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
 
 def _failed_row(cell: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
     """The row of a cell whose worker died (the cell function itself never raises)."""
-    return {"cell_id": cell_id(cell), **cell, "trace": _trace_label(cell["trace"]),
-            "status": "error", "error": f"worker failed: {type(exc).__name__}: {exc}",
-            "elapsed_s": math.nan}
+    return {
+        "cell_id": cell_id(cell),
+        **cell,
+        "trace": _trace_label(cell["trace"]),
+        "status": "error",
+        "error": f"worker failed: {type(exc).__name__}: {exc}",
+        "elapsed_s": math.nan,
+    }
 
 
 def _scalar(v: Any) -> bool:
@@ -190,12 +216,16 @@ def _scalar(v: Any) -> bool:
 # --------------------------------------------------------------------------- executors
 
 
-def _run_serial(cells: list[dict], base_dir: str, workers: int, address: str | None) -> Iterator[dict]:
+def _run_serial(
+    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+) -> Iterator[dict[str, Any]]:
     for c in cells:
         yield run_cell(c, base_dir)
 
 
-def _run_local(cells: list[dict], base_dir: str, workers: int, address: str | None) -> Iterator[dict]:
+def _run_local(
+    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+) -> Iterator[dict[str, Any]]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     pool = ProcessPoolExecutor(max_workers=workers)
@@ -210,7 +240,9 @@ def _run_local(cells: list[dict], base_dir: str, workers: int, address: str | No
         pool.shutdown(wait=finished, cancel_futures=True)
 
 
-def _run_ray(cells: list[dict], base_dir: str, workers: int, address: str | None) -> Iterator[dict]:
+def _run_ray(
+    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+) -> Iterator[dict[str, Any]]:
     try:
         import ray
     except ImportError:
@@ -219,8 +251,11 @@ def _run_ray(cells: list[dict], base_dir: str, workers: int, address: str | None
     if not ray.is_initialized():
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        kwargs: dict[str, Any] = {"runtime_env": {"env_vars": {"PYTHONPATH": path}},
-                                  "include_dashboard": False, "log_to_driver": False}
+        kwargs: dict[str, Any] = {
+            "runtime_env": {"env_vars": {"PYTHONPATH": path}},
+            "include_dashboard": False,
+            "log_to_driver": False,
+        }
         if address:
             ray.init(address=address, **kwargs)
         else:
@@ -243,14 +278,17 @@ def _run_ray(cells: list[dict], base_dir: str, workers: int, address: str | None
             ray.shutdown()
 
 
-_EXECUTORS: dict[str, Callable[..., Iterator[dict]]] = {
-    "serial": _run_serial, "local": _run_local, "ray": _run_ray}
+_EXECUTORS: dict[str, Callable[..., Iterator[dict[str, Any]]]] = {
+    "serial": _run_serial,
+    "local": _run_local,
+    "ray": _run_ray,
+}
 
 
 # --------------------------------------------------------------------------- journal
 
 
-def read_journal(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
+def read_journal(folder: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """cell_id -> row from ``folder/journal.jsonl``; a torn last line (a kill mid-write) is dropped."""
     path = os.path.join(folder, JOURNAL)
     rows: dict[str, dict[str, Any]] = {}
@@ -271,6 +309,7 @@ def read_journal(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 class _Journal:
     def __init__(self, folder: str):
+        self.folder = folder
         os.makedirs(folder, exist_ok=True)
         self.f = open(os.path.join(folder, JOURNAL), "a", encoding="utf-8")  # noqa: SIM115
 
@@ -299,7 +338,7 @@ def to_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return df[first + [c for c in df.columns if c not in first]].reset_index(drop=True)
 
 
-def write_results(df: pd.DataFrame, folder: str | os.PathLike) -> list[str]:
+def write_results(df: pd.DataFrame, folder: str | os.PathLike[str]) -> list[str]:
     """Write ``results.parquet`` and ``results.csv`` atomically; return their paths."""
     out = []
     pq = os.path.join(folder, "results.parquet")
@@ -318,7 +357,11 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     for c in df.columns:
         if df[c].dtype == object:
-            kinds = {type(v) for v in df[c] if v is not None and not (isinstance(v, float) and math.isnan(v))}
+            kinds = {
+                type(v)
+                for v in df[c]
+                if v is not None and not (isinstance(v, float) and math.isnan(v))
+            }
             if len(kinds) > 1:
                 df[c] = df[c].map(lambda v: None if v is None else str(v))
     return df
@@ -327,10 +370,16 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- API
 
 
-def sweep(spec: str | os.PathLike | Mapping[str, Any] | SweepSpec, *, out: str | os.PathLike | None = None,
-          executor: str = "local", workers: int | None = None, address: str | None = None,
-          retry_failed: bool = False, on_row: Callable[[dict[str, Any], int, int], None] | None = None,
-          ) -> pd.DataFrame:
+def sweep(
+    spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    executor: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    retry_failed: bool = False,
+    on_row: Callable[[dict[str, Any], int, int], None] | None = None,
+) -> pd.DataFrame:
     """Run every cell of ``spec`` and return the results table (one row per cell).
 
     ``executor``: ``local`` (process pool, default), ``serial`` (this process) or ``ray``
@@ -353,8 +402,11 @@ def sweep(spec: str | os.PathLike | Mapping[str, Any] | SweepSpec, *, out: str |
     if out is not None:
         out = os.fspath(out)
         journal_rows = read_journal(out)
-        done = {i: r for i, r in journal_rows.items()
-                if i in set(ids) and not (retry_failed and r.get("status") != "ok")}
+        done = {
+            i: r
+            for i, r in journal_rows.items()
+            if i in set(ids) and not (retry_failed and r.get("status") != "ok")
+        }
         journal = _Journal(out)
     index = {i: n for n, i in enumerate(ids)}
     rows = [{**r, "cell": index[i]} for i, r in done.items()]
@@ -376,5 +428,5 @@ def sweep(spec: str | os.PathLike | Mapping[str, Any] | SweepSpec, *, out: str |
         if journal is not None:
             journal.close()
             if rows:
-                write_results(to_frame(rows), out)
+                write_results(to_frame(rows), journal.folder)
     return to_frame(rows)

@@ -111,3 +111,22 @@ def test_remove_and_clear():
     ctx.set_key_position(7, 16)
     ready(p, [7], ctx)  # the pre-clear request rank is forgotten: 7 is newer than 5
     assert victims(p, 2) == [5, 7]
+
+
+def test_running_requests_interleave_with_commits_by_rank():
+    """A running request is as old as its first access: commits before it are older, later
+    ones newer, whatever is still running (§3.2)."""
+    p = LRUPolicy(8)
+    ready(p, [1])  # committed (1, 0)
+    a = RequestContext("a", {10: 16, 11: 32})
+    ready(p, [10, 11], a)  # a's rank 2: 11 (2, -32) before 10 (2, -16)
+    ready(p, [2])  # (3, 0)
+    b = RequestContext("b", {20: 16, 21: 32, 10: 48})
+    ready(p, [20, 21], b)  # b's rank 4
+    ready(p, [3])  # (5, 0)
+    assert p.eviction_order() == [1, 11, 10, 2, 21, 20, 3]
+    p.on_request_access([10], b)  # raised to (4, -48): older than b's own tail 21
+    assert p.eviction_order() == [1, 11, 2, 10, 21, 20, 3]
+    p.on_request_finished(([10, 11],), set(), set(), a)  # commits 11 then 10: both newest
+    assert p.eviction_order() == [1, 2, 21, 20, 3, 11, 10]
+    assert victims(p, 3, protected=[2]) == [1, 21, 20]

@@ -18,17 +18,47 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
 
 @click.command("bench")
 @click.argument("trace", required=False, type=click.Path(dir_okay=False))
-@click.option("--cpu-chunks", type=click.IntRange(min=1), default=20_000, show_default=True,
-              help="CPU tier capacity in chunks.")
-@click.option("--policies", default="lru,arc", show_default=True,
-              help="Comma-separated eviction policies to time ('all' = every registered one).")
-@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True, help="Best of N runs.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N requests.")
-@click.option("--vllm/--no-vllm", "with_vllm", default=None,
-              help="Also drive vLLM 0.33's CPUOffloadingManager (default: when importable).")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, help="Write the table as CSV.")
-def bench_command(trace: str | None, cpu_chunks: int, policies: str, repeat: int, limit: int | None,
-                  with_vllm: bool | None, csv_path: str | None) -> None:
+@click.option(
+    "--cpu-chunks",
+    type=click.IntRange(min=1),
+    default=20_000,
+    show_default=True,
+    help="CPU tier capacity in chunks.",
+)
+@click.option(
+    "--policies",
+    default="lru,arc",
+    show_default=True,
+    help="Comma-separated eviction policies to time ('all' = every registered one).",
+)
+@click.option(
+    "--repeat", type=click.IntRange(min=1), default=3, show_default=True, help="Best of N runs."
+)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Use only the first N requests."
+)
+@click.option(
+    "--vllm/--no-vllm",
+    "with_vllm",
+    default=None,
+    help="Also drive vLLM 0.33's CPUOffloadingManager (default: when importable).",
+)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the table as CSV.",
+)
+def bench_command(
+    trace: str | None,
+    cpu_chunks: int,
+    policies: str,
+    repeat: int,
+    limit: int | None,
+    with_vllm: bool | None,
+    csv_path: str | None,
+) -> None:
     """Time cache-mode replay on TRACE (default: the bundled Mooncake conversation trace).
 
     Requests are read into memory first, so the figures are the simulator's, not the
@@ -44,15 +74,27 @@ def bench_command(trace: str | None, cpu_chunks: int, policies: str, repeat: int
     read_s = time.perf_counter() - start
     from kvsim.policies.registry import EVICTION_POLICIES
 
-    names = sorted(EVICTION_POLICIES) if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
+    names = (
+        sorted(EVICTION_POLICIES)
+        if policies == "all"
+        else [p.strip() for p in policies.split(",") if p.strip()]
+    )
     if "lru" in names:
         names.remove("lru")
     names.insert(0, "lru")
-    table = bench_replay(requests, tr.block_tokens, cpu_chunks=cpu_chunks, policies=names,
-                         repeat=repeat, with_vllm=with_vllm)
+    table = bench_replay(
+        requests,
+        tr.block_tokens,
+        cpu_chunks=cpu_chunks,
+        policies=names,
+        repeat=repeat,
+        with_vllm=with_vllm,
+    )
     blocks = int(table["blocks"].iloc[0])
-    click.echo(f"trace {trace}: {len(requests):,} requests, {blocks:,} blocks; "
-               f"read in {read_s:.2f} s ({blocks / read_s:,.0f} blocks/s)")
+    click.echo(
+        f"trace {trace}: {len(requests):,} requests, {blocks:,} blocks; "
+        f"read in {read_s:.2f} s ({blocks / read_s:,.0f} blocks/s)"
+    )
     shown = table.copy()
     shown["blocks_per_s"] = shown["blocks_per_s"].map(lambda v: f"{v:,.0f}")
     for col in ("seconds", "vs_kvsim_lru", "vs_protocol_lru", "cpu_hit_ratio", "kvsim_speedup"):

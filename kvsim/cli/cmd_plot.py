@@ -11,8 +11,12 @@ from kvsim.errors import InputError
 from kvsim.plots import KINDS
 
 #: which file of a results folder each kind reads
-FOLDER_FILES = {"hit-vs-capacity": "results", "ttft-cdf": "requests",
-                "usage-timeline": "steps", "transfers": "transfers"}
+FOLDER_FILES = {
+    "hit-vs-capacity": "results",
+    "ttft-cdf": "requests",
+    "usage-timeline": "steps",
+    "transfers": "transfers",
+}
 
 
 def read_table(path: str, kind: str) -> pd.DataFrame:
@@ -39,14 +43,32 @@ def read_table(path: str, kind: str) -> pd.DataFrame:
 @click.command("plot")
 @click.argument("results", type=click.Path())
 @click.option("--kind", required=True, type=click.Choice(KINDS), help="Which figure.")
-@click.option("--out", "out", type=click.Path(), default=None,
-              help="Output path without extension (default: RESULTS folder / KIND).")
-@click.option("--x", default=None, help="hit-vs-capacity: capacity column (default cpu_gib or cpu_chunks).")
-@click.option("--y", default="combined_hit_ratio", show_default=True, help="hit-vs-capacity: metric column.")
-@click.option("--by", default=None, help="Column(s) that split lines, comma-separated (default: what varies).")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(),
+    default=None,
+    help="Output path without extension (default: RESULTS folder / KIND).",
+)
+@click.option(
+    "--x", default=None, help="hit-vs-capacity: capacity column (default cpu_gib or cpu_chunks)."
+)
+@click.option(
+    "--y", default="combined_hit_ratio", show_default=True, help="hit-vs-capacity: metric column."
+)
+@click.option(
+    "--by", default=None, help="Column(s) that split lines, comma-separated (default: what varies)."
+)
 @click.option("--title", default=None, help="Figure title.")
-def plot_command(results: str, kind: str, out: str | None, x: str | None, y: str, by: str | None,
-                 title: str | None) -> None:
+def plot_command(
+    results: str,
+    kind: str,
+    out: str | None,
+    x: str | None,
+    y: str,
+    by: str | None,
+    title: str | None,
+) -> None:
     """Draw a KIND figure from RESULTS (a Parquet/CSV table or a results folder).
 
     \b

@@ -26,8 +26,10 @@ def models_command() -> None:
     """List the model presets and their KV bytes per token (bf16, TP=1)."""
     for name, spec in MODELS.items():
         kind = "MLA" if spec.is_mla else f"{spec.num_kv_heads} KV heads x {spec.head_dim}"
-        click.echo(f"  {name:<16} {spec.num_layers:>3} layers, {kind:<22} "
-                   f"{spec.kv_bytes_per_token():>8,} B/token")
+        click.echo(
+            f"  {name:<16} {spec.num_layers:>3} layers, {kind:<22} "
+            f"{spec.kv_bytes_per_token():>8,} B/token"
+        )
 
 
 COMMANDS = [policies_command, models_command]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -24,22 +25,54 @@ from kvsim.traces import as_trace
 @click.argument("trace", type=click.Path(dir_okay=False))
 @offload_options
 @format_option
-@click.option("--prefill-chunk-tokens", type=int, default=None,
-              help="Offer stores per chunked-prefill step of N tokens, as vLLM does (default: one offer per request).")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
-@click.option("--requests-csv", type=click.Path(dir_okay=False), default=None,
-              help="Write one row per request (trace order) to this CSV.")
+@click.option(
+    "--prefill-chunk-tokens",
+    type=int,
+    default=None,
+    help="Offer stores per chunked-prefill step of N tokens, as vLLM does (default: one offer per request).",
+)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests."
+)
+@click.option(
+    "--requests-csv",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write one row per request (trace order) to this CSV.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--progress/--no-progress", "show_progress", default=None,
-              help="Progress bar on stderr (default: when stderr is a terminal).")
-@click.option("--protocol", type=click.Choice(["prefix", "object"]), default="prefix", show_default=True,
-              help="prefix: vLLM's connector; object: every chunk is a get, a miss inserts it.")
-@click.option("--fused/--no-fused", default=True, show_default=True,
-              help="lru, arc: the fused one-request-at-a-time tier, or the full manager protocol "
-                   "(the same decisions, several times slower; for cross-checking).")
-def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv: str | None,
-                   as_json: bool, show_progress: bool | None, vllm_config: str | None,
-                   protocol: str = "prefix", fused: bool = True, **kwargs) -> None:
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Progress bar on stderr (default: when stderr is a terminal).",
+)
+@click.option(
+    "--protocol",
+    type=click.Choice(["prefix", "object"]),
+    default="prefix",
+    show_default=True,
+    help="prefix: vLLM's connector; object: every chunk is a get, a miss inserts it.",
+)
+@click.option(
+    "--fused/--no-fused",
+    default=True,
+    show_default=True,
+    help="lru, arc: the fused one-request-at-a-time tier, or the full manager protocol "
+    "(the same decisions, several times slower; for cross-checking).",
+)
+def replay_command(
+    trace: str,
+    fmt: str | None,
+    limit: int | None,
+    requests_csv: str | None,
+    as_json: bool,
+    show_progress: bool | None,
+    vllm_config: str | None,
+    protocol: str = "prefix",
+    fused: bool = True,
+    **kwargs: Any,
+) -> None:
     """Replay TRACE in cache mode: requests one at a time, no timing.
 
     Prints prompt blocks, GPU / CPU / combined hit ratios, chunks stored, evicted and
@@ -59,10 +92,21 @@ def replay_command(trace: str, fmt: str | None, limit: int | None, requests_csv:
     with progress_bar(show_progress, length, "replaying") as bar:
         # other policies than kvsim's lru and arc always run the protocol, so --fused is a
         # default, not a demand
-        result = replay(trace, fmt=fmt, limit=limit, per_request=False, requests_csv=requests_csv,
-                        vllm_config=vllm_config, protocol=protocol, fused=None if fused else False,
-                        progress=bar, **options)
-    title = "kvsim replay (cache mode)" if protocol == "prefix" else "kvsim replay (object protocol)"
+        result = replay(
+            trace,
+            fmt=fmt,
+            limit=limit,
+            per_request=False,
+            requests_csv=requests_csv,
+            vllm_config=vllm_config,
+            protocol=protocol,
+            fused=None if fused else False,
+            progress=bar,
+            **options,
+        )
+    title = (
+        "kvsim replay (cache mode)" if protocol == "prefix" else "kvsim replay (object protocol)"
+    )
     echo_summary({**result.summary, "trace": trace}, as_json, title)
 
 

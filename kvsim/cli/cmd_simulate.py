@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -24,32 +25,55 @@ from kvsim.results import Result, format_value
 from kvsim.traces import as_trace
 
 SHOWN = (
-    ("requests", "requests"), ("finished", "finished"), ("rejected", "rejected (too long for GPU KV)"),
-    ("duration_s", "duration (s)"), ("ttft_p50_s", "TTFT p50 (s)"), ("ttft_p90_s", "TTFT p90 (s)"),
-    ("ttft_p99_s", "TTFT p99 (s)"), ("tpot_p50_s", "TPOT p50 (s)"), ("tpot_mean_s", "TPOT mean (s)"),
+    ("requests", "requests"),
+    ("finished", "finished"),
+    ("rejected", "rejected (too long for GPU KV)"),
+    ("duration_s", "duration (s)"),
+    ("ttft_p50_s", "TTFT p50 (s)"),
+    ("ttft_p90_s", "TTFT p90 (s)"),
+    ("ttft_p99_s", "TTFT p99 (s)"),
+    ("tpot_p50_s", "TPOT p50 (s)"),
+    ("tpot_mean_s", "TPOT mean (s)"),
     ("output_throughput_tok_s", "output throughput (tok/s)"),
-    ("total_throughput_tok_s", "total throughput (tok/s)"), ("gpu_hit_tokens", "GPU hit tokens"),
-    ("cpu_hit_tokens", "CPU hit tokens"), ("computed_prompt_tokens", "computed prompt tokens"),
-    ("recomputed_tokens", "recomputed tokens (preemption)"), ("preemptions", "preemptions"),
-    ("load_bytes", "load bytes"), ("store_bytes", "store bytes"), ("chunks_evicted", "CPU chunks evicted"),
-    ("allocation_failures", "CPU allocation failures"), ("flush_and_sync_stall_s", "transfer stalls (s)"),
-    ("pcie_h2d_util", "PCIe H2D utilisation"), ("pcie_d2h_util", "PCIe D2H utilisation"),
-    ("kv_wait_total_s", "waiting for KV (s, total)"), ("steps", "engine steps"),
+    ("total_throughput_tok_s", "total throughput (tok/s)"),
+    ("gpu_hit_tokens", "GPU hit tokens"),
+    ("cpu_hit_tokens", "CPU hit tokens"),
+    ("computed_prompt_tokens", "computed prompt tokens"),
+    ("recomputed_tokens", "recomputed tokens (preemption)"),
+    ("preemptions", "preemptions"),
+    ("load_bytes", "load bytes"),
+    ("store_bytes", "store bytes"),
+    ("chunks_evicted", "CPU chunks evicted"),
+    ("allocation_failures", "CPU allocation failures"),
+    ("flush_and_sync_stall_s", "transfer stalls (s)"),
+    ("pcie_h2d_util", "PCIe H2D utilisation"),
+    ("pcie_d2h_util", "PCIe D2H utilisation"),
+    ("kv_wait_total_s", "waiting for KV (s, total)"),
+    ("steps", "engine steps"),
 )
 
 
-def format_comparison(summary: dict, baseline: bool) -> str:
+def format_comparison(summary: dict[str, Any], baseline: bool) -> str:
     head = f"kvsim simulate: {summary['trace']} ({summary['model']} on {summary['gpu']}, link {summary['link']})"
-    rows = [(label, format_value(summary.get(key)),
-             format_value(summary.get(BASELINE_PREFIX + key)) if baseline else None)
-            for key, label in SHOWN if key in summary]
+    rows = [
+        (
+            label,
+            format_value(summary.get(key)),
+            format_value(summary.get(BASELINE_PREFIX + key)) if baseline else None,
+        )
+        for key, label in SHOWN
+        if key in summary
+    ]
     w = max(len(r[0]) for r in rows)
     w1 = max(len("offload"), *(len(r[1]) for r in rows))
     lines = [head, "-" * len(head)]
     if baseline:
         lines.append(f"{'':<{w}}  {'offload':>{w1}}  {'no offload':>12}")
     for label, v, b in rows:
-        lines.append(f"{label:<{w}}  {v:>{w1}}" + (f"  {(b if b != 'None' else '-'):>12}" if baseline else ""))
+        lines.append(
+            f"{label:<{w}}  {v:>{w1}}"
+            + (f"  {(b if b != 'None' else '-'):>12}" if baseline else "")
+        )
     return "\n".join(lines)
 
 
@@ -73,35 +97,97 @@ def write_tables(result: Result, out: str) -> list[str]:
 @click.command("simulate")
 @click.argument("trace", type=click.Path(dir_okay=False))
 @offload_options
-@click.option("--gpu", default="h200", show_default=True, help="GPU preset: h100, h200, a100, l40s, gh200.")
-@click.option("--baseline", is_flag=True, help="Also run without offloading and print both side by side.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Simulate only the first N requests.")
-@click.option("--time-scale", type=float, default=1.0, show_default=True,
-              help="Multiply trace timestamps by this (0.5 = twice the request rate).")
-@click.option("--poisson-rate", type=float, default=None, help="Re-time arrivals as Poisson at this rate (req/s, seeded).")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
+@click.option(
+    "--gpu", default="h200", show_default=True, help="GPU preset: h100, h200, a100, l40s, gh200."
+)
+@click.option(
+    "--baseline", is_flag=True, help="Also run without offloading and print both side by side."
+)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Simulate only the first N requests."
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Multiply trace timestamps by this (0.5 = twice the request rate).",
+)
+@click.option(
+    "--poisson-rate",
+    type=float,
+    default=None,
+    help="Re-time arrivals as Poisson at this rate (req/s, seeded).",
+)
+@click.option(
+    "--max-num-batched-tokens", type=click.IntRange(min=1), default=8192, show_default=True
+)
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
 @click.option("--no-prefix-caching", is_flag=True, help="Disable the GPU prefix cache.")
-@click.option("--offload-all-tokens", is_flag=True, help="Store decode chunks too (vLLM offload_prompt_only=false).")
-@click.option("--sync-load-budget-bytes", type=click.IntRange(min=0), default=0, show_default=True,
-              help="vLLM sync_load_budget_bytes: small CPU hits load in the same step.")
-@click.option("--link", default=None, help="Link preset (pcie5, pcie4, gh200) or calibration profile JSON.")
-@click.option("--compute-profile", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="JSON of roofline coefficients replacing the GPU preset's.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write requests/transfers/steps tables (Parquet + CSV) and summary.json here.")
-@click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None,
-              help="Write a Perfetto / Chrome trace of steps and transfers.")
+@click.option(
+    "--offload-all-tokens",
+    is_flag=True,
+    help="Store decode chunks too (vLLM offload_prompt_only=false).",
+)
+@click.option(
+    "--sync-load-budget-bytes",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="vLLM sync_load_budget_bytes: small CPU hits load in the same step.",
+)
+@click.option(
+    "--link", default=None, help="Link preset (pcie5, pcie4, gh200) or calibration profile JSON."
+)
+@click.option(
+    "--compute-profile",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="JSON of roofline coefficients replacing the GPU preset's.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write requests/transfers/steps tables (Parquet + CSV) and summary.json here.",
+)
+@click.option(
+    "--chrome-trace",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a Perfetto / Chrome trace of steps and transfers.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--progress/--no-progress", "show_progress", default=None,
-              help="Progress bar on stderr (default: when stderr is a terminal).")
-def simulate_command(trace: str, gpu: str, baseline: bool, limit: int | None, time_scale: float,
-                     poisson_rate: float | None, max_num_batched_tokens: int, max_num_seqs: int,
-                     gpu_memory_utilization: float, no_prefix_caching: bool, offload_all_tokens: bool,
-                     sync_load_budget_bytes: int, link: str | None, compute_profile: str | None,
-                     out_dir: str | None, chrome_trace: str | None, as_json: bool, show_progress: bool | None,
-                     vllm_config: str | None, **kwargs) -> None:
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Progress bar on stderr (default: when stderr is a terminal).",
+)
+def simulate_command(
+    trace: str,
+    gpu: str,
+    baseline: bool,
+    limit: int | None,
+    time_scale: float,
+    poisson_rate: float | None,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    gpu_memory_utilization: float,
+    no_prefix_caching: bool,
+    offload_all_tokens: bool,
+    sync_load_budget_bytes: int,
+    link: str | None,
+    compute_profile: str | None,
+    out_dir: str | None,
+    chrome_trace: str | None,
+    as_json: bool,
+    show_progress: bool | None,
+    vllm_config: str | None,
+    **kwargs: Any,
+) -> None:
     """Replay TRACE's arrivals through a modelled vLLM engine with CPU KV offloading.
 
     Prints TTFT / TPOT percentiles, throughput, GPU and CPU hit tokens, recomputed
@@ -128,13 +214,26 @@ def simulate_command(trace: str, gpu: str, baseline: bool, limit: int | None, ti
     runs = 2 if baseline else 1
     with progress_bar(show_progress, (n or 0) * runs or None, "simulating") as bar:
         result = simulate(
-            trace, gpu=gpu, baseline=baseline, limit=limit, time_scale=time_scale, poisson_rate=poisson_rate,
-            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-            gpu_kv_blocks=gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=not no_prefix_caching, offload_prompt_only=not offload_all_tokens,
-            sync_load_budget_bytes=sync_load_budget_bytes, link=link, compute_profile=compute_profile,
-            record_steps=bool(out_dir or chrome_trace), vllm_config=vllm_config,
-            progress=bar, **{k: v for k, v in options.items() if v is not None})
+            trace,
+            gpu=gpu,
+            baseline=baseline,
+            limit=limit,
+            time_scale=time_scale,
+            poisson_rate=poisson_rate,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            gpu_kv_blocks=gpu_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=not no_prefix_caching,
+            offload_prompt_only=not offload_all_tokens,
+            sync_load_budget_bytes=sync_load_budget_bytes,
+            link=link,
+            compute_profile=compute_profile,
+            record_steps=bool(out_dir or chrome_trace),
+            vllm_config=vllm_config,
+            progress=bar,
+            **{k: v for k, v in options.items() if v is not None},
+        )
     if out_dir:
         write_tables(result, out_dir)
     if chrome_trace:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -12,41 +13,89 @@ import yaml
 from kvsim.errors import InputError
 from kvsim.sweep import EXECUTORS, MODES, SweepSpec, sweep
 
+if TYPE_CHECKING:
+    from kvsim.cli.common import FC
+
 #: grid options: CLI name -> option field; values are comma-separated lists.
-GRID_OPTIONS = ("policy", "admission", "cpu_chunks", "cpu_gib", "store_threshold", "gpu_blocks",
-                "chunk_tokens", "model", "seed")
+GRID_OPTIONS = (
+    "policy",
+    "admission",
+    "cpu_chunks",
+    "cpu_gib",
+    "store_threshold",
+    "gpu_blocks",
+    "chunk_tokens",
+    "model",
+    "seed",
+)
 
 
-def _values(text: str) -> list:
+def _values(text: str) -> list[Any]:
     return [yaml.safe_load(v.strip()) for v in text.split(",") if v.strip()]
 
 
-def _grid_options(f):
+def _grid_options(f: FC) -> FC:
     for name in reversed(GRID_OPTIONS):
-        f = click.option(f"--{name.replace('_', '-')}", name, default=None, metavar="V1,V2,...",
-                         help=f"Sweep {name} over these values.")(f)
+        f = click.option(
+            f"--{name.replace('_', '-')}",
+            name,
+            default=None,
+            metavar="V1,V2,...",
+            help=f"Sweep {name} over these values.",
+        )(f)
     return f
 
 
 @click.command("sweep")
 @click.argument("spec", required=False, type=click.Path(dir_okay=False))
-@click.option("--trace", "traces", multiple=True, type=click.Path(dir_okay=False),
-              help="A trace to sweep (repeatable); adds to the spec's traces.")
+@click.option(
+    "--trace",
+    "traces",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A trace to sweep (repeatable); adds to the spec's traces.",
+)
 @click.option("--mode", type=click.Choice(MODES), default=None, help="cache (default) or timed.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Requests per trace.")
 @_grid_options
-@click.option("--out", "out", type=click.Path(file_okay=False), default=None,
-              help="Results folder (journal.jsonl, results.parquet, results.csv); default sweep-NAME.")
-@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
-              help="local process pool, serial (this process) or a Ray cluster.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Parallel cells (default: CPUs).")
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Results folder (journal.jsonl, results.parquet, results.csv); default sweep-NAME.",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(EXECUTORS),
+    default="local",
+    show_default=True,
+    help="local process pool, serial (this process) or a Ray cluster.",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Parallel cells (default: CPUs)."
+)
 @click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
 @click.option("--retry-failed", is_flag=True, help="Re-run cells that failed in an earlier run.")
-@click.option("--progress/--no-progress", "show_progress", default=None,
-              help="Progress bar with ETA on stderr (default: when stderr is a terminal).")
-def sweep_command(spec: str | None, traces: tuple[str, ...], mode: str | None, limit: int | None,
-                  out: str | None, executor: str, workers: int | None, address: str | None,
-                  retry_failed: bool, show_progress: bool | None, **grid_opts) -> int:
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Progress bar with ETA on stderr (default: when stderr is a terminal).",
+)
+def sweep_command(
+    spec: str | None,
+    traces: tuple[str, ...],
+    mode: str | None,
+    limit: int | None,
+    out: str | None,
+    executor: str,
+    workers: int | None,
+    address: str | None,
+    retry_failed: bool,
+    show_progress: bool | None,
+    **grid_opts: Any,
+) -> int:
     """Run every combination of traces x grid values from SPEC (YAML) and/or the options.
 
     One row per cell (configuration + metrics) in OUT/results.parquet and .csv. A failing
@@ -59,11 +108,17 @@ def sweep_command(spec: str | None, traces: tuple[str, ...], mode: str | None, l
       kvsim sweep --trace traces/samples/mooncake_small.jsonl --policy lru,arc \\
           --cpu-chunks 100,400,1600 --out sweep_cli
     """
-    data: dict = {}
+    data: dict[str, Any] = {}
     if spec:
         loaded = SweepSpec.load(spec)
-        data = {"name": loaded.name, "mode": loaded.mode, "traces": loaded.traces,
-                "limit": loaded.limit, "options": loaded.options, "grid": dict(loaded.grid)}
+        data = {
+            "name": loaded.name,
+            "mode": loaded.mode,
+            "traces": loaded.traces,
+            "limit": loaded.limit,
+            "options": loaded.options,
+            "grid": dict(loaded.grid),
+        }
     data["traces"] = list(data.get("traces", [])) + list(traces)
     if mode:
         data["mode"] = mode
@@ -86,26 +141,39 @@ def sweep_command(spec: str | None, traces: tuple[str, ...], mode: str | None, l
         show_progress = sys.stderr.isatty()
     failed: list[str] = []
 
-    bar_cm = (click.progressbar(length=total, label="sweep", show_eta=True, show_pos=True,
-                                file=sys.stderr)
-              if show_progress else contextlib.nullcontext(None))
+    bar_cm = (
+        click.progressbar(
+            length=total, label="sweep", show_eta=True, show_pos=True, file=sys.stderr
+        )
+        if show_progress
+        else contextlib.nullcontext(None)
+    )
     with bar_cm as bar:
         already = [0]
 
-        def on_row(row: dict, done: int, n: int) -> None:
+        def on_row(row: dict[str, Any], done: int, n: int) -> None:
             if row["status"] != "ok":
                 failed.append(f"cell {row['cell']}: {row['error']}")
             if bar is not None:
                 bar.update(done - already[0])
             already[0] = done
 
-        df = sweep(s, out=out, executor=executor, workers=workers, address=address,
-                   retry_failed=retry_failed, on_row=on_row)
+        df = sweep(
+            s,
+            out=out,
+            executor=executor,
+            workers=workers,
+            address=address,
+            retry_failed=retry_failed,
+            on_row=on_row,
+        )
     n_err = int((df["status"] != "ok").sum()) if len(df) else 0
     for line in failed:
         click.echo(f"kvsim: failed {line}", err=True)
-    click.echo(f"{len(df)} cells ({len(df) - n_err} ok, {n_err} failed) -> "
-               f"{os.path.join(out, 'results.parquet')}, {os.path.join(out, 'results.csv')}")
+    click.echo(
+        f"{len(df)} cells ({len(df) - n_err} ok, {n_err} failed) -> "
+        f"{os.path.join(out, 'results.parquet')}, {os.path.join(out, 'results.csv')}"
+    )
     if n_err:
         click.get_current_context().exit(1)
     return 0

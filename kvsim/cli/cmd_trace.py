@@ -21,14 +21,33 @@ def trace_group() -> None:
 
 @trace_group.command("stats")
 @click.argument("trace", type=click.Path(dir_okay=False))
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N requests.")
-@click.option("--block-tokens", type=int, default=None, help="Tokens per hash block (default: the format's).")
-@click.option("--bin-s", type=float, default=None, help="Arrival-rate window in seconds (default: ~50 bins).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary and distributions as JSON.")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
-              help="Write figures (PNG + SVG) into this folder.")
-def stats_command(trace: str, limit: int | None, block_tokens: int | None, bin_s: float | None,
-                  as_json: bool, plot_dir: str | None) -> None:
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=None, help="Only the first N requests."
+)
+@click.option(
+    "--block-tokens", type=int, default=None, help="Tokens per hash block (default: the format's)."
+)
+@click.option(
+    "--bin-s", type=float, default=None, help="Arrival-rate window in seconds (default: ~50 bins)."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the summary and distributions as JSON."
+)
+@click.option(
+    "--plot",
+    "plot_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write figures (PNG + SVG) into this folder.",
+)
+def stats_command(
+    trace: str,
+    limit: int | None,
+    block_tokens: int | None,
+    bin_s: float | None,
+    as_json: bool,
+    plot_dir: str | None,
+) -> None:
     """Requests, token and block counts, infinite-cache hit ratio, reuse distances and times,
     popularity skew and arrival rate of TRACE.
 
@@ -42,8 +61,10 @@ def stats_command(trace: str, limit: int | None, block_tokens: int | None, bin_s
         raise InputError(f"--bin-s must be positive, got {bin_s}")
     st = trace_stats(trace, limit=limit, block_tokens=block_tokens, bin_s=bin_s)
     if as_json:
-        payload = {"summary": st.summary,
-                   "distributions": st.distributions.to_dict(orient="records")}
+        payload = {
+            "summary": st.summary,
+            "distributions": st.distributions.to_dict(orient="records"),
+        }
         click.echo(json.dumps(payload, indent=2, default=str))
     else:
         click.echo(format_table(st.summary, "kvsim trace stats"))
@@ -80,19 +101,53 @@ def _parse_knob(text: str) -> tuple[str, object]:
 
 @trace_group.command("gen", epilog="\b\nKnobs (name=default  meaning):\n" + _knob_help())
 @click.argument("kind", type=click.Choice(KINDS))
-@click.option("-n", "--requests", "n_requests", type=click.IntRange(min=1), default=1000,
-              show_default=True, help="Number of requests.")
+@click.option(
+    "-n",
+    "--requests",
+    "n_requests",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Number of requests.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-@click.option("--arrival", type=click.Choice(ARRIVALS), default=None, help="Arrival process (default poisson).")
+@click.option(
+    "--arrival",
+    type=click.Choice(ARRIVALS),
+    default=None,
+    help="Arrival process (default poisson).",
+)
 @click.option("--rate", type=float, default=None, help="Requests per second (ON rate when bursty).")
-@click.option("--arrival-trace", type=click.Path(dir_okay=False), default=None,
-              help="With --arrival replay: reuse this trace's timestamps.")
-@click.option("--set", "knobs", multiple=True, metavar="KNOB=VALUE",
-              help="Any knob below, repeatable; values are YAML (e.g. weights={chat: 1, rag: 1}).")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
-              help="Output Mooncake JSONL file.")
-def gen_command(kind: str, n_requests: int, seed: int, arrival: str | None, rate: float | None,
-                arrival_trace: str | None, knobs: tuple[str, ...], out: str) -> None:
+@click.option(
+    "--arrival-trace",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --arrival replay: reuse this trace's timestamps.",
+)
+@click.option(
+    "--set",
+    "knobs",
+    multiple=True,
+    metavar="KNOB=VALUE",
+    help="Any knob below, repeatable; values are YAML (e.g. weights={chat: 1, rag: 1}).",
+)
+@click.option(
+    "-o",
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Output Mooncake JSONL file.",
+)
+def gen_command(
+    kind: str,
+    n_requests: int,
+    seed: int,
+    arrival: str | None,
+    rate: float | None,
+    arrival_trace: str | None,
+    knobs: tuple[str, ...],
+    out: str,
+) -> None:
     """Generate a synthetic KIND workload as a Mooncake JSONL trace (512-token blocks,
     prefix-chained hash_ids). Same KIND, seed and knobs: the same file.
 

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -15,38 +15,123 @@ from kvsim.errors import InputError
 from kvsim.results import format_table
 from kvsim.traces import TRACE_FORMATS
 
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
 
-def offload_options(f: Callable) -> Callable:
+    from kvsim.traces.model import TraceInfo
+
+#: a click command function, before or after other option decorators
+FC = TypeVar("FC", bound=Callable[..., Any])
+
+
+def offload_options(f: FC) -> FC:
     """CPU tier, policy and key-layout options (the fields of ``OffloadOptions``)."""
     options = [
         click.option("--cpu-chunks", type=int, help="CPU tier capacity in chunks."),
-        click.option("--cpu-gib", type=float, help="CPU tier size in GiB (vLLM cpu_bytes_to_use / 2**30); needs --model."),
-        click.option("--model", default=None, help="Model preset for KV bytes (default llama-3.1-8b; see `kvsim models`)."),
-        click.option("--tp", type=int, default=None, help="Tensor-parallel world size for sizing (default 1)."),
-        click.option("--policy", default=None, help="Eviction policy: lru (default), arc, ... or module:Class."),
-        click.option("--admission", default=None, help="Admission policy (default always; see `kvsim policies`)."),
-        click.option("--store-threshold", type=int, default=None, help="vLLM store_threshold: offers before a chunk is stored (>= 2 enables)."),
-        click.option("--max-tracker-size", type=int, default=None, help="vLLM max_tracker_size of the threshold counter table (default 64000)."),
-        click.option("--block-tokens", type=int, default=None, help="Tokens per trace hash block (default: the trace format's, 512 for Mooncake)."),
-        click.option("--chunk-tokens", type=int, default=None, help="Tokens per CPU chunk (default: one trace block; vLLM block_size)."),
-        click.option("--gpu-block-tokens", type=int, default=None, help="vLLM GPU block size used for sizing (default 16)."),
-        click.option("--gpu-blocks", type=int, default=None, help="GPU blocks of the key unit. replay: prefix-cache size, 0 (default) disables it; simulate: KV capacity, default from GPU memory."),
-        click.option("--vllm-config", default=None, metavar="JSON|FILE", help="vLLM kv_connector_extra_config (inline JSON or a file); explicit options win."),
-        click.option("--seed", type=int, default=None, help="Seed for randomised policies (default 0)."),
+        click.option(
+            "--cpu-gib",
+            type=float,
+            help="CPU tier size in GiB (vLLM cpu_bytes_to_use / 2**30); needs --model.",
+        ),
+        click.option(
+            "--model",
+            default=None,
+            help="Model preset for KV bytes (default llama-3.1-8b; see `kvsim models`).",
+        ),
+        click.option(
+            "--tp",
+            type=int,
+            default=None,
+            help="Tensor-parallel world size for sizing (default 1).",
+        ),
+        click.option(
+            "--policy",
+            default=None,
+            help="Eviction policy: lru (default), arc, ... or module:Class.",
+        ),
+        click.option(
+            "--admission",
+            default=None,
+            help="Admission policy (default always; see `kvsim policies`).",
+        ),
+        click.option(
+            "--store-threshold",
+            type=int,
+            default=None,
+            help="vLLM store_threshold: offers before a chunk is stored (>= 2 enables).",
+        ),
+        click.option(
+            "--max-tracker-size",
+            type=int,
+            default=None,
+            help="vLLM max_tracker_size of the threshold counter table (default 64000).",
+        ),
+        click.option(
+            "--block-tokens",
+            type=int,
+            default=None,
+            help="Tokens per trace hash block (default: the trace format's, 512 for Mooncake).",
+        ),
+        click.option(
+            "--chunk-tokens",
+            type=int,
+            default=None,
+            help="Tokens per CPU chunk (default: one trace block; vLLM block_size).",
+        ),
+        click.option(
+            "--gpu-block-tokens",
+            type=int,
+            default=None,
+            help="vLLM GPU block size used for sizing (default 16).",
+        ),
+        click.option(
+            "--gpu-blocks",
+            type=int,
+            default=None,
+            help="GPU blocks of the key unit. replay: prefix-cache size, 0 (default) disables it; simulate: KV capacity, default from GPU memory.",
+        ),
+        click.option(
+            "--vllm-config",
+            default=None,
+            metavar="JSON|FILE",
+            help="vLLM kv_connector_extra_config (inline JSON or a file); explicit options win.",
+        ),
+        click.option(
+            "--seed", type=int, default=None, help="Seed for randomised policies (default 0)."
+        ),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def format_option(f: Callable) -> Callable:
+def format_option(f: FC) -> FC:
     """``--format``: one of the trace formats kvsim reads (default: detected)."""
-    return click.option("--format", "fmt", type=click.Choice(list(TRACE_FORMATS)), default=None,
-                        help="Trace format (default: detected from the file).")(f)
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(list(TRACE_FORMATS)),
+        default=None,
+        help="Trace format (default: detected from the file).",
+    )(f)
 
 
-OFFLOAD_KEYS = ("cpu_chunks", "cpu_gib", "model", "tp", "policy", "admission", "store_threshold",
-                "max_tracker_size", "block_tokens", "chunk_tokens", "gpu_block_tokens", "gpu_blocks", "seed", "prefill_chunk_tokens")
+OFFLOAD_KEYS = (
+    "cpu_chunks",
+    "cpu_gib",
+    "model",
+    "tp",
+    "policy",
+    "admission",
+    "store_threshold",
+    "max_tracker_size",
+    "block_tokens",
+    "chunk_tokens",
+    "gpu_block_tokens",
+    "gpu_blocks",
+    "seed",
+    "prefill_chunk_tokens",
+)
 
 
 def pop_offload_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -83,18 +168,25 @@ def count_lines(path: str, limit: int | None) -> int | None:
 
 
 @contextlib.contextmanager
-def progress_bar(enabled: bool, length: int | None, label: str) -> Iterator[Callable[[int], None] | None]:
+def progress_bar(
+    enabled: bool, length: int | None, label: str
+) -> Iterator[Callable[[int], None] | None]:
     """A progress bar on stderr as the API's ``progress(n)`` callback (None when disabled)."""
     if not enabled:
         yield None
         return
-    with click.progressbar(length=length, label=label, file=sys.stderr,
-                           show_pos=True, show_eta=True) as bar:
+    bar: ProgressBar[int]
+    with click.progressbar(
+        length=length, label=label, file=sys.stderr, show_pos=True, show_eta=True
+    ) as bar:
         yield bar.update
 
 
-def note_missing_reuse(info) -> None:
+def note_missing_reuse(info: TraceInfo) -> None:
     """Say so when a trace carries no prefix information (Azure): nothing can ever hit."""
     if not info.has_reuse_info:
-        click.echo(f"kvsim: note: {info.path} has no prefix-reuse information ({info.format} format); "
-                   "no prompt block can hit a cache, so hit ratios are 0 by construction", err=True)
+        click.echo(
+            f"kvsim: note: {info.path} has no prefix-reuse information ({info.format} format); "
+            "no prompt block can hit a cache, so hit ratios are 0 by construction",
+            err=True,
+        )

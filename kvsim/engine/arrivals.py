@@ -8,8 +8,12 @@ from collections.abc import Iterable, Iterator
 from kvsim.traces.model import Request
 
 
-def arrival_times(requests: Iterable[Request], time_scale: float = 1.0,
-                  poisson_rate: float | None = None, seed: int = 0) -> Iterator[tuple[float, Request]]:
+def arrival_times(
+    requests: Iterable[Request],
+    time_scale: float = 1.0,
+    poisson_rate: float | None = None,
+    seed: int = 0,
+) -> Iterator[tuple[float, Request]]:
     """``(arrival_s, request)`` in trace order. Poisson keeps the order, redraws the gaps."""
     if poisson_rate is None:
         for req in requests:

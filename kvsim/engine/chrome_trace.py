@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pandas as pd
 
@@ -18,34 +19,72 @@ from kvsim.io import atomic_write
 _US = 1e6
 
 
-def chrome_trace_events(steps: pd.DataFrame, transfers: pd.DataFrame) -> list[dict]:
-    events: list[dict] = [
+def chrome_trace_events(steps: pd.DataFrame, transfers: pd.DataFrame) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = [
         {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "engine"}},
         {"ph": "M", "pid": 1, "tid": 1, "name": "thread_name", "args": {"name": "steps"}},
         {"ph": "M", "pid": 1, "tid": 2, "name": "thread_name", "args": {"name": "stalls"}},
         {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "PCIe"}},
     ]
     for i, d in enumerate(DIRECTIONS):
-        events.append({"ph": "M", "pid": 2, "tid": i + 1, "name": "thread_name", "args": {"name": d}})
+        events.append(
+            {"ph": "M", "pid": 2, "tid": i + 1, "name": "thread_name", "args": {"name": d}}
+        )
     for row in steps.itertuples(index=False):
         fwd_start = row.end_s - row.forward_s
         if row.stall_s > 0:
-            events.append({"ph": "X", "pid": 1, "tid": 2, "name": "stall", "ts": row.start_s * _US,
-                           "dur": row.stall_s * _US, "args": {"step": int(row.step)}})
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": 2,
+                    "name": "stall",
+                    "ts": row.start_s * _US,
+                    "dur": row.stall_s * _US,
+                    "args": {"step": int(row.step)},
+                }
+            )
         if row.num_seqs:
-            events.append({"ph": "X", "pid": 1, "tid": 1, "name": f"step {int(row.step)}",
-                           "ts": fwd_start * _US, "dur": row.forward_s * _US,
-                           "args": {"seqs": int(row.num_seqs), "prefill_tokens": int(row.prefill_tokens),
-                                    "decode_tokens": int(row.decode_tokens)}})
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": 1,
+                    "name": f"step {int(row.step)}",
+                    "ts": fwd_start * _US,
+                    "dur": row.forward_s * _US,
+                    "args": {
+                        "seqs": int(row.num_seqs),
+                        "prefill_tokens": int(row.prefill_tokens),
+                        "decode_tokens": int(row.decode_tokens),
+                    },
+                }
+            )
     tid = {d: i + 1 for i, d in enumerate(DIRECTIONS)}
     for row in transfers.itertuples(index=False):
-        events.append({"ph": "X", "pid": 2, "tid": tid[row.direction], "name": f"{row.direction} r{row.request}",
-                       "ts": row.start_s * _US, "dur": row.duration_s * _US,
-                       "args": {"job": int(row.job), "chunks": int(row.chunks), "bytes": int(row.bytes),
-                                "submit_s": row.submit_s}})
+        events.append(
+            {
+                "ph": "X",
+                "pid": 2,
+                "tid": tid[row.direction],
+                "name": f"{row.direction} r{row.request}",
+                "ts": row.start_s * _US,
+                "dur": row.duration_s * _US,
+                "args": {
+                    "job": int(row.job),
+                    "chunks": int(row.chunks),
+                    "bytes": int(row.bytes),
+                    "submit_s": row.submit_s,
+                },
+            }
+        )
     return events
 
 
-def write_chrome_trace(path: str | os.PathLike, steps: pd.DataFrame, transfers: pd.DataFrame) -> None:
+def write_chrome_trace(
+    path: str | os.PathLike[str], steps: pd.DataFrame, transfers: pd.DataFrame
+) -> None:
     with atomic_write(path) as f:
-        json.dump({"traceEvents": chrome_trace_events(steps, transfers), "displayTimeUnit": "ms"}, f)
+        json.dump(
+            {"traceEvents": chrome_trace_events(steps, transfers), "displayTimeUnit": "ms"}, f
+        )

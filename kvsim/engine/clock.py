@@ -11,6 +11,8 @@ from typing import Protocol
 
 
 class Clock(Protocol):
+    """What the engine needs of time, so simulation and a real run share one engine."""
+
     def now(self) -> float:
         """Seconds since the run started."""
 

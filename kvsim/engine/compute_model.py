@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from kvsim.errors import InputError
 from kvsim.hardware import GpuSpec
@@ -49,6 +50,8 @@ class StepBatch:
 
 @dataclass(frozen=True)
 class ComputeParams:
+    """Roofline coefficients of one GPU (a preset's figures, or a measured compute profile)."""
+
     peak_flops: float
     hbm_bytes_per_s: float
     flops_efficiency: float = 0.6
@@ -59,7 +62,7 @@ class ComputeParams:
     def for_gpu(cls, gpu: GpuSpec) -> ComputeParams:
         return cls(gpu.peak_flops, gpu.hbm_bytes_per_s)
 
-    def with_profile(self, data: dict, source: str = "compute profile") -> ComputeParams:
+    def with_profile(self, data: dict[str, Any], source: str = "compute profile") -> ComputeParams:
         names = {f.name for f in fields(self)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -68,12 +71,14 @@ class ComputeParams:
             values = {k: float(v) for k, v in data.items()}
         except (TypeError, ValueError):
             raise InputError("values must be numbers", source=source) from None
-        if any(v < 0 for v in values.values()) or any(values.get(k, 1) <= 0 for k in names - {"step_overhead_s"}):
+        if any(v < 0 for v in values.values()) or any(
+            values.get(k, 1) <= 0 for k in names - {"step_overhead_s"}
+        ):
             raise InputError("values must be positive (step_overhead_s may be 0)", source=source)
         return replace(self, **values)
 
 
-def load_compute_profile(path: str | os.PathLike, base: ComputeParams) -> ComputeParams:
+def load_compute_profile(path: str | os.PathLike[str], base: ComputeParams) -> ComputeParams:
     path = os.fspath(path)
     data = read_json(path)
     if not isinstance(data, dict):
@@ -84,14 +89,21 @@ def load_compute_profile(path: str | os.PathLike, base: ComputeParams) -> Comput
 class RooflineCompute:
     """Callable step-time model for one model on one GPU type at tensor parallel ``tp``."""
 
-    def __init__(self, model: ModelSpec, params: ComputeParams, tp: int = 1, dtype_bytes: int | None = None) -> None:
+    def __init__(
+        self, model: ModelSpec, params: ComputeParams, tp: int = 1, dtype_bytes: int | None = None
+    ) -> None:
         self.model = model
         self.params = params
         self.tp = tp
         d = model.default_dtype_bytes if dtype_bytes is None else dtype_bytes
         self._flops_per_token = 2.0 * model.active_params / tp
-        self._attn_flops_per_pair = 4.0 * model.num_layers * model.num_attention_heads * (
-            model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim) / tp
+        self._attn_flops_per_pair = (
+            4.0
+            * model.num_layers
+            * model.num_attention_heads
+            * (model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim)
+            / tp
+        )
         self._weight_bytes_total = model.num_params * d / tp
         self._weight_bytes_active = model.active_params * d / tp
         self._kv_bytes_per_token = model.kv_bytes_per_token(d, tp)
@@ -110,5 +122,7 @@ class RooflineCompute:
         if tokens <= 0:
             return 0.0
         flops = self._flops_per_token * tokens + self._attn_flops_per_pair * batch.attention_pairs
-        nbytes = self.weight_bytes_read(tokens) + self._kv_bytes_per_token * (batch.context_tokens + tokens)
+        nbytes = self.weight_bytes_read(tokens) + self._kv_bytes_per_token * (
+            batch.context_tokens + tokens
+        )
         return max(flops / self._flops_rate, nbytes / self._bytes_rate) + self._overhead

@@ -23,13 +23,18 @@ Worker side (called by the engine around the forward pass):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvsim.engine.request_state import FINISHED, SimRequest
 from kvsim.engine.transfer_protocol import EXPEDITED, LOAD, STORE, TransferJob, TransferResult
 from kvsim.keys import KeyLayout
 from kvsim.offload import OffloadManager
+
+if TYPE_CHECKING:
+    from kvsim.engine.clock import Clock
+    from kvsim.engine.transfer_protocol import TransferBackend
 
 
 @dataclass(slots=True, eq=False)
@@ -39,39 +44,59 @@ class ConnectorJob:
     job_id: int
     direction: str
     req: SimRequest
-    keys: list
-    blocks: list
-    chunk_ids: list
+    keys: Sequence[Hashable]  # offload keys (chunk keys)
+    blocks: list[int]  # GPU block ids
+    chunk_ids: list[int]  # CPU chunk ids
     nbytes: int
     copies: int
     step: int
 
     def transfer_job(self, now: float) -> TransferJob:
-        return TransferJob(self.job_id, self.direction, self.blocks, self.chunk_ids,
-                           self.nbytes, self.copies, self.keys, now)
+        return TransferJob(
+            self.job_id,
+            self.direction,
+            self.blocks,
+            self.chunk_ids,
+            self.nbytes,
+            self.copies,
+            self.keys,
+            now,
+        )
 
 
 class OffloadConnector:
-    def __init__(self, manager: OffloadManager, layout: KeyLayout, *, kv_bytes_per_token: int,
-                 num_layers: int, gpu_block_tokens: int = 16, prompt_only: bool = True,
-                 sync_load_budget_bytes: int = 0) -> None:
+    """vLLM's OffloadingConnector on both sides: it turns scheduling into load and store jobs."""
+
+    def __init__(
+        self,
+        manager: OffloadManager,
+        layout: KeyLayout,
+        *,
+        kv_bytes_per_token: int,
+        num_layers: int,
+        gpu_block_tokens: int = 16,
+        prompt_only: bool = True,
+        sync_load_budget_bytes: int = 0,
+    ) -> None:
         self.manager = manager
         self.tpc = layout.chunk_tokens
         self.unit = layout.unit_tokens
         self.upc = layout.units_per_chunk
         self.kv_bytes_per_token = kv_bytes_per_token  # one worker's bytes (what one link moves)
-        self.copies_per_token = num_layers / gpu_block_tokens  # vLLM: one copy per (GPU block, layer)
+        self.copies_per_token = (
+            num_layers / gpu_block_tokens
+        )  # vLLM: one copy per (GPU block, layer)
         self.prompt_only = prompt_only
         self.sync_budget = sync_load_budget_bytes
         self._sync_left = sync_load_budget_bytes
         self.jobs: dict[int, ConnectorJob] = {}
-        self.being_loaded: dict = {}          # key -> async loads in flight
+        self.being_loaded: dict[Hashable, int] = {}  # key -> async loads in flight
         self.fence: dict[int, set[int]] = {}  # GPU block -> store jobs reading it
         self.flush: set[int] = set()
         self.allocated_now: set[int] = set()
         self.finished_pending: list[SimRequest] = []
-        self.store_next: list[ConnectorJob] = []   # built this step, submitted next step
-        self.store_now: list[ConnectorJob] = []    # built last step, submitted this step
+        self.store_next: list[ConnectorJob] = []  # built this step, submitted next step
+        self.store_now: list[ConnectorJob] = []  # built last step, submitted this step
         self.sync_loads: list[ConnectorJob] = []
         self.async_loads: list[ConnectorJob] = []
         self._held_results: list[TransferResult] = []
@@ -134,7 +159,9 @@ class OffloadConnector:
                 return hit, False
         return hit, True
 
-    def update_state_after_alloc(self, req: SimRequest, local: int, ext: int, is_async: bool) -> None:
+    def update_state_after_alloc(
+        self, req: SimRequest, local: int, ext: int, is_async: bool
+    ) -> None:
         if ext == 0:
             return
         tpc, unit = self.tpc, self.unit
@@ -216,19 +243,40 @@ class OffloadConnector:
             keys.append(key)
             positions[key] = (c + 1) * self.tpc
 
-    def _new_job(self, direction: str, req: SimRequest, keys: list, blocks: list, chunk_ids: list,
-                 tokens: int) -> ConnectorJob:
+    def _new_job(
+        self,
+        direction: str,
+        req: SimRequest,
+        keys: Sequence[Hashable],
+        blocks: list[int],
+        chunk_ids: Sequence[int],
+        tokens: int,
+    ) -> ConnectorJob:
         self._next_job += 1
         copies = max(1, round(tokens * self.copies_per_token))
-        job = ConnectorJob(self._next_job, direction, req, keys, blocks, list(chunk_ids),
-                           tokens * self.kv_bytes_per_token, copies, self.step)
+        job = ConnectorJob(
+            self._next_job,
+            direction,
+            req,
+            keys,
+            blocks,
+            list(chunk_ids),
+            tokens * self.kv_bytes_per_token,
+            copies,
+            self.step,
+        )
         self.jobs[job.job_id] = job
         req.jobs.add(job.job_id)
         return job
 
     # --- worker side ---
 
-    def begin_execute(self, backend, clock, on_submit: Callable[[ConnectorJob, float], None]) -> float:
+    def begin_execute(
+        self,
+        backend: TransferBackend,
+        clock: Clock,
+        on_submit: Callable[[ConnectorJob, float], None],
+    ) -> float:
         """Flush, submit stores and loads; returns the flush + sync-load stall in seconds."""
         t0 = clock.now()
         flush, self.flush = self.flush, set()
@@ -252,7 +300,7 @@ class OffloadConnector:
                 self._held_results.extend(results)
         if self.sync_loads:
             now = clock.now()
-            ids = []
+            ids: list[int] = []
             for job in self.sync_loads:
                 on_submit(job, now)
                 backend.submit(job.transfer_job(now), now)
@@ -270,8 +318,12 @@ class OffloadConnector:
         self.stall_time += stall
         return stall
 
-    def end_execute(self, backend, now: float,
-                    on_done: Callable[[ConnectorJob, TransferResult], None]) -> int:
+    def end_execute(
+        self,
+        backend: TransferBackend,
+        now: float,
+        on_done: Callable[[ConnectorJob, TransferResult], None],
+    ) -> int:
         """Queue this step's stores; process finished transfers. Returns jobs completed."""
         self.store_now, self.store_next = self.store_next, []
         results = backend.poll(now)
@@ -314,5 +366,11 @@ class OffloadConnector:
 
     @property
     def has_queued_work(self) -> bool:
-        return bool(self.finished_pending or self.store_now or self.store_next or self.sync_loads
-                    or self.async_loads or self.flush)
+        return bool(
+            self.finished_pending
+            or self.store_now
+            or self.store_next
+            or self.sync_loads
+            or self.async_loads
+            or self.flush
+        )

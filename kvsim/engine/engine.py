@@ -16,7 +16,7 @@ sleeps until the next arrival or transfer completion (event order: :mod:`.events
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from kvsim.config import CacheConfig
@@ -48,16 +48,24 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams, unit_tok
     if params.gpu_blocks is not None:
         return params.gpu_blocks
     weights = model.num_params * model.default_dtype_bytes / params.tp
-    avail = gpu.memory_bytes * params.gpu_memory_utilization - weights - params.activation_reserve_gib * 2**30
+    avail = (
+        gpu.memory_bytes * params.gpu_memory_utilization
+        - weights
+        - params.activation_reserve_gib * 2**30
+    )
     per_block = model.kv_bytes_per_token(tp=params.tp) * unit_tokens
     n = int(avail // per_block)
     if n < 1:
-        raise InputError(f"{model.name} does not fit on {gpu.name} at tp={params.tp} with "
-                         f"gpu_memory_utilization={params.gpu_memory_utilization}: no memory left for KV")
+        raise InputError(
+            f"{model.name} does not fit on {gpu.name} at tp={params.tp} with "
+            f"gpu_memory_utilization={params.gpu_memory_utilization}: no memory left for KV"
+        )
     return n
 
 
 class Engine:
+    """One modelled vLLM server: a trace's arrivals through scheduler, connector and backend."""
+
     def __init__(
         self,
         config: CacheConfig,
@@ -81,8 +89,13 @@ class Engine:
         self.gpu = gpu
         self.layout = config.layout
         self.clock = clock if clock is not None else VirtualClock()
-        self.compute = compute if compute is not None else RooflineCompute(
-            self.model, compute_params or ComputeParams.for_gpu(self.gpu), tp=params.tp)
+        self.compute = (
+            compute
+            if compute is not None
+            else RooflineCompute(
+                self.model, compute_params or ComputeParams.for_gpu(self.gpu), tp=params.tp
+            )
+        )
         self.transfer = transfer or get_link(self.gpu.link)
         self.backend = backend if backend is not None else SimulatedTransferBackend(self.transfer)
         self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params, self.layout.unit_tokens)
@@ -91,11 +104,20 @@ class Engine:
         self.manager = None
         self.connector: OffloadConnector | None = None
         if offload:
-            self.manager = manager if manager is not None else OffloadManager.from_config(config, requests_for_future)
+            self.manager = (
+                manager
+                if manager is not None
+                else OffloadManager.from_config(config, requests_for_future)
+            )
             self.connector = OffloadConnector(
-                self.manager, self.layout, kv_bytes_per_token=self.model.kv_bytes_per_token(tp=params.tp),
-                num_layers=self.model.num_layers, gpu_block_tokens=params.gpu_block_tokens,
-                prompt_only=params.offload_prompt_only, sync_load_budget_bytes=params.sync_load_budget_bytes)
+                self.manager,
+                self.layout,
+                kv_bytes_per_token=self.model.kv_bytes_per_token(tp=params.tp),
+                num_layers=self.model.num_layers,
+                gpu_block_tokens=params.gpu_block_tokens,
+                prompt_only=params.offload_prompt_only,
+                sync_load_budget_bytes=params.sync_load_budget_bytes,
+            )
         self.scheduler = Scheduler(params, self.pool, self.layout.unit_tokens, self.connector)
         self.recorder = Recorder(params.record_steps)
         self.progress = progress
@@ -105,7 +127,7 @@ class Engine:
         self.rescues = 0  # ordering deadlocks broken (see Scheduler.rescue)
         self._step_at: float | None = None
         self._token = 0
-        self._source = None
+        self._source: Iterator[tuple[float, Request]] = iter(())  # the arrivals, set by run()
         self._arrivals_left = False
         self._ran = False
 
@@ -153,10 +175,20 @@ class Engine:
             chunk_keys = list(unit_keys)
         positions = chunk_positions(chunk_keys, layout.chunk_tokens)
         manager = self.manager
-        ctx = manager.new_context(req.request_id, positions) if manager is not None \
+        ctx = (
+            manager.new_context(req.request_id, positions)
+            if manager is not None
             else RequestContext(req.request_id, positions)
-        sr = SimRequest(req.request_id, arrival, req.input_tokens, max(1, req.output_tokens),
-                        unit_keys, chunk_keys, ctx)
+        )
+        sr = SimRequest(
+            req.request_id,
+            arrival,
+            req.input_tokens,
+            max(1, req.output_tokens),
+            unit_keys,
+            chunk_keys,
+            ctx,
+        )
         self.recorder.requests.append(sr)
         unit = layout.unit_tokens
         if -(-(sr.prompt + sr.output) // unit) > self.num_gpu_blocks:
@@ -193,19 +225,49 @@ class Engine:
             self._finished(len(finished))
         submitted = (conn.loads_submitted + conn.stores_submitted) if conn is not None else 0
         if rec.record_steps:
-            self._record_step(step, t0, t2, stall, t2 - t1, batch, len(finished), n_preempted, submitted, done)
+            self._record_step(
+                step, t0, t2, stall, t2 - t1, batch, len(finished), n_preempted, submitted, done
+            )
         return bool(batch.num_seqs or done or submitted)
 
-    def _record_step(self, step: int, t0: float, t2: float, stall: float, fwd: float, batch: StepBatch,
-                     n_finished: int, n_preempted: int, submitted: int, done: int) -> None:
+    def _record_step(
+        self,
+        step: int,
+        t0: float,
+        t2: float,
+        stall: float,
+        fwd: float,
+        batch: StepBatch,
+        n_finished: int,
+        n_preempted: int,
+        submitted: int,
+        done: int,
+    ) -> None:
         sched, conn, pool = self.scheduler, self.connector, self.pool
-        waiting_kv = sum(1 for r in sched.waiting if r.status == WAITING_FOR_KV) if conn is not None else 0
+        waiting_kv = (
+            sum(1 for r in sched.waiting if r.status == WAITING_FOR_KV) if conn is not None else 0
+        )
         stats = self.manager.get_stats() if self.manager is not None else None
-        ints = (step, batch.num_seqs, batch.num_prefill_seqs, batch.prefill_tokens, batch.decode_tokens,
-                len(sched.running), len(sched.waiting) - waiting_kv, waiting_kv, pool.num_free, n_finished,
-                n_preempted, conn.loads_submitted if conn else 0, conn.stores_submitted if conn else 0, done,
-                conn.allocation_failures if conn else 0, self.manager.num_resident if self.manager else 0,
-                conn.load_bytes if conn else 0, conn.store_bytes if conn else 0)
+        ints = (
+            step,
+            batch.num_seqs,
+            batch.num_prefill_seqs,
+            batch.prefill_tokens,
+            batch.decode_tokens,
+            len(sched.running),
+            len(sched.waiting) - waiting_kv,
+            waiting_kv,
+            pool.num_free,
+            n_finished,
+            n_preempted,
+            conn.loads_submitted if conn else 0,
+            conn.stores_submitted if conn else 0,
+            done,
+            conn.allocation_failures if conn else 0,
+            self.manager.num_resident if self.manager else 0,
+            conn.load_bytes if conn else 0,
+            conn.store_bytes if conn else 0,
+        )
         self.recorder.step((t0, t2, stall, fwd, pool.usage()), ints, stats)
 
     def _after_step(self, progress: bool) -> None:
@@ -226,8 +288,10 @@ class Engine:
             self.rescues += 1
             self._schedule_step(now)
         elif not self._arrivals_left:
-            raise RuntimeError(f"engine stalled at t={now:.6f}s with {len(sched.waiting)} waiting "
-                               f"and {len(sched.running)} running requests and nothing in flight")
+            raise RuntimeError(
+                f"engine stalled at t={now:.6f}s with {len(sched.waiting)} waiting "
+                f"and {len(sched.running)} running requests and nothing in flight"
+            )
 
     def _drain(self) -> None:
         """After the last step: let in-flight copies finish and account them."""

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from kvsim.errors import InputError
 
 
 @dataclass(frozen=True)
 class EngineParams:
-    max_num_batched_tokens: int = 8192   # vLLM token budget per step
-    max_num_seqs: int = 256              # running requests per step
+    """The engine's knobs in one frozen value, checked once so the step loop never re-validates."""
+
+    max_num_batched_tokens: int = 8192  # vLLM token budget per step
+    max_num_seqs: int = 256  # running requests per step
     long_prefill_token_threshold: int = 0  # cap on one request's prefill chunk (0: none)
-    gpu_blocks: int | None = None        # GPU KV blocks of the key unit; None: from memory
+    gpu_blocks: int | None = None  # GPU KV blocks of the key unit; None: from memory
     gpu_memory_utilization: float = 0.9
     activation_reserve_gib: float = 2.5  # non-KV memory besides weights (activations, graphs)
     enable_prefix_caching: bool = True
-    offload_prompt_only: bool = True     # vLLM offload_prompt_only
-    sync_load_budget_bytes: int = 0      # vLLM sync_load_budget_bytes (per step, per worker)
-    gpu_block_tokens: int = 16           # vLLM GPU block: sets copy descriptors per job
+    offload_prompt_only: bool = True  # vLLM offload_prompt_only
+    sync_load_budget_bytes: int = 0  # vLLM sync_load_budget_bytes (per step, per worker)
+    gpu_block_tokens: int = 16  # vLLM GPU block: sets copy descriptors per job
     tp: int = 1
-    time_scale: float = 1.0              # arrival = trace timestamp * time_scale
-    poisson_rate: float | None = None    # re-time arrivals as Poisson at this rate (req/s)
+    time_scale: float = 1.0  # arrival = trace timestamp * time_scale
+    poisson_rate: float | None = None  # re-time arrivals as Poisson at this rate (req/s)
     seed: int = 0
     record_steps: bool = True
 
@@ -43,5 +46,5 @@ class EngineParams:
             if not ok:
                 raise InputError(msg)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)

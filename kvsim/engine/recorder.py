@@ -6,6 +6,7 @@ Columns are kept in compact arrays while the run goes, and become pandas tables 
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,27 +23,81 @@ from kvsim.metrics import (
 )
 
 REQUEST_COLUMNS = (
-    "request", "arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s", "first_token_s",
-    "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "kv_wait_s", "gpu_hit_tokens", "cpu_hit_tokens",
-    "computed_prompt_tokens", "recomputed_tokens", "preemptions", "deferrals", "rejected",
+    "request",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "queue_s",
+    "kv_wait_s",
+    "gpu_hit_tokens",
+    "cpu_hit_tokens",
+    "computed_prompt_tokens",
+    "recomputed_tokens",
+    "preemptions",
+    "deferrals",
+    "rejected",
 )
-TRANSFER_COLUMNS = ("job", "direction", "request", "chunks", "bytes", "copies", "created_step",
-                    "submit_s", "start_s", "end_s", "duration_s", "success")
-STEP_FLOAT = ("start_s", "end_s", "stall_s", "forward_s", "gpu_kv_usage",
-              "cpu_cache_usage_perc", "cpu_cache_write_usage_perc", "cpu_cache_read_usage_perc")
-STEP_INT = ("step", "num_seqs", "num_prefill_seqs", "prefill_tokens", "decode_tokens", "running",
-            "waiting", "waiting_for_kv", "gpu_free_blocks", "finished", "preempted",
-            "loads_submitted", "stores_submitted", "jobs_completed", "allocation_failures_total",
-            "cpu_resident_chunks", "load_bytes_total", "store_bytes_total")
+TRANSFER_COLUMNS = (
+    "job",
+    "direction",
+    "request",
+    "chunks",
+    "bytes",
+    "copies",
+    "created_step",
+    "submit_s",
+    "start_s",
+    "end_s",
+    "duration_s",
+    "success",
+)
+STEP_FLOAT = (
+    "start_s",
+    "end_s",
+    "stall_s",
+    "forward_s",
+    "gpu_kv_usage",
+    "cpu_cache_usage_perc",
+    "cpu_cache_write_usage_perc",
+    "cpu_cache_read_usage_perc",
+)
+STEP_INT = (
+    "step",
+    "num_seqs",
+    "num_prefill_seqs",
+    "prefill_tokens",
+    "decode_tokens",
+    "running",
+    "waiting",
+    "waiting_for_kv",
+    "gpu_free_blocks",
+    "finished",
+    "preempted",
+    "loads_submitted",
+    "stores_submitted",
+    "jobs_completed",
+    "allocation_failures_total",
+    "cpu_resident_chunks",
+    "load_bytes_total",
+    "store_bytes_total",
+)
 STEP_STATS = ("allocation_sizes_count", "allocation_sizes_sum", "stores_skipped")
 _GAUGES = (CPU_CACHE_USAGE_PERC, CPU_CACHE_WRITE_USAGE_PERC, CPU_CACHE_READ_USAGE_PERC)
 
 
 class Recorder:
+    """Collects a timed run's per-request, per-job and per-step records; builds the tables."""
+
     def __init__(self, record_steps: bool = True) -> None:
         self.record_steps = record_steps
         self.requests: list[SimRequest] = []
-        self.transfers: list[tuple] = []
+        self.transfers: list[tuple[Any, ...]] = []
         self._submit: dict[int, float] = {}
         self.steps_f = {c: array("d") for c in STEP_FLOAT}
         self.steps_i = {c: array("q") for c in STEP_INT + STEP_STATS}
@@ -51,18 +106,33 @@ class Recorder:
         self._submit[job.job_id] = now
 
     def on_done(self, job: ConnectorJob, r: TransferResult) -> None:
-        self.transfers.append((job.job_id, job.direction, job.req.rid, len(job.keys), r.nbytes, job.copies,
-                               job.step, self._submit.pop(job.job_id, r.submit_time), r.start_time,
-                               r.end_time, r.end_time - r.start_time, r.success))
+        self.transfers.append(
+            (
+                job.job_id,
+                job.direction,
+                job.req.rid,
+                len(job.keys),
+                r.nbytes,
+                job.copies,
+                job.step,
+                self._submit.pop(job.job_id, r.submit_time),
+                r.start_time,
+                r.end_time,
+                r.end_time - r.start_time,
+                r.success,
+            )
+        )
 
-    def step(self, floats: tuple, ints: tuple, stats: dict | None) -> None:
+    def step(
+        self, floats: tuple[float, ...], ints: tuple[int, ...], stats: dict[str, Any] | None
+    ) -> None:
         if not self.record_steps:
             return
         f = self.steps_f
         for name, v in zip(STEP_FLOAT[:5], floats):
             f[name].append(v)
         for name in _GAUGES:
-            f[name[len("vllm:kv_offload_"):]].append(stats[name] if stats else 0.0)
+            f[name[len("vllm:kv_offload_") :]].append(stats[name] if stats else 0.0)
         i = self.steps_i
         for name, v in zip(STEP_INT, ints):
             i[name].append(v)
@@ -83,17 +153,37 @@ class Recorder:
         for r in self.requests:
             rejected = r.status == REJECTED
             ttft = r.first_token - r.arrival if r.first_token is not None else float("nan")
-            tpot = ((r.finish - r.first_token) / (r.output - 1)
-                    if r.output > 1 and r.finish is not None and r.first_token is not None else float("nan"))
+            tpot = (
+                (r.finish - r.first_token) / (r.output - 1)
+                if r.output > 1 and r.finish is not None and r.first_token is not None
+                else float("nan")
+            )
             needed = r.prompt + r.output - 1 - r.gpu_hit - r.cpu_hit
-            rows.append((
-                r.rid, r.arrival, r.prompt, r.num_output,
-                _nan(r.first_scheduled), _nan(r.first_token), _nan(r.finish), ttft, tpot,
-                (r.finish - r.arrival) if r.finish is not None else float("nan"),
-                (r.first_scheduled - r.arrival) if r.first_scheduled is not None else float("nan"),
-                r.kv_wait, r.gpu_hit, r.cpu_hit, r.prompt - r.gpu_hit - r.cpu_hit if not rejected else 0,
-                r.forward_tokens - needed if not rejected else 0, r.preemptions, r.deferrals, rejected,
-            ))
+            rows.append(
+                (
+                    r.rid,
+                    r.arrival,
+                    r.prompt,
+                    r.num_output,
+                    _nan(r.first_scheduled),
+                    _nan(r.first_token),
+                    _nan(r.finish),
+                    ttft,
+                    tpot,
+                    (r.finish - r.arrival) if r.finish is not None else float("nan"),
+                    (r.first_scheduled - r.arrival)
+                    if r.first_scheduled is not None
+                    else float("nan"),
+                    r.kv_wait,
+                    r.gpu_hit,
+                    r.cpu_hit,
+                    r.prompt - r.gpu_hit - r.cpu_hit if not rejected else 0,
+                    r.forward_tokens - needed if not rejected else 0,
+                    r.preemptions,
+                    r.deferrals,
+                    rejected,
+                )
+            )
         return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
 
     def transfer_table(self) -> pd.DataFrame:

@@ -5,23 +5,57 @@ from __future__ import annotations
 from kvsim.context import RequestContext
 
 WAITING = 0
-WAITING_FOR_KV = 1   # vLLM WAITING_FOR_REMOTE_KVS: an async CPU->GPU load is in flight
+WAITING_FOR_KV = 1  # vLLM WAITING_FOR_REMOTE_KVS: an async CPU->GPU load is in flight
 RUNNING = 2
 FINISHED = 3
-REJECTED = 4         # cannot fit in GPU KV memory even alone
+REJECTED = 4  # cannot fit in GPU KV memory even alone
 
 
 class SimRequest:
+    """One request's mutable state in the timed engine (slotted: it is touched every step)."""
+
     __slots__ = (
-        "rid", "arrival", "prompt", "output", "unit_keys", "chunk_keys", "ctx",
-        "status", "num_computed", "num_output", "blocks", "n_cached", "sched",
-        "next_store", "jobs", "load_done", "pending_ext", "n_prompt_chunks",
-        "first_scheduled", "first_token", "finish", "gpu_hit", "cpu_hit", "admitted",
-        "forward_tokens", "preemptions", "kv_wait", "kv_wait_start", "deferrals",
+        "rid",
+        "arrival",
+        "prompt",
+        "output",
+        "unit_keys",
+        "chunk_keys",
+        "ctx",
+        "status",
+        "num_computed",
+        "num_output",
+        "blocks",
+        "n_cached",
+        "sched",
+        "next_store",
+        "jobs",
+        "load_done",
+        "pending_ext",
+        "n_prompt_chunks",
+        "first_scheduled",
+        "first_token",
+        "finish",
+        "gpu_hit",
+        "cpu_hit",
+        "admitted",
+        "forward_tokens",
+        "preemptions",
+        "kv_wait",
+        "kv_wait_start",
+        "deferrals",
     )
 
-    def __init__(self, rid: int, arrival: float, prompt: int, output: int,
-                 unit_keys: list, chunk_keys: list, ctx: RequestContext) -> None:
+    def __init__(
+        self,
+        rid: int,
+        arrival: float,
+        prompt: int,
+        output: int,
+        unit_keys: list[int],
+        chunk_keys: list[int],
+        ctx: RequestContext,
+    ) -> None:
         self.rid = rid
         self.arrival = arrival
         self.prompt = prompt
@@ -34,12 +68,12 @@ class SimRequest:
         self.num_computed = 0
         self.num_output = 0
         self.blocks: list[int] = []
-        self.n_cached = 0          # leading blocks that carry a prefix-cache hash
-        self.sched = 0             # tokens scheduled in the current step
-        self.next_store = 0        # connector: next chunk index to offer
+        self.n_cached = 0  # leading blocks that carry a prefix-cache hash
+        self.sched = 0  # tokens scheduled in the current step
+        self.next_store = 0  # connector: next chunk index to offer
         self.jobs: set[int] = set()  # connector jobs in flight
-        self.load_done = False     # async load finished (vLLM finished_recving)
-        self.pending_ext = 0       # external tokens of the in-flight async load
+        self.load_done = False  # async load finished (vLLM finished_recving)
+        self.pending_ext = 0  # external tokens of the in-flight async load
         self.first_scheduled: float | None = None
         self.first_token: float | None = None
         self.finish: float | None = None

@@ -33,6 +33,7 @@ request is running or waiting (a lone request has nobody to starve).
 from __future__ import annotations
 
 from collections import deque
+from typing import cast
 
 from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.connector import OffloadConnector
@@ -91,6 +92,8 @@ class _BatchTally:
 
 
 class Scheduler:
+    """vLLM v1's scheduler over kvsim's GPU block pool: picks each step's batch, preempts."""
+
     def __init__(
         self,
         params: EngineParams,
@@ -126,7 +129,7 @@ class Scheduler:
             self.pool.cache_blocks(req.blocks[req.n_cached : n], req.unit_keys[req.n_cached : n])
             req.n_cached = n
 
-    def _free_hit_blocks(self, keys: list) -> int:
+    def _free_hit_blocks(self, keys: list[int]) -> int:
         """How many of these cached blocks sit in the free queue (taking them uses free space)."""
         return self.pool.count_free_cached(keys)
 
@@ -287,7 +290,8 @@ class Scheduler:
         if need + (self._free_hit_blocks(hit_keys) if gpu_hit else 0) > pool.num_free:
             return False
         held = pool.acquire_cached(hit_keys) if gpu_hit else []
-        fresh = self._allocate(need) if need > 0 else []
+        # cannot fail: the check above left ``need`` free blocks after the hits are taken
+        fresh = cast("list[int]", self._allocate(need)) if need > 0 else []
         req.blocks = held + fresh
         req.n_cached = gpu_hit
         if not req.admitted:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import cast
 
 from kvsim.engine.transfer_model import TransferModelParams
 from kvsim.engine.transfer_protocol import DIRECTIONS, STORE, TransferJob, TransferResult
@@ -75,8 +76,13 @@ class SimulatedTransferBackend:
     def next_completion_time(self) -> float | None:
         if not self._busy:
             return None
-        saved = (self._t, {d: (a.copy() if a else None) for d, a in self._active.items()},
-                 {d: deque(q) for d, q in self._pending.items()}, list(self._done), set(self._busy))
+        saved = (
+            self._t,
+            {d: (a.copy() if a else None) for d, a in self._active.items()},
+            {d: deque(q) for d, q in self._pending.items()},
+            list(self._done),
+            set(self._busy),
+        )
         n = len(self._busy)
         while len(self._busy) == n:
             t = self._next_event_time()
@@ -123,13 +129,15 @@ class SimulatedTransferBackend:
         return best
 
     def _advance(self, until: float) -> None:
+        # only directions with a job in flight have a rate, so the ones read below are not None
+        active = cast("dict[str, _Active]", self._active)
         while True:
             t = self._t
             nxt = self._next_event_time()
             if nxt is None or nxt > until:
                 rates = self._rates(t)
                 for d, r in rates.items():
-                    a = self._active[d]
+                    a = active[d]
                     a.remaining -= r * (until - t)
                 if until > t:
                     self._t = until
@@ -138,16 +146,19 @@ class SimulatedTransferBackend:
             dt = nxt - t
             finished = []
             for d, r in rates.items():
-                a = self._active[d]
+                a = active[d]
                 if t + a.remaining / r <= nxt:
                     finished.append(d)
                 a.remaining -= r * dt
             self._t = nxt
             for d in finished:
-                a = self._active[d]
+                a = active[d]
                 job = a.job
-                self._done.append(TransferResult(job.job_id, job.direction, True, job.nbytes,
-                                                 a.start, nxt, job.submit_time))
+                self._done.append(
+                    TransferResult(
+                        job.job_id, job.direction, True, job.nbytes, a.start, nxt, job.submit_time
+                    )
+                )
                 self._busy.discard(job.job_id)
                 self._active[d] = None
             self._start_idle(nxt)

@@ -74,21 +74,25 @@ def summarize(engine: Any, requests: pd.DataFrame, transfers: pd.DataFrame) -> d
         is_store = transfers["direction"] == STORE
         loads, stores = transfers[~is_store], transfers[is_store]
         counters = engine.manager.counters
-        out.update({
-            "load_jobs": len(loads),
-            "store_jobs": len(stores),
-            "load_bytes": int(loads["bytes"].sum()) * tp,
-            "store_bytes": int(stores["bytes"].sum()) * tp,
-            "chunks_loaded": int(loads["chunks"].sum()),
-            "chunks_stored": int(stores["chunks"].sum()),
-            "chunks_evicted": counters.evicted_chunks,
-            "allocation_failures": conn.allocation_failures,
-            "stores_skipped": counters.stores_skipped,
-            "flush_and_sync_stall_s": conn.stall_time,
-            "pcie_h2d_util": busy_time(loads["start_s"].to_numpy(), loads["end_s"].to_numpy()) / span,
-            "pcie_d2h_util": busy_time(stores["start_s"].to_numpy(), stores["end_s"].to_numpy()) / span,
-            "cpu_chunks": engine.config.num_chunks,
-            "chunk_tokens": engine.config.chunk_tokens,
-            "policy": engine.config.policy,
-        })
+        out.update(
+            {
+                "load_jobs": len(loads),
+                "store_jobs": len(stores),
+                "load_bytes": int(loads["bytes"].sum()) * tp,
+                "store_bytes": int(stores["bytes"].sum()) * tp,
+                "chunks_loaded": int(loads["chunks"].sum()),
+                "chunks_stored": int(stores["chunks"].sum()),
+                "chunks_evicted": counters.evicted_chunks,
+                "allocation_failures": conn.allocation_failures,
+                "stores_skipped": counters.stores_skipped,
+                "flush_and_sync_stall_s": conn.stall_time,
+                "pcie_h2d_util": busy_time(loads["start_s"].to_numpy(), loads["end_s"].to_numpy())
+                / span,
+                "pcie_d2h_util": busy_time(stores["start_s"].to_numpy(), stores["end_s"].to_numpy())
+                / span,
+                "cpu_chunks": engine.config.num_chunks,
+                "chunk_tokens": engine.config.chunk_tokens,
+                "policy": engine.config.policy,
+            }
+        )
     return out

@@ -30,6 +30,7 @@ import json
 import os
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Any
 
 from kvsim.errors import InputError
 from kvsim.io import read_json
@@ -54,8 +55,10 @@ class DirectionParams:
         last = 0.0
         for size, rate in self.curve:
             if size <= last or rate <= 0:
-                raise InputError("transfer profile: curve sizes must increase and rates be > 0, "
-                                 f"got [{size}, {rate}]")
+                raise InputError(
+                    "transfer profile: curve sizes must increase and rates be > 0, "
+                    f"got [{size}, {rate}]"
+                )
             last = size
 
     def bandwidth(self, copy_bytes: float) -> float:
@@ -77,9 +80,12 @@ class DirectionParams:
         copies = max(1, copies)
         return self.fixed_time(copies) + nbytes / self.bandwidth(nbytes / copies)
 
-    def to_dict(self) -> dict:
-        return {"overhead_s": self.overhead_s, "per_copy_s": self.per_copy_s,
-                "curve": [[s, r] for s, r in self.curve]}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overhead_s": self.overhead_s,
+            "per_copy_s": self.per_copy_s,
+            "curve": [[s, r] for s, r in self.curve],
+        }
 
 
 @dataclass(frozen=True)
@@ -93,37 +99,57 @@ class TransferModelParams:
 
     def __post_init__(self) -> None:
         if not 0 < self.duplex_factor <= 1:
-            raise InputError(f"transfer profile: duplex_factor must be in (0, 1], got {self.duplex_factor}")
+            raise InputError(
+                f"transfer profile: duplex_factor must be in (0, 1], got {self.duplex_factor}"
+            )
 
-    def to_dict(self) -> dict:
-        return {"version": PROFILE_VERSION, "link": self.link, "h2d": self.h2d.to_dict(),
-                "d2h": self.d2h.to_dict(), "duplex_factor": self.duplex_factor}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PROFILE_VERSION,
+            "link": self.link,
+            "h2d": self.h2d.to_dict(),
+            "d2h": self.d2h.to_dict(),
+            "duplex_factor": self.duplex_factor,
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "transfer profile") -> TransferModelParams:
+    def from_dict(
+        cls, data: dict[str, Any], source: str = "transfer profile"
+    ) -> TransferModelParams:
         if not isinstance(data, dict):
             raise InputError("expected a JSON object", source=source)
         if data.get("version") != PROFILE_VERSION:
-            raise InputError(f"unsupported version {data.get('version')!r} (expected {PROFILE_VERSION})",
-                             source=source)
+            raise InputError(
+                f"unsupported version {data.get('version')!r} (expected {PROFILE_VERSION})",
+                source=source,
+            )
         try:
             dirs = {}
             for name in ("h2d", "d2h"):
                 d = data[name]
-                dirs[name] = DirectionParams(float(d["overhead_s"]), float(d["per_copy_s"]),
-                                             tuple((float(s), float(r)) for s, r in d["curve"]))
-            return cls(str(data.get("link", "profile")), dirs["h2d"], dirs["d2h"],
-                       float(data.get("duplex_factor", 0.8)))
+                dirs[name] = DirectionParams(
+                    float(d["overhead_s"]),
+                    float(d["per_copy_s"]),
+                    tuple((float(s), float(r)) for s, r in d["curve"]),
+                )
+            return cls(
+                str(data.get("link", "profile")),
+                dirs["h2d"],
+                dirs["d2h"],
+                float(data.get("duplex_factor", 0.8)),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, InputError):
                 raise InputError(str(exc), source=source) from None
-            raise InputError(f"malformed profile ({type(exc).__name__}: {exc})", source=source) from None
+            raise InputError(
+                f"malformed profile ({type(exc).__name__}: {exc})", source=source
+            ) from None
 
 
-def load_transfer_profile(path: str | os.PathLike) -> TransferModelParams:
+def load_transfer_profile(path: str | os.PathLike[str]) -> TransferModelParams:
     """Read a calibration profile (schema in this module's docstring)."""
     path = os.fspath(path)
     return TransferModelParams.from_dict(read_json(path), source=path)
@@ -137,16 +163,24 @@ _GEN4_CURVE = ((4096.0, 2.0), (16384.0, 3.2), (24576.0, 3.5), (28672.0, 22.0), (
 
 LINK_PRESETS: dict[str, TransferModelParams] = {
     "pcie5": TransferModelParams(
-        "pcie5", DirectionParams(20e-6, 0.01e-6, _GEN5_CURVE),
-        DirectionParams(20e-6, 0.01e-6, _GEN5_CURVE), duplex_factor=0.8),
+        "pcie5",
+        DirectionParams(20e-6, 0.01e-6, _GEN5_CURVE),
+        DirectionParams(20e-6, 0.01e-6, _GEN5_CURVE),
+        duplex_factor=0.8,
+    ),
     "pcie4": TransferModelParams(
-        "pcie4", DirectionParams(20e-6, 0.01e-6, _GEN4_CURVE),
-        DirectionParams(20e-6, 0.01e-6, _GEN4_CURVE), duplex_factor=0.8),
+        "pcie4",
+        DirectionParams(20e-6, 0.01e-6, _GEN4_CURVE),
+        DirectionParams(20e-6, 0.01e-6, _GEN4_CURVE),
+        duplex_factor=0.8,
+    ),
     # Grace-Hopper NVLink-C2C: copy-engine H2D 342, D2H 295 GB/s (vLLM PR #6496).
     "gh200": TransferModelParams(
-        "gh200", DirectionParams(10e-6, 0.02e-6, ((4096.0, 30.0), (65536.0, 250.0), (2097152.0, 342.0))),
+        "gh200",
+        DirectionParams(10e-6, 0.02e-6, ((4096.0, 30.0), (65536.0, 250.0), (2097152.0, 342.0))),
         DirectionParams(10e-6, 0.02e-6, ((4096.0, 30.0), (65536.0, 220.0), (2097152.0, 295.0))),
-        duplex_factor=0.8),
+        duplex_factor=0.8,
+    ),
 }
 
 
@@ -157,4 +191,6 @@ def get_link(name_or_path: str) -> TransferModelParams:
         return LINK_PRESETS[key]
     if os.path.exists(name_or_path):
         return load_transfer_profile(name_or_path)
-    raise InputError(f"unknown link {name_or_path!r}; known: {', '.join(LINK_PRESETS)} or a profile JSON path")
+    raise InputError(
+        f"unknown link {name_or_path!r}; known: {', '.join(LINK_PRESETS)} or a profile JSON path"
+    )

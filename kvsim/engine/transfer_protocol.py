@@ -29,24 +29,28 @@ DIRECTIONS = (STORE, LOAD, EXPEDITED)
 
 @dataclass(frozen=True)
 class TransferJob:
+    """One copy job as a backend sees it: what to move, where, and when it was submitted."""
+
     job_id: int
-    direction: str               # STORE, LOAD or EXPEDITED
-    gpu_blocks: Sequence[int]    # GPU block ids (source of a store, destination of a load)
-    chunk_ids: Sequence[int]     # CPU chunk ids (destination of a store, source of a load)
-    nbytes: int                  # bytes moved by the job
-    num_copies: int              # copy descriptors (blocks x layers in vLLM's layout)
+    direction: str  # STORE, LOAD or EXPEDITED
+    gpu_blocks: Sequence[int]  # GPU block ids (source of a store, destination of a load)
+    chunk_ids: Sequence[int]  # CPU chunk ids (destination of a store, source of a load)
+    nbytes: int  # bytes moved by the job
+    num_copies: int  # copy descriptors (blocks x layers in vLLM's layout)
     keys: Sequence[object] = ()  # offload keys, for integrity checks in the real backend
-    submit_time: float = 0.0     # clock time when submitted
+    submit_time: float = 0.0  # clock time when submitted
 
 
 @dataclass(frozen=True)
 class TransferResult:
+    """A finished job as a backend reports it: its timing and whether the copy succeeded."""
+
     job_id: int
     direction: str
     success: bool
     nbytes: int
-    start_time: float            # when the copy started (after queueing)
-    end_time: float              # when it completed
+    start_time: float  # when the copy started (after queueing)
+    end_time: float  # when it completed
     submit_time: float = 0.0
 
     @property
@@ -55,6 +59,8 @@ class TransferResult:
 
 
 class TransferBackend(Protocol):
+    """The copy engine the connector drives; the simulated and real backends both implement it."""
+
     def submit(self, job: TransferJob, now: float) -> None:
         """Queue a job at clock time ``now``."""
 

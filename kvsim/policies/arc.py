@@ -32,7 +32,7 @@ def adapt_to_ghost_hit(p: float, key: Key, b1: OrderedDict, b2: OrderedDict, cap
         return min(p + max(1, len(b2) / len(b1)), capacity)
     if key in b2:
         b2.move_to_end(key)
-        return max(p - max(1, len(b1) // len(b2)), 0)
+        return max(p - max(1, len(b1) / len(b2)), 0)
     return p
 
 

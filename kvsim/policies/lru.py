@@ -28,7 +28,7 @@ from itertools import chain, islice
 from kvsim.context import RequestContext, order_request_keys
 from kvsim.policies.base import Chunk, ChunkMapPolicy, Key
 
-Rank = tuple[int, int]  # (counter, -end_position); 0 for a committed key's position
+Rank = tuple[int, int]  # (counter, -end_position); a committed key's is (counter, 0)
 
 
 class LRUPolicy(ChunkMapPolicy):
@@ -111,7 +111,7 @@ class LRUPolicy(ChunkMapPolicy):
 
     def on_request_finished(self, key_groups, insertion_only, reused, ctx) -> None:
         keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, ctx)
-        self.touch(keys, ctx)  # a store counts as a use, like a reuse
+        self.touch(keys, ctx)  # tail first, so the head ends most recent; a store is a use too
 
     def clear(self) -> None:
         self.chunks.clear()

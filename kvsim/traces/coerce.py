@@ -14,12 +14,22 @@ from .model import Request, Trace
 from .readers import open_trace
 
 if TYPE_CHECKING:
+    from typing import TypeAlias, TypeGuard
+
     import pandas as pd
 
     #: what every entry point accepts as a trace
-    TraceLike = str | os.PathLike[str] | Trace | Iterable[Request] | pd.DataFrame
+    TraceLike: TypeAlias = str | os.PathLike[str] | Trace | Iterable[Request] | pd.DataFrame
 
-REQUEST_FIELDS = ("request_id", "arrival_s", "input_tokens", "output_tokens", "block_hashes", "session_id")
+REQUEST_FIELDS = (
+    "request_id",
+    "arrival_s",
+    "input_tokens",
+    "output_tokens",
+    "block_hashes",
+    "session_id",
+)
+
 
 def requests_frame(requests: Iterable[Request], block_tokens: int) -> pd.DataFrame:
     """Requests as a DataFrame (one row each, the :class:`Request` fields as columns).
@@ -30,8 +40,19 @@ def requests_frame(requests: Iterable[Request], block_tokens: int) -> pd.DataFra
     import pandas as pd
 
     frame = pd.DataFrame.from_records(
-        [(r.request_id, r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes, r.session_id)
-         for r in requests], columns=list(REQUEST_FIELDS))
+        [
+            (
+                r.request_id,
+                r.arrival_s,
+                r.input_tokens,
+                r.output_tokens,
+                r.block_hashes,
+                r.session_id,
+            )
+            for r in requests
+        ],
+        columns=list(REQUEST_FIELDS),
+    )
     frame.attrs["block_tokens"] = block_tokens
     return frame
 
@@ -44,21 +65,38 @@ def frame_requests(frame: pd.DataFrame) -> list[Request]:
     ids = frame["request_id"] if "request_id" in frame else range(len(frame))
     sessions = frame["session_id"] if "session_id" in frame else [None] * len(frame)
     return [
-        Request(int(i), float(t), int(n_in), int(n_out), tuple(int(h) for h in hashes),
-                None if s is None or s != s else int(s))
-        for i, t, n_in, n_out, hashes, s in zip(ids, frame["arrival_s"], frame["input_tokens"],
-                                                frame["output_tokens"], frame["block_hashes"], sessions)
+        Request(
+            int(i),
+            float(t),
+            int(n_in),
+            int(n_out),
+            tuple(int(h) for h in hashes),
+            None if s is None or s != s else int(s),
+        )
+        for i, t, n_in, n_out, hashes, s in zip(
+            ids,
+            frame["arrival_s"],
+            frame["input_tokens"],
+            frame["output_tokens"],
+            frame["block_hashes"],
+            sessions,
+        )
     ]
 
 
-def _is_frame(obj: Any) -> bool:
+def _is_frame(obj: Any) -> TypeGuard[pd.DataFrame]:
     # A DataFrame exists only once pandas is imported: no need to import it to ask.
     pd = sys.modules.get("pandas")
     return pd is not None and isinstance(obj, pd.DataFrame)
 
 
-def as_trace(trace: TraceLike, *, block_tokens: int | None = None, limit: int | None = None,
-             fmt: str | None = None) -> Trace:
+def as_trace(
+    trace: TraceLike,
+    *,
+    block_tokens: int | None = None,
+    limit: int | None = None,
+    fmt: str | None = None,
+) -> Trace:
     """Accept a path, a :class:`Trace`, a requests DataFrame, or a list of requests."""
     if _is_frame(trace):
         bt = block_tokens or trace.attrs.get("block_tokens", 512)

@@ -72,8 +72,12 @@ class Trace:
 
     __slots__ = ("info", "limit", "_requests", "_reader")
 
-    def __init__(self, info: TraceInfo, limit: int | None = None,
-                 reader: Callable[[TraceInfo, int | None], Iterator[Request]] | None = None):
+    def __init__(
+        self,
+        info: TraceInfo,
+        limit: int | None = None,
+        reader: Callable[[TraceInfo, int | None], Iterator[Request]] | None = None,
+    ):
         """``reader(info, limit)`` streams a file's requests (the readers module passes its
         own, so this model needs no reader code)."""
         self.info = info

@@ -16,7 +16,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from ..errors import InputError
 from ..io import atomic_path
@@ -95,7 +96,9 @@ def _typename(v: object) -> str:
     }.get(type(v), type(v).__name__)
 
 
-def _check_field(d: dict, key: str, ok, want: str, path: str, lineno: int):
+def _check_field(
+    d: dict[str, Any], key: str, ok: Callable[[Any], bool], want: str, path: str, lineno: int
+) -> Any:
     """``d[key]`` when present and ``ok(value)``; else a one-line InputError saying ``want``."""
     if key not in d:
         raise InputError(f"missing field '{key}'", source=path, line=lineno)
@@ -105,25 +108,37 @@ def _check_field(d: dict, key: str, ok, want: str, path: str, lineno: int):
     return v
 
 
-def _check_nonneg_int(d: dict, key: str, path: str, lineno: int) -> int:
-    return _check_field(d, key, lambda v: type(v) is int and v >= 0, "a non-negative integer", path, lineno)
+def _check_nonneg_int(d: dict[str, Any], key: str, path: str, lineno: int) -> int:
+    value: int = _check_field(
+        d, key, lambda v: type(v) is int and v >= 0, "a non-negative integer", path, lineno
+    )
+    return value
 
 
-def _check_int(d: dict, key: str, path: str, lineno: int) -> int:
-    return _check_field(d, key, lambda v: type(v) is int, "an integer", path, lineno)
+def _check_int(d: dict[str, Any], key: str, path: str, lineno: int) -> int:
+    value: int = _check_field(d, key, lambda v: type(v) is int, "an integer", path, lineno)
+    return value
 
 
-def _check_time(d: dict, key: str, path: str, lineno: int) -> float:
-    return _check_field(d, key, lambda v: (type(v) is int or type(v) is float) and 0 <= v < _INF,
-                        "a non-negative finite number", path, lineno)
+def _check_time(d: dict[str, Any], key: str, path: str, lineno: int) -> float:
+    value: float = _check_field(
+        d,
+        key,
+        lambda v: (type(v) is int or type(v) is float) and 0 <= v < _INF,
+        "a non-negative finite number",
+        path,
+        lineno,
+    )
+    return value
 
 
-def _check_str(d: dict, key: str, path: str, lineno: int) -> str:
-    return _check_field(d, key, lambda v: type(v) is str, "a string", path, lineno)
+def _check_str(d: dict[str, Any], key: str, path: str, lineno: int) -> str:
+    value: str = _check_field(d, key, lambda v: type(v) is str, "a string", path, lineno)
+    return value
 
 
 def _check_ids(
-    d: dict,
+    d: dict[str, Any],
     key: str,
     n_tokens: int,
     len_key: str,
@@ -156,7 +171,9 @@ def _check_ids(
     return tuple(ids)
 
 
-def _check_len(n: int, n_tokens: int, key: str, len_key: str, bt: int, path: str, lineno: int):
+def _check_len(
+    n: int, n_tokens: int, key: str, len_key: str, bt: int, path: str, lineno: int
+) -> None:
     full = n_tokens // bt
     ceil = -(-n_tokens // bt)
     if n != full and n != ceil:
@@ -179,9 +196,12 @@ def _not_object(d: object, path: str, lineno: int) -> InputError:
 # A record parser takes one decoded JSON value and returns
 # (arrival_s, input_tokens, output_tokens, block_hashes, session_id), raising InputError.
 RecordFields = tuple[float, int, int, tuple[int, ...], "int | None"]
+RecordParser = Callable[[Any, str, int], RecordFields]
 
 
-def _shared_fields_ok(ts, inp, out, ids, bt: int, allow_empty: bool = False) -> bool:
+def _shared_fields_ok(
+    ts: Any, inp: Any, out: Any, ids: Any, bt: int, allow_empty: bool = False
+) -> bool:
     """The fast path's test of the fields every JSONL format has: time, lengths and block
     ids (one per complete block, or also the partial one; distinct). False sends the
     record to the slow path, which names the first problem."""
@@ -195,7 +215,9 @@ def _shared_fields_ok(ts, inp, out, ids, bt: int, allow_empty: bool = False) -> 
     return all(type(h) is int for h in ids) and len(set(ids)) == n
 
 
-def _iter_jsonl(path: str, limit: int | None, parse, *, header: bool = False) -> Iterator[Request]:
+def _iter_jsonl(
+    path: str, limit: int | None, parse: RecordParser, *, header: bool = False
+) -> Iterator[Request]:
     """The JSONL loop every format shares: decode, skip blank lines, number the requests,
     stop at ``limit``, and reject a file with no request. ``header`` skips (after
     validating) a native header line."""
@@ -226,8 +248,8 @@ def _iter_jsonl(path: str, limit: int | None, parse, *, header: bool = False) ->
         raise InputError("no requests in trace file", source=path)
 
 
-def _mooncake_parser(bt: int):
-    def parse(d, path: str, lineno: int) -> RecordFields:
+def _mooncake_parser(bt: int) -> RecordParser:
+    def parse(d: Any, path: str, lineno: int) -> RecordFields:
         try:
             ts = d["timestamp"]
             inp = d["input_length"]
@@ -249,8 +271,8 @@ def _mooncake_parser(bt: int):
     return parse
 
 
-def _bailian_parser(bt: int):
-    def parse(d, path: str, lineno: int) -> RecordFields:
+def _bailian_parser(bt: int) -> RecordParser:
+    def parse(d: Any, path: str, lineno: int) -> RecordFields:
         try:
             cid = d["chat_id"]
             pid = d["parent_chat_id"]
@@ -313,8 +335,8 @@ def _read_native_header(line: bytes, path: str) -> int:
     return bt
 
 
-def _native_parser(bt: int):
-    def parse(d, path: str, lineno: int) -> RecordFields:
+def _native_parser(bt: int) -> RecordParser:
+    def parse(d: Any, path: str, lineno: int) -> RecordFields:
         try:
             ts = d["arrival_s"]
             inp = d["input_tokens"]
@@ -323,7 +345,9 @@ def _native_parser(bt: int):
             sid = d.get("session_id")
         except (KeyError, TypeError, IndexError, AttributeError):
             ts = inp = out = ids = sid = None
-        if (sid is None or type(sid) is int) and _shared_fields_ok(ts, inp, out, ids, bt, allow_empty=True):
+        if (sid is None or type(sid) is int) and _shared_fields_ok(
+            ts, inp, out, ids, bt, allow_empty=True
+        ):
             return float(ts), inp, out, tuple(ids), sid
         if type(d) is not dict:
             raise _not_object(d, path, lineno)
@@ -367,7 +391,7 @@ def _azure_time(s: str, path: str, lineno: int) -> tuple[int, float]:
     """
     m = _AZ_TS.fullmatch(s.strip())
     bad = m is None
-    if not bad:
+    if m is not None:
         y, mo, dd, hh, mi, ss = m.groups()
         try:
             day = _dt.date(int(y), int(mo), int(dd)).toordinal()
@@ -503,7 +527,7 @@ def sniff_format(path: str) -> str:
 
 
 def open_trace(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     fmt: str | None = None,
     block_tokens: int | None = None,
     limit: int | None = None,
@@ -551,7 +575,9 @@ def open_trace(
 # --------------------------------------------------------------------------- writer
 
 
-def write_native(path: str | os.PathLike, requests: Iterable[Request], block_tokens: int) -> int:
+def write_native(
+    path: str | os.PathLike[str], requests: Iterable[Request], block_tokens: int
+) -> int:
     """Write ``requests`` as a native kvsim JSONL trace, atomically; return the request count.
 
     The data goes to a temporary file in the destination directory that replaces ``path`` only

@@ -35,12 +35,23 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 def _describe(name: str, values: np.ndarray, unit: str) -> dict[str, Any]:
     if len(values) == 0:
-        return {"quantity": name, "unit": unit, "count": 0, "mean": math.nan,
-                **{f"p{round(q * 100)}": math.nan for q in QUANTILES}, "max": math.nan}
+        return {
+            "quantity": name,
+            "unit": unit,
+            "count": 0,
+            "mean": math.nan,
+            **{f"p{round(q * 100)}": math.nan for q in QUANTILES},
+            "max": math.nan,
+        }
     qs = np.quantile(values, QUANTILES)
-    return {"quantity": name, "unit": unit, "count": int(len(values)), "mean": float(values.mean()),
-            **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)},
-            "max": float(values.max())}
+    return {
+        "quantity": name,
+        "unit": unit,
+        "count": int(len(values)),
+        "mean": float(values.mean()),
+        **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)},
+        "max": float(values.max()),
+    }
 
 
 def _auto_bin(duration: float) -> float:
@@ -55,8 +66,13 @@ def _auto_bin(duration: float) -> float:
     return float(10 * base)
 
 
-def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: int | None = None,
-                block_tokens: int | None = None, bin_s: float | None = None) -> Result:
+def trace_stats(
+    trace: str | os.PathLike[str] | Trace | Iterable[Request],
+    *,
+    limit: int | None = None,
+    block_tokens: int | None = None,
+    bin_s: float | None = None,
+) -> Result:
     """Statistics of a trace: ``summary`` (flat numbers) and tables.
 
     Tables: ``requests`` (one row per request with its ``blocks`` and infinite-cache
@@ -67,7 +83,7 @@ def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: 
     """
     tr = as_trace(trace, block_tokens=block_tokens, limit=limit)
     bt = block_tokens or tr.block_tokens
-    req_rows: list[tuple] = []
+    req_rows: list[tuple[int, float, int, int, int, int]] = []
     accesses: list[tuple[int, float]] = []  # (block, arrival_s) in access order
     seen: set[int] = set()
     for r in tr:
@@ -80,7 +96,9 @@ def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: 
         req_rows.append((r.request_id, r.arrival_s, r.input_tokens, r.output_tokens, n, hit))
         accesses.extend((b, r.arrival_s) for b in ids)
     requests = pd.DataFrame.from_records(
-        req_rows, columns=["request", "arrival_s", "input_tokens", "output_tokens", "blocks", "hit_blocks"])
+        req_rows,
+        columns=["request", "arrival_s", "input_tokens", "output_tokens", "blocks", "hit_blocks"],
+    )
 
     # reuse distance (distinct blocks in between) and reuse time, O(N log N)
     fw = Fenwick(len(accesses))  # position p of the access stream is index p + 1
@@ -99,23 +117,35 @@ def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: 
         last_pos[b] = pos
         last_time[b] = t
         counts[b] = counts.get(b, 0) + 1
-    reuses = pd.DataFrame({"block": np.array(reuse_block, dtype=np.int64),
-                           "distance": np.array(reuse_dist, dtype=np.int64),
-                           "time_s": np.array(reuse_time, dtype=float)})
-    popularity = pd.DataFrame({"block": np.fromiter(counts.keys(), np.int64, len(counts)),
-                               "accesses": np.fromiter(counts.values(), np.int64, len(counts))})
-    popularity = popularity.sort_values(["accesses", "block"], ascending=[False, True],
-                                        kind="stable").reset_index(drop=True)
+    reuses = pd.DataFrame(
+        {
+            "block": np.array(reuse_block, dtype=np.int64),
+            "distance": np.array(reuse_dist, dtype=np.int64),
+            "time_s": np.array(reuse_time, dtype=float),
+        }
+    )
+    popularity = pd.DataFrame(
+        {
+            "block": np.fromiter(counts.keys(), np.int64, len(counts)),
+            "accesses": np.fromiter(counts.values(), np.int64, len(counts)),
+        }
+    )
+    popularity = popularity.sort_values(
+        ["accesses", "block"], ascending=[False, True], kind="stable"
+    ).reset_index(drop=True)
 
     arrivals_s = requests["arrival_s"].to_numpy(dtype=float)
     t0 = float(arrivals_s.min()) if len(arrivals_s) else 0.0
     duration = float(arrivals_s.max()) - t0 if len(arrivals_s) else 0.0
     width = float(bin_s) if bin_s else _auto_bin(duration)
     nbins = int(duration // width) + 1 if len(arrivals_s) else 0
-    idx = ((arrivals_s - t0) // width).astype(np.int64) if len(arrivals_s) else np.zeros(0, np.int64)
+    idx = (
+        ((arrivals_s - t0) // width).astype(np.int64) if len(arrivals_s) else np.zeros(0, np.int64)
+    )
     per_bin = np.bincount(idx, minlength=nbins)
-    arrivals = pd.DataFrame({"start_s": t0 + width * np.arange(nbins), "requests": per_bin,
-                             "rate_rps": per_bin / width})
+    arrivals = pd.DataFrame(
+        {"start_s": t0 + width * np.arange(nbins), "requests": per_bin, "rate_rps": per_bin / width}
+    )
 
     n_blocks = int(requests["blocks"].sum())
     n_hits = int(requests["hit_blocks"].sum())
@@ -128,13 +158,15 @@ def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: 
         k = max(1, math.ceil(frac * len(popularity)))
         return float(np.sort(reuse_per_block)[::-1][:k].sum() / n_reuses)
 
-    dist = pd.DataFrame([
-        _describe("prompt_tokens", requests["input_tokens"].to_numpy(), "tokens"),
-        _describe("output_tokens", requests["output_tokens"].to_numpy(), "tokens"),
-        _describe("prompt_blocks", requests["blocks"].to_numpy(), "blocks"),
-        _describe("reuse_distance", reuses["distance"].to_numpy(), "blocks"),
-        _describe("reuse_time", reuses["time_s"].to_numpy(), "s"),
-    ])
+    dist = pd.DataFrame(
+        [
+            _describe("prompt_tokens", requests["input_tokens"].to_numpy(), "tokens"),
+            _describe("output_tokens", requests["output_tokens"].to_numpy(), "tokens"),
+            _describe("prompt_blocks", requests["blocks"].to_numpy(), "blocks"),
+            _describe("reuse_distance", reuses["distance"].to_numpy(), "blocks"),
+            _describe("reuse_time", reuses["time_s"].to_numpy(), "s"),
+        ]
+    )
     d = dist.set_index("quantity")
     summary: dict[str, Any] = {
         "trace": str(tr.path),
@@ -164,6 +196,11 @@ def trace_stats(trace: str | os.PathLike | Trace | Iterable[Request], *, limit: 
         "arrival_bin_s": width,
         "peak_rate_rps": float(arrivals["rate_rps"].max()) if nbins else 0.0,
     }
-    tables = {"requests": requests, "reuses": reuses, "popularity": popularity,
-              "arrivals": arrivals, "distributions": dist}
+    tables = {
+        "requests": requests,
+        "reuses": reuses,
+        "popularity": popularity,
+        "arrivals": arrivals,
+        "distributions": dist,
+    }
     return Result(summary=summary, tables=tables, config={"block_tokens": bt, "limit": limit})

@@ -25,9 +25,9 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -81,8 +81,10 @@ KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
         "max_context_tokens": (64000, "a loop ends once its context would exceed this"),
     },
     "mix": {
-        "weights": ({"chat": 0.4, "rag": 0.3, "agent": 0.2, "system-prompt": 0.1},
-                    "kind -> share of requests"),
+        "weights": (
+            {"chat": 0.4, "rag": 0.3, "agent": 0.2, "system-prompt": 0.1},
+            "kind -> share of requests",
+        ),
         "component_knobs": ({}, "kind -> knobs for that component"),
     },
 }
@@ -103,7 +105,7 @@ class _BlockIds:
 
     def __init__(self, block_tokens: int):
         self.block_tokens = block_tokens
-        self._ids: dict[tuple, int] = {}
+        self._ids: dict[tuple[int, tuple[tuple[int, int, int], ...]], int] = {}
 
     def ids(self, segments: list[tuple[int, int]]) -> tuple[int, ...]:
         bt = self.block_tokens
@@ -126,7 +128,7 @@ class _BlockIds:
             out.append(self._intern(parent, pieces))
         return tuple(out)
 
-    def _intern(self, parent: int, pieces: list) -> int:
+    def _intern(self, parent: int, pieces: list[tuple[int, int, int]]) -> int:
         key = (parent, tuple(pieces))
         got = self._ids.get(key)
         if got is None:
@@ -220,7 +222,7 @@ class _SessionSource:
         i = ctx.rng.randrange(len(self.pool))
         s = self.pool[i]
         grow = k["tool_tokens"] if self.kind == "agent" else k["user_tokens"]
-        new = ctx.segment(ctx.length(grow))
+        new: tuple[int, int] | None = ctx.segment(ctx.length(grow))
         if self.kind == "agent" and s.turns_done == 0:
             new = None  # the first step of a loop reads the task only
         s.turns_done += 1
@@ -272,8 +274,18 @@ class _RagSource:
         return segs, ctx.length(k["output_tokens"]), None
 
 
-_SOURCES = {"chat": _SessionSource, "agent": _SessionSource,
-            "system-prompt": _SystemPromptSource, "rag": _RagSource}
+class _Source(Protocol):
+    """What a kind's request source does: the next prompt's segments, output length, session."""
+
+    def next(self) -> tuple[list[tuple[int, int]], int, int | None]: ...
+
+
+_SOURCES: dict[str, Callable[[_Ctx, str, int], _Source]] = {
+    "chat": _SessionSource,
+    "agent": _SessionSource,
+    "system-prompt": _SystemPromptSource,
+    "rag": _RagSource,
+}
 
 
 # --------------------------------------------------------------------------- arrivals
@@ -327,8 +339,9 @@ def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
     allowed = knob_defaults(kind)
     unknown = sorted(set(knobs) - set(allowed))
     if unknown:
-        raise InputError(f"unknown knob(s) for {kind}: {', '.join(unknown)}; "
-                         f"known: {', '.join(sorted(allowed))}")
+        raise InputError(
+            f"unknown knob(s) for {kind}: {', '.join(unknown)}; known: {', '.join(sorted(allowed))}"
+        )
     merged = {**allowed, **knobs}
     if int(merged["block_tokens"]) < 1:
         raise InputError("block_tokens must be >= 1")
@@ -354,9 +367,11 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
         names = [n for n in weights if weights[n] > 0]
         if not names or any(n not in _SOURCES for n in names):
             raise InputError(f"mix weights must name kinds among {', '.join(_SOURCES)}")
-        sources = []
+        sources: list[_Source] = []
         for i, name in enumerate(names):
-            sub = _check_knobs(name, {**{c: k[c] for c in KNOBS["common"]}, **comp_knobs.get(name, {})})
+            sub = _check_knobs(
+                name, {**{c: k[c] for c in KNOBS["common"]}, **comp_knobs.get(name, {})}
+            )
             sub_ctx = _Ctx(rng, sub)
             sub_ctx.next_segment = (i + 1) << 40  # segments never collide across components
             sources.append(_SOURCES[name](sub_ctx, name, (i + 1) << 32))
@@ -366,7 +381,7 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
             acc += weights[n] / total
             cdf.append(acc)
         cdf[-1] = 1.0
-        pick = lambda: sources[_pick(rng, cdf)]  # noqa: E731
+        pick: Callable[[], _Source] = lambda: sources[_pick(rng, cdf)]  # noqa: E731
     else:
         source = _SOURCES[kind](ctx, kind, 0)
         pick = lambda: source  # noqa: E731
@@ -380,11 +395,15 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
 
 def to_mooncake_records(requests: Iterable[Request]) -> Iterable[dict[str, Any]]:
     for r in requests:
-        yield {"timestamp": round(r.arrival_s * 1000), "input_length": r.input_tokens,
-               "output_length": r.output_tokens, "hash_ids": list(r.block_hashes)}
+        yield {
+            "timestamp": round(r.arrival_s * 1000),
+            "input_length": r.input_tokens,
+            "output_length": r.output_tokens,
+            "hash_ids": list(r.block_hashes),
+        }
 
 
-def write_mooncake(path: str | os.PathLike, requests: Iterable[Request]) -> int:
+def write_mooncake(path: str | os.PathLike[str], requests: Iterable[Request]) -> int:
     """Write requests as Mooncake JSONL (timestamp ms), atomically; return the count."""
     n = 0
     with atomic_write(path) as f:
@@ -397,9 +416,19 @@ def write_mooncake(path: str | os.PathLike, requests: Iterable[Request]) -> int:
 def to_frame(requests: Iterable[Request]) -> pd.DataFrame:
     """One row per request (for notebooks): arrival, lengths, block count, session."""
     return pd.DataFrame.from_records(
-        [(r.request_id, r.arrival_s, r.input_tokens, r.output_tokens, len(r.block_hashes),
-          r.session_id) for r in requests],
-        columns=["request", "arrival_s", "input_tokens", "output_tokens", "blocks", "session"])
+        [
+            (
+                r.request_id,
+                r.arrival_s,
+                r.input_tokens,
+                r.output_tokens,
+                len(r.block_hashes),
+                r.session_id,
+            )
+            for r in requests
+        ],
+        columns=["request", "arrival_s", "input_tokens", "output_tokens", "blocks", "session"],
+    )
 
 
 @dataclass(frozen=True)
@@ -412,7 +441,7 @@ class WorkloadSpec:
     knobs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_mapping(cls, d: dict[str, Any]) -> WorkloadSpec:
+    def from_mapping(cls, d: Mapping[str, Any]) -> WorkloadSpec:
         d = dict(d)
         if "kind" not in d:
             raise InputError("a generated trace needs 'kind'")
@@ -420,7 +449,9 @@ class WorkloadSpec:
 
     def label(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in sorted(self.knobs.items()))
-        return f"gen:{self.kind}(n={self.n_requests},seed={self.seed}{',' + extra if extra else ''})"
+        return (
+            f"gen:{self.kind}(n={self.n_requests},seed={self.seed}{',' + extra if extra else ''})"
+        )
 
     def requests(self) -> list[Request]:
         return generate(self.kind, self.n_requests, self.seed, **self.knobs)
