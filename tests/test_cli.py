@@ -10,9 +10,9 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from support import ROOT, TRACES
 
 from kvsim.cli import cli
-from support import ROOT, TRACES
 
 TRACE = os.path.join(ROOT, "traces", "samples", "mooncake_small.jsonl")
 REQUIRED = ["request", "prompt_blocks", "gpu_hit_blocks", "cpu_hit_blocks", "stored_blocks",

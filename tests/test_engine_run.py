@@ -29,7 +29,6 @@ from kvsim.models import get_model
 from kvsim.traces import Request, Trace, open_trace
 
 
-
 def reuse_trace(n: int = 60) -> Trace:
     """20 documents of 16 blocks, asked about round-robin, one request a second."""
     reqs = []

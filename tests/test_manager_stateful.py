@@ -56,11 +56,11 @@ class ManagerMachine(RuleBasedStateMachine):
         lo = data.draw(st.integers(0, len(keys) - 1))
         offer = keys[lo:data.draw(st.integers(lo + 1, len(keys)))]
         before_keys = set(self.m.policy.keys())
-        before_order = policy_order(self.m.policy)
         out = self.m.prepare_store(offer, ctx)
         if out is None:
+            # nothing stored or evicted; the request's access is still recorded (as in vLLM,
+            # before its early return), so recency may move but the resident set may not
             assert set(self.m.policy.keys()) == before_keys
-            assert policy_order(self.m.policy) == before_order
             return
         for key in out.evicted_keys:
             assert self.model.get(key) == 0, f"evicted {key} with ref {self.model.get(key)}"

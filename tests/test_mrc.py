@@ -14,7 +14,6 @@ from kvsim.replay.object_protocol import object_replay
 from kvsim.traces import as_trace
 
 
-
 @pytest.fixture(scope="module")
 def trace():
     return as_trace(SYNTHETIC, limit=500)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from support import SAMPLE, need_vllm
 
 from kvsim.config import OffloadOptions
 from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 from kvsim.traces import Request, open_trace
-from support import SAMPLE, need_vllm
-
 
 
 def _req(i: int, hashes: list[int], tokens: int) -> Request:

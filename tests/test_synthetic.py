@@ -17,7 +17,6 @@ from kvsim.traces.stats import trace_stats
 from kvsim.traces.synthetic import KINDS, generate, to_frame, write_mooncake
 
 
-
 def _check_prefix_chained(reqs, bt=512):
     """Every id sits at one index with one parent: an id names a whole prefix."""
     where: dict[int, tuple[int, int]] = {}

@@ -15,7 +15,6 @@ from kvsim.traces import Request, Trace
 from kvsim.traces.stats import trace_stats
 
 
-
 def _tiny() -> Trace:
     # 4-token blocks. Access order: 1 2 | 1 2 | 1 4 5 | 1 2  (R1's 3rd id is a partial block)
     reqs = [

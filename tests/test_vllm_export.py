@@ -13,7 +13,6 @@ from kvsim.replay import CacheReplay
 from kvsim.traces import as_trace
 
 
-
 def test_importing_the_module_does_not_import_vllm():
     code = ("import sys, kvsim, kvsim.integrations.vllm as v; "
             "assert 'vllm' not in sys.modules; assert 'KvsimS3FIFO' in dir(v); print('ok')")
