@@ -28,4 +28,3 @@ def need_vllm(module: str) -> ModuleType:
         if REQUIRE_VLLM:
             pytest.fail(f"KVSIM_REQUIRE_VLLM=1 but {module} cannot be imported: {exc}", pytrace=False)
         pytest.skip(f"vLLM is not importable ({exc})", allow_module_level=True)
-        raise  # unreachable: skip raises

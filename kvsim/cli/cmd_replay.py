@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -10,7 +9,6 @@ import click
 from kvsim.api import replay
 from kvsim.cli.common import (
     check_output_path,
-    count_lines,
     echo_summary,
     format_option,
     note_missing_reuse,
@@ -86,10 +84,7 @@ def replay_command(
     options = pop_offload_kwargs(kwargs)
     check_output_path(requests_csv, "--requests-csv")
     note_missing_reuse(as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info)
-    if show_progress is None:
-        show_progress = sys.stderr.isatty()
-    length = count_lines(trace, limit) if show_progress else None
-    with progress_bar(show_progress, length, "replaying") as bar:
+    with progress_bar(show_progress, trace, limit, "replaying") as bar:
         # other policies than kvsim's lru and arc always run the protocol, so --fused is a
         # default, not a demand
         result = replay(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Any
 
 import click
@@ -12,7 +11,6 @@ import click
 from kvsim.api import BASELINE_PREFIX, simulate
 from kvsim.cli.common import (
     check_output_path,
-    count_lines,
     note_missing_reuse,
     offload_options,
     pop_offload_kwargs,
@@ -208,11 +206,8 @@ def simulate_command(
         os.makedirs(out_dir, exist_ok=True)
     check_output_path(chrome_trace, "--chrome-trace")
     note_missing_reuse(as_trace(trace, block_tokens=kwargs.get("block_tokens")).info)
-    if show_progress is None:
-        show_progress = sys.stderr.isatty()
-    n = count_lines(trace, limit) if show_progress else None
     runs = 2 if baseline else 1
-    with progress_bar(show_progress, (n or 0) * runs or None, "simulating") as bar:
+    with progress_bar(show_progress, trace, limit, "simulating", runs) as bar:
         result = simulate(
             trace,
             gpu=gpu,

@@ -169,15 +169,19 @@ def count_lines(path: str, limit: int | None) -> int | None:
 
 @contextlib.contextmanager
 def progress_bar(
-    enabled: bool, length: int | None, label: str
+    enabled: bool | None, trace: str, limit: int | None, label: str, runs: int = 1
 ) -> Iterator[Callable[[int], None] | None]:
-    """A progress bar on stderr as the API's ``progress(n)`` callback (None when disabled)."""
+    """A progress bar on stderr over ``runs`` passes of ``trace``'s requests, as the API's
+    ``progress(n)`` callback (None when disabled; ``enabled=None``: when stderr is a terminal)."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
     if not enabled:
         yield None
         return
+    n = count_lines(trace, limit)
     bar: ProgressBar[int]
     with click.progressbar(
-        length=length, label=label, file=sys.stderr, show_pos=True, show_eta=True
+        length=n * runs if n else None, label=label, file=sys.stderr, show_pos=True, show_eta=True
     ) as bar:
         yield bar.update
 
