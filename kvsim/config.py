@@ -25,12 +25,22 @@ DEFAULT_MODEL = "llama-3.1-8b"
 
 # vLLM kv_connector_extra_config keys: those kvsim models, and those it accepts and ignores.
 _VLLM_USED = {
-    "cpu_bytes_to_use", "block_size", "blocks_per_chunk", "eviction_policy",
-    "cache_policy_module_path", "store_threshold", "max_tracker_size",
+    "cpu_bytes_to_use",
+    "block_size",
+    "blocks_per_chunk",
+    "eviction_policy",
+    "cache_policy_module_path",
+    "store_threshold",
+    "max_tracker_size",
 }
 _VLLM_IGNORED = {
-    "spec_name", "spec_module_path", "offload_prompt_only", "sync_load_budget_bytes",
-    "self_describing_kv_events", "canonical_layout", "num_cpu_blocks",
+    "spec_name",
+    "spec_module_path",
+    "offload_prompt_only",
+    "sync_load_budget_bytes",
+    "self_describing_kv_events",
+    "canonical_layout",
+    "num_cpu_blocks",
 }
 
 
@@ -61,7 +71,9 @@ class CacheConfig:
     prefill_chunk_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "admission", resolve_admission(self.admission, self.store_threshold))
+        object.__setattr__(
+            self, "admission", resolve_admission(self.admission, self.store_threshold)
+        )
 
     @property
     def layout(self) -> KeyLayout:
@@ -102,15 +114,26 @@ class OffloadOptions:
         if self.gpu_blocks < 0:
             raise InputError(f"--gpu-blocks must be >= 0, got {self.gpu_blocks}")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
-            raise InputError(f"--prefill-chunk-tokens must be >= 1, got {self.prefill_chunk_tokens}")
+            raise InputError(
+                f"--prefill-chunk-tokens must be >= 1, got {self.prefill_chunk_tokens}"
+            )
         if self.store_threshold < 0:
             raise InputError(f"--store-threshold must be >= 0, got {self.store_threshold}")
         if self.max_tracker_size < 1:
             raise InputError(f"--max-tracker-size must be >= 1, got {self.max_tracker_size}")
-        given = [n for n, v in (("--cpu-chunks", self.cpu_chunks), ("--cpu-gib", self.cpu_gib),
-                                ("cpu_bytes_to_use", self.cpu_bytes)) if v is not None]
+        given = [
+            n
+            for n, v in (
+                ("--cpu-chunks", self.cpu_chunks),
+                ("--cpu-gib", self.cpu_gib),
+                ("cpu_bytes_to_use", self.cpu_bytes),
+            )
+            if v is not None
+        ]
         if not given:
-            raise InputError("give the CPU tier size: --cpu-chunks N, or --cpu-gib X with --model M")
+            raise InputError(
+                "give the CPU tier size: --cpu-chunks N, or --cpu-gib X with --model M"
+            )
         if len(given) > 1:
             raise InputError(f"give only one CPU tier size, got {' and '.join(given)}")
         chunk_bytes = None
@@ -137,15 +160,24 @@ class OffloadOptions:
             sizing = self._sizing(spec, chunk_tokens, cpu_bytes, option)
             num_chunks = sizing.num_chunks
         return CacheConfig(
-            num_chunks=num_chunks, block_tokens=block_tokens, chunk_tokens=chunk_tokens,
-            gpu_blocks=self.gpu_blocks, policy=self.policy, policy_module=self.policy_module,
-            admission=self.admission, store_threshold=self.store_threshold,
-            max_tracker_size=self.max_tracker_size, chunk_bytes=chunk_bytes,
-            model=self.model, seed=self.seed, prefill_chunk_tokens=self.prefill_chunk_tokens,
+            num_chunks=num_chunks,
+            block_tokens=block_tokens,
+            chunk_tokens=chunk_tokens,
+            gpu_blocks=self.gpu_blocks,
+            policy=self.policy,
+            policy_module=self.policy_module,
+            admission=self.admission,
+            store_threshold=self.store_threshold,
+            max_tracker_size=self.max_tracker_size,
+            chunk_bytes=chunk_bytes,
+            model=self.model,
+            seed=self.seed,
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
         )
 
-    def _sizing(self, spec: ModelSpec, chunk_tokens: int, cpu_bytes: int,
-                option: str = "--cpu-gib") -> CPUTierSizing:
+    def _sizing(
+        self, spec: ModelSpec, chunk_tokens: int, cpu_bytes: int, option: str = "--cpu-gib"
+    ) -> CPUTierSizing:
         from kvsim.sizing import size_for_model
 
         if chunk_tokens % self.gpu_block_tokens:
@@ -155,8 +187,11 @@ class OffloadOptions:
             )
         try:
             return size_for_model(
-                spec, cpu_bytes, gpu_block_tokens=self.gpu_block_tokens,
-                blocks_per_chunk=chunk_tokens // self.gpu_block_tokens, tp=self.tp,
+                spec,
+                cpu_bytes,
+                gpu_block_tokens=self.gpu_block_tokens,
+                blocks_per_chunk=chunk_tokens // self.gpu_block_tokens,
+                tp=self.tp,
                 require_one_chunk=cpu_bytes > 0,
             )
         except InputError as exc:
@@ -175,8 +210,9 @@ def load_vllm_config(text_or_path: str) -> dict[str, Any]:
         try:
             data = json.loads(text_or_path)
         except json.JSONDecodeError as exc:
-            raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
-                             source=source) from None
+            raise InputError(
+                f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", source=source
+            ) from None
     if not isinstance(data, dict):
         raise InputError("expected a JSON object", source=source)
     if "kv_connector_extra_config" in data:
@@ -186,7 +222,9 @@ def load_vllm_config(text_or_path: str) -> dict[str, Any]:
     return data
 
 
-def options_from_vllm_config(extra: dict[str, Any], base: OffloadOptions | None = None) -> OffloadOptions:
+def options_from_vllm_config(
+    extra: dict[str, Any], base: OffloadOptions | None = None
+) -> OffloadOptions:
     """Translate vLLM's ``kv_connector_extra_config`` into kvsim options (vLLM's defaults)."""
     unknown = sorted(set(extra) - _VLLM_USED - _VLLM_IGNORED)
     if unknown:
@@ -196,12 +234,21 @@ def options_from_vllm_config(extra: dict[str, Any], base: OffloadOptions | None 
 
     def number(key: str, kind: type = int) -> Any:
         value = extra[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            raise InputError(f"--vllm-config: {key} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (kind is int and value != int(value))
+        ):
+            raise InputError(
+                f"--vllm-config: {key} must be "
+                f"{'an integer' if kind is int else 'a number'}, got {value!r}"
+            )
         return kind(value)
 
     if "cpu_bytes_to_use" in extra:
-        changes.update(cpu_bytes=int(number("cpu_bytes_to_use", float)), cpu_chunks=None, cpu_gib=None)
+        changes.update(
+            cpu_bytes=int(number("cpu_bytes_to_use", float)), cpu_chunks=None, cpu_gib=None
+        )
     if "block_size" in extra and "blocks_per_chunk" in extra:
         raise InputError("--vllm-config: block_size and blocks_per_chunk cannot be combined")
     if "block_size" in extra:

@@ -14,7 +14,7 @@ from typing import Any
 class RequestContext:
     """Identity of one request plus the token end position of each of its chunk keys."""
 
-    __slots__ = ("req_id", "positions", "state")
+    __slots__ = ("positions", "req_id", "state")
 
     def __init__(self, req_id: Hashable, positions: dict[Hashable, int] | None = None) -> None:
         self.req_id = req_id

@@ -8,7 +8,7 @@ class Fenwick:
     """Counts at positions 1, 2, ...; prefix sums in O(log n). Grows by doubling, so a
     caller that does not know the stream's length need not count it first."""
 
-    __slots__ = ("tree", "n")
+    __slots__ = ("n", "tree")
 
     def __init__(self, n: int = 1024) -> None:
         self.n = max(1, n)

@@ -51,7 +51,9 @@ def figure_format(path: str | os.PathLike, option: str = "--plot") -> str:
     """The file format a figure path asks for; checked before a run, not after it."""
     ext = os.path.splitext(os.fspath(path))[1].lstrip(".").lower() or "png"
     if ext not in FIGURE_FORMATS:
-        raise InputError(f"{option}: cannot write a .{ext} figure; use one of {', '.join(FIGURE_FORMATS)}")
+        raise InputError(
+            f"{option}: cannot write a .{ext} figure; use one of {', '.join(FIGURE_FORMATS)}"
+        )
     return ext
 
 
@@ -64,5 +66,6 @@ def read_json(path: str | os.PathLike) -> Any:
     except OSError as exc:
         raise InputError(f"cannot read ({exc.strerror})", source=path) from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
-                         source=path) from None
+        raise InputError(
+            f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", source=path
+        ) from None

@@ -8,6 +8,7 @@ the eviction policy's business; which new chunk may enter is the admission polic
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -121,7 +122,9 @@ class OffloadManager:
         self._tracks = policy.tracks_evictability
 
     @classmethod
-    def from_config(cls, config: CacheConfig, requests: Iterable[Request] | None = None) -> OffloadManager:
+    def from_config(
+        cls, config: CacheConfig, requests: Iterable[Request] | None = None
+    ) -> OffloadManager:
         """The manager with the configured eviction and admission policies; ``requests`` is
         the trace's future, read only by a policy that needs it (Belady)."""
         policy = make_eviction_policy(config.policy, config.num_chunks, config.policy_module)
@@ -177,7 +180,9 @@ class OffloadManager:
             ctx.state[self] = state
         return state
 
-    def _record_access(self, keys: Sequence[Key], ctx: RequestContext, reused: Sequence[Key]) -> None:
+    def _record_access(
+        self, keys: Sequence[Key], ctx: RequestContext, reused: Sequence[Key]
+    ) -> None:
         state = self._access(ctx)
         seen = state.seen
         new = [k for k in keys if k not in seen] if seen else keys
@@ -335,7 +340,9 @@ class OffloadManager:
         state.inserted.update(to_store)
         return PrepareStoreOutput(to_store, list(map(_CHUNK_ID, chunks)), evicted_keys)
 
-    def complete_store(self, keys: Iterable[Key], ctx: RequestContext | None = None, success: bool = True) -> None:
+    def complete_store(
+        self, keys: Iterable[Key], ctx: RequestContext | None = None, success: bool = True
+    ) -> None:
         """Finish a store: chunks become evictable, or are dropped when the copy failed."""
         policy = self.policy
         resident = self._chunks
@@ -370,7 +377,9 @@ class OffloadManager:
             self._num_write_pending -= len(done)
             self.counters.failed_store_chunks += len(done)
         if done and self.events is not None:
-            self.events.append(OffloadingEvent(done, removed=not success, metadata_only=not success))
+            self.events.append(
+                OffloadingEvent(done, removed=not success, metadata_only=not success)
+            )
 
     def on_request_finished(self, ctx: RequestContext) -> None:
         """Commit the request's recorded accesses to the policy, exactly once."""
@@ -379,10 +388,9 @@ class OffloadManager:
             return
         state.finished = True
         keys = state.keys
-        try:
+        # some position unknown: keep first-observation order, as vLLM does
+        with contextlib.suppress(KeyError):
             keys = sorted(keys, key=ctx.positions.__getitem__)
-        except KeyError:
-            pass  # some position unknown: keep first-observation order, as vLLM does
         self.policy.on_request_finished((keys,), state.inserted - state.reused, state.reused, ctx)
 
     def on_schedule_end(self) -> None:
@@ -423,7 +431,9 @@ class OffloadManager:
         }
 
     def get_stats(self) -> dict[str, object]:
-        """vLLM's per-step stats: gauges, allocation-size samples and skipped stores since the last call."""
+        """vLLM's per-step stats: gauges, allocation-size samples and skipped stores.
+
+        Counts are since the last call."""
         stats: dict[str, object] = dict(self.gauges())
         stats[CPU_ALLOCATION_SIZE] = self._allocation_sizes_since_stats
         self._allocation_sizes_since_stats = []
@@ -437,6 +447,9 @@ def admission_from_config(config: CacheConfig) -> AdmissionPolicy | None:
     if config.admission == "always":
         return None
     return make_admission(
-        config.admission, store_threshold=config.store_threshold,
-        max_tracker_size=config.max_tracker_size, seed=config.seed, chunk_tokens=config.chunk_tokens,
+        config.admission,
+        store_threshold=config.store_threshold,
+        max_tracker_size=config.max_tracker_size,
+        seed=config.seed,
+        chunk_tokens=config.chunk_tokens,
     )

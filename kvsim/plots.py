@@ -8,7 +8,8 @@ Expected columns (extra columns are ignored):
 - :func:`ttft_cdf`: a timed-mode requests table with ``ttft_s``; ``by`` splits it into lines.
 - :func:`usage_timeline`: a timed-mode steps table: a time column (``time_s``, ``end_s`` or
   ``start_s``) and usage columns: ``gpu_kv_usage`` / ``cpu_cache_usage_perc`` (fractions 0..1,
-  as ``kvsim simulate`` writes them), ``gpu_usage`` / ``cpu_usage``, or ``gpu_*`` / ``cpu_*`` counts.
+  as ``kvsim simulate`` writes them), ``gpu_usage`` / ``cpu_usage``, or ``gpu_*`` / ``cpu_*``
+  counts.
 - :func:`transfers`: a timed-mode transfers table with ``direction``, ``bytes``, ``start_s``
   and ``end_s``.
 

@@ -215,10 +215,8 @@ def size_for_model(
     if replicated_layout is None:
         replicated_layout = spec.is_mla and tp > 1
     if groups is None:
-        if spec.sliding_window:
-            groups = (KVGroup("sliding", spec.sliding_window),)
-        else:
-            groups = (KVGroup(),)
+        sliding = spec.sliding_window
+        groups = (KVGroup("sliding", sliding),) if sliding else (KVGroup(),)
     worker_bytes = spec.kv_bytes_per_token(dtype_bytes, tp) * gpu_block_tokens
     return size_cpu_tier(
         cpu_bytes_to_use,

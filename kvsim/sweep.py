@@ -189,7 +189,7 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
             if k not in row and _scalar(v):
                 row[k] = v
         row.update(status="ok", error=None)
-    except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+    except Exception as e:
         tb = traceback.extract_tb(e.__traceback__)
         where = f" [{os.path.basename(tb[-1].filename)}:{tb[-1].lineno}]" if tb else ""
         row.update(status="error", error=f"{type(e).__name__}: {e}{where}")
@@ -289,7 +289,9 @@ _EXECUTORS: dict[str, Callable[..., Iterator[dict[str, Any]]]] = {
 
 
 def read_journal(folder: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
-    """cell_id -> row from ``folder/journal.jsonl``; a torn last line (a kill mid-write) is dropped."""
+    """cell_id -> row from ``folder/journal.jsonl``.
+
+    A torn last line (a kill mid-write) is dropped."""
     path = os.path.join(folder, JOURNAL)
     rows: dict[str, dict[str, Any]] = {}
     if not os.path.exists(path):

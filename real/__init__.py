@@ -17,6 +17,13 @@ from real.kv_cache import BLOCK_FIRST, LAYER_MAJOR, GpuKVCache, KVGeometry
 from real.transfer import RealTransferBackend
 
 __all__ = [
-    "BLOCK_FIRST", "LAYER_MAJOR", "Device", "GpuKVCache", "HostLayout", "HostPool",
-    "KVGeometry", "RealTransferBackend", "cuda_available",
+    "BLOCK_FIRST",
+    "LAYER_MAJOR",
+    "Device",
+    "GpuKVCache",
+    "HostLayout",
+    "HostPool",
+    "KVGeometry",
+    "RealTransferBackend",
+    "cuda_available",
 ]

@@ -34,10 +34,10 @@ H2D, D2H, BOTH = "h2d", "d2h", "both"
 
 @dataclass(frozen=True)
 class Point:
-    direction: str   # h2d, d2h or both
-    size: int        # bytes per copy
-    count: int       # copies per transfer (per direction for "both")
-    seconds: float   # median wall time of the transfer on the device
+    direction: str  # h2d, d2h or both
+    size: int  # bytes per copy
+    count: int  # copies per transfer (per direction for "both")
+    seconds: float  # median wall time of the transfer on the device
 
     @property
     def nbytes(self) -> int:
@@ -84,10 +84,16 @@ def _time_once(device: Device, streams, plans) -> float:
     return max(e.time() for e in ends) - min(s.time() for s in starts)
 
 
-def measure(device: Device, *, sizes: Sequence[int] = DEFAULT_SIZES,
-            counts: Sequence[int] = DEFAULT_COUNTS, max_bytes: int = 256 * MIB,
-            repeats: int = 5, directions: Sequence[str] = (H2D, D2H, BOTH),
-            pin: bool | None = None) -> tuple[list[Point], bool]:
+def measure(
+    device: Device,
+    *,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    counts: Sequence[int] = DEFAULT_COUNTS,
+    max_bytes: int = 256 * MIB,
+    repeats: int = 5,
+    directions: Sequence[str] = (H2D, D2H, BOTH),
+    pin: bool | None = None,
+) -> tuple[list[Point], bool]:
     """Time the copy grid; returns the points and whether host memory was pinned."""
     pin = device.is_cuda if pin is None else pin
     host, host_b, gpu_a, gpu_b = _buffers(device, max_bytes, pin)
@@ -102,7 +108,10 @@ def measure(device: Device, *, sizes: Sequence[int] = DEFAULT_SIZES,
                 plans = {
                     H2D: ([h2d_s], [(gpu_a, host.data, w, count)]),
                     D2H: ([d2h_s], [(host_b, gpu_b, w, count)]),
-                    BOTH: ([h2d_s, d2h_s], [(gpu_a, host.data, w, count), (host_b, gpu_b, w, count)]),
+                    BOTH: (
+                        [h2d_s, d2h_s],
+                        [(gpu_a, host.data, w, count), (host_b, gpu_b, w, count)],
+                    ),
                 }
                 for d in directions:
                     streams, plan = plans[d]
@@ -121,8 +130,9 @@ def fit(points: Sequence[Point]) -> dict:
     one copy of that size, its intercept the fixed cost of a transfer (``overhead_s`` is
     the median intercept). ``per_copy_s`` is the intercept of copy time against copy size
     over the small sizes; the curve is what remains (``effective_gbps`` keeps the rate with
-    the per-copy cost included), so the model reproduces every calibrated point. ``duplex_factor`` is the aggregate rate with both directions
-    busy over the sum of the one-way rates, for copies of 1 MiB and more.
+    the per-copy cost included), so the model reproduces every calibrated point.
+    ``duplex_factor`` is the aggregate rate with both directions busy over the sum of the
+    one-way rates, for copies of 1 MiB and more.
     """
     out: dict = {"directions": {}}
     for d in (H2D, D2H, BOTH):
@@ -147,7 +157,9 @@ def fit(points: Sequence[Point]) -> dict:
         small = [s for s in slopes if s <= 256 * KIB] or list(slopes)
         per_copy = 0.0
         if len(small) >= 2:
-            a = float(np.polyfit(np.array(small, float), np.array([slopes[s] for s in small]), 1)[1])
+            a = float(
+                np.polyfit(np.array(small, float), np.array([slopes[s] for s in small]), 1)[1]
+            )
             per_copy = min(max(a, 0.0), 0.9 * min(slopes.values()))
         mult = 2 if d == BOTH else 1
         curve = {s: mult * s / (t - per_copy) / 1e9 for s, t in slopes.items()}
@@ -180,16 +192,20 @@ def to_profile(fitted: dict, link: str):
         curve = tuple(sorted((float(k), float(v)) for k, v in d["curve_gbps"].items()))
         return DirectionParams(d["overhead_s"], d["per_copy_s"], curve)
 
-    return TransferModelParams(link, direction(H2D), direction(D2H),
-                               fitted.get("duplex_factor", 0.8))
+    return TransferModelParams(
+        link, direction(H2D), direction(D2H), fitted.get("duplex_factor", 0.8)
+    )
 
 
 def calibrate(device: Device, *, link: str | None = None, **measure_kwargs) -> tuple[object, dict]:
     """Measure and fit; returns ``(TransferModelParams, report)``."""
     points, pinned = measure(device, **measure_kwargs)
     fitted = fit(points)
-    name = link or ("cuda-" + torch.cuda.get_device_name(device.torch_device)
-                    if device.is_cuda else "cpu-emulated")
+    name = link or (
+        "cuda-" + torch.cuda.get_device_name(device.torch_device)
+        if device.is_cuda
+        else "cpu-emulated"
+    )
     fitted["pinned"] = pinned
     fitted["device"] = device.kind
     return to_profile(fitted, name), fitted

@@ -28,9 +28,13 @@ def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict:
     err = abs_pct_errors(predicted, measured)
     if err.size == 0:
         return {"n": 0, "median_abs_pct_err": None, "p90_abs_pct_err": None}
-    return {"n": int(err.size), "median_abs_pct_err": float(np.median(err) * 100),
-            "p90_abs_pct_err": float(np.percentile(err, 90) * 100),
-            "predicted_mean_s": float(np.mean(predicted)), "measured_mean_s": float(np.mean(measured))}
+    return {
+        "n": int(err.size),
+        "median_abs_pct_err": float(np.median(err) * 100),
+        "p90_abs_pct_err": float(np.percentile(err, 90) * 100),
+        "predicted_mean_s": float(np.mean(predicted)),
+        "measured_mean_s": float(np.mean(measured)),
+    }
 
 
 def hit_decisions(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
@@ -46,12 +50,18 @@ def hit_decisions(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
         elif first is None:
             first = {"request": rid, "simulated": sim.get(rid), "real": real.get(rid)}
     missing = sorted(set(real) ^ set(sim), key=str)
-    return {"requests": len(order), "identical": same, "all_identical": same == len(order) and not missing,
-            "first_difference": first, "requests_in_one_run_only": len(missing)}
+    return {
+        "requests": len(order),
+        "identical": same,
+        "all_identical": same == len(order) and not missing,
+        "first_difference": first,
+        "requests_in_one_run_only": len(missing),
+    }
 
 
-def transfer_durations(records, link, sim_jobs: Sequence[tuple] = (),
-                       real_jobs: Sequence[tuple] = ()) -> dict:
+def transfer_durations(
+    records, link, sim_jobs: Sequence[tuple] = (), real_jobs: Sequence[tuple] = ()
+) -> dict:
     """Measured job durations vs (a) the link model for that exact job (its bytes and
     copy calls), alone on the link, and (b) the duration the simulated run gave the
     matching job: same kind (store/load), same request, same chunk count, in order.
@@ -63,7 +73,10 @@ def transfer_durations(records, link, sim_jobs: Sequence[tuple] = (),
     out: dict = {}
     for label, want in (("store", (STORE,)), ("load", ("load", "expedited")), ("all", None)):
         recs = [r for r in ok if want is None or r.direction in want]
-        pred = [(link.d2h if r.direction == STORE else link.h2d).job_time(r.nbytes, r.copies) for r in recs]
+        pred = [
+            (link.d2h if r.direction == STORE else link.h2d).job_time(r.nbytes, r.copies)
+            for r in recs
+        ]
         out[label] = error_stats(pred, [r.duration for r in recs])
     sim_by: dict[tuple, list[float]] = defaultdict(list)
     for direction, request, chunks, dur in sim_jobs:
@@ -100,14 +113,22 @@ def ttft(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
 def bandwidth(records, link) -> dict:
     """Achieved GB/s per direction (bytes over busy time) vs the link's peak."""
     out = {}
-    for label, want, dp in (("store_d2h", (STORE,), link.d2h), ("load_h2d", ("load", "expedited"), link.h2d)):
+    for label, want, dp in (
+        ("store_d2h", (STORE,), link.d2h),
+        ("load_h2d", ("load", "expedited"), link.h2d),
+    ):
         recs = [r for r in records if r.success and r.direction in want]
         busy = _union_length([(r.start_time, r.end_time) for r in recs])
         nbytes = sum(r.nbytes for r in recs)
         peak = max(rate for _, rate in dp.curve)
         gbps = nbytes / busy / 1e9 if busy > 0 else None
-        out[label] = {"bytes": nbytes, "busy_s": busy, "achieved_gbps": gbps, "link_peak_gbps": peak,
-                      "fraction_of_peak": gbps / peak if gbps is not None else None}
+        out[label] = {
+            "bytes": nbytes,
+            "busy_s": busy,
+            "achieved_gbps": gbps,
+            "link_peak_gbps": peak,
+            "fraction_of_peak": gbps / peak if gbps is not None else None,
+        }
     return out
 
 

@@ -176,8 +176,9 @@ class CudaStream:
 class Device:
     """``kind`` is ``"cuda"`` or ``"cpu"``; ``Device.auto()`` picks CUDA when available."""
 
-    def __init__(self, kind: str = "cpu", *, eager: bool = True, clock: Clock | None = None,
-                 index: int = 0) -> None:
+    def __init__(
+        self, kind: str = "cpu", *, eager: bool = True, clock: Clock | None = None, index: int = 0
+    ) -> None:
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"device kind must be 'cpu' or 'cuda', got {kind!r}")
         if kind == "cuda" and not cuda_available():
@@ -190,7 +191,9 @@ class Device:
         self._ref: tuple[torch.cuda.Event, float] | None = None
         self._cycles_per_s: float | None = None
         if kind == "cuda":
-            self.compute_stream = CudaStream(self, torch.cuda.current_stream(self.torch_device), "compute")
+            self.compute_stream = CudaStream(
+                self, torch.cuda.current_stream(self.torch_device), "compute"
+            )
         else:
             self.compute_stream = CpuStream(self, "compute")
         self._streams.append(self.compute_stream)

@@ -34,9 +34,18 @@ GOAL_BOTH_GBPS = 75.0
 GOAL_MEDIAN_ERR = 0.10
 
 
-def integrity_under_compute(device: Device, layout: str, *, geometry: KVGeometry,
-                            gpu_blocks: int, chunks: int, rounds: int, blocks_per_job: int,
-                            compute_s: float, seed: int = 0) -> dict:
+def integrity_under_compute(
+    device: Device,
+    layout: str,
+    *,
+    geometry: KVGeometry,
+    gpu_blocks: int,
+    chunks: int,
+    rounds: int,
+    blocks_per_job: int,
+    compute_s: float,
+    seed: int = 0,
+) -> dict:
     """Stores and loads through :class:`RealTransferBackend` while compute runs."""
     rng = random.Random(seed)
     gpu = GpuKVCache(geometry, gpu_blocks, layout, device.torch_device)
@@ -54,9 +63,18 @@ def integrity_under_compute(device: Device, layout: str, *, geometry: KVGeometry
             dst_chunks = rng.sample(range(chunks), blocks_per_job)
             keys = [f"r{r}b{i}" for i in range(blocks_per_job)]
             job_id += 1
-            backend.submit(TransferJob(job_id, STORE, src, dst_chunks,
-                                       blocks_per_job * geometry.block_bytes, blocks_per_job,
-                                       keys), device.clock())
+            backend.submit(
+                TransferJob(
+                    job_id,
+                    STORE,
+                    src,
+                    dst_chunks,
+                    blocks_per_job * geometry.block_bytes,
+                    blocks_per_job,
+                    keys,
+                ),
+                device.clock(),
+            )
             for c, k in zip(dst_chunks, keys):
                 stored[c] = k
             # load chunks stored earlier into the upper half
@@ -65,9 +83,18 @@ def integrity_under_compute(device: Device, layout: str, *, geometry: KVGeometry
                 picks = rng.sample(ready, min(blocks_per_job, len(ready)))
                 dst = rng.sample(range(half, gpu_blocks), len(picks))
                 job_id += 1
-                backend.submit(TransferJob(job_id, LOAD, dst, picks,
-                                           len(picks) * geometry.block_bytes, len(picks),
-                                           [stored[c] for c in picks]), device.clock())
+                backend.submit(
+                    TransferJob(
+                        job_id,
+                        LOAD,
+                        dst,
+                        picks,
+                        len(picks) * geometry.block_bytes,
+                        len(picks),
+                        [stored[c] for c in picks],
+                    ),
+                    device.clock(),
+                )
             backend.order_compute_after_loads()
             backend.poll(device.clock())
             # keep at most a few jobs in flight so chunks are reused only after their copies
@@ -81,14 +108,21 @@ def integrity_under_compute(device: Device, layout: str, *, geometry: KVGeometry
             busy = sum(x.duration for x in recs)
             nbytes = sum(x.nbytes for x in recs)
             by_dir[d] = {"jobs": len(recs), "gbps": nbytes / busy / 1e9 if busy > 0 else None}
-        return {"layout": layout, "pinned": host.pinned, "rounds": rounds,
-                "elapsed_s": elapsed, **backend.integrity.as_dict(), "directions": by_dir}
+        return {
+            "layout": layout,
+            "pinned": host.pinned,
+            "rounds": rounds,
+            "elapsed_s": elapsed,
+            **backend.integrity.as_dict(),
+            "directions": by_dir,
+        }
     finally:
         host.close()
 
 
-def run_check(device: Device, *, small: bool, validation_trace: str | None = None,
-              out_dir: str | None = None) -> dict:
+def run_check(
+    device: Device, *, small: bool, validation_trace: str | None = None, out_dir: str | None = None
+) -> dict:
     t0 = time.perf_counter()
     report: dict = {"device": device.kind}
     if device.is_cuda:
@@ -96,7 +130,9 @@ def run_check(device: Device, *, small: bool, validation_trace: str | None = Non
 
         report["gpu"] = torch.cuda.get_device_name(device.torch_device)
     if small:
-        cal_kwargs = dict(sizes=(4 * KIB, 64 * KIB, 2 * MIB), counts=(1, 4), max_bytes=8 * MIB, repeats=1)
+        cal_kwargs = dict(
+            sizes=(4 * KIB, 64 * KIB, 2 * MIB), counts=(1, 4), max_bytes=8 * MIB, repeats=1
+        )
         geometry = KVGeometry(4, 2048)
         integ = dict(gpu_blocks=32, chunks=48, rounds=6, blocks_per_job=4, compute_s=0.001)
     else:
@@ -109,13 +145,17 @@ def run_check(device: Device, *, small: bool, validation_trace: str | None = Non
     one_way = {d: gbps_at_least(fitted, d, 2 * MIB) for d in (H2D, D2H)}
     both = gbps_at_least(fitted, BOTH, 2 * MIB)
     report["goals"] = {
-        "h2d_gbps_ge_2MiB": one_way[H2D], "d2h_gbps_ge_2MiB": one_way[D2H], "both_gbps_ge_2MiB": both,
+        "h2d_gbps_ge_2MiB": one_way[H2D],
+        "d2h_gbps_ge_2MiB": one_way[D2H],
+        "both_gbps_ge_2MiB": both,
         "one_way_ok": all(v is not None and v >= GOAL_ONE_WAY_GBPS for v in one_way.values()),
         "both_ok": both is not None and both >= GOAL_BOTH_GBPS,
     }
     report["profile"] = params.to_dict()
-    report["integrity"] = [integrity_under_compute(device, lay, geometry=geometry, **integ)
-                           for lay in (BLOCK_FIRST, LAYER_MAJOR)]
+    report["integrity"] = [
+        integrity_under_compute(device, lay, geometry=geometry, **integ)
+        for lay in (BLOCK_FIRST, LAYER_MAJOR)
+    ]
     report["validation"] = _validation(device, params, small, validation_trace)
     report["wall_s"] = time.perf_counter() - t0
     if out_dir:
@@ -137,8 +177,11 @@ def _validation(device: Device, params, small: bool, trace: str | None) -> dict:
 
 
 def format_report(rep: dict) -> str:
-    lines = [f"kvsim gpu_check on {rep.get('gpu', rep['device'])} (pinned={rep['pinned']}, "
-             f"{rep['wall_s']:.1f} s)", "bandwidth GB/s by copy size:"]
+    lines = [
+        f"kvsim gpu_check on {rep.get('gpu', rep['device'])} (pinned={rep['pinned']}, "
+        f"{rep['wall_s']:.1f} s)",
+        "bandwidth GB/s by copy size:",
+    ]
     curves = rep["curve_gbps"]
     sizes = sorted({int(s) for c in curves.values() for s in c})
     lines.append("  size      " + "".join(f"{d:>9}" for d in curves))
@@ -147,18 +190,26 @@ def format_report(rep: dict) -> str:
         vals = "".join(f"{curves[d].get(str(s), float('nan')):9.2f}" for d in curves)
         lines.append(f"  {label:<10}{vals}")
     g = rep["goals"]
-    lines.append(f"goals: one-way >= {GOAL_ONE_WAY_GBPS} GB/s for >= 2 MiB: "
-                 f"{'PASS' if g['one_way_ok'] else 'FAIL'} (h2d {_fmt(g['h2d_gbps_ge_2MiB'])}, "
-                 f"d2h {_fmt(g['d2h_gbps_ge_2MiB'])}); both >= {GOAL_BOTH_GBPS}: "
-                 f"{'PASS' if g['both_ok'] else 'FAIL'} ({_fmt(g['both_gbps_ge_2MiB'])})")
+    lines.append(
+        f"goals: one-way >= {GOAL_ONE_WAY_GBPS} GB/s for >= 2 MiB: "
+        f"{'PASS' if g['one_way_ok'] else 'FAIL'} (h2d {_fmt(g['h2d_gbps_ge_2MiB'])}, "
+        f"d2h {_fmt(g['d2h_gbps_ge_2MiB'])}); both >= {GOAL_BOTH_GBPS}: "
+        f"{'PASS' if g['both_ok'] else 'FAIL'} ({_fmt(g['both_gbps_ge_2MiB'])})"
+    )
     for it in rep["integrity"]:
-        dirs = ", ".join(f"{d} {v['jobs']} jobs {v['gbps'] or 0:.1f} GB/s" for d, v in it["directions"].items())
-        lines.append(f"integrity [{it['layout']}]: {it['checked_blocks']} blocks checked, "
-                     f"{it['mismatched_blocks']} mismatched ({it['mismatched_bytes']} bytes); {dirs}")
+        dirs = ", ".join(
+            f"{d} {v['jobs']} jobs {v['gbps'] or 0:.1f} GB/s" for d, v in it["directions"].items()
+        )
+        lines.append(
+            f"integrity [{it['layout']}]: {it['checked_blocks']} blocks checked, "
+            f"{it['mismatched_blocks']} mismatched ({it['mismatched_bytes']} bytes); {dirs}"
+        )
     v = rep["validation"]
     err = v["job_err_median_pct"]
-    lines.append(f"validation goal: median job-time error < {GOAL_MEDIAN_ERR:.0%}: "
-                 f"{'PASS' if err is not None and err < GOAL_MEDIAN_ERR * 100 else 'FAIL'} ({_fmt(err)} %)")
+    lines.append(
+        f"validation goal: median job-time error < {GOAL_MEDIAN_ERR:.0%}: "
+        f"{'PASS' if err is not None and err < GOAL_MEDIAN_ERR * 100 else 'FAIL'} ({_fmt(err)} %)"
+    )
     lines.append("validation: " + ", ".join(f"{k}={_fmt(val)}" for k, val in v.items()))
     return "\n".join(lines)
 
@@ -174,8 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="folder for gpu_check.json and profile.json")
     args = ap.parse_args(argv)
     device = Device.auto()
-    rep = run_check(device, small=args.small or not device.is_cuda,
-                    validation_trace=args.trace, out_dir=args.out)
+    rep = run_check(
+        device,
+        small=args.small or not device.is_cuda,
+        validation_trace=args.trace,
+        out_dir=args.out,
+    )
     print(format_report(rep))
     ok = all(it["mismatched_blocks"] == 0 for it in rep["integrity"])
     ok = ok and rep["validation"].get("integrity_mismatched_blocks", 1) == 0

@@ -82,9 +82,17 @@ class HostLayout:
 class HostPool:
     """``num_chunks`` rows of ``layout.row_bytes``; call :meth:`close` (or use ``with``)."""
 
-    def __init__(self, layout: HostLayout, num_chunks: int, *, pin: bool = False,
-                 require_pin: bool = False, max_piece_bytes: int = MAX_REGISTER_BYTES,
-                 register: Register | None = None, unregister: Unregister | None = None) -> None:
+    def __init__(
+        self,
+        layout: HostLayout,
+        num_chunks: int,
+        *,
+        pin: bool = False,
+        require_pin: bool = False,
+        max_piece_bytes: int = MAX_REGISTER_BYTES,
+        register: Register | None = None,
+        unregister: Unregister | None = None,
+    ) -> None:
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
         if max_piece_bytes < layout.row_bytes:
@@ -98,14 +106,20 @@ class HostPool:
         self.pieces: list[tuple[int, int]] = []  # (pointer, bytes) registered
         self._unregister = unregister
         if pin:
-            self._pin(register or cuda_register, unregister or cuda_unregister,
-                      max_piece_bytes, require_pin)
+            self._pin(
+                register or cuda_register,
+                unregister or cuda_unregister,
+                max_piece_bytes,
+                require_pin,
+            )
 
     @property
     def num_pieces(self) -> int:
         return len(self.pieces)
 
-    def _pin(self, register: Register, unregister: Unregister, max_piece: int, require: bool) -> None:
+    def _pin(
+        self, register: Register, unregister: Unregister, max_piece: int, require: bool
+    ) -> None:
         self._unregister = unregister
         rows_per_piece = max(1, max_piece // self.layout.row_bytes)
         piece_bytes = rows_per_piece * self.layout.row_bytes

@@ -60,8 +60,9 @@ class KVGeometry:
         return self.page_bytes // self.word_bytes
 
     @classmethod
-    def from_model(cls, spec: ModelSpec, block_tokens: int, *, tp: int = 1,
-                   dtype_bytes: int | None = None) -> KVGeometry:
+    def from_model(
+        cls, spec: ModelSpec, block_tokens: int, *, tp: int = 1, dtype_bytes: int | None = None
+    ) -> KVGeometry:
         per_token_layer = spec.kv_bytes_per_token_per_layer(dtype_bytes, tp)
         return cls(spec.num_layers, per_token_layer * block_tokens)
 
@@ -72,8 +73,9 @@ def key_seed(key: object) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
-def pattern(seed: int, num_layers: int, page_words: int, dtype: torch.dtype,
-            device: torch.device) -> torch.Tensor:
+def pattern(
+    seed: int, num_layers: int, page_words: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """The deterministic ``[num_layers, page_words]`` contents of a block with this seed."""
     x = torch.arange(num_layers * page_words, dtype=torch.int64, device=device)
     x = x * _M1 + (seed * _M2 & 0x3FFFFFFFFFFFFFFF)
@@ -88,8 +90,13 @@ def pattern(seed: int, num_layers: int, page_words: int, dtype: torch.dtype,
 class GpuKVCache:
     """``num_blocks`` blocks of ``geometry`` in ``layout`` on ``device`` (a torch device)."""
 
-    def __init__(self, geometry: KVGeometry, num_blocks: int, layout: str = BLOCK_FIRST,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        geometry: KVGeometry,
+        num_blocks: int,
+        layout: str = BLOCK_FIRST,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if num_blocks <= 0:

@@ -59,10 +59,10 @@ class JobRecord:
 
     job_id: int
     direction: str
-    nbytes: int               # bytes actually copied (blocks x block bytes)
+    nbytes: int  # bytes actually copied (blocks x block bytes)
     blocks: int
-    descriptors: int          # page copies before coalescing (blocks x layers or blocks)
-    copies: int               # copy_ calls after coalescing
+    descriptors: int  # page copies before coalescing (blocks x layers or blocks)
+    copies: int  # copy_ calls after coalescing
     submit_time: float
     start_time: float = 0.0
     end_time: float = 0.0
@@ -103,9 +103,16 @@ def coalesce(descs: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]
 class RealTransferBackend:
     """Moves bytes between ``gpu_cache`` and ``host_pool`` on ``device``'s streams."""
 
-    def __init__(self, device: Device, gpu_cache: GpuKVCache, host_pool: HostPool, *,
-                 fill_on_store: bool = True, verify_loads: bool = True,
-                 fault: Fault | None = None) -> None:
+    def __init__(
+        self,
+        device: Device,
+        gpu_cache: GpuKVCache,
+        host_pool: HostPool,
+        *,
+        fill_on_store: bool = True,
+        verify_loads: bool = True,
+        fault: Fault | None = None,
+    ) -> None:
         if gpu_cache.geometry != host_pool.layout.geometry:
             raise ValueError("the GPU cache and the host pool have different block geometry")
         self.device = device
@@ -131,8 +138,10 @@ class RealTransferBackend:
         blocks, chunks, keys = list(job.gpu_blocks), list(job.chunk_ids), list(job.keys)
         skip = len(chunks) * upc - len(blocks)
         if not 0 <= skip < max(upc, 1) or (not chunks and blocks):
-            raise ValueError(f"job {job.job_id}: {len(blocks)} GPU blocks do not fit "
-                             f"{len(chunks)} chunks of {upc} blocks")
+            raise ValueError(
+                f"job {job.job_id}: {len(blocks)} GPU blocks do not fit "
+                f"{len(chunks)} chunks of {upc} blocks"
+            )
         by_chunk = len(keys) == len(chunks) and bool(keys)
         by_block = not by_chunk and len(keys) == len(blocks) and bool(keys)
         pairs = []
@@ -143,7 +152,9 @@ class RealTransferBackend:
             c, sub = chunks[pos // upc], pos % upc
             if not 0 <= c < self.host.num_chunks:
                 raise ValueError(f"job {job.job_id}: chunk {c} out of range")
-            ident = (keys[pos // upc], sub) if by_chunk else (("unit", keys[i]) if by_block else None)
+            ident = (
+                (keys[pos // upc], sub) if by_chunk else (("unit", keys[i]) if by_block else None)
+            )
             pairs.append((b, c, sub, ident))
         return pairs
 
@@ -234,9 +245,16 @@ class RealTransferBackend:
         to_host = job.direction == STORE
         descs = self._descriptors(pairs, to_host)
         runs = coalesce(descs)
-        record = JobRecord(job.job_id, job.direction, len(pairs) * self.gpu.geometry.block_bytes,
-                           len(pairs), len(descs), len(runs), submit_time=self.device.clock(),
-                           keys=tuple(job.keys))
+        record = JobRecord(
+            job.job_id,
+            job.direction,
+            len(pairs) * self.gpu.geometry.block_bytes,
+            len(pairs),
+            len(descs),
+            len(runs),
+            submit_time=self.device.clock(),
+            keys=tuple(job.keys),
+        )
         inflight = _InFlight(job, pairs, record)
         stream = self.streams[job.direction]
         if to_host:
@@ -285,8 +303,15 @@ class RealTransferBackend:
         self._by_id.pop(job.job_id, None)
         self._compute_ordered.discard(job.job_id)
         self.records.append(rec)
-        return TransferResult(job.job_id, job.direction, rec.success, job.nbytes,
-                              rec.start_time, rec.end_time, job.submit_time)
+        return TransferResult(
+            job.job_id,
+            job.direction,
+            rec.success,
+            job.nbytes,
+            rec.start_time,
+            rec.end_time,
+            job.submit_time,
+        )
 
     def _verify(self, inflight: _InFlight) -> None:
         integ, rec = self.integrity, inflight.record

@@ -39,25 +39,26 @@ from real.host_pool import HostLayout, HostPool
 from real.kv_cache import LAYER_MAJOR, LAYOUTS, GpuKVCache, KVGeometry
 from real.transfer import Fault, RealTransferBackend
 
-TINY_KV_MODEL = replace(get_model("llama-3.2-1b"), name="tiny-kv", num_layers=2, num_kv_heads=1,
-                        head_dim=16)
+TINY_KV_MODEL = replace(
+    get_model("llama-3.2-1b"), name="tiny-kv", num_layers=2, num_kv_heads=1, head_dim=16
+)
 
 
 @dataclass(frozen=True)
 class ValidationSpec:
     """What to run; the same values drive both runs."""
 
-    model: str | ModelSpec = "llama-3.1-8b"   # a preset name, or a ModelSpec (tests)
+    model: str | ModelSpec = "llama-3.1-8b"  # a preset name, or a ModelSpec (tests)
     cpu_gib: float | None = 16.0
     cpu_chunks: int | None = None
     limit: int | None = 500
     layout: str = LAYER_MAJOR
     gpu: str = "h200"
-    gpu_blocks: int | None = None      # None: vLLM's budget, capped by max_gpu_kv_gib
-    max_gpu_kv_gib: float = 48.0       # real GPU cache is allocated: keep it bounded
+    gpu_blocks: int | None = None  # None: vLLM's budget, capped by max_gpu_kv_gib
+    max_gpu_kv_gib: float = 48.0  # real GPU cache is allocated: keep it bounded
     time_scale: float = 1.0
     poisson_rate: float | None = None
-    compute_scale: float = 1.0         # multiplies every modelled step (both runs)
+    compute_scale: float = 1.0  # multiplies every modelled step (both runs)
     policy: str = "lru"
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
@@ -76,8 +77,16 @@ class ValidationSpec:
         """Seconds on CPU for the bundled Bailian sample (26 chat requests, 16-token
         blocks): llama-3.2-1b's compute with a tiny KV (2 KiB per block), and a GPU cache
         small enough that later turns hit the CPU tier."""
-        return cls(model=TINY_KV_MODEL, cpu_gib=None, cpu_chunks=512, limit=None, gpu_blocks=60,
-                   time_scale=0.03, compute_scale=0.1, max_gpu_kv_gib=1.0)
+        return cls(
+            model=TINY_KV_MODEL,
+            cpu_gib=None,
+            cpu_chunks=512,
+            limit=None,
+            gpu_blocks=60,
+            time_scale=0.03,
+            compute_scale=0.1,
+            max_gpu_kv_gib=1.0,
+        )
 
     @classmethod
     def for_gpu_check(cls) -> ValidationSpec:
@@ -90,7 +99,9 @@ class _ComputeOnDevice:
     """The modelled step time; on CUDA also a sleep kernel on the compute stream, issued
     after ordering the compute stream behind in-flight loads (compute reads loaded KV)."""
 
-    def __init__(self, inner, device: Device, backend: RealTransferBackend | None, scale: float) -> None:
+    def __init__(
+        self, inner, device: Device, backend: RealTransferBackend | None, scale: float
+    ) -> None:
         self.inner, self.device, self.backend, self.scale = inner, device, backend, scale
 
     def __call__(self, batch: StepBatch) -> float:
@@ -119,9 +130,14 @@ class ValidationReport:
         """The whole report as JSON-ready values; ``per_item`` adds one row per request
         (hits and TTFT of both runs) and per real transfer job (measured vs modelled)."""
         d = {k: v for k, v in asdict(self).items() if k not in ("tables", "spec")}
-        d["spec"] = {k: (v.name if isinstance(v, ModelSpec) else v) for k, v in asdict(self.spec).items()
-                     if k != "model"}
-        d["spec"]["model"] = self.spec.model.name if isinstance(self.spec.model, ModelSpec) else self.spec.model
+        d["spec"] = {
+            k: (v.name if isinstance(v, ModelSpec) else v)
+            for k, v in asdict(self.spec).items()
+            if k != "model"
+        }
+        d["spec"]["model"] = (
+            self.spec.model.name if isinstance(self.spec.model, ModelSpec) else self.spec.model
+        )
         if per_item and self.tables:
             cols = ["request", "gpu_hit_tokens", "cpu_hit_tokens", "ttft_s"]
             sim = self.tables["simulated_requests"][cols]
@@ -130,17 +146,26 @@ class ValidationReport:
             d["requests"] = both.to_dict(orient="records")
             jobs = self.tables["real_jobs"]
             d["jobs"] = [
-                {"job": int(r.job_id), "direction": r.direction, "bytes": int(r.nbytes),
-                 "copies": int(r.copies), "success": bool(r.success), "measured_s": float(r.end_time - r.start_time),
-                 "modelled_s": _link_time(self.link, r.direction, int(r.nbytes), int(r.copies))}
-                for r in jobs.itertuples(index=False)]
+                {
+                    "job": int(r.job_id),
+                    "direction": r.direction,
+                    "bytes": int(r.nbytes),
+                    "copies": int(r.copies),
+                    "success": bool(r.success),
+                    "measured_s": float(r.end_time - r.start_time),
+                    "modelled_s": _link_time(self.link, r.direction, int(r.nbytes), int(r.copies)),
+                }
+                for r in jobs.itertuples(index=False)
+            ]
         return _clean(d)
 
     def summary(self) -> dict[str, Any]:
         """The compact comparison (what the CLI prints)."""
         t, bw = self.transfers, self.bandwidth
         out = {
-            "device": self.device, "pinned": self.pinned, "link": self.link.get("link"),
+            "device": self.device,
+            "pinned": self.pinned,
+            "link": self.link.get("link"),
             "requests": self.hits["requests"],
             "hit_decisions_identical": self.hits["all_identical"],
             "hit_decisions_same": self.hits["identical"],
@@ -193,14 +218,26 @@ def _clean(x):
 
 
 def _request_rows(df: pd.DataFrame) -> list[dict]:
-    return [{"request": r.request, "gpu_hit": int(r.gpu_hit_tokens), "cpu_hit": int(r.cpu_hit_tokens),
-             "ttft": None if r.rejected or math.isnan(r.ttft_s) else float(r.ttft_s)}
-            for r in df.itertuples(index=False)]
+    return [
+        {
+            "request": r.request,
+            "gpu_hit": int(r.gpu_hit_tokens),
+            "cpu_hit": int(r.cpu_hit_tokens),
+            "ttft": None if r.rejected or math.isnan(r.ttft_s) else float(r.ttft_s),
+        }
+        for r in df.itertuples(index=False)
+    ]
 
 
-def run_validation(trace, spec: ValidationSpec, *, device: Device | None = None,
-                   params: TransferModelParams | None = None, fault: Fault | None = None,
-                   pin: bool | None = None) -> ValidationReport:
+def run_validation(
+    trace,
+    spec: ValidationSpec,
+    *,
+    device: Device | None = None,
+    params: TransferModelParams | None = None,
+    fault: Fault | None = None,
+    pin: bool | None = None,
+) -> ValidationReport:
     """Run ``trace`` simulated then real, and compare. ``params`` is the link model
     (default: the GPU preset's link); ``fault`` injects copy failures (tests)."""
     device = device or Device.auto()
@@ -213,38 +250,70 @@ def run_validation(trace, spec: ValidationSpec, *, device: Device | None = None,
     requests = list(tr)
     if not requests:
         raise InputError("the trace has no requests")
-    config = make_options(model=model.name if not isinstance(spec.model, ModelSpec) else None,
-                          cpu_gib=spec.cpu_gib if spec.cpu_chunks is None else None, cpu_chunks=spec.cpu_chunks,
-                          policy=spec.policy, seed=spec.seed).resolve(tr.block_tokens)
+    config = make_options(
+        model=model.name if not isinstance(spec.model, ModelSpec) else None,
+        cpu_gib=spec.cpu_gib if spec.cpu_chunks is None else None,
+        cpu_chunks=spec.cpu_chunks,
+        policy=spec.policy,
+        seed=spec.seed,
+    ).resolve(tr.block_tokens)
     layout = config.layout
     unit = layout.unit_tokens
     geometry = KVGeometry.from_model(model, unit)
-    base = EngineParams(gpu_block_tokens=unit, time_scale=spec.time_scale, poisson_rate=spec.poisson_rate,
-                        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
-                        seed=spec.seed, record_steps=False)
-    n_blocks = spec.gpu_blocks or min(gpu_kv_blocks(model, gpu, base, unit),
-                                      int(spec.max_gpu_kv_gib * 2**30 // geometry.block_bytes))
+    base = EngineParams(
+        gpu_block_tokens=unit,
+        time_scale=spec.time_scale,
+        poisson_rate=spec.poisson_rate,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+        seed=spec.seed,
+        record_steps=False,
+    )
+    n_blocks = spec.gpu_blocks or min(
+        gpu_kv_blocks(model, gpu, base, unit),
+        int(spec.max_gpu_kv_gib * 2**30 // geometry.block_bytes),
+    )
     if n_blocks < 1:
-        raise InputError(f"--max-gpu-kv-gib {spec.max_gpu_kv_gib} holds no {geometry.block_bytes}-byte block")
+        raise InputError(
+            f"--max-gpu-kv-gib {spec.max_gpu_kv_gib} holds no {geometry.block_bytes}-byte block"
+        )
     eparams = EngineParams(**{**base.as_dict(), "gpu_blocks": n_blocks})
     roofline = RooflineCompute(model, ComputeParams.for_gpu(gpu))
 
     # 1. simulated
-    sim = Engine(config, eparams, model=model, gpu=gpu, transfer=link, clock=VirtualClock(),
-                 compute=_ComputeOnDevice(roofline, device, None, spec.compute_scale)).run(requests)
+    sim = Engine(
+        config,
+        eparams,
+        model=model,
+        gpu=gpu,
+        transfer=link,
+        clock=VirtualClock(),
+        compute=_ComputeOnDevice(roofline, device, None, spec.compute_scale),
+    ).run(requests)
     sim_req, sim_tr = sim.recorder.request_table(), sim.recorder.transfer_table()
 
     # 2. real
     gpu_cache = GpuKVCache(geometry, n_blocks, spec.layout, device.torch_device)
-    host = HostPool(HostLayout(geometry, layout.units_per_chunk, spec.layout), config.num_chunks,
-                    pin=device.is_cuda if pin is None else pin)
+    host = HostPool(
+        HostLayout(geometry, layout.units_per_chunk, spec.layout),
+        config.num_chunks,
+        pin=device.is_cuda if pin is None else pin,
+    )
     try:
         clock = MonotonicClock()
         device.set_clock(clock.now)
         backend = RealTransferBackend(device, gpu_cache, host, fault=fault)
         compute = _ComputeOnDevice(roofline, device, backend, spec.compute_scale)
-        real = Engine(config, eparams, model=model, gpu=gpu, transfer=link, clock=clock,
-                      backend=backend, compute=compute).run(requests)
+        real = Engine(
+            config,
+            eparams,
+            model=model,
+            gpu=gpu,
+            transfer=link,
+            clock=clock,
+            backend=backend,
+            compute=compute,
+        ).run(requests)
         backend.drain()
         device.run_pending()
         wall = clock.now()
@@ -256,26 +325,47 @@ def run_validation(trace, spec: ValidationSpec, *, device: Device | None = None,
     sim_rows, real_rows = _request_rows(sim_req), _request_rows(real_req)
     job_req = {int(r.job): (r.request, int(r.chunks)) for r in real_tr.itertuples(index=False)}
     real_jobs = [(rec, *job_req[rec.job_id]) for rec in backend.records if rec.job_id in job_req]
-    sim_jobs = [(r.direction, r.request, int(r.chunks), float(r.duration_s))
-                for r in sim_tr.itertuples(index=False) if r.success]
+    sim_jobs = [
+        (r.direction, r.request, int(r.chunks), float(r.duration_s))
+        for r in sim_tr.itertuples(index=False)
+        if r.success
+    ]
     records = backend.records
     report = ValidationReport(
-        spec=spec, device=device.kind, pinned=pinned, link=link.to_dict(),
+        spec=spec,
+        device=device.kind,
+        pinned=pinned,
+        link=link.to_dict(),
         hits=compare.hit_decisions(sim_rows, real_rows),
         transfers=compare.transfer_durations(records, link, sim_jobs, real_jobs),
         ttft=compare.ttft(sim_rows, real_rows),
         bandwidth=compare.bandwidth(records, link),
         integrity=backend.integrity.as_dict(),
-        runs={"simulated": {"requests": len(sim_req), "transfer_jobs": len(sim_tr),
-                            "end_s": float(sim.clock.now())},
-              "real": {"requests": len(real_req), "transfer_jobs": len(records),
-                       "failed_jobs": sum(1 for r in records if not r.success), "wall_s": wall,
-                       "gpu_blocks": n_blocks, "chunks": config.num_chunks,
-                       "gpu_cache_bytes": gpu_cache.nbytes, "host_pool_bytes": host.nbytes,
-                       "copies": sum(r.copies for r in records),
-                       "descriptors": sum(r.descriptors for r in records)}},
-        tables={"simulated_requests": sim_req, "real_requests": real_req,
-                "simulated_transfers": sim_tr, "real_jobs": pd.DataFrame([asdict(r) for r in records])},
+        runs={
+            "simulated": {
+                "requests": len(sim_req),
+                "transfer_jobs": len(sim_tr),
+                "end_s": float(sim.clock.now()),
+            },
+            "real": {
+                "requests": len(real_req),
+                "transfer_jobs": len(records),
+                "failed_jobs": sum(1 for r in records if not r.success),
+                "wall_s": wall,
+                "gpu_blocks": n_blocks,
+                "chunks": config.num_chunks,
+                "gpu_cache_bytes": gpu_cache.nbytes,
+                "host_pool_bytes": host.nbytes,
+                "copies": sum(r.copies for r in records),
+                "descriptors": sum(r.descriptors for r in records),
+            },
+        },
+        tables={
+            "simulated_requests": sim_req,
+            "real_requests": real_req,
+            "simulated_transfers": sim_tr,
+            "real_jobs": pd.DataFrame([asdict(r) for r in records]),
+        },
     )
     return report
 

@@ -26,6 +26,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _skipped_vllm or (selected_vllm and not _ran_vllm):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(f"KVSIM_REQUIRE_VLLM=1: {len(_skipped_vllm)} vLLM differential test(s) "
-                                f"skipped, {len(_ran_vllm)} ran; a skipped differential test fails CI", red=True)
+            reporter.write_line(
+                f"KVSIM_REQUIRE_VLLM=1: {len(_skipped_vllm)} vLLM differential test(s) "
+                f"skipped, {len(_ran_vllm)} ran; a skipped differential test fails CI",
+                red=True,
+            )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

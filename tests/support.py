@@ -26,5 +26,7 @@ def need_vllm(module: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         if REQUIRE_VLLM:
-            pytest.fail(f"KVSIM_REQUIRE_VLLM=1 but {module} cannot be imported: {exc}", pytrace=False)
+            pytest.fail(
+                f"KVSIM_REQUIRE_VLLM=1 but {module} cannot be imported: {exc}", pytrace=False
+            )
         pytest.skip(f"vLLM is not importable ({exc})", allow_module_level=True)

@@ -34,8 +34,10 @@ def test_requests_frame_round_trip_of_a_file_trace():
 
 def test_a_frame_without_the_request_columns_is_rejected():
     with pytest.raises(kvsim.InputError, match="block_hashes"):
-        kvsim.replay(pd.DataFrame({"arrival_s": [0.0], "input_tokens": [10], "output_tokens": [1]}),
-                     cpu_chunks=4)
+        kvsim.replay(
+            pd.DataFrame({"arrival_s": [0.0], "input_tokens": [10], "output_tokens": [1]}),
+            cpu_chunks=4,
+        )
 
 
 def test_summary_frame_lists_every_summary_metric_in_order():

@@ -13,18 +13,36 @@ from support import ROOT
 #: package or top-level module -> layer; a module may import only its own layer or lower ones
 LAYERS: dict[str, int] = {
     # 0: vocabulary (leaf values and arithmetic)
-    "errors": 0, "io": 0, "keys": 0, "context": 0, "metrics": 0, "fenwick": 0, "results": 0,
-    "models": 0, "hardware": 0, "sizing": 0, "config": 0,
+    "errors": 0,
+    "io": 0,
+    "keys": 0,
+    "context": 0,
+    "metrics": 0,
+    "fenwick": 0,
+    "results": 0,
+    "models": 0,
+    "hardware": 0,
+    "sizing": 0,
+    "config": 0,
     # 1: workloads and rules
-    "traces": 1, "policies": 1,
+    "traces": 1,
+    "policies": 1,
     # 2: the CPU tier and the GPU block pool, and the bridges to vLLM
-    "offload": 2, "gpu_cache": 2, "integrations": 2,
+    "offload": 2,
+    "gpu_cache": 2,
+    "integrations": 2,
     # 3: the two modes, siblings
-    "replay": 3, "engine": 3,
+    "replay": 3,
+    "engine": 3,
     # 4: jobs for users: the Python API, sweeps, figures, and the real backend
-    "api": 4, "sweep": 4, "plots": 4, "real": 4,
+    "api": 4,
+    "sweep": 4,
+    "plots": 4,
+    "real": 4,
     # 5: the command line and the package's public face
-    "cli": 5, "__main__": 5, "kvsim": 5,
+    "cli": 5,
+    "__main__": 5,
+    "kvsim": 5,
 }
 SIBLINGS = {("replay", "engine"), ("engine", "replay")}
 
@@ -41,7 +59,9 @@ def _imports(path: Path, module: str) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = module.split(".")[: len(module.split(".")) - node.level + (path.name == "__init__.py")]
+                base = module.split(".")[
+                    : len(module.split(".")) - node.level + (path.name == "__init__.py")
+                ]
                 name = ".".join(base + ([node.module] if node.module else []))
             else:
                 name = node.module or ""
@@ -64,15 +84,21 @@ def _modules() -> list[tuple[Path, str]]:
 
 def test_every_unit_has_a_layer() -> None:
     units = {_unit(m) for _, m in _modules()}
-    assert units <= set(LAYERS), f"give these a layer in LAYERS and docs/architecture.md: {units - set(LAYERS)}"
+    assert units <= set(LAYERS), (
+        f"give these a layer in LAYERS and docs/architecture.md: {units - set(LAYERS)}"
+    )
 
 
-@pytest.mark.parametrize(("path", "module"), _modules(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("path", "module"), _modules(), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_no_module_imports_a_layer_above_it(path: Path, module: str) -> None:
     mine = _unit(module)
     for target in _imports(path, module):
         theirs = _unit(target)
-        assert LAYERS[theirs] <= LAYERS[mine], f"{module} (layer {LAYERS[mine]}) imports {target} (layer {LAYERS[theirs]})"
+        assert LAYERS[theirs] <= LAYERS[mine], (
+            f"{module} (layer {LAYERS[mine]}) imports {target} (layer {LAYERS[theirs]})"
+        )
         assert (mine, theirs) not in SIBLINGS, f"{module} imports its sibling mode {target}"
 
 

@@ -15,21 +15,40 @@ from support import ROOT, TRACES
 from kvsim.cli import cli
 
 TRACE = os.path.join(ROOT, "traces", "samples", "mooncake_small.jsonl")
-REQUIRED = ["request", "prompt_blocks", "gpu_hit_blocks", "cpu_hit_blocks", "stored_blocks",
-            "evicted_blocks"]
+REQUIRED = [
+    "request",
+    "prompt_blocks",
+    "gpu_hit_blocks",
+    "cpu_hit_blocks",
+    "stored_blocks",
+    "evicted_blocks",
+]
 GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n'
 
 
 def run_kvsim(*args):
-    return subprocess.run([sys.executable, "-m", "kvsim", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kvsim", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_replay_summary_fields():
     res = CliRunner().invoke(cli, ["replay", TRACE, "--cpu-chunks", "50", "--policy", "arc"])
     assert res.exit_code == 0, res.output
-    for field in ("requests", "prompt_blocks", "gpu_hit_ratio", "cpu_hit_ratio",
-                  "combined_hit_ratio", "chunks_stored", "chunks_evicted", "allocation_failures"):
+    for field in (
+        "requests",
+        "prompt_blocks",
+        "gpu_hit_ratio",
+        "cpu_hit_ratio",
+        "combined_hit_ratio",
+        "chunks_stored",
+        "chunks_evicted",
+        "allocation_failures",
+    ):
         assert field in res.output
     assert "200" in res.output
 
@@ -46,8 +65,19 @@ def test_no_fused_runs_the_protocol_with_the_same_results(tmp_path):
     out = {}
     for flag in ("--fused", "--no-fused"):
         csv_path = tmp_path / f"{flag}.csv"
-        res = CliRunner().invoke(cli, ["replay", TRACE, "--cpu-chunks", "300",
-                                       "--json", flag, "--requests-csv", str(csv_path)])
+        res = CliRunner().invoke(
+            cli,
+            [
+                "replay",
+                TRACE,
+                "--cpu-chunks",
+                "300",
+                "--json",
+                flag,
+                "--requests-csv",
+                str(csv_path),
+            ],
+        )
         assert res.exit_code == 0, res.output
         out[flag] = json.loads(res.output), csv_path.read_text()
     (fused, fused_rows), (protocol, protocol_rows) = out["--fused"], out["--no-fused"]
@@ -58,8 +88,9 @@ def test_no_fused_runs_the_protocol_with_the_same_results(tmp_path):
 
 def test_requests_csv_has_one_row_per_request(tmp_path):
     out = tmp_path / "rows.csv"
-    res = CliRunner().invoke(cli, ["replay", TRACE, "--cpu-chunks", "50", "--requests-csv", str(out),
-                                   "--json"])
+    res = CliRunner().invoke(
+        cli, ["replay", TRACE, "--cpu-chunks", "50", "--requests-csv", str(out), "--json"]
+    )
     assert res.exit_code == 0, res.output
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -85,10 +116,23 @@ def _trace(tmp_path, name, lines):
 BAD_TRACES = {
     "malformed": ([GOOD, '{"timestamp": 1, "input_length": 600 "hash_ids": [1]}\n'], 2),
     "missing_field": ([GOOD, '{"timestamp": 1, "output_length": 1, "hash_ids": [1]}\n'], 2),
-    "negative_length": (['{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []}\n'], 1),
+    "negative_length": (
+        ['{"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []}\n'],
+        1,
+    ),
     "hash_ids_inconsistent": (
-        [GOOD, GOOD, '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1,2,3,4,5]}\n'], 3),
-    "mid_trace": ([GOOD] * 150 + ['{"timestamp": 9, "input_length": "x", "output_length": 1, "hash_ids": [1]}\n'], 151),
+        [
+            GOOD,
+            GOOD,
+            '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1,2,3,4,5]}\n',
+        ],
+        3,
+    ),
+    "mid_trace": (
+        [GOOD] * 150
+        + ['{"timestamp": 9, "input_length": "x", "output_length": 1, "hash_ids": [1]}\n'],
+        151,
+    ),
 }
 
 
@@ -112,14 +156,17 @@ def test_bad_trace_line(tmp_path, case):
     assert_clean_failure(proc, f"{case}.jsonl:{bad_line}:", out)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--cpu-chunks", "4", "--policy", "nope"], "--policy"),
-    (["--cpu-gib", "0.001"], "--cpu-gib"),  # smaller than one 64 MiB chunk
-    (["--cpu-chunks", "0"], "--cpu-chunks"),
-    (["--vllm-config", "{bad"], "--vllm-config"),
-    (["--vllm-config", '{"cpu_bytes_to_use": 1, "foo": 2}'], "--vllm-config"),
-    (["--vllm-config", '{"block_size": 32, "blocks_per_chunk": 2}'], "--vllm-config"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--cpu-chunks", "4", "--policy", "nope"], "--policy"),
+        (["--cpu-gib", "0.001"], "--cpu-gib"),  # smaller than one 64 MiB chunk
+        (["--cpu-chunks", "0"], "--cpu-chunks"),
+        (["--vllm-config", "{bad"], "--vllm-config"),
+        (["--vllm-config", '{"cpu_bytes_to_use": 1, "foo": 2}'], "--vllm-config"),
+        (["--vllm-config", '{"block_size": 32, "blocks_per_chunk": 2}'], "--vllm-config"),
+    ],
+)
 def test_bad_options(tmp_path, args, needle):
     out = str(tmp_path / "rows.csv")
     proc = run_kvsim("replay", TRACE, *args, "--requests-csv", out)
@@ -147,7 +194,20 @@ def test_a_trace_without_reuse_information_is_called_out():
     import sys
 
     for command in ("replay", "simulate"):
-        proc = subprocess.run([sys.executable, "-m", "kvsim", command, str(TRACES / "azure_llm_2023_code.csv"),
-                               "--cpu-chunks", "100", "--limit", "5"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kvsim",
+                command,
+                str(TRACES / "azure_llm_2023_code.csv"),
+                "--cpu-chunks",
+                "100",
+                "--limit",
+                "5",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "no prefix-reuse information" in proc.stderr

@@ -25,18 +25,28 @@ def test_async_load_waits_a_step_is_submitted_then_polled():
     r, tr, st = tables(eng)
     # R0: prefill at step 0 offers its 3 chunks; the copy is submitted at the next step (t=1).
     store = tr[tr.direction == STORE].iloc[0]
-    assert (store.created_step, store.submit_s, store.start_s, store.end_s) == (0, 1.0, 1.0, pytest.approx(1.75))
+    assert (store.created_step, store.submit_s, store.start_s, store.end_s) == (
+        0,
+        1.0,
+        1.0,
+        pytest.approx(1.75),
+    )
     # R1 at t=5: whole-prompt CPU hit -> async load submitted in that step's execute (t=5),
     # 0 tokens scheduled; the completion (5.75) is seen by the poll at 5.75, the request is
     # promoted at the following schedule, and only the last token is recomputed.
     load = tr[tr.direction == LOAD].iloc[0]
-    assert (load.request, load.chunks, load.submit_s, load.end_s) == (1, 3, 5.0, pytest.approx(5.75))
+    assert (load.request, load.chunks, load.submit_s, load.end_s) == (
+        1,
+        3,
+        5.0,
+        pytest.approx(5.75),
+    )
     assert r.loc[1, "cpu_hit_tokens"] == 47 and r.loc[1, "gpu_hit_tokens"] == 0
     assert r.loc[1, "first_scheduled_s"] == pytest.approx(5.75)
     assert r.loc[1, "first_token_s"] == pytest.approx(6.75)
     assert r.loc[1, "kv_wait_s"] == pytest.approx(0.75)
     after = st[st.start_s >= 5]
-    assert list(after.num_seqs[:4]) == [0, 0, 0, 1]          # load step, idle, poll at 5.75, promoted
+    assert list(after.num_seqs[:4]) == [0, 0, 0, 1]  # load step, idle, poll at 5.75, promoted
     assert list(after.loads_submitted[:4]) == [1, 0, 0, 0]
     assert list(after.start_s[:4]) == pytest.approx([5.0, 5.0, 5.75, 5.75])
     # CHUNK_LEVEL: loaded chunks are not offered again.
@@ -97,7 +107,11 @@ def test_failed_offer_retried_next_step_and_final_chunk_stored_after_finish():
     assert r.loc[0, "finish_s"] == 4.0
     assert list(st.allocation_failures_total[:5]) == [0, 0, 1, 2, 2]
     last = stores.iloc[2]
-    assert (last.submit_s, last.start_s, last.end_s) == (4.0, pytest.approx(6.0), pytest.approx(8.5))
+    assert (last.submit_s, last.start_s, last.end_s) == (
+        4.0,
+        pytest.approx(6.0),
+        pytest.approx(8.5),
+    )
     assert eng.manager.counters.evicted_chunks == 1
     assert calls == [(0, 4)]  # on_request_finished in the step after the finish
 
@@ -129,7 +143,9 @@ def test_reusing_a_block_with_a_store_in_flight_stalls_the_forward():
     # 3 GPU blocks. R0 (2 blocks) finishes at t=1; its 2-chunk store is submitted at t=1
     # and takes 5 s. R1 needs all 3 blocks at step 1: reusing R0's blocks forces a flush,
     # so the forward waits until t=6.
-    eng = run([req(0, 0, 32, 1, (0, 1)), req(1, 1, 47, 1, (10, 11, 12))], gpu_blocks=3, per_chunk=2.5)
+    eng = run(
+        [req(0, 0, 32, 1, (0, 1)), req(1, 1, 47, 1, (10, 11, 12))], gpu_blocks=3, per_chunk=2.5
+    )
     r, tr, st = tables(eng)
     s1 = st[st.step == 1].iloc[0]
     assert s1.stall_s == pytest.approx(5.0)
@@ -150,7 +166,7 @@ def test_preemption_flushes_stores_and_recomputes():
 
 
 def test_sync_load_runs_in_the_same_step_on_the_expedited_queue():
-    eng = run([seed_request(), req(1, 5, 64, 2, PREFIX + (3,))], sync_load_budget_bytes=10 * 2**21)
+    eng = run([seed_request(), req(1, 5, 64, 2, (*PREFIX, 3))], sync_load_budget_bytes=10 * 2**21)
     r, tr, st = tables(eng)
     exp = tr[tr.direction == "expedited"]
     assert len(exp) == 1 and exp.iloc[0].submit_s == 5.0

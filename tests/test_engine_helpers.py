@@ -27,15 +27,36 @@ def req(i: int, t: float, prompt: int, out: int, hashes) -> Request:
     return Request(i, float(t), prompt, out, tuple(hashes))
 
 
-def make_engine(*, cpu_chunks: int = 100, gpu_blocks: int = 64, per_chunk: float = 0.25,
-                prefix: bool = False, budget: int = 8192, store_threshold: int = 0,
-                offload: bool = True, **params) -> Engine:
-    config = CacheConfig(num_chunks=cpu_chunks, block_tokens=16, chunk_tokens=16,
-                         model="llama-3.1-8b", store_threshold=store_threshold)
-    ep = EngineParams(gpu_blocks=gpu_blocks, enable_prefix_caching=prefix,
-                      max_num_batched_tokens=budget, **params)
-    return Engine(config, ep, model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"), compute=one_second_steps,
-                  transfer=link(per_chunk), offload=offload)
+def make_engine(
+    *,
+    cpu_chunks: int = 100,
+    gpu_blocks: int = 64,
+    per_chunk: float = 0.25,
+    prefix: bool = False,
+    budget: int = 8192,
+    store_threshold: int = 0,
+    offload: bool = True,
+    **params,
+) -> Engine:
+    config = CacheConfig(
+        num_chunks=cpu_chunks,
+        block_tokens=16,
+        chunk_tokens=16,
+        model="llama-3.1-8b",
+        store_threshold=store_threshold,
+    )
+    ep = EngineParams(
+        gpu_blocks=gpu_blocks, enable_prefix_caching=prefix, max_num_batched_tokens=budget, **params
+    )
+    return Engine(
+        config,
+        ep,
+        model=get_model("llama-3.1-8b"),
+        gpu=get_gpu("h200"),
+        compute=one_second_steps,
+        transfer=link(per_chunk),
+        offload=offload,
+    )
 
 
 def run(reqs, **kw) -> Engine:

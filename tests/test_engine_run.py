@@ -34,7 +34,7 @@ def reuse_trace(n: int = 60) -> Trace:
     reqs = []
     for i in range(n):
         d = i % 20
-        hashes = tuple(d * 1000 + j for j in range(16)) + (100000 + i,)
+        hashes = (*tuple(d * 1000 + j for j in range(16)), 100000 + i)
         reqs.append(Request(i, float(i), 16 * 512 + 300, 16, hashes))
     return Trace.from_requests(reqs, 512)
 
@@ -63,13 +63,25 @@ def test_conservation(small_run):
 
 def test_steps_table_has_vllm_gauges(small_run):
     st = small_run.steps
-    for col in ("cpu_cache_usage_perc", "cpu_cache_write_usage_perc", "cpu_cache_read_usage_perc",
-                "allocation_sizes_count", "stores_skipped", "gpu_kv_usage", "allocation_failures_total"):
+    for col in (
+        "cpu_cache_usage_perc",
+        "cpu_cache_write_usage_perc",
+        "cpu_cache_read_usage_perc",
+        "allocation_sizes_count",
+        "stores_skipped",
+        "gpu_kv_usage",
+        "allocation_failures_total",
+    ):
         assert col in st.columns
     assert st.cpu_cache_write_usage_perc.max() > 0
     assert (st.end_s >= st.start_s).all() and st.start_s.is_monotonic_increasing
-    assert st.prefill_tokens.sum() + st.decode_tokens.sum() == small_run.requests.eval(
-        "prompt_tokens + output_tokens - 1 - gpu_hit_tokens - cpu_hit_tokens + recomputed_tokens").sum()
+    assert (
+        st.prefill_tokens.sum() + st.decode_tokens.sum()
+        == small_run.requests.eval(
+            "prompt_tokens + output_tokens - 1 - gpu_hit_tokens - cpu_hit_tokens"
+            " + recomputed_tokens"
+        ).sum()
+    )
 
 
 def test_determinism_with_poisson_retiming():
@@ -119,7 +131,11 @@ def test_compute_profile_overrides(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"flops_efficiency": 0.3, "step_overhead_s": 0.0}))
     got = load_compute_profile(p, base)
-    assert got.flops_efficiency == 0.3 and got.step_overhead_s == 0.0 and got.peak_flops == base.peak_flops
+    assert (
+        got.flops_efficiency == 0.3
+        and got.step_overhead_s == 0.0
+        and got.peak_flops == base.peak_flops
+    )
     p.write_text(json.dumps({"flops": 1}))
     with pytest.raises(InputError, match="unknown key"):
         load_compute_profile(p, base)
@@ -166,9 +182,15 @@ def test_backend_and_clock_are_pluggable():
     config = CacheConfig(num_chunks=50, block_tokens=16, chunk_tokens=16, model="llama-3.1-8b")
     backend = CountingBackend(SimulatedTransferBackend(link(0.001)))
     reqs = [req(0, 0, 48, 2, (0, 1, 2)), req(1, 0.02, 48, 2, (0, 1, 2))]
-    eng = Engine(config, EngineParams(gpu_blocks=20, enable_prefix_caching=False),
-                 model=get_model("llama-3.1-8b"), gpu=get_gpu("h200"),
-                 compute=lambda b: one_second_steps(b) * 0.005, backend=backend, clock=MonotonicClock())
+    eng = Engine(
+        config,
+        EngineParams(gpu_blocks=20, enable_prefix_caching=False),
+        model=get_model("llama-3.1-8b"),
+        gpu=get_gpu("h200"),
+        compute=lambda b: one_second_steps(b) * 0.005,
+        backend=backend,
+        clock=MonotonicClock(),
+    )
     eng.run(Trace.from_requests(reqs, 16))
     r = eng.recorder.request_table()
     assert r.finish_s.notna().all()
@@ -185,9 +207,25 @@ def test_api_rejects_requests_too_long_for_the_gpu():
 
 def test_cli_simulate_writes_tables_and_chrome_trace(tmp_path):
     out, trace_file = tmp_path / "out", tmp_path / "out" / "trace.json"
-    result = CliRunner().invoke(cli, [
-        "simulate", SAMPLE, "--cpu-gib", "8", "--gpu-blocks", "120", "--limit", "30", "--baseline",
-        "--out", str(out), "--chrome-trace", str(trace_file), "--no-progress"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "simulate",
+            SAMPLE,
+            "--cpu-gib",
+            "8",
+            "--gpu-blocks",
+            "120",
+            "--limit",
+            "30",
+            "--baseline",
+            "--out",
+            str(out),
+            "--chrome-trace",
+            str(trace_file),
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "TTFT p50" in result.output and "no offload" in result.output
     for name in ("requests", "transfers", "steps", "baseline_requests", "baseline_steps"):

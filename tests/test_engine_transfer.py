@@ -53,18 +53,28 @@ def test_profile_roundtrip(tmp_path):
     assert json.loads(p.to_json())["version"] == 1
 
 
-@pytest.mark.parametrize("bad", [
-    {"version": 2},
-    {"version": 1, "h2d": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1]]}},
-    {"version": 1, "h2d": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1], [5, 2]]},
-     "d2h": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1]]}},
-    {"version": 1, "h2d": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1]]},
-     "d2h": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1]]}, "duplex_factor": 1.5},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"version": 2},
+        {"version": 1, "h2d": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1]]}},
+        {
+            "version": 1,
+            "h2d": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1], [5, 2]]},
+            "d2h": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1]]},
+        },
+        {
+            "version": 1,
+            "h2d": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1]]},
+            "d2h": {"overhead_s": 0, "per_copy_s": 0, "curve": [[10, 1]]},
+            "duplex_factor": 1.5,
+        },
+    ],
+)
 def test_bad_profiles_are_one_line_input_errors(tmp_path, bad):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
-    with pytest.raises(InputError, match="bad.json"):
+    with pytest.raises(InputError, match=r"bad\.json"):
         load_transfer_profile(path)
 
 
@@ -82,7 +92,9 @@ def test_queue_is_fifo_one_job_at_a_time():
     first = b.poll(1.5)
     assert [(r.job_id, r.start_time, r.end_time) for r in first] == [(1, 0.0, pytest.approx(1.5))]
     second = b.poll(10.0)
-    assert [(r.job_id, r.start_time, r.end_time) for r in second] == [(2, pytest.approx(1.5), pytest.approx(3.0))]
+    assert [(r.job_id, r.start_time, r.end_time) for r in second] == [
+        (2, pytest.approx(1.5), pytest.approx(3.0))
+    ]
     assert b.poll(20.0) == [] and not b.busy
 
 

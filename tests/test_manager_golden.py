@@ -28,10 +28,14 @@ TPC = 16  # tokens per chunk used for key positions
 
 
 def make_kvsim(num_chunks, policy="lru", store_threshold=0, max_tracker_size=64_000):
-    admission = (make_admission(store_threshold=store_threshold, max_tracker_size=max_tracker_size)
-                 if store_threshold >= 2 else None)
-    return OffloadManager(num_chunks, make_eviction_policy(policy, num_chunks), admission,
-                          enable_events=True)
+    admission = (
+        make_admission(store_threshold=store_threshold, max_tracker_size=max_tracker_size)
+        if store_threshold >= 2
+        else None
+    )
+    return OffloadManager(
+        num_chunks, make_eviction_policy(policy, num_chunks), admission, enable_events=True
+    )
 
 
 def ctx_for(name, keys=(), start=0):
@@ -59,6 +63,7 @@ def gauges(m):
 
 
 # --- §2.3 and §8.1 test_cpu_manager -----------------------------------------------------
+
 
 def scenario_id_allocation(make):
     """§2.3: fresh ids first, then the LIFO free list."""
@@ -96,7 +101,11 @@ def scenario_cpu_manager(make):
     m.on_request_finished(load_ctx)
     c6 = RequestContext("s6")
     out = m.prepare_store([6, 7, 8], c6)
-    assert (out.keys_to_store, list(out.chunk_ids), out.evicted_keys) == ([6, 7, 8], [2, 0, 3], [4, 5, 3])
+    assert (out.keys_to_store, list(out.chunk_ids), out.evicted_keys) == (
+        [6, 7, 8],
+        [2, 0, 3],
+        [4, 5, 3],
+    )
     m.complete_store([6, 7, 8], c6)
     # 7. touch([2,6,7]) leaves 8 the oldest.
     m.touch([2, 6, 7], RequestContext("touch"))
@@ -138,6 +147,7 @@ def scenario_prepare_load_preserves_key_order(make):
 
 # --- §3.2/§3.3 the running-request example -----------------------------------------------
 
+
 def _running_request_setup(m):
     a_keys, b_keys = [10, 11, 12, 13], [20, 21]
     a = ctx_for("A", a_keys)
@@ -152,7 +162,7 @@ def _running_request_setup(m):
 def scenario_lru_running_request(make):
     """LRU: C evicts a3 (A's tail); after A finishes, D's two stores evict b1 then b0."""
     m = make(6, "lru")
-    a, c, out = _running_request_setup(m)
+    a, _c, out = _running_request_setup(m)
     assert out[2] == [13]
     m.on_request_finished(a)
     d = ctx_for("D", [40, 41])
@@ -212,6 +222,7 @@ def scenario_arc_table(make):
 
 # --- §4 store_threshold ------------------------------------------------------------------------
 
+
 def scenario_filter_reused_manager(make):
     """threshold 2, tracker 3, capacity 4."""
     m = make(4, "lru", store_threshold=2, max_tracker_size=3)
@@ -266,6 +277,7 @@ def scenario_threshold_counts_retries_after_failure(make):
 
 
 # --- named LRU tests (§8.1) ------------------------------------------------------------------
+
 
 @pytest.fixture(params=["forward", "reverse", "split"])
 def completion_order(request):
@@ -364,6 +376,7 @@ def scenario_take_events_prunes_retried_cleanup(make):
 
 # --- named ARC tests (§8.1) ---------------------------------------------------------------------
 
+
 def scenario_arc_counts_reuse_once(make):
     """Insertions stay in T1: the reuse request's eviction order shows it (see kvsim test)."""
     m = make(4, "arc")
@@ -421,6 +434,7 @@ def scenario_arc_ghost_hit_adapts_once_per_request(make):
 
 # --- metrics (§7.1) ----------------------------------------------------------------------------
 
+
 def scenario_usage_gauges(make):
     m = make(4, "lru")
     assert gauges(m) == (0.0, 0.0, 0.0)
@@ -442,8 +456,11 @@ def scenario_usage_gauges(make):
     m.prepare_load([3], r2)
     assert gauges(m) == (0.75, 0.5, 0.25)
     stats = m.get_stats()
-    assert (stats[CPU_CACHE_USAGE_PERC], stats[CPU_CACHE_WRITE_USAGE_PERC],
-            stats[CPU_CACHE_READ_USAGE_PERC]) == (0.75, 0.5, 0.25)
+    assert (
+        stats[CPU_CACHE_USAGE_PERC],
+        stats[CPU_CACHE_WRITE_USAGE_PERC],
+        stats[CPU_CACHE_READ_USAGE_PERC],
+    ) == (0.75, 0.5, 0.25)
 
 
 def scenario_allocation_size_histogram(make):
@@ -468,12 +485,14 @@ def scenario_stores_skipped_counter(make):
 
 
 SCENARIOS = {
-    name[len("scenario_"):]: fn for name, fn in globals().items()
+    name[len("scenario_") :]: fn
+    for name, fn in globals().items()
     if name.startswith("scenario_") and callable(fn)
 }
 
 
 # --- the tests (kvsim) --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(n for n in SCENARIOS if "independent_of" not in n))
 def test_scenario(name):
@@ -491,7 +510,13 @@ def test_finish_orders_prefix_independent_of_load_completion(completion_order):
 def test_arc_table_setup_state():
     m = arc_table_setup(make_kvsim)
     p = m.policy
-    assert (list(p.t1), list(p.t2), list(p.b1), list(p.b2), p.p) == ([3, 4], [6, 5], [2, 1], [], 3.0)
+    assert (list(p.t1), list(p.t2), list(p.b1), list(p.b2), p.p) == (
+        [3, 4],
+        [6, 5],
+        [2, 1],
+        [],
+        3.0,
+    )
 
 
 def test_arc_counts_reuse_once_and_keeps_insertions_in_t1():
@@ -514,7 +539,7 @@ def test_arc_counts_reuse_once_and_keeps_insertions_in_t1():
 
 
 def test_arc_ghost_adaptation_is_once_per_request():
-    m, pin = arc_ghost_setup(make_kvsim)
+    m, _pin = arc_ghost_setup(make_kvsim)
     p = m.policy
     assert (list(p.t1), list(p.t2), list(p.b1), p.p) == ([4, 5], [3], [1, 2], 0.0)
     r = RequestContext("r")

@@ -32,19 +32,28 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @initialize(threshold=st.sampled_from([0, 2]))
     def setup(self, threshold):
-        admission = make_admission(store_threshold=threshold, max_tracker_size=6) if threshold else None
-        self.m = OffloadManager(CAPACITY, make_eviction_policy(self.policy_name, CAPACITY), admission)
+        admission = (
+            make_admission(store_threshold=threshold, max_tracker_size=6) if threshold else None
+        )
+        self.m = OffloadManager(
+            CAPACITY, make_eviction_policy(self.policy_name, CAPACITY), admission
+        )
         self.model: dict[int, int] = {}  # key -> ref_cnt (-1 pending, 0 ready, >0 pinned)
         self.requests: list[tuple[RequestContext, list[int]]] = []
         self.store_jobs: list[list[int]] = []
         self.load_jobs: list[list[int]] = []
         self.n = 0
 
-    @rule(prefix=st.sampled_from(range(len(PREFIXES))), length=st.integers(1, 5),
-          positioned=st.booleans())
+    @rule(
+        prefix=st.sampled_from(range(len(PREFIXES))),
+        length=st.integers(1, 5),
+        positioned=st.booleans(),
+    )
     def new_request(self, prefix, length, positioned):
         keys = PREFIXES[prefix][:length]
-        ctx = RequestContext(self.n, {k: (i + 1) * 16 for i, k in enumerate(keys)} if positioned else {})
+        ctx = RequestContext(
+            self.n, {k: (i + 1) * 16 for i, k in enumerate(keys)} if positioned else {}
+        )
         self.n += 1
         self.m.on_new_request(ctx)
         self.requests.append((ctx, keys))
@@ -54,7 +63,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def prepare_store(self, data):
         ctx, keys = data.draw(st.sampled_from(self.requests))
         lo = data.draw(st.integers(0, len(keys) - 1))
-        offer = keys[lo:data.draw(st.integers(lo + 1, len(keys)))]
+        offer = keys[lo : data.draw(st.integers(lo + 1, len(keys)))]
         before_keys = set(self.m.policy.keys())
         out = self.m.prepare_store(offer, ctx)
         if out is None:
@@ -140,15 +149,21 @@ class ManagerMachine(RuleBasedStateMachine):
         assert m.num_write_pending == sum(1 for r in model.values() if r == -1)
         for key in UNIVERSE:
             ref = model.get(key)
-            expected = (LookupResult.MISS if ref is None else
-                        LookupResult.HIT_PENDING if ref < 0 else LookupResult.HIT)
+            expected = (
+                LookupResult.MISS
+                if ref is None
+                else LookupResult.HIT_PENDING
+                if ref < 0
+                else LookupResult.HIT
+            )
             assert m.lookup(key) == expected, key
             if ref is not None:
                 assert m.policy.get(key).ref_cnt == ref
 
 
-SETTINGS = settings(max_examples=50, stateful_step_count=40, deadline=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=50, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def _machine_for(name: str):

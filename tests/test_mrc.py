@@ -67,13 +67,15 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
 
     csv, png = tmp_path / "mrc.csv", tmp_path / "mrc.png"
     with pytest.raises(SystemExit) as exc:
-        main(["mrc", SAMPLE, "--csv", str(csv), "--plot", str(png),
-              "--sample-rate", "0.5"])
+        main(["mrc", SAMPLE, "--csv", str(csv), "--plot", str(png), "--sample-rate", "0.5"])
     assert exc.value.code == 0
     head = csv.read_text().splitlines()
     assert head[0] == "capacity,hit_ratio,miss_ratio" and len(head) > 10
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mrc.csv", "mrc.png"]  # no temp files left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "mrc.csv",
+        "mrc.png",
+    ]  # no temp files left
     with pytest.raises(SystemExit) as exc:
         main(["mrc", SAMPLE, "--policy", "arc"])
     assert exc.value.code == 2

@@ -14,13 +14,23 @@ from kvsim.replay.object_protocol import ObjectCache, block_stream, object_repla
 from kvsim.traces import as_trace
 
 # kvsim name -> libCacheSim class name. All six match exactly (see README).
-MATCHED = {"lru": "LRU", "fifo": "FIFO", "arc-textbook": "ARC", "sieve": "Sieve",
-           "s3fifo": "S3FIFO", "belady": "Belady"}
+MATCHED = {
+    "lru": "LRU",
+    "fifo": "FIFO",
+    "arc-textbook": "ARC",
+    "sieve": "Sieve",
+    "s3fifo": "S3FIFO",
+    "belady": "Belady",
+}
 
 # Misses on the fixed stream below at capacities 20, 64, 300 (kvsim == libCacheSim 0.3.5).
 GOLDEN = {
-    "lru": [8028, 6553, 4187], "fifo": [8299, 6975, 4598], "arc-textbook": [7049, 5756, 4012],
-    "sieve": [6995, 5827, 4651], "s3fifo": [6911, 5647, 4039], "belady": [5961, 4495, 2728],
+    "lru": [8028, 6553, 4187],
+    "fifo": [8299, 6975, 4598],
+    "arc-textbook": [7049, 5756, 4012],
+    "sieve": [6995, 5827, 4651],
+    "s3fifo": [6911, 5647, 4039],
+    "belady": [5961, 4495, 2728],
 }
 CAPACITIES = (20, 64, 300)
 
@@ -68,7 +78,9 @@ def test_same_misses_as_libcachesim(policy):
     lcs = pytest.importorskip("libcachesim")
     keys = mixed_stream()
     for capacity in CAPACITIES:
-        assert kvsim_misses(policy, keys, capacity) == libcachesim_misses(lcs, MATCHED[policy], keys, capacity)
+        assert kvsim_misses(policy, keys, capacity) == libcachesim_misses(
+            lcs, MATCHED[policy], keys, capacity
+        )
 
 
 def test_same_misses_as_libcachesim_on_a_trace_block_stream():
@@ -101,8 +113,21 @@ def test_cli_object_protocol(capsys):
     from kvsim.cli import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["replay", SAMPLE, "--cpu-chunks", "300",
-              "--policy", "s3fifo", "--admission", "tinylfu", "--protocol", "object", "--json"])
+        main(
+            [
+                "replay",
+                SAMPLE,
+                "--cpu-chunks",
+                "300",
+                "--policy",
+                "s3fifo",
+                "--admission",
+                "tinylfu",
+                "--protocol",
+                "object",
+                "--json",
+            ]
+        )
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert '"protocol": "object"' in out and '"bypassed"' in out

@@ -28,31 +28,66 @@ def _check_files(paths):
 def _sweep_table() -> pd.DataFrame:
     rows = []
     for i, (policy, cap) in enumerate((p, c) for p in ("lru", "arc") for c in (10, 100, 1000)):
-        rows.append({"cell": i, "cell_id": f"id{i}", "status": "ok", "error": None, "elapsed_s": 0.1,
-                     "trace": "t.jsonl", "mode": "cache", "limit": None, "model": "m",
-                     "policy": policy, "cpu_chunks": cap, "requests": 10,
-                     "combined_hit_ratio": 0.1 * np.log10(cap) + (0.05 if policy == "arc" else 0)})
-    rows.append({**rows[0], "cell": 6, "cell_id": "id6", "status": "error", "error": "boom",
-                 "policy": "bad", "combined_hit_ratio": None})
+        rows.append(
+            {
+                "cell": i,
+                "cell_id": f"id{i}",
+                "status": "ok",
+                "error": None,
+                "elapsed_s": 0.1,
+                "trace": "t.jsonl",
+                "mode": "cache",
+                "limit": None,
+                "model": "m",
+                "policy": policy,
+                "cpu_chunks": cap,
+                "requests": 10,
+                "combined_hit_ratio": 0.1 * np.log10(cap) + (0.05 if policy == "arc" else 0),
+            }
+        )
+    rows.append(
+        {
+            **rows[0],
+            "cell": 6,
+            "cell_id": "id6",
+            "status": "error",
+            "error": "boom",
+            "policy": "bad",
+            "combined_hit_ratio": None,
+        }
+    )
     return pd.DataFrame(rows)
 
 
 def _requests() -> pd.DataFrame:
     rng = np.random.default_rng(0)
-    return pd.DataFrame({"request": range(200), "ttft_s": rng.exponential(0.2, 200),
-                         "policy": ["lru", "arc"] * 100})
+    return pd.DataFrame(
+        {"request": range(200), "ttft_s": rng.exponential(0.2, 200), "policy": ["lru", "arc"] * 100}
+    )
 
 
 def _steps() -> pd.DataFrame:
     t = np.linspace(0, 10, 50)
-    return pd.DataFrame({"time_s": t, "gpu_usage": np.clip(t / 10, 0, 1),
-                         "cpu_usage": np.clip(t / 20, 0, 1), "running": 3})
+    return pd.DataFrame(
+        {
+            "time_s": t,
+            "gpu_usage": np.clip(t / 10, 0, 1),
+            "cpu_usage": np.clip(t / 20, 0, 1),
+            "running": 3,
+        }
+    )
 
 
 def _transfers() -> pd.DataFrame:
     start = np.arange(0, 5, 0.25)
-    return pd.DataFrame({"direction": ["load", "store"] * 10, "bytes": np.full(20, 64 * 2**20),
-                         "start_s": start, "end_s": start + 0.01})
+    return pd.DataFrame(
+        {
+            "direction": ["load", "store"] * 10,
+            "bytes": np.full(20, 64 * 2**20),
+            "start_s": start,
+            "end_s": start + 0.01,
+        }
+    )
 
 
 def test_hit_vs_capacity_lines_per_policy(tmp_path):
@@ -64,12 +99,15 @@ def test_hit_vs_capacity_lines_per_policy(tmp_path):
     _check_files(plots.save(fig, tmp_path / "hit"))
 
 
-@pytest.mark.parametrize("make, draw", [
-    (_requests, lambda df: plots.ttft_cdf(df, by="policy")),
-    (_requests, plots.ttft_cdf),
-    (_steps, plots.usage_timeline),
-    (_transfers, plots.transfers),
-])
+@pytest.mark.parametrize(
+    "make, draw",
+    [
+        (_requests, lambda df: plots.ttft_cdf(df, by="policy")),
+        (_requests, plots.ttft_cdf),
+        (_steps, plots.usage_timeline),
+        (_transfers, plots.transfers),
+    ],
+)
 def test_timed_kinds(tmp_path, make, draw):
     fig = draw(make())
     assert fig.axes[-1].get_xlabel() and all(ax.get_ylabel() for ax in fig.axes)
@@ -77,7 +115,9 @@ def test_timed_kinds(tmp_path, make, draw):
 
 
 def test_usage_timeline_with_count_columns():
-    steps = pd.DataFrame({"time_s": [0.0, 1.0, 2.0], "gpu_used_blocks": [1, 5, 3], "cpu_used_chunks": [0, 2, 4]})
+    steps = pd.DataFrame(
+        {"time_s": [0.0, 1.0, 2.0], "gpu_used_blocks": [1, 5, 3], "cpu_used_chunks": [0, 2, 4]}
+    )
     fig = plots.usage_timeline(steps)
     assert len(fig.axes) == 2 and "GPU" in fig.axes[0].get_ylabel()
 
@@ -114,10 +154,12 @@ def test_cli_reads_files_and_folders(tmp_path):
     _transfers().to_csv(run / "transfers.csv", index=False)
     _sweep_table().to_csv(tmp_path / "results.csv", index=False)
     runner = CliRunner()
-    for args in (["plot", str(run), "--kind", "ttft-cdf", "--by", "policy"],
-                 ["plot", str(run), "--kind", "usage-timeline"],
-                 ["plot", str(run), "--kind", "transfers", "--out", str(tmp_path / "tx")],
-                 ["plot", str(tmp_path / "results.csv"), "--kind", "hit-vs-capacity"]):
+    for args in (
+        ["plot", str(run), "--kind", "ttft-cdf", "--by", "policy"],
+        ["plot", str(run), "--kind", "usage-timeline"],
+        ["plot", str(run), "--kind", "transfers", "--out", str(tmp_path / "tx")],
+        ["plot", str(tmp_path / "results.csv"), "--kind", "hit-vs-capacity"],
+    ):
         res = runner.invoke(cli, args)
         assert res.exit_code == 0, res.output
         for path in res.output.split():
@@ -132,6 +174,10 @@ def test_real_timed_tables():
     """The tables kvsim.simulate returns plot as they are."""
     simulate = pytest.importorskip("kvsim.api").simulate
     r = simulate(SAMPLE, limit=30, cpu_chunks=100)
-    for fig in (plots.ttft_cdf(r.requests), plots.usage_timeline(r.steps), plots.transfers(r.transfers)):
+    for fig in (
+        plots.ttft_cdf(r.requests),
+        plots.usage_timeline(r.steps),
+        plots.transfers(r.transfers),
+    ):
         assert fig.axes and fig.axes[-1].get_xlabel()
         plots.plt.close(fig)

@@ -129,7 +129,7 @@ def test_random_states_never_yield_ineligible_victims(policy_cls, seed):
                 c.ref_cnt = 1
                 p.mark_non_evictable(key)
         protected = set(rng.sample(resident, rng.randint(0, len(resident))))
-        eligible = {k for k in p.keys() if p.get(k).ref_cnt == 0 and k not in protected}
+        eligible = {k for k in p.keys() if p.get(k).ref_cnt == 0 and k not in protected}  # noqa: SIM118
         n = rng.randint(1, cap)
         before = snapshot(p)
         victims = p.evict(n, protected)

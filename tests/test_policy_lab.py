@@ -43,16 +43,30 @@ def object_misses(policy: str, keys: list, capacity: int) -> int:
 # lru, fifo, arc-textbook, sieve, s3fifo and belady equal libCacheSim 0.3.5's
 # (tests/test_object_cache.py checks that whenever libcachesim is importable).
 OBJECT_GOLDEN = {
-    "arc": [4167, 2688], "arc-textbook": [3972, 2685], "belady": [3236, 1801],
-    "fifo": [4807, 3333], "lfu": [3889, 2619], "lru": [4641, 3023], "s3fifo": [3826, 2596],
-    "sieve": [3910, 2611], "slru": [3923, 2608], "wtinylfu": [3976, 2621],
+    "arc": [4167, 2688],
+    "arc-textbook": [3972, 2685],
+    "belady": [3236, 1801],
+    "fifo": [4807, 3333],
+    "lfu": [3889, 2619],
+    "lru": [4641, 3023],
+    "s3fifo": [3826, 2596],
+    "sieve": [3910, 2611],
+    "slru": [3923, 2608],
+    "wtinylfu": [3976, 2621],
 }
 
 # Golden (cpu_hit_blocks, chunks_evicted): cache mode, 300 synthetic requests, 1200 chunks.
 PREFIX_GOLDEN = {
-    "arc": (173, 6048), "arc-textbook": (173, 6048), "belady": (366, 5855), "fifo": (151, 6070),
-    "lfu": (173, 6048), "lru": (156, 6065), "s3fifo": (161, 6035), "sieve": (173, 6048),
-    "slru": (173, 6048), "wtinylfu": (162, 6059),
+    "arc": (173, 6048),
+    "arc-textbook": (173, 6048),
+    "belady": (366, 5855),
+    "fifo": (151, 6070),
+    "lfu": (173, 6048),
+    "lru": (156, 6065),
+    "s3fifo": (161, 6035),
+    "sieve": (173, 6048),
+    "slru": (173, 6048),
+    "wtinylfu": (162, 6059),
 }
 
 
@@ -89,9 +103,15 @@ def test_belady_beats_every_online_policy_in_prefix_mode():
 
 
 @pytest.mark.parametrize("policy", LAB)
-@pytest.mark.parametrize("admission", ["always", "probabilistic:0.5", "tinylfu", "length:2048", "threshold"])
+@pytest.mark.parametrize(
+    "admission", ["always", "probabilistic:0.5", "tinylfu", "length:2048", "threshold"]
+)
 def test_every_pair_replays(policy, admission):
-    kw = {"store_threshold": 2, "admission": "always"} if admission == "threshold" else {"admission": admission}
+    kw = (
+        {"store_threshold": 2, "admission": "always"}
+        if admission == "threshold"
+        else {"admission": admission}
+    )
     s = replay(SYNTHETIC, limit=60, cpu_chunks=400, policy=policy, per_request=False, **kw).summary
     assert s["requests"] == 60
     assert s["cpu_resident_chunks"] <= 400
@@ -100,8 +120,17 @@ def test_every_pair_replays(policy, admission):
 
 
 def test_same_seed_same_result_for_the_randomised_admission():
-    runs = [replay(SYNTHETIC, limit=80, cpu_chunks=300, admission="probabilistic:0.5", seed=s,
-                   per_request=False).summary["chunks_stored"] for s in (1, 1, 2)]
+    runs = [
+        replay(
+            SYNTHETIC,
+            limit=80,
+            cpu_chunks=300,
+            admission="probabilistic:0.5",
+            seed=s,
+            per_request=False,
+        ).summary["chunks_stored"]
+        for s in (1, 1, 2)
+    ]
     assert runs[0] == runs[1] != runs[2]
 
 
@@ -150,17 +179,25 @@ def test_plugin_policy_loads_and_runs(monkeypatch):
     monkeypatch.syspath_prepend("tests/fixtures")
     cls = eviction_policy_class("policylab_plugins:NewestFirst")
     assert cls.__name__ == "NewestFirst"
-    s = replay(SYNTHETIC, limit=50, cpu_chunks=300, policy="policylab_plugins:NewestFirst",
-               per_request=False).summary
+    s = replay(
+        SYNTHETIC,
+        limit=50,
+        cpu_chunks=300,
+        policy="policylab_plugins:NewestFirst",
+        per_request=False,
+    ).summary
     assert s["requests"] == 50 and s["chunks_evicted"] > 0
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("policylab_plugins:Incomplete", "does not implement clear, evict"),
-    ("policylab_plugins:NotAPolicy", "must subclass kvsim.policies.base.EvictionPolicy"),
-    ("policylab_plugins:Missing", "has no attribute 'Missing'"),
-    ("no_such_module_xyz:Policy", "cannot import module"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("policylab_plugins:Incomplete", "does not implement clear, evict"),
+        ("policylab_plugins:NotAPolicy", "must subclass kvsim.policies.base.EvictionPolicy"),
+        ("policylab_plugins:Missing", "has no attribute 'Missing'"),
+        ("no_such_module_xyz:Policy", "cannot import module"),
+    ],
+)
 def test_broken_plugins_say_what_is_missing(monkeypatch, spec, message):
     monkeypatch.syspath_prepend("tests/fixtures")
     with pytest.raises(InputError, match=message):
@@ -172,8 +209,7 @@ def test_cli_plugin_error_is_one_line(monkeypatch, capsys):
 
     monkeypatch.syspath_prepend("tests/fixtures")
     with pytest.raises(SystemExit) as exc:
-        main(["replay", SAMPLE, "--cpu-chunks", "100",
-              "--policy", "policylab_plugins:Incomplete"])
+        main(["replay", SAMPLE, "--cpu-chunks", "100", "--policy", "policylab_plugins:Incomplete"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "does not implement" in err
@@ -217,23 +253,48 @@ def test_bench_table_covers_every_policy():
 
     trace = open_trace(SYNTHETIC, limit=200)
     requests = list(trace)
-    df = bench_replay(requests, trace.block_tokens, cpu_chunks=1500, policies=sorted(EVICTION_POLICIES),
-                      repeat=1, with_vllm=False)
+    df = bench_replay(
+        requests,
+        trace.block_tokens,
+        cpu_chunks=1500,
+        policies=sorted(EVICTION_POLICIES),
+        repeat=1,
+        with_vllm=False,
+    )
     assert set(LAB) <= set(df["policy"]) and (df["blocks"] == df["blocks"].iloc[0]).all()
     assert (df["blocks_per_s"] > 0).all()
     # the fused tiers are timed against the full protocol and must decide identically
     protocol = df[df["engine"] == "kvsim-protocol"]
-    assert sorted(protocol["policy"]) == ["arc", "lru"] and protocol["same_decisions"].eq(True).all()
+    assert (
+        sorted(protocol["policy"]) == ["arc", "lru"] and protocol["same_decisions"].eq(True).all()
+    )
     assert df.loc[protocol.index[protocol["policy"] == "lru"][0], "vs_protocol_lru"] == 1.0
-    assert df.loc[df["policy"] == "belady", "cpu_hit_ratio"].iloc[0] >= df["cpu_hit_ratio"].max() - 1e-12
+    assert (
+        df.loc[df["policy"] == "belady", "cpu_hit_ratio"].iloc[0]
+        >= df["cpu_hit_ratio"].max() - 1e-12
+    )
 
 
-@pytest.mark.parametrize("policy, admission", [("s3fifo", "tinylfu"), ("belady", "always"),
-                                               ("wtinylfu", "probabilistic:0.5"), ("sieve", "length:2048")])
+@pytest.mark.parametrize(
+    "policy, admission",
+    [
+        ("s3fifo", "tinylfu"),
+        ("belady", "always"),
+        ("wtinylfu", "probabilistic:0.5"),
+        ("sieve", "length:2048"),
+    ],
+)
 def test_timed_mode_runs_every_kind(policy, admission):
     from kvsim.api import simulate
 
-    r = simulate(SYNTHETIC, limit=150, cpu_chunks=1500, policy=policy, admission=admission, record_steps=False)
+    r = simulate(
+        SYNTHETIC,
+        limit=150,
+        cpu_chunks=1500,
+        policy=policy,
+        admission=admission,
+        record_steps=False,
+    )
     assert r.summary["requests"] == 150
     assert r.summary["cpu_hit_tokens"] > 0
 
@@ -241,6 +302,10 @@ def test_timed_mode_runs_every_kind(policy, admission):
 def test_timed_belady_beats_lru():
     from kvsim.api import simulate
 
-    hits = {p: simulate(SYNTHETIC, limit=150, cpu_chunks=1500, policy=p, record_steps=False).summary["cpu_hit_tokens"]
-            for p in ("lru", "belady")}
+    hits = {
+        p: simulate(SYNTHETIC, limit=150, cpu_chunks=1500, policy=p, record_steps=False).summary[
+            "cpu_hit_tokens"
+        ]
+        for p in ("lru", "belady")
+    }
     assert hits["belady"] > hits["lru"]

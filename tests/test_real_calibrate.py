@@ -17,8 +17,12 @@ from real.device import Device
 def test_fit_recovers_a_known_link():
     """Synthetic points from t = 10us + n * size / rate(size) give back the curve."""
     rate = {4 * KIB: 4e9, 64 * KIB: 40e9, 1 << 20: 50e9}
-    pts = [Point(d, s, n, 10e-6 + n * s * (2 if d == BOTH else 1) / (r * (1.6 if d == BOTH else 1)))
-           for d in (H2D, D2H, BOTH) for s, r in rate.items() for n in (1, 8, 64)]
+    pts = [
+        Point(d, s, n, 10e-6 + n * s * (2 if d == BOTH else 1) / (r * (1.6 if d == BOTH else 1)))
+        for d in (H2D, D2H, BOTH)
+        for s, r in rate.items()
+        for n in (1, 8, 64)
+    ]
     fitted = fit(pts)
     for d in (H2D, D2H):
         got = fitted["directions"][d]
@@ -35,8 +39,21 @@ def test_fit_recovers_a_known_link():
 def test_calibrate_command_writes_a_profile_the_simulator_loads(tmp_path, capsys):
     out, rep = tmp_path / "profile.json", tmp_path / "points.json"
     with pytest.raises(SystemExit) as exc:
-        main(["calibrate", "--out", str(out), "--device", "cpu", "--max-mib", "1",
-              "--repeats", "1", "--report", str(rep)])
+        main(
+            [
+                "calibrate",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--max-mib",
+                "1",
+                "--repeats",
+                "1",
+                "--report",
+                str(rep),
+            ]
+        )
     assert exc.value.code == 0
     assert "h2d peak GB/s" in capsys.readouterr().out
     params = load_transfer_profile(out)

@@ -30,7 +30,9 @@ def store(be, mgr, jid, keys, blocks):
     ctx = RequestContext(f"r{jid}", {k: (i + 1) * 16 for i, k in enumerate(keys)})
     mgr.on_new_request(ctx)
     out = mgr.prepare_store(keys, ctx)
-    be.submit(TransferJob(jid, STORE, blocks, out.chunk_ids, 0, len(blocks), out.keys_to_store), 0.0)
+    be.submit(
+        TransferJob(jid, STORE, blocks, out.chunk_ids, 0, len(blocks), out.keys_to_store), 0.0
+    )
     return ctx, out
 
 
@@ -43,14 +45,16 @@ def finish(be, mgr, ctx, out, dev):
 
 
 def test_failed_store_frees_chunk_and_reuse_is_clean():
-    dev, gpu, host, be, mgr = setup({1})
+    dev, gpu, _host, be, mgr = setup({1})
     ctx, out = store(be, mgr, 1, ["a", "b"], [0, 1])
     assert mgr.lookup("a") == LookupResult.HIT_PENDING  # write pending while in flight
     res = finish(be, mgr, ctx, out, dev)
     assert not res.success and "injected" in be.records[0].error
     # the manager is consistent: nothing resident, both chunks free, no pending writes
     assert mgr.lookup("a") == LookupResult.MISS and mgr.lookup("b") == LookupResult.MISS
-    assert mgr.num_free == 2 and mgr.num_write_pending == 0 and mgr.counters.failed_store_chunks == 2
+    assert (
+        mgr.num_free == 2 and mgr.num_write_pending == 0 and mgr.counters.failed_store_chunks == 2
+    )
     assert be.in_flight == 0 and not be._touching
     # the freed chunks are reused by a good store; a load of it is byte exact
     ctx, out = store(be, mgr, 2, ["c", "d"], [2, 3])
@@ -69,14 +73,14 @@ def test_failed_store_frees_chunk_and_reuse_is_clean():
 
 def test_partially_written_chunk_is_never_loadable():
     """The injected fault copies half the runs; the half-written chunk must not be served."""
-    dev, gpu, host, be, mgr = setup({1})
+    dev, _gpu, _host, be, mgr = setup({1})
     ctx, out = store(be, mgr, 1, ["a", "b"], [0, 2])  # two runs: the first lands, then failure
     finish(be, mgr, ctx, out, dev)
     assert mgr.lookup_prefix(["a", "b"]) == (0, False)
 
 
 def test_bad_job_raises_before_touching_memory():
-    dev, gpu, host, be, mgr = setup(set())
+    dev, _gpu, host, be, _mgr = setup(set())
     before = host.data.clone()
     try:
         be.submit(TransferJob(9, STORE, [0, 99], [0, 1], 0, 2, ["x", "y"]), 0.0)

@@ -45,8 +45,14 @@ def test_rows_match_vllm_sizing_arithmetic():
 def test_pinning_in_row_aligned_pieces_and_release():
     reg = FakeRegistrar()
     layout = HostLayout(KVGeometry(2, 2048), 1)  # 4096-byte rows
-    pool = HostPool(layout, 10, pin=True, max_piece_bytes=3 * 4096 + 100,
-                    register=reg.register, unregister=reg.unregister)
+    pool = HostPool(
+        layout,
+        10,
+        pin=True,
+        max_piece_bytes=3 * 4096 + 100,
+        register=reg.register,
+        unregister=reg.unregister,
+    )
     assert pool.pinned and pool.num_pieces == 4
     assert sorted(reg.live.values()) == [4096, 3 * 4096, 3 * 4096, 3 * 4096]
     assert all(size % layout.row_bytes == 0 for size in reg.live.values())
@@ -58,8 +64,13 @@ def test_pinning_in_row_aligned_pieces_and_release():
 def test_failure_mid_registration_unregisters_what_was_done(require):
     reg = FakeRegistrar(fail_at=3)
     layout = HostLayout(KVGeometry(2, 2048), 1)
-    kwargs = dict(pin=True, require_pin=require, max_piece_bytes=2 * 4096,
-                  register=reg.register, unregister=reg.unregister)
+    kwargs = dict(
+        pin=True,
+        require_pin=require,
+        max_piece_bytes=2 * 4096,
+        register=reg.register,
+        unregister=reg.unregister,
+    )
     if require:
         with pytest.raises(PinError, match="injected"):
             HostPool(layout, 10, **kwargs)
@@ -79,6 +90,12 @@ def test_interrupt_mid_registration_still_releases():
         reg.register(ptr, n)
 
     with pytest.raises(KeyboardInterrupt):
-        HostPool(HostLayout(KVGeometry(2, 2048), 1), 10, pin=True, max_piece_bytes=4096,
-                 register=register, unregister=reg.unregister)
+        HostPool(
+            HostLayout(KVGeometry(2, 2048), 1),
+            10,
+            pin=True,
+            max_piece_bytes=4096,
+            register=register,
+            unregister=reg.unregister,
+        )
     assert reg.live == {}

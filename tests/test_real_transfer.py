@@ -14,8 +14,16 @@ from real.transfer import RealTransferBackend, coalesce
 GEOM = KVGeometry(num_layers=3, page_bytes=40)  # 120-byte blocks: rows are padded to 4096
 
 
-def make(layout: str, *, upc: int = 2, gpu_blocks: int = 16, chunks: int = 8, eager: bool = True,
-         fault=None, geometry: KVGeometry = GEOM):
+def make(
+    layout: str,
+    *,
+    upc: int = 2,
+    gpu_blocks: int = 16,
+    chunks: int = 8,
+    eager: bool = True,
+    fault=None,
+    geometry: KVGeometry = GEOM,
+):
     dev = Device("cpu", eager=eager)
     gpu = GpuKVCache(geometry, gpu_blocks, layout, dev.torch_device)
     host = HostPool(HostLayout(geometry, upc, layout), chunks)
@@ -23,13 +31,15 @@ def make(layout: str, *, upc: int = 2, gpu_blocks: int = 16, chunks: int = 8, ea
 
 
 def job(jid, direction, blocks, chunks, keys, nbytes=0):
-    return TransferJob(jid, direction, tuple(blocks), tuple(chunks), nbytes, len(blocks), tuple(keys))
+    return TransferJob(
+        jid, direction, tuple(blocks), tuple(chunks), nbytes, len(blocks), tuple(keys)
+    )
 
 
 @pytest.mark.parametrize("layout", [LAYER_MAJOR, BLOCK_FIRST])
 @pytest.mark.parametrize("geometry", [GEOM, KVGeometry(2, 13)])  # 13-byte pages: uint8 path
 def test_round_trip_is_byte_exact(layout, geometry):
-    dev, gpu, host, be = make(layout, geometry=geometry)
+    _dev, gpu, host, be = make(layout, geometry=geometry)
     assert host.layout.row_bytes == 4096 and host.layout.raw_chunk_bytes < 4096
     keys = ["a", "b", "c"]
     host.data.fill_(0x5A)  # a sentinel in every row, padding included
@@ -56,7 +66,7 @@ def test_round_trip_is_byte_exact(layout, geometry):
 
 
 def test_partial_first_chunk_skips_its_head():
-    dev, gpu, host, be = make(BLOCK_FIRST, upc=2)
+    _dev, gpu, _host, be = make(BLOCK_FIRST, upc=2)
     be.submit(job(1, STORE, [0, 1, 2, 3], [4, 5], ["x", "y"]), 0.0)
     be.poll(0.0)
     be.submit(job(2, LOAD, [7, 8, 9], [4, 5], ["x", "y"]), 0.0)  # loads x/1, y/0, y/1
@@ -82,7 +92,7 @@ def test_coalescing_merges_contiguous_runs():
 
 
 def test_completions_wait_for_events_and_stay_in_order():
-    dev, gpu, host, be = make(BLOCK_FIRST, eager=False)
+    _dev, _gpu, _host, be = make(BLOCK_FIRST, eager=False)
     be.submit(job(1, STORE, [0, 1], [0], ["k0"]), 0.0)
     be.submit(job(2, STORE, [2, 3], [1], ["k1"]), 0.0)
     assert be.poll(0.0) == []  # nothing ran yet
@@ -94,7 +104,7 @@ def test_completions_wait_for_events_and_stay_in_order():
 
 
 def test_load_reads_a_chunk_only_after_its_store_lands():
-    dev, gpu, host, be = make(BLOCK_FIRST, eager=False)
+    _dev, _gpu, _host, be = make(BLOCK_FIRST, eager=False)
     be.submit(job(1, STORE, [0, 1], [5], ["k"]), 0.0)
     # the store has not run; a load of the same chunk on another stream must wait for it
     be.submit(job(2, EXPEDITED, [8, 9], [5], ["k"]), 0.0)
@@ -112,7 +122,7 @@ def test_gpu_block_not_overwritten_while_a_store_reads_it():
     dev.run_pending()
     be.poll(0.0)
     be.submit(job(3, STORE, [0, 1], [2], ["old"]), 0.0)  # pending: reads blocks 0, 1
-    be.submit(job(4, LOAD, [0, 1], [1], ["new"]), 0.0)   # writes blocks 0, 1
+    be.submit(job(4, LOAD, [0, 1], [1], ["new"]), 0.0)  # writes blocks 0, 1
     dev.run_pending()
     res = be.poll(0.0)
     assert sorted(r.job_id for r in res) == [3, 4]
@@ -121,7 +131,7 @@ def test_gpu_block_not_overwritten_while_a_store_reads_it():
 
 
 def test_compute_waits_for_loads():
-    dev, gpu, host, be = make(BLOCK_FIRST, eager=False)
+    dev, gpu, _host, be = make(BLOCK_FIRST, eager=False)
     be.submit(job(1, STORE, [0, 1], [0], ["k"]), 0.0)
     be.submit(job(2, LOAD, [5, 6], [0], ["k"]), 0.0)
     be.order_compute_after_loads()
@@ -133,7 +143,7 @@ def test_compute_waits_for_loads():
 
 def test_failed_copy_reports_failure_and_keeps_order():
     fail_ids = {2}
-    dev, gpu, host, be = make(BLOCK_FIRST, fault=lambda j: j.job_id in fail_ids)
+    _dev, _gpu, _host, be = make(BLOCK_FIRST, fault=lambda j: j.job_id in fail_ids)
     be.submit(job(1, STORE, [0, 1], [0], ["a"]), 0.0)
     be.submit(job(2, STORE, [2, 3, 4, 5], [1, 2], ["b", "c"]), 0.0)
     be.submit(job(3, STORE, [6, 7], [3], ["d"]), 0.0)

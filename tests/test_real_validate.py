@@ -43,8 +43,12 @@ def test_comparison_covers_every_job_and_request(report):
 
 def test_failed_copy_goes_through_the_engine_and_manager():
     spec = ValidationSpec.small_for_tests()
-    rep = run_validation(default_trace(), spec, device=Device("cpu"),
-                         fault=lambda job: job.job_id in (1, 2) and job.direction == "store")
+    rep = run_validation(
+        default_trace(),
+        spec,
+        device=Device("cpu"),
+        fault=lambda job: job.job_id in (1, 2) and job.direction == "store",
+    )
     assert rep.runs["real"]["failed_jobs"] == 2
     assert rep.integrity["mismatched_blocks"] == 0  # a failed store never serves a load
     # the engine passed success=False to complete_store: the stored-bytes count shrinks
@@ -55,9 +59,28 @@ def test_failed_copy_goes_through_the_engine_and_manager():
 def test_validate_command_prints_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "report.json"
     with pytest.raises(SystemExit) as exc:
-        main(["validate", default_trace(), "--model", "llama-3.2-1b", "--cpu-chunks", "300",
-              "--gpu-kv-blocks", "60", "--limit", "6", "--time-scale", "0.01",
-              "--compute-scale", "0.1", "--device", "cpu", "--out", str(out)])
+        main(
+            [
+                "validate",
+                default_trace(),
+                "--model",
+                "llama-3.2-1b",
+                "--cpu-chunks",
+                "300",
+                "--gpu-kv-blocks",
+                "60",
+                "--limit",
+                "6",
+                "--time-scale",
+                "0.01",
+                "--compute-scale",
+                "0.1",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
     assert exc.value.code == 0
     text = capsys.readouterr().out
     assert "hit_decisions_identical" in text and "integrity_mismatched_blocks" in text
@@ -68,6 +91,16 @@ def test_validate_command_prints_and_writes_the_report(tmp_path, capsys):
 
 def test_validate_rejects_bad_layout(capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["validate", default_trace(), "--cpu-chunks", "10", "--max-gpu-kv-gib", "-1",
-              "--device", "cpu"])
+        main(
+            [
+                "validate",
+                default_trace(),
+                "--cpu-chunks",
+                "10",
+                "--max-gpu-kv-gib",
+                "-1",
+                "--device",
+                "cpu",
+            ]
+        )
     assert exc.value.code == 2 and "max-gpu-kv-gib" in capsys.readouterr().err

@@ -10,8 +10,12 @@ import pytest
 
 from kvsim.api import replay
 
-TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     "traces", "samples", "mooncake_small.jsonl")
+TRACE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "traces",
+    "samples",
+    "mooncake_small.jsonl",
+)
 BLOCK = 512
 
 
@@ -42,7 +46,9 @@ def huge(raw):
 def test_conservation(raw, huge):
     s, rows = huge.summary, huge.requests
     assert s["requests"] == len(raw) == len(rows)
-    assert s["prompt_blocks"] == sum(len(complete_ids(r)) for r in raw) == rows["prompt_blocks"].sum()
+    assert (
+        s["prompt_blocks"] == sum(len(complete_ids(r)) for r in raw) == rows["prompt_blocks"].sum()
+    )
     assert s["prompt_tokens"] == sum(r["input_length"] for r in raw)
     assert (rows["gpu_hit_blocks"] + rows["cpu_hit_blocks"] <= rows["prompt_blocks"]).all()
     assert s["cpu_hit_blocks"] == rows["cpu_hit_blocks"].sum()

@@ -8,6 +8,7 @@ failed and retried offers, admission filters, the GPU prefix cache and chunked p
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -68,8 +69,15 @@ def _replay(requests, cfg, fused: bool):
     summary = run.run(requests, rows.append)
     summary.pop("tier")
     c = run.tier.counters
-    counters = (c.stored_chunks, c.evicted_chunks, c.loaded_chunks, c.stores_skipped,
-                c.allocation_failures, c.allocation_sizes.counts, c.allocation_sizes.sum)
+    counters = (
+        c.stored_chunks,
+        c.evicted_chunks,
+        c.loaded_chunks,
+        c.stores_skipped,
+        c.allocation_failures,
+        c.allocation_sizes.counts,
+        c.allocation_sizes.sum,
+    )
     return rows, summary, run.tier.resident_keys(), counters, _policy_state(run)
 
 
@@ -104,8 +112,8 @@ def test_the_random_cases_reach_the_rare_paths() -> None:
             ps.append(tier.p)
 
         arc_run.run(_trace(random.Random(seed), 60, 8), watch)
-        p_up += any(b > a for a, b in zip(ps, ps[1:]))
-        p_down += any(b < a for a, b in zip(ps, ps[1:]))
+        p_up += any(b > a for a, b in itertools.pairwise(ps))
+        p_down += any(b < a for a, b in itertools.pairwise(ps))
         promoted += len(tier.t2) > 0
         requests = _trace(rng, rng.randint(1, 60), rng.choice([3, 8, 20]))
         rows, summary, *_ = _replay(requests, options.resolve(BLOCK), True)
@@ -122,18 +130,24 @@ def test_the_random_cases_reach_the_rare_paths() -> None:
 @pytest.mark.parametrize("cpu_chunks", [64, 1024])
 def test_fused_tier_equals_the_protocol_on_a_real_trace(cpu_chunks: int, policy: str) -> None:
     requests = list(open_trace(SAMPLE))
-    cfg = OffloadOptions(cpu_chunks=cpu_chunks, model=None, gpu_blocks=200, policy=policy).resolve(512)
+    cfg = OffloadOptions(cpu_chunks=cpu_chunks, model=None, gpu_blocks=200, policy=policy).resolve(
+        512
+    )
     assert _replay(requests, cfg, True) == _replay(requests, cfg, False)
 
 
 def test_the_tier_is_chosen_by_policy() -> None:
     def tier(policy: str, fused: bool | None = None):
-        return CacheReplay(OffloadOptions(cpu_chunks=4, model=None, policy=policy).resolve(BLOCK), fused=fused).tier
+        return CacheReplay(
+            OffloadOptions(cpu_chunks=4, model=None, policy=policy).resolve(BLOCK), fused=fused
+        ).tier
 
     assert isinstance(tier("lru"), FusedLRUTier) and isinstance(tier("LRU"), FusedLRUTier)
     assert isinstance(tier("kvsim.policies.lru:LRUPolicy"), FusedLRUTier)
     assert isinstance(tier("arc"), FusedARCTier)
-    assert isinstance(tier("lru", False), ProtocolTier) and isinstance(tier("arc", False), ProtocolTier)
+    assert isinstance(tier("lru", False), ProtocolTier) and isinstance(
+        tier("arc", False), ProtocolTier
+    )
     assert isinstance(tier("s3fifo"), ProtocolTier)
     with pytest.raises(ValueError, match="fused tier runs kvsim's own 'lru' and 'arc' only"):
         tier("s3fifo", True)
@@ -155,7 +169,10 @@ def test_fused_tier_makes_vllms_decisions(policy: str) -> None:
         cfg = options.resolve(BLOCK)
         ours, theirs = [], []
         CacheReplay(cfg, fused=True).run(requests, ours.append)
-        driver = VllmManagerDriver(cfg.num_chunks, policy, cfg.store_threshold, cfg.max_tracker_size)
+        driver = VllmManagerDriver(
+            cfg.num_chunks, policy, cfg.store_threshold, cfg.max_tracker_size
+        )
         CacheReplay(cfg, manager=driver).run(requests, theirs.append)
-        assert [r[:skipped] + r[skipped + 1:] for r in ours] == \
-            [r[:skipped] + r[skipped + 1:] for r in theirs], (seed, options)
+        assert [r[:skipped] + r[skipped + 1 :] for r in ours] == [
+            r[:skipped] + r[skipped + 1 :] for r in theirs
+        ], (seed, options)

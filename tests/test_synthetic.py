@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -34,7 +35,7 @@ def test_deterministic_and_prefix_chained(kind):
     assert a == generate(kind, 300, seed=7)
     assert a != generate(kind, 300, seed=8)
     assert [r.request_id for r in a] == list(range(300))
-    assert all(b.arrival_s >= a_.arrival_s for a_, b in zip(a, a[1:]))
+    assert all(b.arrival_s >= a_.arrival_s for a_, b in itertools.pairwise(a))
     _check_prefix_chained(a)
 
 
@@ -45,8 +46,9 @@ def test_mooncake_file_round_trip(tmp_path, kind):
     assert write_mooncake(path, reqs) == 200
     back = list(open_trace(str(path)))
     assert open_trace(str(path)).format == "mooncake"
-    assert [(r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes) for r in back] == \
-        [(r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes) for r in reqs]
+    assert [(r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes) for r in back] == [
+        (r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes) for r in reqs
+    ]
 
 
 def test_same_prefix_same_ids_across_requests():
@@ -66,11 +68,13 @@ def test_chat_sessions_reread_their_history():
     multi = [s for s in by_session.values() if len(s) > 1]
     assert len(multi) > 20
     for turns in multi:
-        for prev, nxt in zip(turns, turns[1:]):
+        for prev, nxt in itertools.pairwise(turns):
             full = prev.input_tokens // 512
             assert nxt.block_hashes[:full] == prev.block_hashes[:full]
             assert nxt.input_tokens > prev.input_tokens + prev.output_tokens
-    assert statistics.mean(len(s) for s in by_session.values()) > 2.5  # geometric, mean 6, cut at the end
+    assert (
+        statistics.mean(len(s) for s in by_session.values()) > 2.5
+    )  # geometric, mean 6, cut at the end
 
 
 def test_agent_context_grows_each_step():
@@ -87,14 +91,14 @@ def test_agent_context_grows_each_step():
 
 def test_poisson_rate():
     reqs = generate("rag", 4000, seed=5, rate=2.0, n_docs=20)
-    gaps = [b.arrival_s - a.arrival_s for a, b in zip(reqs, reqs[1:])]
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(reqs)]
     assert statistics.mean(gaps) == pytest.approx(0.5, rel=0.06)
     assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(1.0, abs=0.1)
 
 
 def test_bursty_is_burstier_with_the_on_off_mean_rate():
     reqs = generate("system-prompt", 4000, seed=5, arrival="bursty", rate=4.0, on_s=10, off_s=30)
-    gaps = [b.arrival_s - a.arrival_s for a, b in zip(reqs, reqs[1:])]
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(reqs)]
     assert statistics.pstdev(gaps) / statistics.mean(gaps) > 2.0
     # long-run rate: 4 req/s for 1/4 of the time
     assert len(reqs) / reqs[-1].arrival_s == pytest.approx(1.0, rel=0.3)
@@ -110,8 +114,17 @@ def test_replayed_arrivals():
 
 def test_rag_document_popularity_is_zipf():
     n_docs, s = 50, 1.0
-    reqs = generate("rag", 3000, seed=11, n_docs=n_docs, zipf_s=s, docs_per_request=1,
-                    system_tokens=512, doc_tokens=1024, length_cv=0)
+    reqs = generate(
+        "rag",
+        3000,
+        seed=11,
+        n_docs=n_docs,
+        zipf_s=s,
+        docs_per_request=1,
+        system_tokens=512,
+        doc_tokens=1024,
+        length_cv=0,
+    )
     first_doc = Counter(r.block_hashes[1] for r in reqs)  # block 0 is the system prompt
     assert len(first_doc) <= n_docs
     h = sum(1 / (i + 1) ** s for i in range(n_docs))
@@ -120,21 +133,32 @@ def test_rag_document_popularity_is_zipf():
 
 
 def test_system_prompt_count_and_lengths():
-    reqs = generate("system-prompt", 2000, seed=4, n_prompts=5, zipf_s=0, system_tokens=1024,
-                    output_tokens=100, length_cv=0.3)
+    reqs = generate(
+        "system-prompt",
+        2000,
+        seed=4,
+        n_prompts=5,
+        zipf_s=0,
+        system_tokens=1024,
+        output_tokens=100,
+        length_cv=0.3,
+    )
     shared = Counter(r.block_hashes[:2] for r in reqs)
     assert len(shared) == 5 and min(shared.values()) > 300  # uniform popularity
     assert statistics.mean(r.output_tokens for r in reqs) == pytest.approx(100, rel=0.05)
 
 
 def test_mix_weights():
-    reqs = generate("mix", 2000, seed=9, weights={"chat": 3, "rag": 1},
-                    component_knobs={"rag": {"n_docs": 10}})
+    reqs = generate(
+        "mix", 2000, seed=9, weights={"chat": 3, "rag": 1}, component_knobs={"rag": {"n_docs": 10}}
+    )
     share_chat = sum(r.session_id is not None for r in reqs) / len(reqs)
     assert share_chat == pytest.approx(0.75, abs=0.04)
     _check_prefix_chained(reqs)
     frame = to_frame(reqs)
-    assert list(frame.columns)[:3] == ["request", "arrival_s", "input_tokens"] and len(frame) == 2000
+    assert (
+        list(frame.columns)[:3] == ["request", "arrival_s", "input_tokens"] and len(frame) == 2000
+    )
 
 
 def test_bad_knobs():
@@ -150,8 +174,24 @@ def test_cli_gen_is_reproducible(tmp_path):
     runner = CliRunner()
     outs = []
     for name in ("a.jsonl", "b.jsonl"):
-        res = runner.invoke(cli, ["trace", "gen", "agent", "-n", "120", "--seed", "4", "--rate", "3",
-                                  "--set", "steps=6", "-o", str(tmp_path / name)])
+        res = runner.invoke(
+            cli,
+            [
+                "trace",
+                "gen",
+                "agent",
+                "-n",
+                "120",
+                "--seed",
+                "4",
+                "--rate",
+                "3",
+                "--set",
+                "steps=6",
+                "-o",
+                str(tmp_path / name),
+            ],
+        )
         assert res.exit_code == 0, res.output
         outs.append((tmp_path / name).read_bytes())
     assert outs[0] == outs[1] and outs[0].count(b"\n") == 120

@@ -77,14 +77,19 @@ def test_limit_and_infinite_ratio_is_the_ceiling():
     st = trace_stats(SAMPLE, limit=120)
     assert st.summary["requests"] == 120
     assert (st.reuses["distance"] >= 0).all()
-    ratios = [kvsim.replay(SAMPLE, limit=120, cpu_chunks=c, per_request=False).summary["combined_hit_ratio"]
-              for c in (10, 10**7)]
+    ratios = [
+        kvsim.replay(SAMPLE, limit=120, cpu_chunks=c, per_request=False).summary[
+            "combined_hit_ratio"
+        ]
+        for c in (10, 10**7)
+    ]
     assert ratios[0] <= ratios[1] == pytest.approx(st.summary["infinite_cache_hit_ratio"])
 
 
 def test_cli_json_and_plots(tmp_path):
-    res = CliRunner().invoke(cli, ["trace", "stats", SAMPLE, "--limit", "50", "--json",
-                                   "--plot", str(tmp_path / "figs")])
+    res = CliRunner().invoke(
+        cli, ["trace", "stats", SAMPLE, "--limit", "50", "--json", "--plot", str(tmp_path / "figs")]
+    )
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout)
     assert payload["summary"]["requests"] == 50

@@ -227,7 +227,8 @@ def test_native_write_read_round_trip(tmp_path):
     assert list(open_trace(gz)) == reqs2
     write_native(gz, reqs2[:1], 16)
     assert list(open_trace(gz)) == reqs2[:1]
-    first = json.loads(gzip.open(gz, "rt").readline())
+    with gzip.open(gz, "rt") as fh:
+        first = json.loads(fh.readline())
     assert first == {"kvsim_trace": 1, "block_tokens": 16}
 
 
@@ -385,9 +386,13 @@ def test_hash_ids_length_consistency(tmp_path, ids, ok):
 def test_repeated_block_id_is_rejected(tmp_path):
     # prefix-chained ids never repeat within a prompt; a repeat would alias two blocks
     p = _write(tmp_path / "m.jsonl", [MOON_LINE, dict(MOON_LINE, hash_ids=[4, 5, 4])])
-    assert _err(p, 2) == (f"{p}:2: field 'hash_ids': id 4 repeats (elements 0 and 2); block ids are "
-                          "prefix-chained and never repeat within a request")
-    with pytest.raises(InputError, match=r"^mem: request 3: block_hashes: id 9 repeats \(elements 1 and 2\)"):
+    assert _err(p, 2) == (
+        f"{p}:2: field 'hash_ids': id 4 repeats (elements 0 and 2); block ids are "
+        "prefix-chained and never repeat within a request"
+    )
+    with pytest.raises(
+        InputError, match=r"^mem: request 3: block_hashes: id 9 repeats \(elements 1 and 2\)"
+    ):
         Trace.from_requests([Request(3, 0.0, 48, 1, (8, 9, 9))], 16, name="mem")
 
 
@@ -457,7 +462,7 @@ def test_native_errors(tmp_path):
         ("{nope}", "malformed JSON"),
     ]
     for i, (bad, phrase) in enumerate(cases):
-        p = _write(tmp_path / f"r{i}.jsonl", good + [bad])
+        p = _write(tmp_path / f"r{i}.jsonl", [*good, bad])
         assert phrase in _err(p, 3), phrase
     # empty block_hashes = no reuse info for that request; session_id null ok
     p = _write(

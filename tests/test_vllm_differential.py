@@ -34,7 +34,11 @@ from kvsim.policies.registry import make_admission, make_eviction_policy  # noqa
 
 pytestmark = pytest.mark.vllm
 
-_LOOKUP = {"MISS": LookupResult.MISS, "HIT": LookupResult.HIT, "HIT_PENDING": LookupResult.HIT_PENDING}
+_LOOKUP = {
+    "MISS": LookupResult.MISS,
+    "HIT": LookupResult.HIT,
+    "HIT_PENDING": LookupResult.HIT_PENDING,
+}
 
 
 def enc(key: int) -> bytes:
@@ -50,13 +54,21 @@ def dec(key: bytes) -> int:
 class VllmManager:
     """vLLM's CPUOffloadingManager behind kvsim's manager API (int keys, RequestContext)."""
 
-    def __init__(self, num_chunks: int, policy: str = "lru", store_threshold: int = 0,
-                 max_tracker_size: int = 64_000) -> None:
+    def __init__(
+        self,
+        num_chunks: int,
+        policy: str = "lru",
+        store_threshold: int = 0,
+        max_tracker_size: int = 64_000,
+    ) -> None:
         self.num_chunks = num_chunks
         self.inner = vllm_manager.CPUOffloadingManager(
-            num_chunks, policy, enable_events=True,
+            num_chunks,
+            policy,
+            enable_events=True,
             store_threshold=store_threshold if store_threshold >= 2 else 1,
-            max_tracker_size=max_tracker_size)
+            max_tracker_size=max_tracker_size,
+        )
         self._contexts: dict[int, tuple[RequestContext, object]] = {}
 
     def _rc(self, ctx: RequestContext):
@@ -77,7 +89,9 @@ class VllmManager:
         return _LOOKUP[self.inner.lookup(enc(key), self._rc(ctx)).name]
 
     def prepare_load(self, keys, ctx):
-        return [int(i) for i in self.inner.prepare_load([enc(k) for k in keys], self._rc(ctx)).block_ids]
+        return [
+            int(i) for i in self.inner.prepare_load([enc(k) for k in keys], self._rc(ctx)).block_ids
+        ]
 
     def complete_load(self, keys, ctx=None):
         ctx = ctx or RequestContext("complete")
@@ -87,9 +101,11 @@ class VllmManager:
         out = self.inner.prepare_store([enc(k) for k in keys], self._rc(ctx))
         if out is None:
             return None
-        return PrepareStoreOutput([dec(k) for k in out.keys_to_store],
-                                  [int(i) for i in out.store_spec.block_ids],
-                                  [dec(k) for k in out.evicted_keys])
+        return PrepareStoreOutput(
+            [dec(k) for k in out.keys_to_store],
+            [int(i) for i in out.store_spec.block_ids],
+            [dec(k) for k in out.evicted_keys],
+        )
 
     def complete_store(self, keys, ctx=None, success=True):
         ctx = ctx or RequestContext("complete")
@@ -121,11 +137,16 @@ class VllmManager:
     def gauges(self) -> dict:
         inner = self.inner
         n = self.num_chunks
-        used = inner._num_allocated_chunks - len(inner._free_list) - inner._num_evictable_cache_chunks
+        used = (
+            inner._num_allocated_chunks - len(inner._free_list) - inner._num_evictable_cache_chunks
+        )
         usage = used / n if n else 0.0
         write = inner._num_write_pending_chunks / n if n else 0.0
-        return {CPU_CACHE_USAGE_PERC: usage, CPU_CACHE_WRITE_USAGE_PERC: write,
-                CPU_CACHE_READ_USAGE_PERC: max(usage - write, 0.0)}
+        return {
+            CPU_CACHE_USAGE_PERC: usage,
+            CPU_CACHE_WRITE_USAGE_PERC: write,
+            CPU_CACHE_READ_USAGE_PERC: max(usage - write, 0.0),
+        }
 
 
 def make_vllm(num_chunks, policy="lru", store_threshold=0, max_tracker_size=64_000):
@@ -133,13 +154,18 @@ def make_vllm(num_chunks, policy="lru", store_threshold=0, max_tracker_size=64_0
 
 
 def make_kvsim(num_chunks, policy="lru", store_threshold=0, max_tracker_size=64_000):
-    admission = (make_admission(store_threshold=store_threshold, max_tracker_size=max_tracker_size)
-                 if store_threshold >= 2 else None)
-    return OffloadManager(num_chunks, make_eviction_policy(policy, num_chunks), admission,
-                          enable_events=True)
+    admission = (
+        make_admission(store_threshold=store_threshold, max_tracker_size=max_tracker_size)
+        if store_threshold >= 2
+        else None
+    )
+    return OffloadManager(
+        num_chunks, make_eviction_policy(policy, num_chunks), admission, enable_events=True
+    )
 
 
 # --- the golden scenarios, run against vLLM -------------------------------------------
+
 
 def _load_golden():
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_manager_golden.py")
@@ -165,6 +191,7 @@ def test_golden_completion_orders_hold_for_vllm(order):
 
 
 # --- random differential sequences ------------------------------------------------------
+
 
 def _events(m) -> list:
     return [(tuple(e.keys), e.removed, e.metadata_only) for e in m.take_events()]
@@ -200,8 +227,9 @@ def _random_run(seed: int, policy: str, threshold: int, steps: int, seen: Counte
             n = rng.randint(1, len(prefix))
             keys = prefix[:n]
             positioned = rng.random() < 0.85
-            ctx = RequestContext(f"r{next_req}", {k: (i + 1) * 16 for i, k in enumerate(keys)}
-                                 if positioned else {})
+            ctx = RequestContext(
+                f"r{next_req}", {k: (i + 1) * 16 for i, k in enumerate(keys)} if positioned else {}
+            )
             next_req += 1
             both("on_new_request", ctx)
             running.append((ctx, keys))
@@ -215,8 +243,15 @@ def _random_run(seed: int, policy: str, threshold: int, steps: int, seen: Counte
                 offer = list(reversed(offer))
             a, b = both("prepare_store", offer, ctx)
             assert a == b, (seed, "prepare_store", offer)
-            seen["store_failed" if a is None else "evicted" if a.evicted_keys else
-                 "stored" if a.keys_to_store else "store_empty"] += 1
+            seen[
+                "store_failed"
+                if a is None
+                else "evicted"
+                if a.evicted_keys
+                else "stored"
+                if a.keys_to_store
+                else "store_empty"
+            ] += 1
             if a is not None and a.keys_to_store:
                 stores.append((list(a.keys_to_store), ctx))
         elif op < 0.45 and stores:
@@ -272,8 +307,10 @@ def test_random_sequences_match_vllm(policy, threshold):
     seen: Counter = Counter()
     for seed in range(SEQUENCES_PER_CONFIG):
         total += _random_run(seed * 7919 + threshold, policy, threshold, STEPS, seen)
-    print(f"{policy} threshold={threshold}: {SEQUENCES_PER_CONFIG} sequences, "
-          f"{total} comparisons, {dict(sorted(seen.items()))}")
+    print(
+        f"{policy} threshold={threshold}: {SEQUENCES_PER_CONFIG} sequences, "
+        f"{total} comparisons, {dict(sorted(seen.items()))}"
+    )
     assert total >= SEQUENCES_PER_CONFIG * STEPS
     for outcome in ("store_failed", "evicted", "stored", "HIT", "HIT_PENDING", "MISS"):
         assert seen[outcome] > 10, outcome  # the sequences reach every interesting branch

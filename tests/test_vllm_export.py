@@ -14,8 +14,10 @@ from kvsim.traces import as_trace
 
 
 def test_importing_the_module_does_not_import_vllm():
-    code = ("import sys, kvsim, kvsim.integrations.vllm as v; "
-            "assert 'vllm' not in sys.modules; assert 'KvsimS3FIFO' in dir(v); print('ok')")
+    code = (
+        "import sys, kvsim, kvsim.integrations.vllm as v; "
+        "assert 'vllm' not in sys.modules; assert 'KvsimS3FIFO' in dir(v); print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     import kvsim.integrations.vllm as v
@@ -25,10 +27,17 @@ def test_importing_the_module_does_not_import_vllm():
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("policy, class_name", [
-    ("s3fifo", "KvsimS3FIFO"), ("sieve", "KvsimSieve"), ("arc-textbook", "KvsimARCTextbook"),
-    ("wtinylfu", "KvsimWTinyLFU"), ("lfu", "KvsimLFU"), ("lru", "KvsimLRU"),
-])
+@pytest.mark.parametrize(
+    "policy, class_name",
+    [
+        ("s3fifo", "KvsimS3FIFO"),
+        ("sieve", "KvsimSieve"),
+        ("arc-textbook", "KvsimARCTextbook"),
+        ("wtinylfu", "KvsimWTinyLFU"),
+        ("lfu", "KvsimLFU"),
+        ("lru", "KvsimLRU"),
+    ],
+)
 def test_vllm_manager_with_exported_policy_matches_kvsim(policy, class_name):
     need_vllm("vllm.v1.kv_offload.cpu.manager")
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
@@ -44,8 +53,9 @@ def test_vllm_manager_with_exported_policy_matches_kvsim(policy, class_name):
     ours: list[tuple] = []
     CacheReplay(config).run(tr, ours.append)
     driver = VllmManagerDriver(900, "lru")
-    driver.inner = CPUOffloadingManager(num_chunks=900, cache_policy=class_name,
-                                        cache_policy_module_path="kvsim.integrations.vllm")
+    driver.inner = CPUOffloadingManager(
+        num_chunks=900, cache_policy=class_name, cache_policy_module_path="kvsim.integrations.vllm"
+    )
     assert type(driver.inner._policy).__name__ == class_name
     theirs: list[tuple] = []
     summary = CacheReplay(config, manager=driver).run(tr, theirs.append)

@@ -27,7 +27,10 @@ from kvsim.traces import as_trace
     "--prefill-chunk-tokens",
     type=int,
     default=None,
-    help="Offer stores per chunked-prefill step of N tokens, as vLLM does (default: one offer per request).",
+    help=(
+        "Offer stores per chunked-prefill step of N tokens, as vLLM does "
+        "(default: one offer per request)."
+    ),
 )
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests."

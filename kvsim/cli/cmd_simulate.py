@@ -52,7 +52,10 @@ SHOWN = (
 
 
 def format_comparison(summary: dict[str, Any], baseline: bool) -> str:
-    head = f"kvsim simulate: {summary['trace']} ({summary['model']} on {summary['gpu']}, link {summary['link']})"
+    head = (
+        f"kvsim simulate: {summary['trace']} "
+        f"({summary['model']} on {summary['gpu']}, link {summary['link']})"
+    )
     rows = [
         (
             label,

@@ -88,7 +88,10 @@ def offload_options(f: FC) -> FC:
             "--gpu-blocks",
             type=int,
             default=None,
-            help="GPU blocks of the key unit. replay: prefix-cache size, 0 (default) disables it; simulate: KV capacity, default from GPU memory.",
+            help=(
+                "GPU blocks of the key unit. replay: prefix-cache size, 0 (default) disables "
+                "it; simulate: KV capacity, default from GPU memory."
+            ),
         ),
         click.option(
             "--vllm-config",

@@ -116,7 +116,9 @@ class OffloadConnector:
         self.allocated_now.clear()
 
     def on_allocate(self, blocks: Iterable[int]) -> None:
-        """GPU blocks handed to a request this step: reuse of a block being stored forces a flush."""
+        """GPU blocks handed to a request this step.
+
+        Reuse of a block that is being stored forces a flush."""
         fence = self.fence
         for b in blocks:
             self.allocated_now.add(b)

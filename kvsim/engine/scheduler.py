@@ -58,7 +58,7 @@ def clamp_new_tokens(n: int, budget: int, threshold: int) -> int:
 class _BatchTally:
     """The step's scheduled requests and forward shape, summed as each one is scheduled."""
 
-    __slots__ = ("reqs", "n_prefill_seqs", "prefill", "decode", "context", "pairs")
+    __slots__ = ("context", "decode", "n_prefill_seqs", "pairs", "prefill", "reqs")
 
     def __init__(self) -> None:
         self.reqs: list[SimRequest] = []

@@ -20,7 +20,7 @@ from kvsim.engine.transfer_protocol import DIRECTIONS, STORE, TransferJob, Trans
 
 
 class _Active:
-    __slots__ = ("job", "start", "fixed_end", "remaining", "rate", "h2d")
+    __slots__ = ("fixed_end", "h2d", "job", "rate", "remaining", "start")
 
     def __init__(self, job: TransferJob, start: float, fixed: float, rate: float) -> None:
         self.job = job

@@ -34,8 +34,13 @@ class _StoreOut:
 class VllmManagerDriver:
     """kvsim's manager interface on top of vLLM's manager (int keys in, int keys out)."""
 
-    def __init__(self, num_chunks: int, policy: str = "lru", store_threshold: int = 0,
-                 max_tracker_size: int = 64_000) -> None:
+    def __init__(
+        self,
+        num_chunks: int,
+        policy: str = "lru",
+        store_threshold: int = 0,
+        max_tracker_size: int = 64_000,
+    ) -> None:
         from vllm.v1.kv_offload.base import LookupResult, ReqContext
         from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
@@ -43,7 +48,8 @@ class VllmManagerDriver:
         self._hit = LookupResult.HIT
         self._pending = LookupResult.HIT_PENDING
         self.inner = CPUOffloadingManager(
-            num_chunks=num_chunks, cache_policy=policy,
+            num_chunks=num_chunks,
+            cache_policy=policy,
             store_threshold=store_threshold if store_threshold >= 2 else 1,
             max_tracker_size=max_tracker_size,
         )
@@ -95,7 +101,9 @@ class VllmManagerDriver:
         if out is None:
             return None
         to_int = self._to_int
-        return _StoreOut([to_int[b] for b in out.keys_to_store], [to_int[b] for b in out.evicted_keys])
+        return _StoreOut(
+            [to_int[b] for b in out.keys_to_store], [to_int[b] for b in out.evicted_keys]
+        )
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         self.inner.complete_store([_key_bytes(k) for k in keys], ctx, success)

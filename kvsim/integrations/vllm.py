@@ -26,9 +26,15 @@ from kvsim.context import RequestContext
 
 #: exported class name -> kvsim registry name
 EXPORTS: dict[str, str] = {
-    "KvsimLRU": "lru", "KvsimARC": "arc", "KvsimFIFO": "fifo", "KvsimLFU": "lfu",
-    "KvsimARCTextbook": "arc-textbook", "KvsimSieve": "sieve", "KvsimS3FIFO": "s3fifo",
-    "KvsimSLRU": "slru", "KvsimWTinyLFU": "wtinylfu",
+    "KvsimLRU": "lru",
+    "KvsimARC": "arc",
+    "KvsimFIFO": "fifo",
+    "KvsimLFU": "lfu",
+    "KvsimARCTextbook": "arc-textbook",
+    "KvsimSieve": "sieve",
+    "KvsimS3FIFO": "s3fifo",
+    "KvsimSLRU": "slru",
+    "KvsimWTinyLFU": "wtinylfu",
 }
 
 _built: dict[str, type] = {}
@@ -111,6 +117,16 @@ def vllm_policy_class(policy: str | type, class_name: str | None = None) -> type
         CachePolicy.__init__(self, cache_capacity)
         self.policy = cls(cache_capacity)
 
+    def on_request_finished(
+        self, key_groups, insertion_only_keys, reused_keys, req_context
+    ) -> None:
+        self.policy.on_request_finished(
+            [list(g) for g in key_groups],
+            insertion_only_keys,
+            reused_keys,
+            kvsim_context(req_context),
+        )
+
     methods = {
         "__init__": __init__,
         "__doc__": f"vLLM CachePolicy running kvsim's {cls.__name__}.",
@@ -118,17 +134,19 @@ def vllm_policy_class(policy: str | type, class_name: str | None = None) -> type
         "kvsim_policy_class": cls,
         "get": lambda self, key: self.policy.get(key),
         "insert": lambda self, key, chunk, req_context: self.policy.insert(
-            key, chunk, kvsim_context(req_context)),
+            key, chunk, kvsim_context(req_context)
+        ),
         "remove": lambda self, key: self.policy.remove(key),
         "touch": lambda self, keys, req_context: self.policy.touch(
-            list(keys), kvsim_context(req_context)),
+            list(keys), kvsim_context(req_context)
+        ),
         "on_store_miss": lambda self, keys, req_context: self.policy.on_store_miss(
-            list(keys), kvsim_context(req_context)),
+            list(keys), kvsim_context(req_context)
+        ),
         "on_request_access": lambda self, keys, req_context: self.policy.on_request_access(
-            list(keys), kvsim_context(req_context)),
-        "on_request_finished": lambda self, key_groups, insertion_only_keys, reused_keys, req_context:
-            self.policy.on_request_finished([list(g) for g in key_groups], insertion_only_keys,
-                                            reused_keys, kvsim_context(req_context)),
+            list(keys), kvsim_context(req_context)
+        ),
+        "on_request_finished": on_request_finished,
         "evict": lambda self, n, protected: self.policy.evict(n, protected),
         "clear": lambda self: self.policy.clear(),
         "mark_evictable": lambda self, key: self.policy.mark_evictable(key),

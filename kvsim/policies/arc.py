@@ -24,7 +24,9 @@ def _evictable_entries(entries: OrderedDict, protected: set) -> Iterator[tuple[K
             yield key, chunk
 
 
-def adapt_to_ghost_hit(p: float, key: Key, b1: OrderedDict, b2: OrderedDict, capacity: int) -> float:
+def adapt_to_ghost_hit(
+    p: float, key: Key, b1: OrderedDict, b2: OrderedDict, capacity: int
+) -> float:
     """vLLM's ghost adaptation: a B1 hit grows the T1 target, a B2 hit shrinks it; the
     ghost moves to its list's MRU end. Returns the new target."""
     if key in b1:
@@ -36,8 +38,9 @@ def adapt_to_ghost_hit(p: float, key: Key, b1: OrderedDict, b2: OrderedDict, cap
     return p
 
 
-def finish_request(keys: Sequence[Key], insertion_only: set, reused: set,
-                   t1: OrderedDict, t2: OrderedDict) -> None:
+def finish_request(
+    keys: Sequence[Key], insertion_only: set, reused: set, t1: OrderedDict, t2: OrderedDict
+) -> None:
     """vLLM's ARC at a request's finish, tail first (``keys`` head first): a key it only
     inserted moves to its list's MRU end (a store is no frequency hit); a key it reused is
     promoted from T1, or moved within T2, to T2's MRU end. Other keys are left alone."""
@@ -54,8 +57,9 @@ def finish_request(keys: Sequence[Key], insertion_only: set, reused: set,
                 t2.move_to_end(key)
 
 
-def retire_victims(picked: list, t1: OrderedDict, t2: OrderedDict, b1: OrderedDict, b2: OrderedDict,
-                   capacity: int) -> None:
+def retire_victims(
+    picked: list, t1: OrderedDict, t2: OrderedDict, b1: OrderedDict, b2: OrderedDict, capacity: int
+) -> None:
     """Move picked ``(key, from_t1)`` victims to their ghost list's MRU end, in pick order,
     then cap B1 and B2 at ``capacity`` each (vLLM's variant), dropping their LRU ends."""
     for key, from_t1 in picked:
@@ -70,7 +74,9 @@ def retire_victims(picked: list, t1: OrderedDict, t2: OrderedDict, b1: OrderedDi
             ghost.popitem(last=False)
 
 
-def pick_victims(n: int, t1_size: int, target: int, scan_t1: Iterator, scan_t2: Iterator) -> list | None:
+def pick_victims(
+    n: int, t1_size: int, target: int, scan_t1: Iterator, scan_t2: Iterator
+) -> list | None:
     """vLLM's walk: from T1 while its virtual size is at least ``int(p)``, else from T2, else
     the T1 fallback; each scan (of evictable entries, in LRU order) is consumed once.
     Returns ``[(entry, from_t1), ...]`` in pick order, or None when n cannot be found."""
@@ -97,7 +103,9 @@ def pick_victims(n: int, t1_size: int, target: int, scan_t1: Iterator, scan_t2: 
 
 class ARCPolicy(EvictionPolicy):
     name = "arc"
-    description = "vLLM 0.33 ARC variant: T1/T2 with ghost lists, promotion on reuse at request finish"
+    description = (
+        "vLLM 0.33 ARC variant: T1/T2 with ghost lists, promotion on reuse at request finish"
+    )
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
@@ -163,10 +171,21 @@ class ARCPolicy(EvictionPolicy):
     def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
         if n == 0:
             return []
-        picked = pick_victims(n, len(self.t1), int(self.p), _evictable_entries(self.t1, protected),
-                              _evictable_entries(self.t2, protected))
+        picked = pick_victims(
+            n,
+            len(self.t1),
+            int(self.p),
+            _evictable_entries(self.t1, protected),
+            _evictable_entries(self.t2, protected),
+        )
         if picked is None:
             return None
-        retire_victims([(key, from_t1) for (key, _), from_t1 in picked], self.t1, self.t2, self.b1, self.b2,
-                       self.capacity)
+        retire_victims(
+            [(key, from_t1) for (key, _), from_t1 in picked],
+            self.t1,
+            self.t2,
+            self.b1,
+            self.b2,
+            self.capacity,
+        )
         return [entry for entry, _ in picked]

@@ -20,7 +20,7 @@ Key = Hashable
 class Chunk:
     """One CPU chunk slot. ``ref_cnt``: -1 write pending, 0 evictable, >0 pinned by loads."""
 
-    __slots__ = ("ref_cnt", "chunk_id")
+    __slots__ = ("chunk_id", "ref_cnt")
 
     def __init__(self, chunk_id: int, ref_cnt: int = -1) -> None:
         self.chunk_id = chunk_id
@@ -113,7 +113,9 @@ class EvictionPolicy(ABC):
     #: False when ``mark_evictable`` / ``mark_non_evictable`` do nothing (the manager skips them).
     tracks_evictability: ClassVar[bool] = True
 
-    def insert_many(self, keys: Sequence[Key], chunks: Sequence[Chunk], ctx: RequestContext) -> None:
+    def insert_many(
+        self, keys: Sequence[Key], chunks: Sequence[Chunk], ctx: RequestContext
+    ) -> None:
         for key, chunk in zip(keys, chunks):
             self.insert(key, chunk, ctx)
 

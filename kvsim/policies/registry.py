@@ -46,16 +46,33 @@ def register_eviction(cls: type[EvictionPolicy], name: str | None = None) -> typ
     return _register(EVICTION_POLICIES, "eviction", cls, name)
 
 
-def register_admission(cls: type[AdmissionPolicy], name: str | None = None) -> type[AdmissionPolicy]:
+def register_admission(
+    cls: type[AdmissionPolicy], name: str | None = None
+) -> type[AdmissionPolicy]:
     """Register an admission policy class under ``name`` (default ``cls.name``)."""
     return _register(ADMISSION_POLICIES, "admission", cls, name)
 
 
-for _cls in (LRUPolicy, ARCPolicy, FIFOPolicy, LFUPolicy, TextbookARCPolicy, SievePolicy,
-             S3FIFOPolicy, SLRUPolicy, WTinyLFUPolicy, BeladyPolicy):
+for _cls in (
+    LRUPolicy,
+    ARCPolicy,
+    FIFOPolicy,
+    LFUPolicy,
+    TextbookARCPolicy,
+    SievePolicy,
+    S3FIFOPolicy,
+    SLRUPolicy,
+    WTinyLFUPolicy,
+    BeladyPolicy,
+):
     register_eviction(_cls)
-for _cls in (AdmissionPolicy, StoreThresholdAdmission, ProbabilisticAdmission, TinyLFUAdmission,
-             LengthAdmission):
+for _cls in (
+    AdmissionPolicy,
+    StoreThresholdAdmission,
+    ProbabilisticAdmission,
+    TinyLFUAdmission,
+    LengthAdmission,
+):
     register_admission(_cls)
 
 
@@ -90,10 +107,14 @@ def _check_subclass(obj: Any, base: type, option: str, spec: str) -> type:
 
 def eviction_policy_class(spec: str, module_path: str | None = None) -> type[EvictionPolicy]:
     """Resolve ``lru``, ``arc``, ..., ``pkg.mod:Class``, or vLLM's (name, module path)."""
-    return _resolve(EVICTION_POLICIES, EvictionPolicy, "--policy", "eviction policy", spec, module_path)
+    return _resolve(
+        EVICTION_POLICIES, EvictionPolicy, "--policy", "eviction policy", spec, module_path
+    )
 
 
-def make_eviction_policy(spec: str, capacity: int, module_path: str | None = None) -> EvictionPolicy:
+def make_eviction_policy(
+    spec: str, capacity: int, module_path: str | None = None
+) -> EvictionPolicy:
     return eviction_policy_class(spec, module_path)(capacity)
 
 
@@ -101,7 +122,9 @@ def admission_policy_class(spec: str) -> type[AdmissionPolicy]:
     return _resolve(ADMISSION_POLICIES, AdmissionPolicy, "--admission", "admission policy", spec)
 
 
-def _resolve(table: dict, base: type, option: str, noun: str, spec: str, module_path: str | None = None):
+def _resolve(
+    table: dict, base: type, option: str, noun: str, spec: str, module_path: str | None = None
+):
     """A registered name (any case), ``pkg.mod:Class``, or ``spec`` looked up in ``module_path``;
     anything else is a one-line error listing the known names."""
     cls = table.get(spec.lower())

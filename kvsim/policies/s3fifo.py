@@ -30,10 +30,17 @@ from kvsim.policies.queue import QueuePolicy
 
 class S3FIFOPolicy(QueuePolicy):
     name = "s3fifo"
-    description = "S3-FIFO: small + main FIFO queues and a ghost queue (SOSP'23, libCacheSim sizing)"
+    description = (
+        "S3-FIFO: small + main FIFO queues and a ghost queue (SOSP'23, libCacheSim sizing)"
+    )
 
-    def __init__(self, capacity: int, small_ratio: float = 0.1, ghost_ratio: float = 0.9,
-                 move_to_main_threshold: int = 2) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        small_ratio: float = 0.1,
+        ghost_ratio: float = 0.9,
+        move_to_main_threshold: int = 2,
+    ) -> None:
         self.small_capacity = max(1, int(capacity * small_ratio))
         self.main_capacity = capacity - self.small_capacity
         self.ghost_capacity = int(capacity * ghost_ratio)
@@ -57,7 +64,7 @@ class S3FIFOPolicy(QueuePolicy):
                 del ghost[key]
                 self._ghost_hits.add(key)
         if len(self._ghost_hits) > self.capacity:  # learnt but never stored: forget the oldest
-            self._ghost_hits = set(list(self._ghost_hits)[-self.capacity:])
+            self._ghost_hits = set(list(self._ghost_hits)[-self.capacity :])
 
     def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
         hit = key in self._ghost_hits

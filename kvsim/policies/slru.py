@@ -15,7 +15,9 @@ from kvsim.policies.base import Key
 from kvsim.policies.queue import QueuePolicy
 
 
-def segmented_hit(probation: OrderedDict, protected: OrderedDict, key: Key, protected_capacity: int) -> None:
+def segmented_hit(
+    probation: OrderedDict, protected: OrderedDict, key: Key, protected_capacity: int
+) -> None:
     """A reuse in a segmented LRU: to the protected MRU end; the protected segment's LRU
     chunk drops back to the probationary MRU end when it overflows. (W-TinyLFU's main
     region is the same SLRU.)"""

@@ -29,9 +29,16 @@ def _best_time(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return best, out
 
 
-def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: int,
-                 policies: Sequence[str] = ("lru", "arc"), repeat: int = 3, with_vllm: bool | None = None,
-                 chunk_tokens: int | None = None) -> pd.DataFrame:
+def bench_replay(
+    requests: Sequence[Request],
+    block_tokens: int,
+    *,
+    cpu_chunks: int,
+    policies: Sequence[str] = ("lru", "arc"),
+    repeat: int = 3,
+    with_vllm: bool | None = None,
+    chunk_tokens: int | None = None,
+) -> pd.DataFrame:
     """One row per (engine, policy): seconds, blocks/s, ratio to the first policy's kvsim
     rate (``vs_kvsim_lru``: pass lru first) and to LRU through the full protocol
     (``vs_protocol_lru``), hit ratio.
@@ -47,8 +54,9 @@ def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: 
         with_vllm = vllm_available()
     table: list[dict[str, Any]] = []
 
-    def timed(engine: str, policy: str, make: Callable[[], CacheReplay], runs: int,
-              reference: list | None) -> list:
+    def timed(
+        engine: str, policy: str, make: Callable[[], CacheReplay], runs: int, reference: list | None
+    ) -> list:
         rows: list = []
 
         def run():
@@ -57,25 +65,54 @@ def bench_replay(requests: Sequence[Request], block_tokens: int, *, cpu_chunks: 
 
         seconds, summary = _best_time(run, runs)
         rate = blocks / seconds
-        base_rate = table[0]["blocks_per_s"] if table else rate  # the first row (the CLI puts lru first)
-        table.append({"engine": engine, "policy": policy, "seconds": seconds, "blocks": blocks,
-                      "blocks_per_s": rate, "vs_kvsim_lru": rate / base_rate,
-                      "cpu_hit_ratio": summary["cpu_hit_ratio"],
-                      "same_decisions": None if reference is None else rows == reference,
-                      # how many times faster kvsim's default tier is than this engine
-                      "kvsim_speedup": None if reference is None else seconds / _seconds_of(table, policy)})
+        base_rate = (
+            table[0]["blocks_per_s"] if table else rate
+        )  # the first row (the CLI puts lru first)
+        table.append(
+            {
+                "engine": engine,
+                "policy": policy,
+                "seconds": seconds,
+                "blocks": blocks,
+                "blocks_per_s": rate,
+                "vs_kvsim_lru": rate / base_rate,
+                "cpu_hit_ratio": summary["cpu_hit_ratio"],
+                "same_decisions": None if reference is None else rows == reference,
+                # how many times faster kvsim's default tier is than this engine
+                "kvsim_speedup": None
+                if reference is None
+                else seconds / _seconds_of(table, policy),
+            }
+        )
         return list(rows)
 
     for policy in policies:
         cfg = opts.with_(policy=policy).resolve(block_tokens)
-        ours = timed("kvsim", policy, lambda cfg=cfg: CacheReplay(cfg, requests_for_future=requests),
-                     repeat, None)
+        ours = timed(
+            "kvsim",
+            policy,
+            lambda cfg=cfg: CacheReplay(cfg, requests_for_future=requests),
+            repeat,
+            None,
+        )
         if fused_tier_class(cfg) is not None:
-            timed("kvsim-protocol", policy, lambda cfg=cfg: CacheReplay(cfg, fused=False), repeat, ours)
+            timed(
+                "kvsim-protocol",
+                policy,
+                lambda cfg=cfg: CacheReplay(cfg, fused=False),
+                repeat,
+                ours,
+            )
         if with_vllm and policy in ("lru", "arc"):
-            timed("vllm-0.33", policy,
-                  lambda cfg=cfg, policy=policy: CacheReplay(cfg, manager=VllmManagerDriver(cfg.num_chunks, policy)),
-                  1, ours)
+            timed(
+                "vllm-0.33",
+                policy,
+                lambda cfg=cfg, policy=policy: CacheReplay(
+                    cfg, manager=VllmManagerDriver(cfg.num_chunks, policy)
+                ),
+                1,
+                ours,
+            )
     frame = pd.DataFrame(table)
     protocol = frame[(frame["engine"] == "kvsim-protocol") & (frame["policy"] == "lru")]
     if len(protocol):

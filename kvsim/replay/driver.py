@@ -32,8 +32,16 @@ from kvsim.replay.protocol_tier import ProtocolTier
 from kvsim.traces.model import Request
 
 REQUEST_COLUMNS = (
-    "request", "arrival_s", "prompt_tokens", "prompt_blocks", "gpu_hit_blocks",
-    "cpu_hit_blocks", "stored_blocks", "evicted_blocks", "skipped_blocks", "store_failed",
+    "request",
+    "arrival_s",
+    "prompt_tokens",
+    "prompt_blocks",
+    "gpu_hit_blocks",
+    "cpu_hit_blocks",
+    "stored_blocks",
+    "evicted_blocks",
+    "skipped_blocks",
+    "store_failed",
 )
 
 
@@ -54,28 +62,55 @@ class CacheReplay:
     protocol otherwise; ``fused=False`` always runs the protocol.
     """
 
-    def __init__(self, config: CacheConfig, manager: Any | None = None,
-                 requests_for_future: Iterable[Request] | None = None, *, fused: bool | None = None) -> None:
+    def __init__(
+        self,
+        config: CacheConfig,
+        manager: Any | None = None,
+        requests_for_future: Iterable[Request] | None = None,
+        *,
+        fused: bool | None = None,
+    ) -> None:
         self.config = config
         self.layout = config.layout
         fused_tier = fused_tier_class(config) if manager is None else None
         if fused and fused_tier is None:
-            raise ValueError("the fused tier runs kvsim's own 'lru' and 'arc' only, "
-                             "without a manager of the caller's")
+            raise ValueError(
+                "the fused tier runs kvsim's own 'lru' and 'arc' only, "
+                "without a manager of the caller's"
+            )
         if fused_tier is not None and fused is not False:
             self.tier: ProtocolTier | FusedTier = fused_tier(
-                config.num_chunks, config.chunk_tokens, config.prefill_chunk_tokens, admission_from_config(config))
+                config.num_chunks,
+                config.chunk_tokens,
+                config.prefill_chunk_tokens,
+                admission_from_config(config),
+            )
             self.manager = None
         else:
-            self.manager = manager if manager is not None else OffloadManager.from_config(config, requests_for_future)
+            self.manager = (
+                manager
+                if manager is not None
+                else OffloadManager.from_config(config, requests_for_future)
+            )
             self.tier = ProtocolTier(self.manager, config.chunk_tokens, config.prefill_chunk_tokens)
         self.gpu = GpuBlockPool(config.gpu_blocks)
         self.totals = dict.fromkeys(
-            ("requests", "prompt_tokens", "prompt_blocks", "gpu_hit_blocks", "cpu_hit_blocks",
-             "stored_blocks", "evicted_blocks", "store_failures"), 0)
+            (
+                "requests",
+                "prompt_tokens",
+                "prompt_blocks",
+                "gpu_hit_blocks",
+                "cpu_hit_blocks",
+                "stored_blocks",
+                "evicted_blocks",
+                "store_failures",
+            ),
+            0,
+        )
 
-    def run(self, requests: Iterable[Request],
-            row_sink: Callable[[tuple], None] | None = None) -> dict[str, Any]:
+    def run(
+        self, requests: Iterable[Request], row_sink: Callable[[tuple], None] | None = None
+    ) -> dict[str, Any]:
         layout = self.layout
         unit_tokens = layout.unit_tokens
         units_per_chunk = layout.units_per_chunk
@@ -91,7 +126,11 @@ class CacheReplay:
         for req in requests:
             input_tokens = req.input_tokens
             unit_keys = unit_keys_of(req.block_hashes, input_tokens)
-            chunk_keys = unit_keys if units_per_chunk == 1 else unit_keys[units_per_chunk - 1 :: units_per_chunk]
+            chunk_keys = (
+                unit_keys
+                if units_per_chunk == 1
+                else unit_keys[units_per_chunk - 1 :: units_per_chunk]
+            )
             n_chunks = len(chunk_keys)
 
             gpu_hit = 0
@@ -106,12 +145,15 @@ class CacheReplay:
                 store_chunks = min(n_chunks, allocated_units * unit_tokens // tpc)
 
             cpu_hit_tokens, stored, evicted, failed, skipped = serve(
-                req.request_id, chunk_keys, gpu_hit * unit_tokens, store_chunks, input_tokens)
+                req.request_id, chunk_keys, gpu_hit * unit_tokens, store_chunks, input_tokens
+            )
 
             if gpu_on:
                 complete_fresh = min(len(unit_keys), allocated_units) - gpu_hit
                 if complete_fresh > 0:
-                    gpu.cache_blocks(fresh[:complete_fresh], unit_keys[gpu_hit : gpu_hit + complete_fresh])
+                    gpu.cache_blocks(
+                        fresh[:complete_fresh], unit_keys[gpu_hit : gpu_hit + complete_fresh]
+                    )
                 gpu.free(held + fresh)
 
             n_req += 1
@@ -124,9 +166,20 @@ class CacheReplay:
             n_evicted += evicted
             n_fail += failed
             if row_sink is not None:
-                row_sink((req.request_id, req.arrival_s, input_tokens, len(unit_keys), gpu_hit,
-                          cpu_units, stored * units_per_chunk, evicted * units_per_chunk,
-                          skipped * units_per_chunk, failed > 0))
+                row_sink(
+                    (
+                        req.request_id,
+                        req.arrival_s,
+                        input_tokens,
+                        len(unit_keys),
+                        gpu_hit,
+                        cpu_units,
+                        stored * units_per_chunk,
+                        evicted * units_per_chunk,
+                        skipped * units_per_chunk,
+                        failed > 0,
+                    )
+                )
 
         t["requests"] += n_req
         t["prompt_tokens"] += n_tokens
@@ -163,7 +216,9 @@ class CacheReplay:
             "chunks_evicted": t["evicted_blocks"] // upc,
             "chunks_skipped_by_threshold": counters.stores_skipped if counters is not None else 0,
             "allocation_failures": t["store_failures"],
-            "bytes_loaded": t["cpu_hit_blocks"] * chunk_bytes // upc if chunk_bytes is not None else None,
+            "bytes_loaded": t["cpu_hit_blocks"] * chunk_bytes // upc
+            if chunk_bytes is not None
+            else None,
             "bytes_stored": stored_chunks * chunk_bytes if chunk_bytes is not None else None,
             "cpu_chunks": cfg.num_chunks,
             "chunk_tokens": cfg.chunk_tokens,

@@ -23,8 +23,13 @@ class FusedARCTier(FusedTier):
 
     name = "fused-arc"
 
-    def __init__(self, num_chunks: int, chunk_tokens: int, prefill_step: int | None,
-                 admission: AdmissionPolicy | None = None) -> None:
+    def __init__(
+        self,
+        num_chunks: int,
+        chunk_tokens: int,
+        prefill_step: int | None,
+        admission: AdmissionPolicy | None = None,
+    ) -> None:
         super().__init__(num_chunks, chunk_tokens, prefill_step, admission)
         self.p: float = 0.0  # vLLM's target_t1_size
         self.t1: OrderedDict[Key, None] = OrderedDict()
@@ -78,8 +83,13 @@ class FusedARCTier(FusedTier):
     def _evict(self, need: int, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
         t1, t2 = self.t1, self.t2
         protected = set(offer)
-        picked = pick_victims(need, len(t1), int(self.p), filterfalse(protected.__contains__, t1),
-                              filterfalse(protected.__contains__, t2))
+        picked = pick_victims(
+            need,
+            len(t1),
+            int(self.p),
+            filterfalse(protected.__contains__, t1),
+            filterfalse(protected.__contains__, t2),
+        )
         if picked is None:
             return False
         retire_victims(picked, t1, t2, self.b1, self.b2, self.num_chunks)

@@ -25,8 +25,13 @@ class FusedLRUTier(FusedTier):
 
     name = "fused-lru"
 
-    def __init__(self, num_chunks: int, chunk_tokens: int, prefill_step: int | None,
-                 admission: AdmissionPolicy | None = None) -> None:
+    def __init__(
+        self,
+        num_chunks: int,
+        chunk_tokens: int,
+        prefill_step: int | None,
+        admission: AdmissionPolicy | None = None,
+    ) -> None:
         super().__init__(num_chunks, chunk_tokens, prefill_step, admission)
         self._order: OrderedDict[Key, None] = OrderedDict()  # committed keys, least recent first
         self._mine: set[Key] = set()  # the running request's resident keys (provisional ranks)

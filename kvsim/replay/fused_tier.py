@@ -33,8 +33,13 @@ class FusedTier(ABC):
 
     name: ClassVar[str] = "fused"
 
-    def __init__(self, num_chunks: int, chunk_tokens: int, prefill_step: int | None,
-                 admission: AdmissionPolicy | None = None) -> None:
+    def __init__(
+        self,
+        num_chunks: int,
+        chunk_tokens: int,
+        prefill_step: int | None,
+        admission: AdmissionPolicy | None = None,
+    ) -> None:
         if num_chunks < 0:
             raise ValueError(f"num_chunks must be >= 0, got {num_chunks}")
         self.num_chunks = num_chunks
@@ -86,8 +91,14 @@ class FusedTier(ABC):
 
     # --- the connector's part ---
 
-    def serve(self, req_id: object, keys: Sequence[Key], local_tokens: int, store_chunks: int,
-              input_tokens: int) -> tuple[int, int, int, int, int]:
+    def serve(
+        self,
+        req_id: object,
+        keys: Sequence[Key],
+        local_tokens: int,
+        store_chunks: int,
+        input_tokens: int,
+    ) -> tuple[int, int, int, int, int]:
         """Returns ``(cpu_hit_tokens, stored, evicted, failed_offers, skipped)`` in chunks."""
         tpc = self.chunk_tokens
         counters = self.counters
@@ -105,8 +116,9 @@ class FusedTier(ABC):
 
         stored = evicted = failed = skipped = 0
         if store_chunks > next_store:
-            for upto in offer_bounds(store_chunks, local_tokens + cpu_hit_tokens, input_tokens, tpc,
-                                     self.prefill_step):
+            for upto in offer_bounds(
+                store_chunks, local_tokens + cpu_hit_tokens, input_tokens, tpc, self.prefill_step
+            ):
                 if upto <= next_store:
                     continue
                 offer = keys[next_store:upto]

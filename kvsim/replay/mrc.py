@@ -99,9 +99,16 @@ def _sampler(rate: float, seed: int):
     return keep
 
 
-def lru_mrc(requests: Iterable[Request], layout: KeyLayout, *, protocol: str = "prefix",
-            sample_rate: float = 1.0, seed: int = 0,
-            capacities: Sequence[int] | None = None, points: int = 200) -> MRC:
+def lru_mrc(
+    requests: Iterable[Request],
+    layout: KeyLayout,
+    *,
+    protocol: str = "prefix",
+    sample_rate: float = 1.0,
+    seed: int = 0,
+    capacities: Sequence[int] | None = None,
+    points: int = 200,
+) -> MRC:
     """One-pass LRU hit-ratio curve of a trace (see the module docstring)."""
     if protocol not in ("prefix", "object"):
         raise InputError(f"--protocol must be prefix or object, got {protocol!r}")
@@ -149,8 +156,14 @@ def lru_mrc(requests: Iterable[Request], layout: KeyLayout, *, protocol: str = "
         cdf = cdf * accesses * layout.units_per_chunk / max(total_units, 1)
     if capacities is None:
         top = max_depth + 1
-        grid = np.unique(np.concatenate([
-            np.geomspace(1, top, num=points).astype(int), np.linspace(1, top, num=points).astype(int)]))
+        grid = np.unique(
+            np.concatenate(
+                [
+                    np.geomspace(1, top, num=points).astype(int),
+                    np.linspace(1, top, num=points).astype(int),
+                ]
+            )
+        )
     else:
         grid = np.asarray(sorted(set(int(c) for c in capacities)))
     info = {"cdf": cdf, "longest_request_chunks": longest, "prompt_units": total_units}

@@ -52,8 +52,9 @@ class ObjectStats:
 class ObjectCache:
     """One policy object under the get/insert-on-miss protocol."""
 
-    def __init__(self, policy: EvictionPolicy, capacity: int,
-                 admission: AdmissionPolicy | None = None) -> None:
+    def __init__(
+        self, policy: EvictionPolicy, capacity: int, admission: AdmissionPolicy | None = None
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.policy = policy
@@ -74,8 +75,12 @@ class ObjectCache:
     def run(self, keys: Iterable[Key]) -> ObjectStats:
         policy = self.policy
         get, touch = policy.get, policy.touch
-        on_miss, evict, insert, ready = (policy.on_store_miss, policy.evict, policy.insert,
-                                         policy.mark_evictable)
+        on_miss, evict, insert, ready = (
+            policy.on_store_miss,
+            policy.evict,
+            policy.insert,
+            policy.mark_evictable,
+        )
         admission = self.admission
         records = admission is not None and admission.records_offers
         stats = self.stats
@@ -103,8 +108,10 @@ class ObjectCache:
             if self._resident >= self.capacity:
                 victims = evict(1, _NOTHING)
                 if not victims:
-                    raise RuntimeError(f"policy {policy.name or type(policy).__name__} "
-                                       f"could not evict from a full cache")
+                    raise RuntimeError(
+                        f"policy {policy.name or type(policy).__name__} "
+                        f"could not evict from a full cache"
+                    )
                 self._free.append(victims[0][1].chunk_id)
                 evictions += 1
                 self._resident -= 1
@@ -125,17 +132,27 @@ class ObjectCache:
         return stats
 
 
-def object_replay(requests: Iterable[Request], layout: KeyLayout, capacity: int, policy: str = "lru",
-                  *, admission: str = "always", policy_module: str | None = None, seed: int = 0,
-                  store_threshold: int = 0, max_tracker_size: int = 64_000) -> dict[str, Any]:
+def object_replay(
+    requests: Iterable[Request],
+    layout: KeyLayout,
+    capacity: int,
+    policy: str = "lru",
+    *,
+    admission: str = "always",
+    policy_module: str | None = None,
+    seed: int = 0,
+    store_threshold: int = 0,
+    max_tracker_size: int = 64_000,
+) -> dict[str, Any]:
     """Replay a trace's block stream under the object protocol; returns a summary dict."""
     from kvsim.policies.registry import make_admission, make_eviction_policy
 
     pol = make_eviction_policy(policy, capacity, policy_module)
     adm = None
     if admission != "always" or store_threshold >= 2:
-        adm = make_admission(admission, store_threshold=store_threshold,
-                             max_tracker_size=max_tracker_size, seed=seed)
+        adm = make_admission(
+            admission, store_threshold=store_threshold, max_tracker_size=max_tracker_size, seed=seed
+        )
     cache = ObjectCache(pol, capacity, adm)
     if cache._timed:
         keys: Iterable[Key] = list(block_stream(requests, layout))
@@ -144,14 +161,24 @@ def object_replay(requests: Iterable[Request], layout: KeyLayout, capacity: int,
         keys = block_stream(requests, layout)
     s = cache.run(keys)
     return {
-        "protocol": "object", "accesses": s.accesses, "hits": s.hits, "misses": s.misses,
-        "hit_ratio": 1.0 - s.miss_ratio if s.accesses else 0.0, "miss_ratio": s.miss_ratio,
-        "evictions": s.evictions, "bypassed": s.bypassed, "capacity": capacity,
-        "chunk_tokens": layout.chunk_tokens, "policy": policy, "admission": admission,
+        "protocol": "object",
+        "accesses": s.accesses,
+        "hits": s.hits,
+        "misses": s.misses,
+        "hit_ratio": 1.0 - s.miss_ratio if s.accesses else 0.0,
+        "miss_ratio": s.miss_ratio,
+        "evictions": s.evictions,
+        "bypassed": s.bypassed,
+        "capacity": capacity,
+        "chunk_tokens": layout.chunk_tokens,
+        "policy": policy,
+        "admission": admission,
     }
 
 
-def replay_config(requests: Iterable[Request], config: Any, protocol: str = "object") -> dict[str, Any]:
+def replay_config(
+    requests: Iterable[Request], config: Any, protocol: str = "object"
+) -> dict[str, Any]:
     """Object-protocol replay of a resolved :class:`kvsim.config.CacheConfig`."""
     if protocol not in PROTOCOLS:
         from kvsim.errors import InputError
@@ -162,7 +189,14 @@ def replay_config(requests: Iterable[Request], config: Any, protocol: str = "obj
 
         raise InputError("--protocol object models the CPU tier alone; drop --gpu-blocks")
     admission = config.admission
-    return object_replay(requests, config.layout, config.num_chunks, config.policy,
-                         admission=admission, policy_module=config.policy_module, seed=config.seed,
-                         store_threshold=config.store_threshold,
-                         max_tracker_size=config.max_tracker_size)
+    return object_replay(
+        requests,
+        config.layout,
+        config.num_chunks,
+        config.policy,
+        admission=admission,
+        policy_module=config.policy_module,
+        seed=config.seed,
+        store_threshold=config.store_threshold,
+        max_tracker_size=config.max_tracker_size,
+    )

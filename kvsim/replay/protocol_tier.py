@@ -15,8 +15,13 @@ from kvsim.context import chunk_positions
 from kvsim.policies.base import Key
 
 
-def offer_bounds(store_chunks: int, computed_tokens: int, input_tokens: int, chunk_tokens: int,
-                 prefill_step: int | None) -> Sequence[int]:
+def offer_bounds(
+    store_chunks: int,
+    computed_tokens: int,
+    input_tokens: int,
+    chunk_tokens: int,
+    prefill_step: int | None,
+) -> Sequence[int]:
     """End chunk of each store offer: one offer of every chunk, or one per prefill step.
 
     With chunked prefill a chunk is offered in the step that schedules its last token, and a
@@ -25,8 +30,10 @@ def offer_bounds(store_chunks: int, computed_tokens: int, input_tokens: int, chu
     if not prefill_step:
         return (store_chunks,)
     computed = min(computed_tokens, input_tokens - 1)
-    return [min(store_chunks, min(end, input_tokens) // chunk_tokens)
-            for end in range(computed + prefill_step, input_tokens + prefill_step, prefill_step)]
+    return [
+        min(store_chunks, min(end, input_tokens) // chunk_tokens)
+        for end in range(computed + prefill_step, input_tokens + prefill_step, prefill_step)
+    ]
 
 
 class ProtocolTier:
@@ -50,8 +57,14 @@ class ProtocolTier:
         order = getattr(policy, "eviction_order", None)
         return order() if order is not None else list(policy.keys())
 
-    def serve(self, req_id: object, keys: Sequence[Key], local_tokens: int, store_chunks: int,
-              input_tokens: int) -> tuple[int, int, int, int, int]:
+    def serve(
+        self,
+        req_id: object,
+        keys: Sequence[Key],
+        local_tokens: int,
+        store_chunks: int,
+        input_tokens: int,
+    ) -> tuple[int, int, int, int, int]:
         """Returns ``(cpu_hit_tokens, stored, evicted, failed_offers, skipped)`` in chunks."""
         manager = self.manager
         tpc = self.chunk_tokens
@@ -76,8 +89,9 @@ class ProtocolTier:
 
         stored = evicted = failed = 0
         if store_chunks > next_store:
-            for upto in offer_bounds(store_chunks, local_tokens + cpu_hit_tokens, input_tokens, tpc,
-                                     self.prefill_step):
+            for upto in offer_bounds(
+                store_chunks, local_tokens + cpu_hit_tokens, input_tokens, tpc, self.prefill_step
+            ):
                 if upto <= next_store:
                     continue
                 out = manager.prepare_store(keys[next_store:upto], ctx)

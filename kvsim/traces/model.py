@@ -30,7 +30,9 @@ class Request:
     session_id: int | None = None  # e.g. Bailian chat_id; None when unknown
 
     def complete_blocks(self, block_tokens: int) -> int:
-        """Number of complete (cacheable) blocks: ``min(input_tokens // block_tokens, len(block_hashes))``."""
+        """Number of complete (cacheable) blocks.
+
+        ``min(input_tokens // block_tokens, len(block_hashes))``."""
         n = self.input_tokens // block_tokens
         m = len(self.block_hashes)
         return n if n < m else m
@@ -47,7 +49,10 @@ def repeated_block_id(ids: tuple[int, ...] | list[int]) -> str | None:
     first: dict[int, int] = {}
     for i, h in enumerate(ids):
         if h in first:
-            return f"id {h} repeats (elements {first[h]} and {i}); block ids are prefix-chained and never repeat within a request"
+            return (
+                f"id {h} repeats (elements {first[h]} and {i}); block ids are prefix-chained "
+                "and never repeat within a request"
+            )
         first[h] = i
     return None
 
@@ -70,7 +75,7 @@ class Trace:
     requests are produced when ``limit`` is not None.
     """
 
-    __slots__ = ("info", "limit", "_requests", "_reader")
+    __slots__ = ("_reader", "_requests", "info", "limit")
 
     def __init__(
         self,

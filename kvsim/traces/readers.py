@@ -1,4 +1,6 @@
-"""Streaming trace readers: Mooncake JSONL, Alibaba Bailian JSONL, Azure LLM 2023 CSV, native kvsim JSONL.
+"""Streaming trace readers.
+
+Mooncake JSONL, Alibaba Bailian JSONL, Azure LLM 2023 CSV, native kvsim JSONL.
 
 Every reader streams one record at a time (``json.loads`` per line), validates it and raises
 :class:`kvsim.errors.InputError` naming ``file:line`` (1-based; the CSV header is line 1) on the
@@ -321,7 +323,8 @@ def _read_native_header(line: bytes, path: str) -> int:
         )
     if h["kvsim_trace"] != NATIVE_VERSION or type(h["kvsim_trace"]) is not int:
         raise InputError(
-            f"unsupported kvsim_trace version {_show(h['kvsim_trace'])} (expected {NATIVE_VERSION})",
+            f"unsupported kvsim_trace version {_show(h['kvsim_trace'])} "
+            f"(expected {NATIVE_VERSION})",
             source=path,
             line=1,
         )

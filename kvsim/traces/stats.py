@@ -47,7 +47,7 @@ def _describe(name: str, values: np.ndarray, unit: str) -> dict[str, Any]:
     return {
         "quantity": name,
         "unit": unit,
-        "count": int(len(values)),
+        "count": len(values),
         "mean": float(values.mean()),
         **{f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, qs)},
         "max": float(values.max()),

@@ -21,7 +21,10 @@ from kvsim.policies.frequency_sketch import FrequencySketch
 
 class TinyLFUAdmission(AdmissionPolicy):
     name = "tinylfu"
-    description = "TinyLFU: store a chunk once a count-min sketch (+doorkeeper) has seen it N times (tinylfu:N, N=2)"
+    description = (
+        "TinyLFU: store a chunk once a count-min sketch (+doorkeeper) has seen it N times "
+        "(tinylfu:N, N=2)"
+    )
     records_offers = True
 
     def __init__(
