@@ -7,6 +7,7 @@ shell go through the same code.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -156,8 +157,8 @@ def simulate(
     baseline: bool = False,
     seed: int = 0,
     limit: int | None = None,
-    max_num_batched_tokens: int = 8192,
-    max_num_seqs: int = 256,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
     long_prefill_token_threshold: int = 0,
     gpu_kv_blocks: int | None = None,
     gpu_memory_utilization: float = 0.9,
@@ -183,15 +184,18 @@ def simulate(
     ``admission``, ``store_threshold``, ...). ``link`` is a preset (pcie5, pcie4, gh200) or a
     calibration profile path; ``compute_profile`` a JSON of roofline coefficients.
 
+    ``max_num_batched_tokens`` and ``max_num_seqs`` default to what ``vllm serve`` picks on
+    ``gpu`` (:func:`kvsim.hardware.vllm_batch_defaults`).
+
     Returns a Result with tables ``requests``, ``transfers``, ``steps`` and a flat summary.
     """
     # The timed engine loads on first use, so `import kvsim` and the CLI stay quick.
-    from kvsim.engine.compute_model import ComputeParams, load_compute_profile
+    from kvsim.engine.compute_model import ComputeParams, LinearCompute, load_compute_profile
     from kvsim.engine.engine import Engine
     from kvsim.engine.params import EngineParams
     from kvsim.engine.summary import summarize
     from kvsim.engine.transfer_model import get_link
-    from kvsim.hardware import get_gpu
+    from kvsim.hardware import get_gpu, vllm_batch_defaults
     from kvsim.models import get_model
 
     model = model or "llama-3.1-8b"
@@ -208,9 +212,13 @@ def simulate(
         **options,
     )
     config = opts.resolve(tr.block_tokens)
+    # every name resolves here, once: the engine takes the spec objects
+    model_spec = get_model(model)
+    gpu_spec = get_gpu(gpu)
+    default_tokens, default_seqs = vllm_batch_defaults(gpu_spec)
     params = EngineParams(
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens or default_tokens,
+        max_num_seqs=max_num_seqs or default_seqs,
         long_prefill_token_threshold=long_prefill_token_threshold,
         gpu_blocks=gpu_kv_blocks,
         gpu_memory_utilization=gpu_memory_utilization,
@@ -224,13 +232,15 @@ def simulate(
         seed=seed,
         record_steps=record_steps,
     )
-    # every name resolves here, once: the engine takes the spec objects
-    model_spec = get_model(model)
-    gpu_spec = get_gpu(gpu)
     transfer = get_link(link) if link else get_link(gpu_spec.link)
     compute_params = ComputeParams.for_gpu(gpu_spec)
+    linear: LinearCompute | None = None
     if compute_profile is not None:
-        compute_params = load_compute_profile(compute_profile, compute_params)
+        loaded = load_compute_profile(compute_profile, compute_params)
+        if isinstance(loaded, LinearCompute):
+            linear = loaded
+        else:
+            compute_params = loaded
     future = tr if sized else None  # read only by policies that need the future
 
     def run(offload: bool) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
@@ -239,6 +249,7 @@ def simulate(
             params,
             model=model_spec,
             gpu=gpu_spec,
+            compute=linear,
             compute_params=compute_params,
             transfer=transfer,
             offload=offload,
@@ -271,7 +282,7 @@ def simulate(
         **params.as_dict(),
         "gpu": gpu_spec.name,
         "link": transfer.to_dict(),
-        "compute": compute_params.__dict__,
+        "compute": dataclasses.asdict(linear) if linear else compute_params.__dict__,
         "offload": sized,
     }
     return Result(summary=summary, tables=tables, config=config_out)

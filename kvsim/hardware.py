@@ -38,6 +38,22 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 
+GIB = 1 << 30
+
+
+def vllm_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` 0.33 picks on ``gpu``.
+
+    vLLM's ``EngineArgs.get_batch_defaults`` for the OpenAI server: >= 160 GiB GPUs get
+    16384 / 1024; >= 70 GiB ones other than the A100 get 8192 / 1024; the rest 2048 / 256.
+    """
+    if gpu.memory_bytes >= 160 * GIB:
+        return 16384, 1024
+    if gpu.memory_bytes >= 70 * GIB and "a100" not in gpu.name:
+        return 8192, 1024
+    return 2048, 256
+
+
 def get_gpu(name: str) -> GpuSpec:
     key = str(name).strip().lower()
     try:

@@ -154,15 +154,20 @@ def test_reusing_a_block_with_a_store_in_flight_stalls_the_forward():
     assert tr[tr.request == 0].end_s.iloc[0] == pytest.approx(6.0)
 
 
-def test_preemption_flushes_stores_and_recomputes():
-    # 4 GPU blocks, two requests that grow into each other's space: the later one is
-    # preempted (recompute), its in-flight stores are flushed, and it still finishes.
+def test_preemption_flushes_stores_and_waits_for_its_whole_sequence():
+    # 5 GPU blocks, two requests that grow into each other's space: the later one is
+    # preempted, its in-flight stores are flushed, and it still finishes. With vLLM's
+    # full-prompt gate it is readmitted only when its whole sequence (33 tokens: 3 blocks)
+    # fits, i.e. after request 0 finished; its own blocks are still in the GPU prefix
+    # cache then, so nothing is recomputed.
     eng = run([req(0, 0, 32, 40, (0, 1)), req(1, 0, 32, 40, (5, 6))], gpu_blocks=5, per_chunk=2.5)
     r, _, st = tables(eng)
-    assert r.preemptions.sum() >= 1
-    assert r.recomputed_tokens.sum() > 0
+    assert list(r.preemptions) == [0, 1]
+    assert r.recomputed_tokens.sum() == 0
     assert r.finish_s.notna().all() and list(r.output_tokens) == [40, 40]
     assert st.stall_s.sum() > 0
+    resumed = st[(st.running == 1) & (st.waiting == 0)].start_s.min()
+    assert resumed >= r.loc[0, "finish_s"]
 
 
 def test_sync_load_runs_in_the_same_step_on_the_expedited_queue():

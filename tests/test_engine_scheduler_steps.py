@@ -177,3 +177,82 @@ def test_lone_request_is_not_capped_as_in_vllm_033() -> None:
     s.waiting.append(make_req(0, 50))
     s.schedule(0.0, 0)
     assert s.scheduled[0].sched == 50
+
+
+# --- vLLM 0.33's admission rules: the full-prompt gate, holders first, reserved blocks ---
+
+
+def test_full_prompt_gate_refuses_a_request_whose_prompt_cannot_all_fit() -> None:
+    """scheduler_reserve_full_isl: a 100-token prompt (7 blocks) is not admitted with 6 free
+    blocks even though its first chunk (threshold 16: one block) would fit."""
+    s = make_scheduler(blocks=8, threshold=16)
+    s.running.append(held := make_req(9, 32))
+    held.blocks, held.num_computed, held.status = s.pool.allocate(2), 31, RUNNING
+    s.waiting.append(r := make_req(0, 100))
+    s.schedule(0.0, 0)
+    assert r.status == WAITING and r.blocks == [] and [q.rid for q in s.scheduled] == [9]
+    s2 = make_scheduler(blocks=9, threshold=16)  # 7 free: it fits, one chunk is taken
+    s2.running.append(held2 := make_req(9, 32))
+    held2.blocks, held2.num_computed, held2.status = s2.pool.allocate(2), 31, RUNNING
+    s2.waiting.append(r2 := make_req(0, 100))
+    s2.schedule(0.0, 0)
+    assert (r2.status, r2.sched, len(r2.blocks)) == (RUNNING, 16, 1)
+
+
+def test_requests_holding_blocks_are_tried_before_the_plain_queue() -> None:
+    """vLLM drains kv_holding_waiting first: a request whose load landed is admitted ahead of
+    an earlier arrival that holds nothing."""
+    s = make_scheduler(blocks=8, max_seqs=1)
+    s.waiting.append(plain := make_req(0, 16))
+    loaded = make_req(1, 40)
+    loaded.blocks = s.pool.allocate(2)
+    loaded.status, loaded.pending_ext, loaded.load_done = WAITING_FOR_KV, 32, True
+    s.kv_holding.append(loaded)
+    s.schedule(0.0, 0)
+    assert [r.rid for r in s.scheduled] == [1] and loaded.sched == 8
+    assert list(s.waiting) == [plain] and not s.kv_holding
+
+
+def test_prefills_in_flight_reserve_their_remaining_blocks() -> None:
+    """An async-load admission must leave free what admitted prefills still need (vLLM
+    reserved_blocks): a running 80-token prefill holding 1 of its 5 blocks reserves 4."""
+    s = make_scheduler(blocks=8, threshold=16)
+    s.waiting.append(a := make_req(0, 80))
+    s.waiting.append(b := make_req(1, 48))
+    s.schedule(0.0, 0)
+    assert a in s.inflight_prefills and b in s.inflight_prefills  # both have prompt left
+    assert s._remaining_blocks(a) == 4 and s._remaining_blocks(b) == 2
+    s.update(1.0)
+    # free: 8 - 2 held = 6, reserved 4 + 2 = 6 -> an async load needing one block must wait
+    c = make_req(2, 40)
+    assert not s._take_admission_blocks(c, 0, 16, True, 0)
+    assert s._take_admission_blocks(c, 0, 16, False, 0)  # a sync admission is not held back
+
+
+def test_a_prefill_leaves_the_reserve_when_its_last_chunk_is_scheduled() -> None:
+    s = make_scheduler(blocks=16, threshold=16)
+    s.waiting.extend([a := make_req(0, 32), make_req(1, 16)])
+    step(s)
+    assert a in s.inflight_prefills
+    s.schedule(1.0, 0)  # a's second and last chunk
+    assert a.sched == 16 and a not in s.inflight_prefills
+
+
+def test_rescue_drops_the_kv_of_holders_behind_the_head() -> None:
+    """Loaded requests that each wait for blocks another holds: the ones behind the head
+    lose their KV (recompute) and go to the plain queue, so the head can be admitted."""
+    s = make_scheduler(blocks=6)
+    holders = []
+    for rid in range(3):
+        r = make_req(rid, 64)  # 4 blocks each to run; each holds 2
+        r.blocks = s.pool.allocate(2)
+        r.status, r.pending_ext, r.load_done = WAITING_FOR_KV, 32, True
+        holders.append(r)
+    s.kv_holding.extend(holders)
+    s.schedule(0.0, 0)
+    assert not s.scheduled  # the head needs 2 more blocks, none is free
+    assert s.rescue()
+    assert list(s.kv_holding) == holders[:1] and list(s.waiting) == holders[1:]
+    assert all(r.blocks == [] and r.preemptions == 1 for r in holders[1:])
+    s.schedule(1.0, 0)
+    assert [r.rid for r in s.scheduled] == [0]

@@ -121,9 +121,17 @@ def write_tables(result: Result, out: str) -> list[str]:
     help="Re-time arrivals as Poisson at this rate (req/s, seeded).",
 )
 @click.option(
-    "--max-num-batched-tokens", type=click.IntRange(min=1), default=8192, show_default=True
+    "--max-num-batched-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Token budget per step (default: vllm serve's for the GPU; H100/H200: 8192).",
 )
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option(
+    "--max-num-seqs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Running requests per step (default: vllm serve's for the GPU; H100/H200: 1024).",
+)
 @click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
 @click.option("--no-prefix-caching", is_flag=True, help="Disable the GPU prefix cache.")
 @click.option(
@@ -139,13 +147,21 @@ def write_tables(result: Result, out: str) -> list[str]:
     help="vLLM sync_load_budget_bytes: small CPU hits load in the same step.",
 )
 @click.option(
-    "--link", default=None, help="Link preset (pcie5, pcie4, gh200) or calibration profile JSON."
+    "--link",
+    default=None,
+    help=(
+        "Link preset (pcie5, pcie4, gh200), a calibration profile JSON, or a constant link "
+        '{"kind": "constant", "h2d_bytes_per_s": X, "d2h_bytes_per_s": Y} in a JSON file.'
+    ),
 )
 @click.option(
     "--compute-profile",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
-    help="JSON of roofline coefficients replacing the GPU preset's.",
+    help=(
+        "JSON of roofline coefficients replacing the GPU preset's, or a linear step time "
+        '{"kind": "linear", "step_s": A, "per_token_s": B}.'
+    ),
 )
 @click.option(
     "--out",
@@ -174,8 +190,8 @@ def simulate_command(
     limit: int | None,
     time_scale: float,
     poisson_rate: float | None,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
+    max_num_batched_tokens: int | None,
+    max_num_seqs: int | None,
     gpu_memory_utilization: float,
     no_prefix_caching: bool,
     offload_all_tokens: bool,

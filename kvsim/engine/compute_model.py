@@ -16,6 +16,11 @@ Compute profile JSON (all keys optional; they replace the preset's values)::
     {"peak_flops": 9.89e14, "hbm_bytes_per_s": 4.8e12, "flops_efficiency": 0.6,
      "bandwidth_efficiency": 0.8, "step_overhead_s": 0.002}
 
+The simplest model, for setting a run side by side with another simulator or with vLLM's
+own scheduler: a step takes ``step_s + per_token_s * tokens``, nothing else::
+
+    {"kind": "linear", "step_s": 0.01, "per_token_s": 1e-5}
+
 Any callable ``(StepBatch) -> seconds`` can stand in for :class:`RooflineCompute`; a real
 backend sleeps that long to emulate the forward pass.
 """
@@ -78,12 +83,47 @@ class ComputeParams:
         return replace(self, **values)
 
 
-def load_compute_profile(path: str | os.PathLike[str], base: ComputeParams) -> ComputeParams:
+@dataclass(frozen=True, slots=True)
+class LinearCompute:
+    """``step_s + per_token_s * tokens``: the trivial time model runs can be compared under."""
+
+    step_s: float
+    per_token_s: float
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "compute profile") -> LinearCompute:
+        unknown = sorted(set(data) - {"kind", "step_s", "per_token_s"})
+        if unknown:
+            raise InputError(
+                f"unknown key(s) {', '.join(unknown)} for a linear profile", source=source
+            )
+        values = []
+        for name in ("step_s", "per_token_s"):
+            v = data.get(name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise InputError(f"{name} must be a finite number >= 0, got {v!r}", source=source)
+            values.append(float(v))
+        return cls(*values)
+
+    def __call__(self, batch: StepBatch) -> float:
+        tokens = batch.prefill_tokens + batch.decode_tokens
+        return self.step_s + self.per_token_s * tokens if tokens > 0 else 0.0
+
+
+def load_compute_profile(
+    path: str | os.PathLike[str], base: ComputeParams
+) -> ComputeParams | LinearCompute:
+    """A roofline profile (coefficients replacing ``base``'s) or a ``"kind": "linear"`` one."""
     path = os.fspath(path)
     data = read_json(path)
     if not isinstance(data, dict):
         raise InputError("expected a JSON object", source=path)
-    return base.with_profile(data, source=path)
+    kind = data.get("kind", "roofline")
+    if kind == "linear":
+        return LinearCompute.from_dict(data, source=path)
+    if kind != "roofline":
+        raise InputError(f"unknown kind {kind!r}; known: roofline, linear", source=path)
+    return base.with_profile({k: v for k, v in data.items() if k != "kind"}, source=path)
 
 
 class RooflineCompute:

@@ -245,7 +245,9 @@ class Engine:
     ) -> None:
         sched, conn, pool = self.scheduler, self.connector, self.pool
         waiting_kv = (
-            sum(1 for r in sched.waiting if r.status == WAITING_FOR_KV) if conn is not None else 0
+            sum(1 for r in sched.kv_holding if r.status == WAITING_FOR_KV)
+            if conn is not None
+            else 0
         )
         stats = self.manager.get_stats() if self.manager is not None else None
         ints = (
@@ -255,7 +257,7 @@ class Engine:
             batch.prefill_tokens,
             batch.decode_tokens,
             len(sched.running),
-            len(sched.waiting) - waiting_kv,
+            sched.num_waiting - waiting_kv,
             waiting_kv,
             pool.num_free,
             n_finished,
@@ -274,7 +276,7 @@ class Engine:
         sched, conn = self.scheduler, self.connector
         now = self.clock.now()
         queued = conn is not None and conn.has_queued_work
-        if not (sched.running or sched.waiting or queued):
+        if not (sched.running or sched.num_waiting or queued):
             return  # idle until the next arrival
         if progress or queued:
             self._schedule_step(now)
@@ -289,7 +291,7 @@ class Engine:
             self._schedule_step(now)
         elif not self._arrivals_left:
             raise RuntimeError(
-                f"engine stalled at t={now:.6f}s with {len(sched.waiting)} waiting "
+                f"engine stalled at t={now:.6f}s with {sched.num_waiting} waiting "
                 f"and {len(sched.running)} running requests and nothing in flight"
             )
 

@@ -107,6 +107,12 @@ class Scheduler:
         self.connector = connector
         self.prefix_caching = params.enable_prefix_caching
         self.waiting: deque[SimRequest] = deque()
+        # vLLM's kv_holding_waiting: waiting requests that hold GPU blocks (an async load in
+        # flight or landed) are tried before the plain queue, so they cannot starve behind it
+        self.kv_holding: deque[SimRequest] = deque()
+        # vLLM's _inflight_prefills: admitted requests whose prompt is not all scheduled
+        # yet; an async-load admission must leave their remaining blocks free
+        self.inflight_prefills: dict[SimRequest, None] = {}
         self.running: list[SimRequest] = []
         self.scheduled: list[SimRequest] = []
         self.preempted: list[SimRequest] = []
@@ -133,7 +139,13 @@ class Scheduler:
         """How many of these cached blocks sit in the free queue (taking them uses free space)."""
         return self.pool.count_free_cached(keys)
 
+    def _remaining_blocks(self, req: SimRequest) -> int:
+        """Blocks ``req`` still lacks to hold its whole sequence (vLLM
+        ``_request_remaining_blocks``)."""
+        return max(0, -(-req.num_tokens // self.unit) - len(req.blocks))
+
     def _preempt(self, req: SimRequest) -> None:
+        self.inflight_prefills.pop(req, None)
         self.pool.free(req.blocks)
         req.blocks = []
         req.n_cached = 0
@@ -157,13 +169,18 @@ class Scheduler:
         if self.connector is not None:
             self.connector.begin_schedule(step)
         self.preempted = []
-        eligible = len(self.running) + len(self.waiting)
+        eligible = len(self.running) + self.num_waiting
         self.threshold = self.params.long_prefill_token_threshold if eligible > 1 else 0
         tally = _BatchTally()
         budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
         if not self.preempted:
             self._schedule_waiting(now, budget, tally)
         self.scheduled = tally.reqs
+        inflight = self.inflight_prefills
+        if inflight:  # vLLM _update_after_schedule: a request scheduled to its end leaves
+            for req in tally.reqs:
+                if req in inflight and req.num_computed + req.sched >= req.num_tokens:
+                    del inflight[req]
         if self.connector is not None:
             self.connector.build_store_jobs(tally.reqs)
         return tally.batch()
@@ -206,25 +223,29 @@ class Scheduler:
         return True
 
     def _schedule_waiting(self, now: float, budget: int, tally: _BatchTally) -> None:
-        """Admit waiting requests FCFS while budget and ``max_num_seqs`` allow. A request that
-        must wait (load in flight, connector deferral, async load just started) is skipped
-        and keeps its place; one that cannot get its blocks stops admission."""
+        """Admit waiting requests FCFS while budget and ``max_num_seqs`` allow, those holding
+        GPU blocks first (vLLM drains ``kv_holding_waiting`` before ``waiting``). A request
+        that must wait (load in flight, connector deferral, async load just started) is
+        skipped and keeps its place; one that cannot get its blocks stops admission."""
         threshold = self.threshold
-        waiting = self.waiting
         running = self.running
-        skipped: list[SimRequest] = []
+        skipped_holding: list[SimRequest] = []
+        skipped_plain: list[SimRequest] = []
         max_seqs = self.params.max_num_seqs
-        while waiting and budget > 0 and len(running) < max_seqs:
-            req = waiting[0]
+        while budget > 0:
+            queue = self.kv_holding if self.kv_holding else self.waiting
+            if not queue or len(running) >= max_seqs:
+                break
+            req = queue[0]
             if req.status == WAITING_FOR_KV:
                 if not req.load_done:
-                    skipped.append(waiting.popleft())
+                    self._skip(queue, skipped_holding, skipped_plain)
                     continue
                 self._promote(req)
             if req.num_computed == 0:
                 hit = self._lookup_hit(req, now)
                 if hit is None:
-                    skipped.append(waiting.popleft())
+                    self._skip(queue, skipped_holding, skipped_plain)
                     continue
                 gpu_hit, ext, is_async = hit
                 local = gpu_hit * self.unit
@@ -237,22 +258,42 @@ class Scheduler:
                     break
                 if is_async:
                     self._park_for_load(req, now, local, ext)
-                    skipped.append(waiting.popleft())
+                    self.inflight_prefills[req] = None
+                    self._skip(queue, skipped_holding, skipped_plain)
                     continue
                 req.num_computed = local + ext
             else:
                 n = clamp_new_tokens(req.num_tokens - req.num_computed, budget, threshold)
-                need = self._blocks_needed(req, n)
-                if need > 0:
-                    blocks = self._allocate(need)
-                    if blocks is None:
-                        break
-                    req.blocks.extend(blocks)
-            waiting.popleft()
+                if not self._resume_blocks(req, n):
+                    break
+            queue.popleft()
+            self.inflight_prefills[req] = None  # dropped below if this chunk ends the prompt
             self._start_running(req, n, now, tally)
             budget -= n
-        if skipped:
-            waiting.extendleft(reversed(skipped))
+        if skipped_holding:
+            self.kv_holding.extendleft(reversed(skipped_holding))
+        if skipped_plain:
+            self.waiting.extendleft(reversed(skipped_plain))
+
+    @staticmethod
+    def _skip(queue: deque[SimRequest], holding: list[SimRequest], plain: list[SimRequest]) -> None:
+        """vLLM ``skip_request``: set the head aside this step; it goes back to the head of the
+        queue that matches what it holds now (an async load just started holds blocks)."""
+        req = queue.popleft()
+        (holding if req.blocks or req.status == WAITING_FOR_KV else plain).append(req)
+
+    def _resume_blocks(self, req: SimRequest, n: int) -> bool:
+        """Blocks for a request that already holds computed tokens (its async load landed):
+        its whole sequence must fit (vLLM ``full_sequence_must_fit``), then ``n`` tokens."""
+        free = self.pool.num_free
+        if self._remaining_blocks(req) > free:
+            return False
+        need = self._blocks_needed(req, n)
+        if need > 0:
+            if need > free:
+                return False
+            req.blocks.extend(cast("list[int]", self._allocate(need)))
+        return True
 
     def _lookup_hit(self, req: SimRequest, now: float) -> tuple[int, int, bool] | None:
         """A new or preempted request's prefix hit: (GPU hit blocks, external tokens, async).
@@ -286,8 +327,15 @@ class Scheduler:
         pool = self.pool
         local = gpu_hit * unit
         hit_keys = req.unit_keys[:gpu_hit]
+        evictable_hits = self._free_hit_blocks(hit_keys) if gpu_hit else 0
+        free = pool.num_free
+        # vLLM scheduler_reserve_full_isl: the whole prompt must fit before any chunk is taken
+        if -(-req.num_tokens // unit) - gpu_hit + evictable_hits > free:
+            return False
         need = -(-(local + ext + n) // unit) - gpu_hit
-        if need + (self._free_hit_blocks(hit_keys) if gpu_hit else 0) > pool.num_free:
+        if is_async:  # leave what admitted prefills still need (vLLM reserved_blocks)
+            free -= sum(self._remaining_blocks(r) for r in self.inflight_prefills)
+        if need + evictable_hits > free:
             return False
         held = pool.acquire_cached(hit_keys) if gpu_hit else []
         # cannot fail: the check above left ``need`` free blocks after the hits are taken
@@ -329,23 +377,15 @@ class Scheduler:
         tally.add(req, n, c, False)
 
     def rescue(self) -> bool:
-        """Break an ordering deadlock vLLM itself can fall into with a tiny GPU cache.
+        """Break a deadlock among requests that hold blocks while waiting (tiny GPU caches).
 
-        vLLM promotes a loaded request only at the head of the queue and keeps a promoted
-        request that could not get its blocks in the queue with them; a preempted request
-        put ahead of it that needs those blocks then waits forever. The engine calls this
-        only when nothing else can make progress: first the block holders move to the
-        head; if the head is still stuck, the other holders drop their KV (recompute).
+        Each loaded request can wait for blocks that the others hold, with nothing running
+        to free any. The engine calls this only when nothing else can make progress: the
+        holders behind the head drop their KV (recompute) and go back to the plain queue.
         """
-        waiting = self.waiting
-        holders = [r for r in waiting if r.blocks]
-        if not waiting:
-            return False
-        if holders and waiting[0] is not holders[0] and not waiting[0].blocks:
-            self.waiting = deque(holders + [r for r in waiting if not r.blocks])
-            return True
-        victims = [r for r in list(waiting)[1:] if r.blocks]
+        victims = list(self.kv_holding)[1:]
         for r in victims:
+            self.inflight_prefills.pop(r, None)
             self.pool.free(r.blocks)
             r.blocks = []
             r.n_cached = 0
@@ -355,7 +395,19 @@ class Scheduler:
             r.status = WAITING
             r.preemptions += 1
             self.num_preemptions += 1
+        if victims:
+            self.kv_holding = deque([self.kv_holding[0]])
+            self.waiting.extendleft(reversed(victims))
         return bool(victims)
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests in both queues (vLLM ``get_request_counts``)."""
+        return len(self.waiting) + len(self.kv_holding)
+
+    def waiting_requests(self) -> list[SimRequest]:
+        """Every waiting request, holders of GPU blocks first (the order they are tried)."""
+        return [*self.kv_holding, *self.waiting]
 
     def _promote(self, req: SimRequest) -> None:
         """vLLM ``_update_waiting_for_remote_kv``: cache the loaded blocks, count them computed."""
@@ -383,6 +435,7 @@ class Scheduler:
                 if req.num_output >= req.output:
                     req.status = FINISHED
                     req.finish = t_end
+                    self.inflight_prefills.pop(req, None)
                     self.pool.free(req.blocks)
                     finished.append(req)
         if finished:

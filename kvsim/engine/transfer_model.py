@@ -22,6 +22,12 @@ Calibration profile JSON (written by ``kvsim calibrate``, read by ``load_transfe
     }
 
 Curve points must have increasing ``copy_bytes`` > 0 and rates > 0.
+
+The simplest link, for setting a run side by side with another simulator or with vLLM's
+own scheduler under one trivial time model (each job takes bytes / rate, no overhead, the
+two directions independent, each queue FIFO)::
+
+    {"kind": "constant", "h2d_bytes_per_s": 2.5e10, "d2h_bytes_per_s": 2.5e10}
 """
 
 from __future__ import annotations
@@ -121,6 +127,8 @@ class TransferModelParams:
     ) -> TransferModelParams:
         if not isinstance(data, dict):
             raise InputError("expected a JSON object", source=source)
+        if data.get("kind") == "constant":
+            return constant_link(data, source)
         if data.get("version") != PROFILE_VERSION:
             raise InputError(
                 f"unsupported version {data.get('version')!r} (expected {PROFILE_VERSION})",
@@ -147,6 +155,31 @@ class TransferModelParams:
             raise InputError(
                 f"malformed profile ({type(exc).__name__}: {exc})", source=source
             ) from None
+
+
+def constant_link(data: dict[str, Any], source: str = "link") -> TransferModelParams:
+    """``{"kind": "constant", "h2d_bytes_per_s": X, "d2h_bytes_per_s": Y}``: bytes / rate."""
+    unknown = sorted(set(data) - {"kind", "h2d_bytes_per_s", "d2h_bytes_per_s", "link"})
+    if unknown:
+        raise InputError(f"unknown key(s) {', '.join(unknown)} for a constant link", source=source)
+    rates = {}
+    for name in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
+        value = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise InputError(f"{name} must be a positive number, got {value!r}", source=source)
+        if value == float("inf"):
+            raise InputError(f"{name} must be finite", source=source)
+        rates[name] = float(value)
+
+    def direction(rate: float) -> DirectionParams:
+        return DirectionParams(0.0, 0.0, ((1.0, rate / GB),))
+
+    return TransferModelParams(
+        str(data.get("link", "constant")),
+        direction(rates["h2d_bytes_per_s"]),
+        direction(rates["d2h_bytes_per_s"]),
+        duplex_factor=1.0,
+    )
 
 
 def load_transfer_profile(path: str | os.PathLike[str]) -> TransferModelParams:
