@@ -31,9 +31,10 @@ def test_async_load_waits_a_step_is_submitted_then_polled():
         1.0,
         pytest.approx(1.75),
     )
-    # R1 at t=5: whole-prompt CPU hit -> async load submitted in that step's execute (t=5),
-    # 0 tokens scheduled; the completion (5.75) is seen by the poll at 5.75, the request is
-    # promoted at the following schedule, and only the last token is recomputed.
+    # R1 at t=5: whole-prompt CPU hit -> async load submitted after that step's (empty)
+    # forward launch (t=5), 0 tokens scheduled; the completion (5.75) is seen by the poll
+    # after the launch of the step at 5.75, the request is promoted at the following
+    # schedule, and only the last token is recomputed.
     load = tr[tr.direction == LOAD].iloc[0]
     assert (load.request, load.chunks, load.submit_s, load.end_s) == (
         1,
@@ -55,12 +56,14 @@ def test_async_load_waits_a_step_is_submitted_then_polled():
 
 def test_pending_write_defers_lookup():
     # R1 arrives at t=1, the same time as step 1 (arrivals before steps): R0's chunks are
-    # still being written (HIT_PENDING), so R1 is deferred until the store is polled at t=2.
+    # still being written (HIT_PENDING), so R1 is deferred. The store ends at 1.75, during
+    # step 1's forward: the poll after step 1's launch (t=1) misses it, step 2 (t=2)
+    # schedules before its own poll sees it (a second deferral), and step 3 loads.
     eng = run([seed_request(), req(1, 1, 48, 2, PREFIX)])
     r, tr, _ = tables(eng)
-    assert r.loc[1, "deferrals"] == 1
+    assert r.loc[1, "deferrals"] == 2
     load = tr[tr.direction == LOAD].iloc[0]
-    assert (load.created_step, load.submit_s, load.end_s) == (2, 2.0, pytest.approx(2.75))
+    assert (load.created_step, load.submit_s, load.end_s) == (3, 2.0, pytest.approx(2.75))
     assert r.loc[1, "kv_wait_s"] == pytest.approx(1.75)
     assert r.loc[1, "first_token_s"] == pytest.approx(3.75)
 
@@ -71,9 +74,12 @@ def test_chunks_being_loaded_by_another_request_defer():
     loads = tr[tr.direction == LOAD].sort_values("job")
     assert list(loads.request) == [1, 2]
     assert r.loc[1, "deferrals"] == 0 and r.loc[2, "deferrals"] >= 1
-    # R2 looks up again after R1's load completed (5.75) and loads on its own then.
+    # R2 looks up again after R1's load completed (5.75) and loads on its own then: its
+    # load is submitted after the launch of the step that runs R1's prefill (5.75-6.75)
+    # and, like vLLM's, waits for that forward to end before it starts.
     assert loads.iloc[1].submit_s == pytest.approx(5.75)
-    assert loads.iloc[1].end_s == pytest.approx(6.5)
+    assert loads.iloc[1].start_s == pytest.approx(6.75)
+    assert loads.iloc[1].end_s == pytest.approx(7.5)
 
 
 def test_stores_offered_when_scheduled_and_submitted_next_step():
@@ -87,10 +93,11 @@ def test_stores_offered_when_scheduled_and_submitted_next_step():
 
 
 def test_failed_offer_retried_next_step_and_final_chunk_stored_after_finish():
-    # CPU tier of 2 chunks, 2.5 s per chunk: chunk 2 cannot be placed while chunks 0 and 1
+    # CPU tier of 2 chunks, 2 s per chunk: chunk 2 cannot be placed while chunks 0 and 1
     # are still being written. It fails at steps 2 and 3; R0 finishes at step 3 (t=4); the
-    # finished-request offer at step 4 succeeds because chunk 0's write completed at 3.5.
-    eng = make_engine(cpu_chunks=2, per_chunk=2.5, budget=16)
+    # finished-request offer at step 4 succeeds because chunk 0's write completed at 3.0,
+    # seen by the poll after step 3's launch (t=3).
+    eng = make_engine(cpu_chunks=2, per_chunk=2.0, budget=16)
     calls = []
     manager = eng.manager
     original = manager.on_request_finished
@@ -109,8 +116,8 @@ def test_failed_offer_retried_next_step_and_final_chunk_stored_after_finish():
     last = stores.iloc[2]
     assert (last.submit_s, last.start_s, last.end_s) == (
         4.0,
-        pytest.approx(6.0),
-        pytest.approx(8.5),
+        pytest.approx(5.0),
+        pytest.approx(7.0),
     )
     assert eng.manager.counters.evicted_chunks == 1
     assert calls == [(0, 4)]  # on_request_finished in the step after the finish

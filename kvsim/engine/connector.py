@@ -16,9 +16,13 @@ Worker side (called by the engine around the forward pass):
 
 * ``begin_execute``: flush fence (wait for store jobs whose GPU blocks are being reused
   or whose request was preempted), submit the previous step's stores, submit sync loads
-  on the expedited queue and wait for them, submit async loads;
-* ``end_execute``: queue this step's stores for the next step; poll completions, then
-  ``complete_store`` / ``complete_load``.
+  on the expedited queue and wait for them;
+* ``after_launch``: once the forward is launched, submit async loads (their stream waits
+  for the compute stream: they start when the forward ends), then poll completions
+  (vLLM ``get_finished`` runs after the launch, so a job that ends during the forward is
+  seen one step later);
+* ``end_execute``: queue this step's stores for the next step; ``complete_store`` /
+  ``complete_load`` for what ``after_launch`` saw finished.
 """
 
 from __future__ import annotations
@@ -311,14 +315,26 @@ class OffloadConnector:
             t, results = backend.wait(ids, now)
             clock.wait_until(t)
             self._held_results.extend(results)
-        now = clock.now()
-        for job in self.async_loads:
-            on_submit(job, now)
-            backend.submit(job.transfer_job(now), now)
-        self.async_loads = []
-        stall = now - t0
+        stall = clock.now() - t0
         self.stall_time += stall
         return stall
+
+    def after_launch(
+        self,
+        backend: TransferBackend,
+        launch: float,
+        forward_end: float,
+        on_submit: Callable[[ConnectorJob, float], None],
+    ) -> None:
+        """What vLLM's worker does once the forward is launched at ``launch``: start the async
+        loads, whose copy stream waits for the compute stream (so they run from
+        ``forward_end``), then poll finished jobs (``get_finished``): what finished by the
+        launch is processed at this step's end, the rest at a later step's."""
+        for job in self.async_loads:
+            on_submit(job, launch)
+            backend.submit(job.transfer_job(forward_end), launch)
+        self.async_loads = []
+        self._held_results.extend(backend.poll(launch))
 
     def end_execute(
         self,
@@ -326,12 +342,10 @@ class OffloadConnector:
         now: float,
         on_done: Callable[[ConnectorJob, TransferResult], None],
     ) -> int:
-        """Queue this step's stores; process finished transfers. Returns jobs completed."""
+        """Queue this step's stores; process the transfers ``after_launch`` saw finished.
+        Returns jobs completed."""
         self.store_now, self.store_next = self.store_next, []
-        results = backend.poll(now)
-        if self._held_results:
-            results = self._held_results + results
-            self._held_results = []
+        results, self._held_results = self._held_results, []
         n = 0
         manager = self.manager
         for r in results:

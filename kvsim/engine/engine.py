@@ -214,6 +214,8 @@ class Engine:
         stall = conn.begin_execute(self.backend, clock, rec.on_submit) if conn is not None else 0.0
         t1 = clock.now()
         dur = self.compute(batch)
+        if conn is not None:
+            conn.after_launch(self.backend, t1, t1 + dur, rec.on_submit)
         if dur:
             clock.wait_until(t1 + dur)
             self.busy_s += dur
