@@ -41,7 +41,7 @@ def reuse_trace(n: int = 60) -> Trace:
 
 @pytest.fixture(scope="module")
 def small_run():
-    return simulate(SAMPLE, cpu_gib=8, gpu_kv_blocks=300, limit=80, time_scale=3, policy="arc")
+    return simulate(SAMPLE, cpu_gib=8, gpu_kv_blocks=300 * 32, limit=80, time_scale=3, policy="arc")
 
 
 def test_conservation(small_run):
@@ -85,7 +85,7 @@ def test_steps_table_has_vllm_gauges(small_run):
 
 
 def test_determinism_with_poisson_retiming():
-    kw = dict(cpu_gib=8, gpu_kv_blocks=100, limit=40, poisson_rate=0.5, seed=7)
+    kw = dict(cpu_gib=8, gpu_kv_blocks=100 * 32, limit=40, poisson_rate=0.5, seed=7)
     a, b = simulate(SAMPLE, **kw), simulate(SAMPLE, **kw)
     for name in ("requests", "transfers", "steps"):
         pd.testing.assert_frame_equal(a.tables[name], b.tables[name])
@@ -102,7 +102,7 @@ def test_time_scale_stretches_arrivals():
 
 
 def test_offloading_lowers_median_ttft_and_says_why():
-    res = simulate(reuse_trace(), cpu_gib=64, gpu_kv_blocks=40, baseline=True)
+    res = simulate(reuse_trace(), cpu_gib=64, gpu_kv_blocks=40 * 32, baseline=True)
     s = res.summary
     assert s["ttft_p50_s"] < 0.5 * s["baseline_ttft_p50_s"]
     assert s["cpu_hit_tokens"] > 0.5 * s["prompt_tokens"]
@@ -143,12 +143,14 @@ def test_compute_profile_overrides(tmp_path):
 
 def test_gpu_kv_blocks_from_memory():
     model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
-    n = gpu_kv_blocks(model, gpu, EngineParams(), 512)
+    n = gpu_kv_blocks(model, gpu, EngineParams(gpu_block_tokens=512))
     avail = gpu.memory_bytes * 0.9 - model.num_params * 2 - 2.5 * 2**30
     assert n == int(avail // (131072 * 512))
     assert 1500 < n < 2000
+    # vLLM's 16-token blocks: 32 times as many
+    assert gpu_kv_blocks(model, gpu, EngineParams()) == int(avail // (131072 * 16))
     with pytest.raises(InputError, match="does not fit"):
-        gpu_kv_blocks(get_model("llama-3.1-70b"), get_gpu("l40s"), EngineParams(), 512)
+        gpu_kv_blocks(get_model("llama-3.1-70b"), get_gpu("l40s"), EngineParams())
 
 
 class CountingBackend:
@@ -199,7 +201,7 @@ def test_backend_and_clock_are_pluggable():
 
 
 def test_api_rejects_requests_too_long_for_the_gpu():
-    res = simulate(SAMPLE, limit=20, gpu_kv_blocks=10, cpu_chunks=100, record_steps=False)
+    res = simulate(SAMPLE, limit=20, gpu_kv_blocks=10 * 32, cpu_chunks=100, record_steps=False)
     r = res.requests
     assert r.rejected.any() and r[~r.rejected].finish_s.notna().all()
     assert res.summary["rejected"] == int(r.rejected.sum())
@@ -215,7 +217,7 @@ def test_cli_simulate_writes_tables_and_chrome_trace(tmp_path):
             "--cpu-gib",
             "8",
             "--gpu-blocks",
-            "120",
+            "3840",
             "--limit",
             "30",
             "--baseline",
@@ -254,7 +256,7 @@ def test_store_bytes_per_chunk_in_tiny_world():
 
 
 def test_conservation_with_loads():
-    res = simulate(reuse_trace(40), cpu_gib=64, gpu_kv_blocks=40)
+    res = simulate(reuse_trace(40), cpu_gib=64, gpu_kv_blocks=40 * 32)
     s, r, tr = res.summary, res.requests, res.transfers
     chunk_bytes = 512 * get_model("llama-3.1-8b").kv_bytes_per_token()
     assert s["chunks_loaded"] > 0 and s["load_bytes"] == s["chunks_loaded"] * chunk_bytes

@@ -209,8 +209,8 @@ def simulate_command(
 
     Prints TTFT / TPOT percentiles, throughput, GPU and CPU hit tokens, recomputed
     tokens, bytes loaded and stored and PCIe utilisation. --gpu-blocks here sets the GPU
-    KV capacity in trace-block units (default: from GPU memory). Without a CPU size the
-    run has no offloading.
+    KV capacity in vLLM blocks of --gpu-block-tokens tokens (default: from GPU memory).
+    Without a CPU size the run has no offloading.
 
     \b
     Example:

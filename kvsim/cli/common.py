@@ -82,15 +82,19 @@ def offload_options(f: FC) -> FC:
             "--gpu-block-tokens",
             type=int,
             default=None,
-            help="vLLM GPU block size used for sizing (default 16).",
+            help=(
+                "vLLM GPU block size (--block-size, default 16): sizes CPU chunks; in "
+                "simulate also the GPU KV blocks."
+            ),
         ),
         click.option(
             "--gpu-blocks",
             type=int,
             default=None,
             help=(
-                "GPU blocks of the key unit. replay: prefix-cache size, 0 (default) disables "
-                "it; simulate: KV capacity, default from GPU memory."
+                "replay: GPU prefix-cache size in key-unit blocks, 0 (default) disables it; "
+                "simulate: GPU KV capacity in --gpu-block-tokens blocks (vLLM "
+                "num_gpu_blocks_override), default from GPU memory."
             ),
         ),
         click.option(

@@ -84,8 +84,12 @@ class OffloadConnector:
     ) -> None:
         self.manager = manager
         self.tpc = layout.chunk_tokens
-        self.unit = layout.unit_tokens
-        self.upc = layout.units_per_chunk
+        self.unit = gpu_block_tokens  # GPU KV block (vLLM --block-size)
+        if self.tpc % gpu_block_tokens:
+            raise ValueError(
+                f"{self.tpc}-token CPU chunks are not whole {gpu_block_tokens}-token GPU blocks"
+            )
+        self.upc = self.tpc // gpu_block_tokens  # GPU blocks per CPU chunk
         self.kv_bytes_per_token = kv_bytes_per_token  # one worker's bytes (what one link moves)
         self.copies_per_token = (
             num_layers / gpu_block_tokens

@@ -43,8 +43,11 @@ from kvsim.traces.model import Request
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
 
 
-def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams, unit_tokens: int) -> int:
-    """vLLM's KV budget: memory * utilization - weights - activations, in key-unit blocks."""
+def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
+    """vLLM's KV budget: memory * utilization - weights - activations, in GPU blocks of
+    ``params.gpu_block_tokens`` tokens (or ``params.gpu_blocks``, as vLLM's
+    ``num_gpu_blocks_override``)."""
+    block_tokens = params.gpu_block_tokens
     if params.gpu_blocks is not None:
         return params.gpu_blocks
     weights = model.num_params * model.default_dtype_bytes / params.tp
@@ -53,7 +56,7 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams, unit_tok
         - weights
         - params.activation_reserve_gib * 2**30
     )
-    per_block = model.kv_bytes_per_token(tp=params.tp) * unit_tokens
+    per_block = model.kv_bytes_per_token(tp=params.tp) * block_tokens
     n = int(avail // per_block)
     if n < 1:
         raise InputError(
@@ -98,7 +101,7 @@ class Engine:
         )
         self.transfer = transfer or get_link(self.gpu.link)
         self.backend = backend if backend is not None else SimulatedTransferBackend(self.transfer)
-        self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params, self.layout.unit_tokens)
+        self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params)
         self.pool = GpuBlockPool(self.num_gpu_blocks)
         self.offload = offload
         self.manager = None
@@ -190,8 +193,8 @@ class Engine:
             ctx,
         )
         self.recorder.requests.append(sr)
-        unit = layout.unit_tokens
-        if -(-(sr.prompt + sr.output) // unit) > self.num_gpu_blocks:
+        block = self.params.gpu_block_tokens
+        if -(-(sr.prompt + sr.output) // block) > self.num_gpu_blocks:
             sr.status = REJECTED
             self._finished(1)
             return

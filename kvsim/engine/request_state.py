@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from kvsim.context import RequestContext
 
 WAITING = 0
@@ -17,6 +19,7 @@ class SimRequest:
     __slots__ = (
         "admitted",
         "arrival",
+        "block_keys",
         "blocks",
         "chunk_keys",
         "cpu_hit",
@@ -68,6 +71,7 @@ class SimRequest:
         self.num_computed = 0
         self.num_output = 0
         self.blocks: list[int] = []
+        self.block_keys: list[Hashable] = []  # GPU prefix-cache keys, made as needed
         self.n_cached = 0  # leading blocks that carry a prefix-cache hash
         self.sched = 0  # tokens scheduled in the current step
         self.next_store = 0  # connector: next chunk index to offer

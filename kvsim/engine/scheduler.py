@@ -19,10 +19,12 @@
 all computed samples one token, and one that reached its output length finishes (blocks
 freed tail first, kept cached for prefix hits).
 
-GPU blocks are ``KeyLayout.unit_tokens`` long (the trace's hash block, 512 tokens for
-Mooncake), not vLLM's 16: a request's partial last block holds a whole block, and prefix
-hits are in whole hash blocks (the trace cannot say more). Decode blocks get no prefix
-hash (the trace has no hashes for output tokens).
+GPU blocks are vLLM's ``--block-size`` (``EngineParams.gpu_block_tokens``, 16) tokens long,
+so a partial block wastes at most 15 tokens, as in vLLM. Which blocks are shared follows
+the trace: a block inside a complete trace hash unit is shared with every request that has
+that unit; the blocks of a prompt's partial unit and of generated tokens are the
+request's own (vLLM hashes tokens no other request has), hit again only by the request
+itself after a preemption. The GPU block size must divide the trace's unit.
 
 Not modelled from vLLM 0.33's token clamp: the ``max_model_len`` cap (binds only with
 speculative decoding), ``enable_chunked_prefill=False`` (kvsim always chunks), the adaptive
@@ -33,12 +35,14 @@ request is running or waiting (a lone request has nobody to starve).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable
 from typing import cast
 
 from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.connector import OffloadConnector
 from kvsim.engine.params import EngineParams
 from kvsim.engine.request_state import FINISHED, RUNNING, WAITING, WAITING_FOR_KV, SimRequest
+from kvsim.errors import InputError
 from kvsim.gpu_cache import GpuBlockPool
 
 
@@ -103,7 +107,14 @@ class Scheduler:
     ) -> None:
         self.params = params
         self.pool = pool
-        self.unit = unit_tokens
+        block = params.gpu_block_tokens
+        if unit_tokens % block:
+            raise InputError(
+                f"--gpu-block-tokens {block} must divide the trace's {unit_tokens}-token "
+                "blocks, so that GPU prefix hits follow what the trace says is shared"
+            )
+        self.unit = block  # GPU KV blocks are vLLM's --block-size tokens long
+        self.blocks_per_unit = unit_tokens // block
         self.connector = connector
         self.prefix_caching = params.enable_prefix_caching
         self.waiting: deque[SimRequest] = deque()
@@ -127,12 +138,35 @@ class Scheduler:
             self.connector.on_allocate(blocks)
         return blocks
 
+    def _block_keys(self, req: SimRequest, n: int) -> list[Hashable]:
+        """Prefix-cache keys of ``req``'s first ``n`` GPU blocks, made as they are needed.
+
+        Block ``i`` inside the trace's complete hash units is shared exactly when its unit
+        is (vLLM hashes the same tokens): its key is ``(unit key, position in the unit)``.
+        Blocks past them (the prompt's partial unit, generated tokens) hold tokens no other
+        request has: their key is the request's own, which only it can hit again (after a
+        preemption), as vLLM's hashes of its own tokens.
+        """
+        keys = req.block_keys
+        if len(keys) < n:
+            per_unit = self.blocks_per_unit
+            units = req.unit_keys
+            shared = len(units) * per_unit
+            rid = req.rid
+            keys.extend(
+                (units[i // per_unit], i % per_unit) if i < shared else (rid, -1 - i)
+                for i in range(len(keys), n)
+            )
+        return keys
+
     def _cache_upto(self, req: SimRequest, tokens: int) -> None:
+        """Give the full GPU blocks below ``tokens`` their prefix-cache keys."""
         if not self.prefix_caching:
             return
-        n = min(len(req.unit_keys), tokens // self.unit)
+        n = min(tokens, req.num_tokens) // self.unit
         if n > req.n_cached:
-            self.pool.cache_blocks(req.blocks[req.n_cached : n], req.unit_keys[req.n_cached : n])
+            keys = self._block_keys(req, n)
+            self.pool.cache_blocks(req.blocks[req.n_cached : n], keys[req.n_cached : n])
             req.n_cached = n
 
     def _free_hit_blocks(self, keys: list[int]) -> int:
@@ -303,8 +337,9 @@ class Scheduler:
         """
         tokens = req.num_tokens
         gpu_hit = 0
-        if self.prefix_caching and req.unit_keys:
-            gpu_hit = self.pool.match_prefix(req.unit_keys, (tokens - 1) // self.unit)
+        if self.prefix_caching:
+            most = (tokens - 1) // self.unit
+            gpu_hit = self.pool.match_prefix(self._block_keys(req, most), most)
         if self.connector is None:
             return gpu_hit, 0, False
         found = self.connector.lookup(req, gpu_hit * self.unit)
@@ -326,7 +361,7 @@ class Scheduler:
         unit = self.unit
         pool = self.pool
         local = gpu_hit * unit
-        hit_keys = req.unit_keys[:gpu_hit]
+        hit_keys = req.block_keys[:gpu_hit]
         evictable_hits = self._free_hit_blocks(hit_keys) if gpu_hit else 0
         free = pool.num_free
         # vLLM scheduler_reserve_full_isl: the whole prompt must fit before any chunk is taken
