@@ -17,13 +17,17 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from real.device import Device
+from real.device import Device, Event, Stream
 from real.host_pool import HostLayout, HostPool
 from real.kv_cache import KVGeometry
+
+if TYPE_CHECKING:
+    from kvsim.engine.transfer_model import TransferModelParams
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -31,9 +35,13 @@ DEFAULT_SIZES = tuple(4 * KIB << i for i in range(15))  # 4 KiB .. 64 MiB
 DEFAULT_COUNTS = (1, 8, 64)
 H2D, D2H, BOTH = "h2d", "d2h", "both"
 
+Plan = tuple[torch.Tensor, torch.Tensor, int, int]  # (dst, src, words per copy, copies)
+
 
 @dataclass(frozen=True)
 class Point:
+    """One calibrated transfer: ``count`` copies of ``size`` bytes took ``seconds``."""
+
     direction: str  # h2d, d2h or both
     size: int  # bytes per copy
     count: int  # copies per transfer (per direction for "both")
@@ -48,7 +56,9 @@ class Point:
         return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
 
 
-def _buffers(device: Device, max_bytes: int, pin: bool):
+def _buffers(
+    device: Device, max_bytes: int, pin: bool
+) -> tuple[HostPool, torch.Tensor, torch.Tensor, torch.Tensor]:
     words = max_bytes // 8
     geometry = KVGeometry(1, 4096)
     host = HostPool(HostLayout(geometry, 1), max(1, max_bytes // 4096), pin=pin)
@@ -62,16 +72,19 @@ def _buffers(device: Device, max_bytes: int, pin: bool):
     return host, host_b, gpu_a, gpu_b
 
 
-def _time_once(device: Device, streams, plans) -> float:
+def _time_once(device: Device, streams: Sequence[Stream], plans: Sequence[Plan]) -> float:
     """Run each plan ``(dst, src, size_words, count)`` on its stream; first start to last end."""
     nb = device.is_cuda
-    starts, ends = [], []
+    starts: list[Event] = []
+    ends: list[Event] = []
     for stream, (dst, src, w, n) in zip(streams, plans):
         s, e = device.new_event(), device.new_event()
         stream.wait_stream(device.compute_stream)
         s.record(stream)
 
-        def copies(dst=dst, src=src, w=w, n=n) -> None:
+        def copies(
+            dst: torch.Tensor = dst, src: torch.Tensor = src, w: int = w, n: int = n
+        ) -> None:
             for i in range(n):
                 dst[i * w : (i + 1) * w].copy_(src[i * w : (i + 1) * w], non_blocking=nb)
 
@@ -123,7 +136,7 @@ def measure(
         host.close()
 
 
-def fit(points: Sequence[Point]) -> dict:
+def fit(points: Sequence[Point]) -> dict[str, Any]:
     """Per direction and size, ``seconds = overhead + count * (per_copy + size / rate(size))``.
 
     With several counts per size a line is fitted in ``count``: its slope is the time of
@@ -134,12 +147,13 @@ def fit(points: Sequence[Point]) -> dict:
     ``duplex_factor`` is the aggregate rate with both directions busy over the sum of the
     one-way rates, for copies of 1 MiB and more.
     """
-    out: dict = {"directions": {}}
+    out: dict[str, Any] = {"directions": {}}
     for d in (H2D, D2H, BOTH):
         pts = [p for p in points if p.direction == d]
         if not pts:
             continue
-        slopes, intercepts = {}, []
+        slopes: dict[int, float] = {}
+        intercepts: list[float] = []
         for size in sorted({p.size for p in pts}):
             sp = [p for p in pts if p.size == size]
             counts = np.array([p.count for p in sp], dtype=float)
@@ -183,7 +197,7 @@ def fit(points: Sequence[Point]) -> dict:
     return out
 
 
-def to_profile(fitted: dict, link: str):
+def to_profile(fitted: dict[str, Any], link: str) -> TransferModelParams:
     """The simulator's :class:`TransferModelParams` from a :func:`fit` result."""
     from kvsim.engine.transfer_model import DirectionParams, TransferModelParams
 
@@ -197,7 +211,9 @@ def to_profile(fitted: dict, link: str):
     )
 
 
-def calibrate(device: Device, *, link: str | None = None, **measure_kwargs) -> tuple[object, dict]:
+def calibrate(
+    device: Device, *, link: str | None = None, **measure_kwargs: Any
+) -> tuple[TransferModelParams, dict[str, Any]]:
     """Measure and fit; returns ``(TransferModelParams, report)``."""
     points, pinned = measure(device, **measure_kwargs)
     fitted = fit(points)
@@ -211,7 +227,7 @@ def calibrate(device: Device, *, link: str | None = None, **measure_kwargs) -> t
     return to_profile(fitted, name), fitted
 
 
-def gbps_at_least(fitted: dict, direction: str, min_size: int) -> float | None:
+def gbps_at_least(fitted: dict[str, Any], direction: str, min_size: int) -> float | None:
     """The lowest effective bandwidth measured for copies of ``min_size`` bytes or more."""
     d = fitted["directions"].get(direction)
     if d is None:

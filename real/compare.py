@@ -9,14 +9,26 @@ runs anything; every number is computed from what the runs recorded.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvsim.engine.transfer_protocol import STORE
 
+if TYPE_CHECKING:
+    from kvsim.engine.transfer_model import TransferModelParams
+    from real.transfer import JobRecord
 
-def abs_pct_errors(predicted: Sequence[float], measured: Sequence[float]) -> np.ndarray:
+Row = Mapping[str, Any]  # one request of a run: request, gpu_hit, cpu_hit, ttft
+SimJob = tuple[str, object, int, float]  # (direction, request, chunks, duration)
+RealJob = tuple["JobRecord", object, int]  # (record, request, chunks)
+
+
+def abs_pct_errors(
+    predicted: Sequence[float], measured: Sequence[float]
+) -> npt.NDArray[np.float64]:
     """``|predicted - measured| / measured`` for pairs with a positive measurement."""
     p = np.asarray(predicted, dtype=float)
     m = np.asarray(measured, dtype=float)
@@ -24,7 +36,7 @@ def abs_pct_errors(predicted: Sequence[float], measured: Sequence[float]) -> np.
     return np.abs(p[ok] - m[ok]) / m[ok]
 
 
-def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict:
+def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, Any]:
     err = abs_pct_errors(predicted, measured)
     if err.size == 0:
         return {"n": 0, "median_abs_pct_err": None, "p90_abs_pct_err": None}
@@ -37,7 +49,7 @@ def error_stats(predicted: Sequence[float], measured: Sequence[float]) -> dict:
     }
 
 
-def hit_decisions(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
+def hit_decisions(sim_rows: Sequence[Row], real_rows: Sequence[Row]) -> dict[str, Any]:
     """Identical per-request (gpu_hit, cpu_hit)? And where they first differ."""
     sim = {r["request"]: (r["gpu_hit"], r["cpu_hit"]) for r in sim_rows}
     real = {r["request"]: (r["gpu_hit"], r["cpu_hit"]) for r in real_rows}
@@ -60,8 +72,11 @@ def hit_decisions(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
 
 
 def transfer_durations(
-    records, link, sim_jobs: Sequence[tuple] = (), real_jobs: Sequence[tuple] = ()
-) -> dict:
+    records: Sequence[JobRecord],
+    link: TransferModelParams,
+    sim_jobs: Sequence[SimJob] = (),
+    real_jobs: Sequence[RealJob] = (),
+) -> dict[str, Any]:
     """Measured job durations vs (a) the link model for that exact job (its bytes and
     copy calls), alone on the link, and (b) the duration the simulated run gave the
     matching job: same kind (store/load), same request, same chunk count, in order.
@@ -70,7 +85,7 @@ def transfer_durations(
     ``(JobRecord, request, chunks)``.
     """
     ok = [r for r in records if r.success]
-    out: dict = {}
+    out: dict[str, Any] = {}
     for label, want in (("store", (STORE,)), ("load", ("load", "expedited")), ("all", None)):
         recs = [r for r in ok if want is None or r.direction in want]
         pred = [
@@ -78,7 +93,7 @@ def transfer_durations(
             for r in recs
         ]
         out[label] = error_stats(pred, [r.duration for r in recs])
-    sim_by: dict[tuple, list[float]] = defaultdict(list)
+    sim_by: dict[tuple[str, object, int], list[float]] = defaultdict(list)
     for direction, request, chunks, dur in sim_jobs:
         sim_by[(_kind(direction), request, chunks)].append(dur)
     pred, meas = [], []
@@ -95,7 +110,7 @@ def _kind(direction: str) -> str:
     return "store" if direction == STORE else "load"
 
 
-def ttft(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
+def ttft(sim_rows: Sequence[Row], real_rows: Sequence[Row]) -> dict[str, Any]:
     real = {r["request"]: r["ttft"] for r in real_rows}
     pred, meas = [], []
     for r in sim_rows:
@@ -110,9 +125,9 @@ def ttft(sim_rows: Sequence[dict], real_rows: Sequence[dict]) -> dict:
     return stats
 
 
-def bandwidth(records, link) -> dict:
+def bandwidth(records: Sequence[JobRecord], link: TransferModelParams) -> dict[str, Any]:
     """Achieved GB/s per direction (bytes over busy time) vs the link's peak."""
-    out = {}
+    out: dict[str, Any] = {}
     for label, want, dp in (
         ("store_d2h", (STORE,), link.d2h),
         ("load_h2d", ("load", "expedited"), link.h2d),

@@ -20,10 +20,44 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol, cast
 
 import torch
 
 Clock = Callable[[], float]
+
+
+class Event(Protocol):
+    """What the backend calls on an event (:class:`CpuEvent` or :class:`CudaEvent`)."""
+
+    def record(self, stream: Stream) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+    def time(self) -> float: ...
+
+
+class Stream(Protocol):
+    """What the backend calls on a stream (:class:`CpuStream` or :class:`CudaStream`).
+
+    A device hands out streams and events of its own kind only; the concrete classes
+    narrow their arguments to that kind (see :func:`_cpu_stream`, :func:`as_cuda_stream`).
+    """
+
+    name: str
+
+    def run(self, fn: Callable[[], None]) -> None: ...
+
+    def wait_event(self, event: Event) -> None: ...
+
+    def wait_stream(self, other: Stream) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    @property
+    def pending(self) -> int: ...
 
 
 def cuda_available() -> bool:
@@ -47,11 +81,12 @@ class CpuEvent:
         self._done = True
         self._time = self._clock()
 
-    def record(self, stream: CpuStream) -> None:
+    def record(self, stream: Stream) -> None:
+        cpu = _cpu_stream(stream)
         self._done = False
         self._time = None
-        self._stream = stream
-        stream._enqueue(self._fire)
+        self._stream = cpu
+        cpu._enqueue(self._fire)
 
     def query(self) -> bool:
         return self._done
@@ -99,13 +134,13 @@ class CpuStream:
         """Enqueue ``fn`` (tensor work) on this stream."""
         self._enqueue(fn)
 
-    def wait_event(self, event: CpuEvent) -> None:
+    def wait_event(self, event: Event) -> None:
         """Later work on this stream starts only after ``event`` completes."""
         if event.query():
             return
         self._enqueue(event.synchronize)
 
-    def wait_stream(self, other: CpuStream) -> None:
+    def wait_stream(self, other: Stream) -> None:
         if other is self:
             return
         ev = CpuEvent(self._device.clock)
@@ -131,8 +166,8 @@ class CudaEvent:
         self._device = device
         self._ev = torch.cuda.Event(enable_timing=True)
 
-    def record(self, stream: CudaStream) -> None:
-        self._ev.record(stream.raw)
+    def record(self, stream: Stream) -> None:
+        self._ev.record(as_cuda_stream(stream).raw)
 
     def query(self) -> bool:
         return self._ev.query()
@@ -146,6 +181,8 @@ class CudaEvent:
 
 
 class CudaStream:
+    """A torch CUDA stream behind the :class:`Stream` interface (``raw`` is the torch one)."""
+
     def __init__(self, device: Device, raw: torch.cuda.Stream, name: str = "") -> None:
         self._device = device
         self.raw = raw
@@ -155,12 +192,12 @@ class CudaStream:
         with torch.cuda.stream(self.raw):
             fn()
 
-    def wait_event(self, event: CudaEvent) -> None:
-        self.raw.wait_event(event._ev)
+    def wait_event(self, event: Event) -> None:
+        self.raw.wait_event(_cuda_event(event)._ev)
 
-    def wait_stream(self, other: CudaStream) -> None:
+    def wait_stream(self, other: Stream) -> None:
         if other is not self:
-            self.raw.wait_stream(other.raw)
+            self.raw.wait_stream(as_cuda_stream(other).raw)
 
     def synchronize(self) -> None:
         self.raw.synchronize()
@@ -168,6 +205,21 @@ class CudaStream:
     @property
     def pending(self) -> int:
         return 0 if self.raw.query() else 1
+
+
+def _cpu_stream(stream: Stream) -> CpuStream:
+    # a CPU device only ever hands out CpuStreams (no runtime check: behaviour as before)
+    return cast(CpuStream, stream)
+
+
+def as_cuda_stream(stream: Stream) -> CudaStream:
+    """``stream`` as the :class:`CudaStream` a CUDA device hands out (a static cast only)."""
+    return cast(CudaStream, stream)
+
+
+def _cuda_event(event: Event) -> CudaEvent:
+    # a CUDA device only ever hands out CudaEvents
+    return cast(CudaEvent, event)
 
 
 # --------------------------------------------------------------------------- device
@@ -187,9 +239,10 @@ class Device:
         self.eager = eager
         self.clock: Clock = clock or time.perf_counter
         self.torch_device = torch.device("cuda", index) if kind == "cuda" else torch.device("cpu")
-        self._streams: list = []
+        self._streams: list[Stream] = []
         self._ref: tuple[torch.cuda.Event, float] | None = None
         self._cycles_per_s: float | None = None
+        self.compute_stream: Stream
         if kind == "cuda":
             self.compute_stream = CudaStream(
                 self, torch.cuda.current_stream(self.torch_device), "compute"
@@ -201,14 +254,15 @@ class Device:
             self._reference()  # event times are measured from here onto the clock
 
     @classmethod
-    def auto(cls, **kwargs) -> Device:
-        return cls("cuda" if cuda_available() else "cpu", **kwargs)
+    def auto(cls, *, eager: bool = True, clock: Clock | None = None, index: int = 0) -> Device:
+        return cls("cuda" if cuda_available() else "cpu", eager=eager, clock=clock, index=index)
 
     @property
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
 
-    def new_stream(self, name: str = ""):
+    def new_stream(self, name: str = "") -> Stream:
+        s: Stream
         if self.is_cuda:
             s = CudaStream(self, torch.cuda.Stream(self.torch_device), name)
         else:
@@ -216,7 +270,7 @@ class Device:
         self._streams.append(s)
         return s
 
-    def new_event(self):
+    def new_event(self) -> Event:
         return CudaEvent(self) if self.is_cuda else CpuEvent(self.clock)
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -232,10 +286,10 @@ class Device:
             progressed = False
             for s in self._streams:
                 if s.pending:
-                    s._run_one()
+                    _cpu_stream(s)._run_one()
                     progressed = True
 
-    def sleep(self, stream, seconds: float) -> None:
+    def sleep(self, stream: Stream, seconds: float) -> None:
         """Occupy ``stream`` for ``seconds``: a GPU spin kernel, or a wall-clock wait on CPU."""
         if seconds <= 0:
             return
@@ -257,14 +311,14 @@ class Device:
     def _reference(self) -> tuple[torch.cuda.Event, float]:
         if self._ref is None:
             ev = torch.cuda.Event(enable_timing=True)
-            ev.record(self.compute_stream.raw)
+            ev.record(as_cuda_stream(self.compute_stream).raw)
             ev.synchronize()
             self._ref = (ev, self.clock())
         return self._ref
 
     def _gpu_cycles_per_s(self) -> float:
         if self._cycles_per_s is None:
-            raw = self.compute_stream.raw
+            raw = as_cuda_stream(self.compute_stream).raw
             cycles = 20_000_000
             with torch.cuda.stream(raw):
                 torch.cuda._sleep(1000)  # warm-up

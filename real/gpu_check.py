@@ -21,6 +21,7 @@ import os
 import random
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 from kvsim.engine.transfer_protocol import LOAD, STORE, TransferJob
 from real.calibrate import BOTH, D2H, H2D, KIB, MIB, calibrate, gbps_at_least
@@ -28,6 +29,9 @@ from real.device import Device
 from real.host_pool import HostLayout, HostPool
 from real.kv_cache import BLOCK_FIRST, LAYER_MAJOR, GpuKVCache, KVGeometry
 from real.transfer import RealTransferBackend
+
+if TYPE_CHECKING:
+    from kvsim.engine.transfer_model import TransferModelParams
 
 GOAL_ONE_WAY_GBPS = 45.0
 GOAL_BOTH_GBPS = 75.0
@@ -45,7 +49,7 @@ def integrity_under_compute(
     blocks_per_job: int,
     compute_s: float,
     seed: int = 0,
-) -> dict:
+) -> dict[str, Any]:
     """Stores and loads through :class:`RealTransferBackend` while compute runs."""
     rng = random.Random(seed)
     gpu = GpuKVCache(geometry, gpu_blocks, layout, device.torch_device)
@@ -102,7 +106,7 @@ def integrity_under_compute(
                 backend.drain()
         backend.drain()
         elapsed = device.clock() - t0
-        by_dir = {}
+        by_dir: dict[str, dict[str, Any]] = {}
         for d in (STORE, LOAD):
             recs = [x for x in backend.records if x.direction == d]
             busy = sum(x.duration for x in recs)
@@ -122,13 +126,15 @@ def integrity_under_compute(
 
 def run_check(
     device: Device, *, small: bool, validation_trace: str | None = None, out_dir: str | None = None
-) -> dict:
+) -> dict[str, Any]:
     t0 = time.perf_counter()
-    report: dict = {"device": device.kind}
+    report: dict[str, Any] = {"device": device.kind}
     if device.is_cuda:
         import torch
 
         report["gpu"] = torch.cuda.get_device_name(device.torch_device)
+    cal_kwargs: dict[str, Any]
+    integ: dict[str, Any]
     if small:
         cal_kwargs = dict(
             sizes=(4 * KIB, 64 * KIB, 2 * MIB), counts=(1, 4), max_bytes=8 * MIB, repeats=1
@@ -167,7 +173,9 @@ def run_check(
     return report
 
 
-def _validation(device: Device, params, small: bool, trace: str | None) -> dict:
+def _validation(
+    device: Device, params: TransferModelParams, small: bool, trace: str | None
+) -> dict[str, Any]:
     from real.validate import ValidationSpec, default_trace, run_validation
 
     trace = trace or default_trace()
@@ -176,7 +184,7 @@ def _validation(device: Device, params, small: bool, trace: str | None) -> dict:
     return rep.summary()
 
 
-def format_report(rep: dict) -> str:
+def format_report(rep: dict[str, Any]) -> str:
     lines = [
         f"kvsim gpu_check on {rep.get('gpu', rep['device'])} (pinned={rep['pinned']}, "
         f"{rep['wall_s']:.1f} s)",
@@ -214,7 +222,7 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 

@@ -159,7 +159,7 @@ class HostPool:
     def __enter__(self) -> HostPool:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def row(self, chunk: int) -> torch.Tensor:

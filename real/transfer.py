@@ -29,11 +29,14 @@ from dataclasses import dataclass, field
 import torch
 
 from kvsim.engine.transfer_protocol import DIRECTIONS, STORE, TransferJob, TransferResult
-from real.device import Device
+from real.device import Device, Event, Stream, as_cuda_stream
 from real.host_pool import HostPool
 from real.kv_cache import GpuKVCache
 
 Fault = Callable[[TransferJob], bool]
+Pair = tuple[int, int, int, object]  # (gpu block, chunk, sub-block, identity or None)
+Resource = tuple[str, int]  # ("g", gpu block) or ("h", chunk)
+Run = tuple[int, int, int]  # (dst, src, words)
 
 
 class InjectedCopyError(RuntimeError):
@@ -69,7 +72,7 @@ class JobRecord:
     success: bool = True
     error: str | None = None
     mismatched_blocks: int = 0
-    keys: tuple = ()
+    keys: tuple[object, ...] = ()
 
     @property
     def duration(self) -> float:
@@ -79,15 +82,15 @@ class JobRecord:
 @dataclass
 class _InFlight:
     job: TransferJob
-    pairs: list[tuple[int, int, int, object]]  # (gpu block, chunk, sub, identity)
+    pairs: list[Pair]
     record: JobRecord
-    start: object = None
-    end: object = None
-    resources: list[tuple[tuple[str, int], bool]] = field(default_factory=list)
+    start: Event
+    end: Event
+    resources: list[tuple[Resource, bool]] = field(default_factory=list)
     error: str | None = None
 
 
-def coalesce(descs: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+def coalesce(descs: Sequence[Run]) -> list[Run]:
     """Merge ``(dst, src, size)`` descriptors that continue the previous one on both sides."""
     runs: list[list[int]] = []
     for dst, src, size in descs:
@@ -125,7 +128,7 @@ class RealTransferBackend:
         self.streams = {d: device.new_stream(d) for d in DIRECTIONS}
         self._queues: dict[str, deque[_InFlight]] = {d: deque() for d in DIRECTIONS}
         self._by_id: dict[int, _InFlight] = {}
-        self._touching: dict[tuple[str, int], list[tuple[_InFlight, bool]]] = {}
+        self._touching: dict[Resource, list[tuple[_InFlight, bool]]] = {}
         self._ready: list[TransferResult] = []
         self._compute_ordered: set[int] = set()
         self.integrity = Integrity()
@@ -133,7 +136,7 @@ class RealTransferBackend:
 
     # ------------------------------------------------------------------ planning
 
-    def _pairs(self, job: TransferJob) -> list[tuple[int, int, int, object]]:
+    def _pairs(self, job: TransferJob) -> list[Pair]:
         upc = self.units_per_chunk
         blocks, chunks, keys = list(job.gpu_blocks), list(job.chunk_ids), list(job.keys)
         skip = len(chunks) * upc - len(blocks)
@@ -144,7 +147,7 @@ class RealTransferBackend:
             )
         by_chunk = len(keys) == len(chunks) and bool(keys)
         by_block = not by_chunk and len(keys) == len(blocks) and bool(keys)
-        pairs = []
+        pairs: list[Pair] = []
         for i, b in enumerate(blocks):
             if not 0 <= b < self.gpu.num_blocks:
                 raise ValueError(f"job {job.job_id}: GPU block {b} out of range")
@@ -158,11 +161,11 @@ class RealTransferBackend:
             pairs.append((b, c, sub, ident))
         return pairs
 
-    def _descriptors(self, pairs, to_host: bool) -> list[tuple[int, int, int]]:
+    def _descriptors(self, pairs: Sequence[Pair], to_host: bool) -> list[Run]:
         """Page descriptors ``(dst, src, words)`` in an order that lets runs merge."""
         g = self.gpu.geometry
         gpu_off, host_off = self.gpu.page_offset, self.host.layout.page_offset
-        descs = []
+        descs: list[Run] = []
         if self.gpu.layout == "layer_major":
             order = [(layer, p) for layer in range(g.num_layers) for p in pairs]
         else:
@@ -174,14 +177,16 @@ class RealTransferBackend:
 
     # ------------------------------------------------------------------ hazards
 
-    def _resources(self, direction: str, pairs) -> list[tuple[tuple[str, int], bool]]:
+    def _resources(self, direction: str, pairs: Sequence[Pair]) -> list[tuple[Resource, bool]]:
         """(resource, writes) for the job: a store reads GPU blocks and writes chunks."""
         store = direction == STORE
         res = {(("g", b), not store) for b, _, _, _ in pairs}
         res |= {(("h", c), store) for _, c, _, _ in pairs}
         return sorted(res, key=lambda r: (r[0][0], r[0][1]))
 
-    def _conflicts(self, direction: str, resources) -> list[_InFlight]:
+    def _conflicts(
+        self, direction: str, resources: Sequence[tuple[Resource, bool]]
+    ) -> list[_InFlight]:
         found: dict[int, _InFlight] = {}
         for res, writes in resources:
             for other, other_writes in self._touching.get(res, ()):
@@ -198,7 +203,7 @@ class RealTransferBackend:
             if not lst:
                 del self._touching[res]
 
-    def wait_blocks_free(self, stream, gpu_blocks: Sequence[int]) -> None:
+    def wait_blocks_free(self, stream: Stream, gpu_blocks: Sequence[int]) -> None:
         """Order later work on ``stream`` after every in-flight job touching these blocks."""
         seen: set[int] = set()
         for b in gpu_blocks:
@@ -255,17 +260,16 @@ class RealTransferBackend:
             submit_time=self.device.clock(),
             keys=tuple(job.keys),
         )
-        inflight = _InFlight(job, pairs, record)
         stream = self.streams[job.direction]
         if to_host:
             if self.fill_on_store:
                 self.fill_blocks([p[0] for p in pairs], [p[3] for p in pairs])
             stream.wait_stream(self.device.compute_stream)
-        inflight.resources = self._resources(job.direction, pairs)
-        for other in self._conflicts(job.direction, inflight.resources):
+        resources = self._resources(job.direction, pairs)
+        for other in self._conflicts(job.direction, resources):
             stream.wait_event(other.end)
-        inflight.start = self.device.new_event()
-        inflight.end = self.device.new_event()
+        start, end = self.device.new_event(), self.device.new_event()
+        inflight = _InFlight(job, pairs, record, start, end, resources)
         inflight.start.record(stream)
         stream.run(self._copy_fn(inflight, runs, to_host))
         inflight.end.record(stream)
@@ -274,7 +278,9 @@ class RealTransferBackend:
         self._queues[job.direction].append(inflight)
         self._by_id[job.job_id] = inflight
 
-    def _copy_fn(self, inflight: _InFlight, runs, to_host: bool) -> Callable[[], None]:
+    def _copy_fn(
+        self, inflight: _InFlight, runs: Sequence[Run], to_host: bool
+    ) -> Callable[[], None]:
         gpu_flat, host_flat = self.gpu.flat, self.host.data
         dst, src = (host_flat, gpu_flat) if to_host else (gpu_flat, host_flat)
         non_blocking = self.device.is_cuda
@@ -321,7 +327,7 @@ class RealTransferBackend:
                 integ.unchecked_blocks += 1
                 continue
             if self.device.is_cuda:  # after the copy on its own stream; .item() waits for it
-                with torch.cuda.stream(stream.raw):
+                with torch.cuda.stream(as_cuda_stream(stream).raw):
                     bad = self.gpu.mismatched_bytes(b, ident)
             else:  # the end event fired, so the bytes are in place; later queued work has not run
                 bad = self.gpu.mismatched_bytes(b, ident)

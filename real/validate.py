@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -38,6 +39,9 @@ from real.device import Device
 from real.host_pool import HostLayout, HostPool
 from real.kv_cache import LAYER_MAJOR, LAYOUTS, GpuKVCache, KVGeometry
 from real.transfer import Fault, RealTransferBackend
+
+if TYPE_CHECKING:
+    from kvsim.traces.coerce import TraceLike
 
 TINY_KV_MODEL = replace(
     get_model("llama-3.2-1b"), name="tiny-kv", num_layers=2, num_kv_heads=1, head_dim=16
@@ -100,7 +104,11 @@ class _ComputeOnDevice:
     after ordering the compute stream behind in-flight loads (compute reads loaded KV)."""
 
     def __init__(
-        self, inner, device: Device, backend: RealTransferBackend | None, scale: float
+        self,
+        inner: Callable[[StepBatch], float],
+        device: Device,
+        backend: RealTransferBackend | None,
+        scale: float,
     ) -> None:
         self.inner, self.device, self.backend, self.scale = inner, device, backend, scale
 
@@ -114,16 +122,18 @@ class _ComputeOnDevice:
 
 @dataclass
 class ValidationReport:
+    """Simulated vs real run of one trace: compared hits, job times, TTFT, GB/s, integrity."""
+
     spec: ValidationSpec
     device: str
     pinned: bool
-    link: dict
-    hits: dict
-    transfers: dict
-    ttft: dict
-    bandwidth: dict
-    integrity: dict
-    runs: dict
+    link: dict[str, Any]
+    hits: dict[str, Any]
+    transfers: dict[str, Any]
+    ttft: dict[str, Any]
+    bandwidth: dict[str, Any]
+    integrity: dict[str, int]
+    runs: dict[str, Any]
     tables: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
 
     def as_dict(self, per_item: bool = True) -> dict[str, Any]:
@@ -194,18 +204,19 @@ class ValidationReport:
         return _clean(out)
 
 
-def _link_time(link: dict, direction: str, nbytes: int, copies: int) -> float:
+def _link_time(link: dict[str, Any], direction: str, nbytes: int, copies: int) -> float:
     params = TransferModelParams.from_dict(link)
     return (params.d2h if direction == "store" else params.h2d).job_time(nbytes, copies)
 
 
-def _first_diff(d: dict | None) -> str | None:
+def _first_diff(d: Mapping[str, Any] | None) -> str | None:
     if d is None:
         return None
     return f"request {d['request']}: sim (gpu, cpu) hit tokens {d['simulated']} vs real {d['real']}"
 
 
-def _clean(x):
+def _clean(x: Any) -> Any:
+    """JSON-ready: str keys, lists for tuples, None for NaN, Python scalars for numpy ones."""
     if isinstance(x, dict):
         return {str(k): _clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -217,7 +228,7 @@ def _clean(x):
     return x
 
 
-def _request_rows(df: pd.DataFrame) -> list[dict]:
+def _request_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [
         {
             "request": r.request,
@@ -230,7 +241,7 @@ def _request_rows(df: pd.DataFrame) -> list[dict]:
 
 
 def run_validation(
-    trace,
+    trace: TraceLike,
     spec: ValidationSpec,
     *,
     device: Device | None = None,
@@ -270,7 +281,7 @@ def run_validation(
         record_steps=False,
     )
     n_blocks = spec.gpu_blocks or min(
-        gpu_kv_blocks(model, gpu, base, unit),
+        gpu_kv_blocks(model, gpu, base),
         int(spec.max_gpu_kv_gib * 2**30 // geometry.block_bytes),
     )
     if n_blocks < 1:

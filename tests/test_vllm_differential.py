@@ -197,103 +197,133 @@ def _events(m) -> list:
     return [(tuple(e.keys), e.removed, e.metadata_only) for e in m.take_events()]
 
 
+class _DiffRun:
+    """Both managers under one random op sequence, compared after every op."""
+
+    def __init__(self, seed: int, policy: str, threshold: int, seen: Counter) -> None:
+        self.seed = seed
+        self.seen = seen
+        self.rng = rng = random.Random(seed)
+        capacity = rng.choice([2, 3, 4, 6, 8])
+        tracker = rng.choice([2, 3, 5, 64])
+        self.ours = make_kvsim(capacity, policy, threshold, tracker)
+        self.theirs = make_vllm(capacity, policy, threshold, tracker)
+        # Prefix-chained "requests": key = prefix_id * 100 + chunk index, positions (i+1)*16.
+        self.prefixes = [[p * 100 + i for i in range(rng.randint(1, 6))] for p in range(1, 6)]
+        self.running: list[tuple[RequestContext, list[int]]] = []
+        self.stores: list[tuple[list[int], RequestContext]] = []  # pending store jobs
+        self.loads: list[tuple[list[int], RequestContext]] = []  # pending load jobs
+        self.compared = 0
+        self.next_req = 0
+
+    def both(self, name, *args, **kw):
+        a = getattr(self.ours, name)(*args, **kw)
+        b = getattr(self.theirs, name)(*args, **kw)
+        return a, b
+
+    def step(self) -> None:
+        """One random op; every op but a new request is followed by the full comparison."""
+        op = self.rng.random()
+        if not self.running or op < 0.12:
+            self.new_request()
+            return
+        ctx, keys = self.rng.choice(self.running)
+        self.apply(op, ctx, keys)
+        self.compare_state()
+
+    def new_request(self) -> None:
+        rng = self.rng
+        prefix = rng.choice(self.prefixes)
+        n = rng.randint(1, len(prefix))
+        keys = prefix[:n]
+        positioned = rng.random() < 0.85
+        ctx = RequestContext(
+            f"r{self.next_req}", {k: (i + 1) * 16 for i, k in enumerate(keys)} if positioned else {}
+        )
+        self.next_req += 1
+        self.both("on_new_request", ctx)
+        self.running.append((ctx, keys))
+
+    def apply(self, op: float, ctx: RequestContext, keys: list[int]) -> None:
+        rng = self.rng
+        if op < 0.30:
+            self.store(ctx, keys)
+        elif op < 0.45 and self.stores:
+            job = self.stores.pop(rng.randrange(len(self.stores)))
+            success = rng.random() < 0.9
+            self.both("complete_store", job[0], job[1], success=success)
+        elif op < 0.60:
+            self.lookup_and_load(ctx, keys)
+        elif op < 0.72 and self.loads:
+            job = self.loads.pop(rng.randrange(len(self.loads)))
+            self.both("complete_load", job[0], job[1])
+        elif op < 0.84:
+            self.running.remove((ctx, keys))
+            self.both("on_request_finished", ctx)
+        elif op < 0.90:
+            self.both("touch", rng.sample(keys, rng.randint(1, len(keys))), ctx)
+        elif op < 0.91:
+            self.both("reset_cache")
+            self.stores.clear()  # the scheduler ignores pre-reset jobs
+            self.loads.clear()
+        else:
+            a, b = self.both("get_stats")
+            assert a == b, (self.seed, "get_stats")
+
+    def store(self, ctx: RequestContext, keys: list[int]) -> None:
+        rng = self.rng
+        lo = rng.randint(0, len(keys) - 1)
+        hi = rng.randint(lo + 1, len(keys))
+        offer = keys[lo:hi]
+        if rng.random() < 0.2:
+            offer = list(reversed(offer))
+        a, b = self.both("prepare_store", offer, ctx)
+        assert a == b, (self.seed, "prepare_store", offer)
+        self.seen[
+            "store_failed"
+            if a is None
+            else "evicted"
+            if a.evicted_keys
+            else "stored"
+            if a.keys_to_store
+            else "store_empty"
+        ] += 1
+        if a is not None and a.keys_to_store:
+            self.stores.append((list(a.keys_to_store), ctx))
+
+    def lookup_and_load(self, ctx: RequestContext, keys: list[int]) -> None:
+        hits = []
+        for k in keys:
+            a, b = self.both("lookup", k, ctx)
+            assert a == b, (self.seed, "lookup", k)
+            self.seen[a.name] += 1
+            self.compared += 1
+            if a != LookupResult.HIT:
+                break
+            hits.append(k)
+        if hits:
+            a, b = self.both("prepare_load", hits, ctx)
+            assert a == b, (self.seed, "prepare_load", hits)
+            self.loads.append((hits, ctx))
+
+    def compare_state(self) -> None:
+        ga, gb = self.both("gauges")
+        assert ga == gb, (self.seed, "gauges")
+        ea, eb = _events(self.ours), _events(self.theirs)
+        assert ea == eb, (self.seed, "events")
+        self.seen["events"] += len(ea)
+        self.compared += 1
+
+
 def _random_run(seed: int, policy: str, threshold: int, steps: int, seen: Counter) -> int:
     """Drive both managers with one random op sequence; returns the number of ops compared.
 
     ``seen`` counts the interesting outcomes, so the test can prove they were exercised.
     """
-    rng = random.Random(seed)
-    capacity = rng.choice([2, 3, 4, 6, 8])
-    tracker = rng.choice([2, 3, 5, 64])
-    ours = make_kvsim(capacity, policy, threshold, tracker)
-    theirs = make_vllm(capacity, policy, threshold, tracker)
-    # Prefix-chained "requests": key = prefix_id * 100 + chunk index, positions (i+1)*16.
-    prefixes = [[p * 100 + i for i in range(rng.randint(1, 6))] for p in range(1, 6)]
-    running: list[tuple[RequestContext, list[int]]] = []
-    stores: list[tuple[list[int], RequestContext]] = []  # pending store jobs
-    loads: list[tuple[list[int], RequestContext]] = []  # pending load jobs
-    compared = 0
-    next_req = 0
-
-    def both(name, *args, **kw):
-        a = getattr(ours, name)(*args, **kw)
-        b = getattr(theirs, name)(*args, **kw)
-        return a, b
-
+    run = _DiffRun(seed, policy, threshold, seen)
     for _ in range(steps):
-        op = rng.random()
-        if not running or op < 0.12:
-            prefix = rng.choice(prefixes)
-            n = rng.randint(1, len(prefix))
-            keys = prefix[:n]
-            positioned = rng.random() < 0.85
-            ctx = RequestContext(
-                f"r{next_req}", {k: (i + 1) * 16 for i, k in enumerate(keys)} if positioned else {}
-            )
-            next_req += 1
-            both("on_new_request", ctx)
-            running.append((ctx, keys))
-            continue
-        ctx, keys = rng.choice(running)
-        if op < 0.30:
-            lo = rng.randint(0, len(keys) - 1)
-            hi = rng.randint(lo + 1, len(keys))
-            offer = keys[lo:hi]
-            if rng.random() < 0.2:
-                offer = list(reversed(offer))
-            a, b = both("prepare_store", offer, ctx)
-            assert a == b, (seed, "prepare_store", offer)
-            seen[
-                "store_failed"
-                if a is None
-                else "evicted"
-                if a.evicted_keys
-                else "stored"
-                if a.keys_to_store
-                else "store_empty"
-            ] += 1
-            if a is not None and a.keys_to_store:
-                stores.append((list(a.keys_to_store), ctx))
-        elif op < 0.45 and stores:
-            job = stores.pop(rng.randrange(len(stores)))
-            success = rng.random() < 0.9
-            both("complete_store", job[0], job[1], success=success)
-        elif op < 0.60:
-            hits = []
-            for k in keys:
-                a, b = both("lookup", k, ctx)
-                assert a == b, (seed, "lookup", k)
-                seen[a.name] += 1
-                compared += 1
-                if a != LookupResult.HIT:
-                    break
-                hits.append(k)
-            if hits:
-                a, b = both("prepare_load", hits, ctx)
-                assert a == b, (seed, "prepare_load", hits)
-                loads.append((hits, ctx))
-        elif op < 0.72 and loads:
-            job = loads.pop(rng.randrange(len(loads)))
-            both("complete_load", job[0], job[1])
-        elif op < 0.84:
-            running.remove((ctx, keys))
-            both("on_request_finished", ctx)
-        elif op < 0.90:
-            both("touch", rng.sample(keys, rng.randint(1, len(keys))), ctx)
-        elif op < 0.91:
-            both("reset_cache")
-            stores.clear()  # the scheduler ignores pre-reset jobs
-            loads.clear()
-        else:
-            a, b = both("get_stats")
-            assert a == b, (seed, "get_stats")
-        ga, gb = both("gauges")
-        assert ga == gb, (seed, "gauges")
-        ea, eb = _events(ours), _events(theirs)
-        assert ea == eb, (seed, "events")
-        seen["events"] += len(ea)
-        compared += 1
-    return compared
+        run.step()
+    return run.compared
 
 
 CONFIGS = [("lru", 0), ("arc", 0), ("lru", 2), ("arc", 2), ("arc", 3)]

@@ -46,6 +46,40 @@ def _grid_options(f: FC) -> FC:
     return f
 
 
+def _spec_data(
+    spec: str | None,
+    traces: tuple[str, ...],
+    mode: str | None,
+    limit: int | None,
+    grid_opts: dict[str, Any],
+) -> dict[str, Any]:
+    """The sweep as a mapping: SPEC's values (if any), then the command-line options over
+    them (traces add up; a grid option replaces that field's grid and its fixed option)."""
+    data: dict[str, Any] = {}
+    if spec:
+        loaded = SweepSpec.load(spec)
+        data = {
+            "name": loaded.name,
+            "mode": loaded.mode,
+            "traces": loaded.traces,
+            "limit": loaded.limit,
+            "options": loaded.options,
+            "grid": dict(loaded.grid),
+        }
+    data["traces"] = list(data.get("traces", [])) + list(traces)
+    if mode:
+        data["mode"] = mode
+    if limit:
+        data["limit"] = limit
+    grid = data.setdefault("grid", {})
+    options = data.setdefault("options", {})
+    for name, text in grid_opts.items():
+        if text is not None:
+            grid[name] = _values(text)
+            options.pop(name, None)
+    return data
+
+
 @click.command("sweep")
 @click.argument("spec", required=False, type=click.Path(dir_okay=False))
 @click.option(
@@ -108,28 +142,7 @@ def sweep_command(
       kvsim sweep --trace traces/samples/mooncake_small.jsonl --policy lru,arc \\
           --cpu-chunks 100,400,1600 --out sweep_cli
     """
-    data: dict[str, Any] = {}
-    if spec:
-        loaded = SweepSpec.load(spec)
-        data = {
-            "name": loaded.name,
-            "mode": loaded.mode,
-            "traces": loaded.traces,
-            "limit": loaded.limit,
-            "options": loaded.options,
-            "grid": dict(loaded.grid),
-        }
-    data["traces"] = list(data.get("traces", [])) + list(traces)
-    if mode:
-        data["mode"] = mode
-    if limit:
-        data["limit"] = limit
-    grid = data.setdefault("grid", {})
-    options = data.setdefault("options", {})
-    for name, text in grid_opts.items():
-        if text is not None:
-            grid[name] = _values(text)
-            options.pop(name, None)
+    data = _spec_data(spec, traces, mode, limit, grid_opts)
     if not data["traces"]:
         raise InputError("give a SPEC file or at least one --trace")
     s = SweepSpec.from_mapping(data)
