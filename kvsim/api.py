@@ -161,7 +161,7 @@ def simulate(
     max_num_seqs: int | None = None,
     long_prefill_token_threshold: int = 0,
     gpu_kv_blocks: int | None = None,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = 0.92,
     enable_prefix_caching: bool = True,
     offload_prompt_only: bool = True,
     sync_load_budget_bytes: int = 0,

@@ -132,7 +132,7 @@ def write_tables(result: Result, out: str) -> list[str]:
     default=None,
     help="Running requests per step (default: vllm serve's for the GPU; H100/H200: 1024).",
 )
-@click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True)
+@click.option("--gpu-memory-utilization", type=float, default=0.92, show_default=True)
 @click.option("--no-prefix-caching", is_flag=True, help="Disable the GPU prefix cache.")
 @click.option(
     "--offload-all-tokens",

@@ -16,7 +16,7 @@ class EngineParams:
     max_num_seqs: int = 256  # running requests per step
     long_prefill_token_threshold: int = 0  # cap on one request's prefill chunk (0: none)
     gpu_blocks: int | None = None  # GPU KV blocks of the key unit; None: from memory
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.92  # vLLM 0.33 CacheConfig default
     activation_reserve_gib: float = 2.5  # non-KV memory besides weights (activations, graphs)
     enable_prefix_caching: bool = True
     offload_prompt_only: bool = True  # vLLM offload_prompt_only
