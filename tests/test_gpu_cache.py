@@ -23,8 +23,19 @@ def test_allocation_pops_least_recently_freed():
     assert pool.allocate(2) == [0, 1]
     assert pool.allocate(3) is None  # only 2 free: nothing taken
     assert pool.num_free == 2
-    pool.free([0, 1])  # tail first: 1 then 0 go to the back
-    assert pool.allocate(4) == [2, 3, 1, 0]
+    pool.free([0, 1])  # no hashes: tail first (1 then 0) to the front, reused first (LIFO)
+    assert pool.allocate(4) == [1, 0, 2, 3]
+
+
+def test_uncached_blocks_are_reused_before_cached_ones():
+    """vLLM BlockPool.free_blocks: a block that can never be hit goes to the front of the
+    free queue, a cached one to the back, so freeing keeps the prefix cache warm."""
+    pool = GpuBlockPool(6)
+    blocks = pool.allocate(4)
+    pool.cache_blocks(blocks[:2], [100, 101])  # the last two hold a partial/unique tail
+    pool.free(blocks)
+    # front: the uncached tail (3, 2), then never-used 4, 5, then the cached 1, 0 (tail first)
+    assert pool.allocate(6) == [3, 2, 4, 5, 1, 0]
 
 
 def test_lazy_eviction_keeps_hashes_until_reuse():

@@ -232,8 +232,7 @@ class Scheduler:
             if not self._grow_or_preempt(req, n):
                 break
             c = req.num_computed
-            if c < req.prompt:
-                self._cache_upto(req, c + n)
+            self._cache_upto(req, c + n)  # decode blocks too, once full (vLLM caches them)
             tally.add(req, n, c, n == 1 and c >= req.prompt)
             budget -= n
             i += 1
