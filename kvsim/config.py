@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvsim.errors import InputError
 from kvsim.io import read_json
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from kvsim.sizing import CPUTierSizing
 
 DEFAULT_MODEL = "llama-3.1-8b"
+
+_Number = TypeVar("_Number", int, float)
 
 # vLLM kv_connector_extra_config keys: those kvsim models, and those it accepts and ignores.
 _VLLM_USED = {
@@ -108,9 +110,34 @@ class OffloadOptions:
         return replace(self, **changes)
 
     def resolve(self, trace_block_tokens: int) -> CacheConfig:
+        """The run's configuration for a trace of ``trace_block_tokens``-token blocks; every
+        option is checked here, with a one-line :class:`InputError`."""
         block_tokens = self.block_tokens or trace_block_tokens
         chunk_tokens = self.chunk_tokens or block_tokens
         KeyLayout(block_tokens, chunk_tokens)  # validates the pair
+        self._check_limits()
+        self._check_one_size()
+        spec = self._model_spec()
+        chunk_bytes = None if spec is None else self._sizing(spec, chunk_tokens, 0).raw_chunk_bytes
+        return CacheConfig(
+            num_chunks=self._num_chunks(spec, chunk_tokens),
+            block_tokens=block_tokens,
+            chunk_tokens=chunk_tokens,
+            gpu_blocks=self.gpu_blocks,
+            policy=self.policy,
+            policy_module=self.policy_module,
+            admission=self.admission,
+            store_threshold=self.store_threshold,
+            max_tracker_size=self.max_tracker_size,
+            chunk_bytes=chunk_bytes,
+            model=self.model,
+            seed=self.seed,
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
+        )
+
+    # --- resolve's steps, in the order their errors are reported ---
+
+    def _check_limits(self) -> None:
         if self.gpu_blocks < 0:
             raise InputError(f"--gpu-blocks must be >= 0, got {self.gpu_blocks}")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
@@ -121,6 +148,9 @@ class OffloadOptions:
             raise InputError(f"--store-threshold must be >= 0, got {self.store_threshold}")
         if self.max_tracker_size < 1:
             raise InputError(f"--max-tracker-size must be >= 1, got {self.max_tracker_size}")
+
+    def _check_one_size(self) -> None:
+        """Exactly one of the three ways to size the CPU tier."""
         given = [
             n
             for n, v in (
@@ -136,44 +166,35 @@ class OffloadOptions:
             )
         if len(given) > 1:
             raise InputError(f"give only one CPU tier size, got {' and '.join(given)}")
-        chunk_bytes = None
-        spec = None
-        if self.model:
-            from kvsim.models import get_model
 
-            try:
-                spec = get_model(self.model)  # the one lookup of the name
-            except InputError as exc:
-                raise InputError(f"--model: {exc}") from None
-            chunk_bytes = self._sizing(spec, chunk_tokens, 0).raw_chunk_bytes
+    def _model_spec(self) -> ModelSpec | None:
+        """The model, looked up once; None without ``--model``."""
+        if not self.model:
+            return None
+        from kvsim.models import get_model
+
+        try:
+            return get_model(self.model)
+        except InputError as exc:
+            raise InputError(f"--model: {exc}") from None
+
+    def _num_chunks(self, spec: ModelSpec | None, chunk_tokens: int) -> int:
+        """The CPU tier's size in chunks, from whichever size was given."""
         if self.cpu_chunks is not None:
             if self.cpu_chunks < 1:
                 raise InputError(f"--cpu-chunks must be >= 1, got {self.cpu_chunks}")
-            num_chunks = self.cpu_chunks
+            return self.cpu_chunks
+        if spec is None:
+            raise InputError("--cpu-gib needs --model to know the bytes per chunk")
+        if self.cpu_bytes is not None:
+            cpu_bytes, option = self.cpu_bytes, "cpu_bytes_to_use"
+        elif self.cpu_gib is not None:
+            cpu_bytes, option = int(self.cpu_gib * 2**30), "--cpu-gib"
         else:
-            if spec is None:
-                raise InputError("--cpu-gib needs --model to know the bytes per chunk")
-            cpu_bytes = self.cpu_bytes if self.cpu_bytes is not None else int(self.cpu_gib * 2**30)
-            option = "--cpu-gib" if self.cpu_gib is not None else "cpu_bytes_to_use"
-            if cpu_bytes <= 0:
-                raise InputError(f"{option} must be positive, got {self.cpu_gib or cpu_bytes}")
-            sizing = self._sizing(spec, chunk_tokens, cpu_bytes, option)
-            num_chunks = sizing.num_chunks
-        return CacheConfig(
-            num_chunks=num_chunks,
-            block_tokens=block_tokens,
-            chunk_tokens=chunk_tokens,
-            gpu_blocks=self.gpu_blocks,
-            policy=self.policy,
-            policy_module=self.policy_module,
-            admission=self.admission,
-            store_threshold=self.store_threshold,
-            max_tracker_size=self.max_tracker_size,
-            chunk_bytes=chunk_bytes,
-            model=self.model,
-            seed=self.seed,
-            prefill_chunk_tokens=self.prefill_chunk_tokens,
-        )
+            raise AssertionError("no CPU tier size although _check_one_size saw one")
+        if cpu_bytes <= 0:
+            raise InputError(f"{option} must be positive, got {self.cpu_gib or cpu_bytes}")
+        return self._sizing(spec, chunk_tokens, cpu_bytes, option).num_chunks
 
     def _sizing(
         self, spec: ModelSpec, chunk_tokens: int, cpu_bytes: int, option: str = "--cpu-gib"
@@ -231,41 +252,48 @@ def options_from_vllm_config(
         raise InputError(f"--vllm-config: unknown key(s) {', '.join(unknown)}")
     opts = base or OffloadOptions()
     changes: dict[str, Any] = {}
-
-    def number(key: str, kind: type = int) -> Any:
-        value = extra[key]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or (kind is int and value != int(value))
-        ):
-            raise InputError(
-                f"--vllm-config: {key} must be "
-                f"{'an integer' if kind is int else 'a number'}, got {value!r}"
-            )
-        return kind(value)
-
     if "cpu_bytes_to_use" in extra:
         changes.update(
-            cpu_bytes=int(number("cpu_bytes_to_use", float)), cpu_chunks=None, cpu_gib=None
+            cpu_bytes=int(_vllm_number(extra, "cpu_bytes_to_use", float)),
+            cpu_chunks=None,
+            cpu_gib=None,
         )
-    if "block_size" in extra and "blocks_per_chunk" in extra:
-        raise InputError("--vllm-config: block_size and blocks_per_chunk cannot be combined")
-    if "block_size" in extra:
-        changes["chunk_tokens"] = number("block_size")
-    elif "blocks_per_chunk" in extra:
-        bpc = number("blocks_per_chunk")
-        if bpc <= 0:
-            raise InputError(f"--vllm-config: blocks_per_chunk must be > 0, got {bpc}")
-        changes["chunk_tokens"] = bpc * opts.gpu_block_tokens
-    else:
-        changes["chunk_tokens"] = opts.gpu_block_tokens  # vLLM default: one GPU block per chunk
+    changes["chunk_tokens"] = _vllm_chunk_tokens(extra, opts.gpu_block_tokens)
     if "eviction_policy" in extra:
         changes["policy"] = str(extra["eviction_policy"])
     if "cache_policy_module_path" in extra:
         changes["policy_module"] = str(extra["cache_policy_module_path"])
-    if "store_threshold" in extra:
-        changes["store_threshold"] = number("store_threshold")
-    if "max_tracker_size" in extra:
-        changes["max_tracker_size"] = number("max_tracker_size")
+    for key in ("store_threshold", "max_tracker_size"):
+        if key in extra:
+            changes[key] = _vllm_number(extra, key, int)
     return opts.with_(**changes)
+
+
+def _vllm_number(extra: dict[str, Any], key: str, kind: type[_Number]) -> _Number:
+    """``extra[key]`` as ``kind``: a JSON number (an integral one for ``int``), not a bool."""
+    value = extra[key]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (kind is int and value != int(value))
+    ):
+        raise InputError(
+            f"--vllm-config: {key} must be "
+            f"{'an integer' if kind is int else 'a number'}, got {value!r}"
+        )
+    return kind(value)
+
+
+def _vllm_chunk_tokens(extra: dict[str, Any], gpu_block_tokens: int) -> int:
+    """Tokens per CPU chunk: vLLM's ``block_size``, or ``blocks_per_chunk`` GPU blocks, or
+    one GPU block (vLLM's default)."""
+    if "block_size" in extra and "blocks_per_chunk" in extra:
+        raise InputError("--vllm-config: block_size and blocks_per_chunk cannot be combined")
+    if "block_size" in extra:
+        return _vllm_number(extra, "block_size", int)
+    if "blocks_per_chunk" in extra:
+        bpc = _vllm_number(extra, "blocks_per_chunk", int)
+        if bpc <= 0:
+            raise InputError(f"--vllm-config: blocks_per_chunk must be > 0, got {bpc}")
+        return bpc * gpu_block_tokens
+    return gpu_block_tokens

@@ -7,8 +7,10 @@ one policy object can serve many concurrent requests without global counters.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
+
+from kvsim.keys import ChunkKey
 
 
 class RequestContext:
@@ -16,27 +18,29 @@ class RequestContext:
 
     __slots__ = ("positions", "req_id", "state")
 
-    def __init__(self, req_id: Hashable, positions: dict[Hashable, int] | None = None) -> None:
+    def __init__(self, req_id: Hashable, positions: dict[ChunkKey, int] | None = None) -> None:
         self.req_id = req_id
-        self.positions: dict[Hashable, int] = positions if positions is not None else {}
+        self.positions: dict[ChunkKey, int] = positions if positions is not None else {}
         # owner object -> that owner's state for this request (owner identity replaces
-        # vLLM's "state.owner is self" check).
-        self.state: dict[Any, Any] = {}
+        # vLLM's "state.owner is self" check); each owner knows its own state's type.
+        self.state: dict[object, Any] = {}
 
-    def set_key_position(self, key: Hashable, end_token: int) -> None:
+    def set_key_position(self, key: ChunkKey, end_token: int) -> None:
         self.positions[key] = end_token
 
     def __repr__(self) -> str:
         return f"RequestContext({self.req_id!r})"
 
 
-def chunk_positions(keys, chunk_tokens: int) -> dict:
+def chunk_positions(keys: Sequence[ChunkKey], chunk_tokens: int) -> dict[ChunkKey, int]:
     """Each chunk key's token end position (chunk i ends at ``(i + 1) * chunk_tokens``), as
     the connector records them for a prompt's chunks, head first."""
     return dict(zip(keys, range(chunk_tokens, (len(keys) + 1) * chunk_tokens, chunk_tokens)))
 
 
-def order_request_keys(key_groups, ctx: RequestContext) -> list:
+def order_request_keys(
+    key_groups: Iterable[Iterable[ChunkKey]], ctx: RequestContext
+) -> list[ChunkKey]:
     """Flatten groups head-to-tail; sort by token position when every position is known."""
     keys = [k for group in key_groups for k in group]
     positions = ctx.positions

@@ -20,7 +20,7 @@ def _umask_mode() -> int:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a temporary path to write with any library; renamed onto ``path`` on success."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -38,7 +38,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
+def atomic_write(
+    path: str | os.PathLike[str], mode: str = "w", **open_kwargs: Any
+) -> Iterator[IO[Any]]:
     """Yield a file object; on success it replaces ``path``, on any error nothing is left."""
     with atomic_path(path) as tmp, open(tmp, mode, **open_kwargs) as f:
         yield f
@@ -47,7 +49,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
 FIGURE_FORMATS = ("png", "pdf", "svg")
 
 
-def figure_format(path: str | os.PathLike, option: str = "--plot") -> str:
+def figure_format(path: str | os.PathLike[str], option: str = "--plot") -> str:
     """The file format a figure path asks for; checked before a run, not after it."""
     ext = os.path.splitext(os.fspath(path))[1].lstrip(".").lower() or "png"
     if ext not in FIGURE_FORMATS:
@@ -57,7 +59,7 @@ def figure_format(path: str | os.PathLike, option: str = "--plot") -> str:
     return ext
 
 
-def read_json(path: str | os.PathLike) -> Any:
+def read_json(path: str | os.PathLike[str]) -> Any:
     """Parse a JSON file; unreadable or malformed files are a one-line :class:`InputError`."""
     path = os.fspath(path)
     try:

@@ -16,13 +16,24 @@ chunks have keys.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NewType, cast
 
 from kvsim.errors import InputError
+
+#: The offload key of one unit (a GPU block, and the CPU chunk it ends): the trace's
+#: prefix-chained block id, or ``id * split + j`` for sub-chunks; a CPU chunk is keyed by
+#: its last unit. A distinct type so a plain count or id cannot pass for a key; it is an
+#: ``int`` at run time (the policies also run inside vLLM on its ``bytes`` OffloadKeys and
+#: only ever hash and compare keys).
+ChunkKey = NewType("ChunkKey", int)
 
 
 @dataclass(frozen=True)
 class KeyLayout:
+    """How a trace's hash blocks map to unit and chunk keys; validated once, at the edge."""
+
     block_tokens: int  # tokens per trace hash block
     chunk_tokens: int  # tokens per CPU chunk
 
@@ -51,15 +62,17 @@ class KeyLayout:
     def units_per_chunk(self) -> int:
         return max(1, self.chunk_tokens // self.block_tokens)
 
-    def unit_keys(self, block_hashes: tuple[int, ...] | list[int], input_tokens: int) -> list[int]:
+    def unit_keys(self, block_hashes: Sequence[int], input_tokens: int) -> list[ChunkKey]:
         """Keys of the complete units of a prompt, head first."""
         split = self.split
         if split == 1:
-            return list(block_hashes[: input_tokens // self.block_tokens])
-        n = min(input_tokens // self.unit_tokens, len(block_hashes) * split)
-        return [block_hashes[i // split] * split + i % split for i in range(n)]
+            keys = list(block_hashes[: input_tokens // self.block_tokens])
+        else:
+            n = min(input_tokens // self.unit_tokens, len(block_hashes) * split)
+            keys = [block_hashes[i // split] * split + i % split for i in range(n)]
+        return cast("list[ChunkKey]", keys)  # where trace ids become keys
 
-    def chunk_keys(self, unit_keys: list[int]) -> list[int]:
+    def chunk_keys(self, unit_keys: list[ChunkKey]) -> list[ChunkKey]:
         """Keys of the complete chunks: the key of each chunk's last unit."""
         k = self.units_per_chunk
         if k == 1:

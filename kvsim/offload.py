@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import repeat
 from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, cast
 
 from kvsim.config import CacheConfig
 from kvsim.context import RequestContext
+from kvsim.keys import ChunkKey
 from kvsim.metrics import (
     ALLOCATION_SIZE_BUCKETS,
     CPU_ALLOCATION_SIZE,
@@ -29,7 +30,7 @@ from kvsim.metrics import (
     Histogram,
 )
 from kvsim.policies.admission.base import AdmissionPolicy
-from kvsim.policies.base import Chunk, EvictionPolicy, Key
+from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
 from kvsim.policies.registry import make_admission, make_eviction_policy
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ _SECOND = itemgetter(1)
 
 
 class LookupResult(IntEnum):
+    """What ``lookup`` says of one key, as vLLM's enum (a pending write is not loadable yet)."""
+
     MISS = 0
     HIT = 1
     HIT_PENDING = 2
@@ -52,17 +55,61 @@ class ProtocolError(RuntimeError):
 
 
 class PrepareStoreOutput(NamedTuple):
-    keys_to_store: list
+    """A successful ``prepare_store``: the keys to copy, their chunk ids, the keys evicted."""
+
+    keys_to_store: list[ChunkKey]
     chunk_ids: list[int]
-    evicted_keys: list
+    evicted_keys: list[ChunkKey]
 
 
 @dataclass(frozen=True)
 class OffloadingEvent:
-    keys: list
+    """Keys that entered or left the CPU tier, for vLLM's KV-cache event stream."""
+
+    keys: list[ChunkKey]
     removed: bool
     metadata_only: bool = False
     medium: str = "CPU"
+
+
+_Ctx = TypeVar("_Ctx")
+
+
+class StoreResult(Protocol):
+    """What a manager's ``prepare_store`` returns when it succeeds (read-only)."""
+
+    @property
+    def keys_to_store(self) -> Sequence[ChunkKey]: ...
+
+    @property
+    def evicted_keys(self) -> Sequence[ChunkKey]: ...
+
+
+class ManagerProtocol(Protocol[_Ctx]):
+    """The manager calls cache mode makes (vLLM's ``OffloadingManager`` interface), so that
+    :class:`OffloadManager` and an adapter around vLLM's own manager are interchangeable.
+
+    ``_Ctx`` is the manager's request context: :class:`~kvsim.context.RequestContext` for
+    kvsim's manager, vLLM's ``ReqContext`` for the adapter. Arguments are positional.
+    """
+
+    def new_context(self, req_id: Hashable, positions: dict[ChunkKey, int], /) -> _Ctx: ...
+
+    def on_new_request(self, ctx: _Ctx, /) -> None: ...
+
+    def lookup_prefix(self, keys: Iterable[ChunkKey], /) -> tuple[int, bool]: ...
+
+    def prepare_load(self, keys: Sequence[ChunkKey], ctx: _Ctx, /) -> list[int]: ...
+
+    def complete_load(self, keys: Iterable[ChunkKey], ctx: _Ctx, /) -> None: ...
+
+    def prepare_store(self, keys: Iterable[ChunkKey], ctx: _Ctx, /) -> StoreResult | None: ...
+
+    def complete_store(
+        self, keys: Iterable[ChunkKey], ctx: _Ctx, /, success: bool = True
+    ) -> None: ...
+
+    def on_request_finished(self, ctx: _Ctx, /) -> None: ...
 
 
 @dataclass
@@ -83,11 +130,11 @@ class _RequestAccess:
     """Keys one request observed, in first-observation order (one KV-cache group)."""
 
     generation: int
-    keys: list = field(default_factory=list)
-    seen: set = field(default_factory=set)
-    inserted: set = field(default_factory=set)
-    reused: set = field(default_factory=set)
-    store_miss: set = field(default_factory=set)
+    keys: list[ChunkKey] = field(default_factory=list)
+    seen: set[ChunkKey] = field(default_factory=set)
+    inserted: set[ChunkKey] = field(default_factory=set)
+    reused: set[ChunkKey] = field(default_factory=set)
+    store_miss: set[ChunkKey] = field(default_factory=set)
     finished: bool = False
 
 
@@ -117,7 +164,7 @@ class OffloadManager:
         self._skipped_since_stats = 0
         self._allocation_sizes_since_stats: list[int] = []
         self.counters = ManagerCounters()
-        self._chunks: dict[Key, Chunk] = {}  # resident keys (the policy holds the same set)
+        self._chunks: dict[ChunkKey, Chunk] = {}  # resident keys (the policy holds the same set)
         self._pool: list[Chunk] = []  # one Chunk object per chunk id, reused
         self._tracks = policy.tracks_evictability
 
@@ -131,7 +178,7 @@ class OffloadManager:
         if getattr(policy, "needs_future", False):
             if requests is None:
                 raise ValueError(f"policy {config.policy!r} needs the trace's future")
-            policy.prepare_future(requests, config.layout)  # type: ignore[attr-defined]
+            cast(FuturePolicy, policy).prepare_future(requests, config.layout)
         return cls(config.num_chunks, policy, admission_from_config(config))
 
     # --- chunk pool ---
@@ -174,14 +221,14 @@ class OffloadManager:
     # --- request access state ---
 
     def _access(self, ctx: RequestContext) -> _RequestAccess:
-        state = ctx.state.get(self)
+        state: _RequestAccess | None = ctx.state.get(self)
         if state is None or state.generation != self._generation:
             state = _RequestAccess(self._generation)
             ctx.state[self] = state
         return state
 
     def _record_access(
-        self, keys: Sequence[Key], ctx: RequestContext, reused: Sequence[Key]
+        self, keys: Sequence[ChunkKey], ctx: RequestContext, reused: Sequence[ChunkKey]
     ) -> None:
         state = self._access(ctx)
         seen = state.seen
@@ -198,21 +245,21 @@ class OffloadManager:
 
     # --- OffloadingManager interface ---
 
-    def new_context(self, req_id: object, positions: dict) -> RequestContext:
+    def new_context(self, req_id: Hashable, positions: dict[ChunkKey, int]) -> RequestContext:
         """A request context whose chunk keys end at the given token positions."""
         return RequestContext(req_id, positions)
 
     def on_new_request(self, ctx: RequestContext) -> None:
         self._access(ctx)
 
-    def lookup(self, key: Key, ctx: RequestContext | None = None) -> LookupResult:
+    def lookup(self, key: ChunkKey, ctx: RequestContext | None = None) -> LookupResult:
         """MISS, HIT or HIT_PENDING; no side effects."""
         chunk = self._chunks.get(key)
         if chunk is None:
             return LookupResult.MISS
         return LookupResult.HIT if chunk.ref_cnt >= 0 else LookupResult.HIT_PENDING
 
-    def lookup_prefix(self, keys: Iterable[Key]) -> tuple[int, bool]:
+    def lookup_prefix(self, keys: Iterable[ChunkKey]) -> tuple[int, bool]:
         """Scan like the connector: count HIT/HIT_PENDING keys up to the first MISS.
 
         Returns ``(count, any_pending)``; a pending key means the request must wait.
@@ -229,12 +276,14 @@ class OffloadManager:
             count += 1
         return count, pending
 
-    def prepare_load(self, keys: Sequence[Key], ctx: RequestContext) -> list[int]:
+    def prepare_load(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> list[int]:
         """Pin ready chunks for reading; returns chunk ids co-indexed with ``keys``."""
-        found = list(map(self._chunks.get, keys))
-        if None in found:
-            raise ProtocolError(f"prepare_load: chunk {keys[found.index(None)]!r} is not resident")
-        refs = list(map(_REF, found))
+        maybe_found = list(map(self._chunks.get, keys))
+        if None in maybe_found:
+            missing = keys[maybe_found.index(None)]
+            raise ProtocolError(f"prepare_load: chunk {missing!r} is not resident")
+        found = cast("list[Chunk]", maybe_found)  # None ruled out just above
+        refs: list[int] = list(map(_REF, found))
         if refs and min(refs) < 0:
             raise ProtocolError(f"prepare_load: chunk {keys[refs.index(min(refs))]!r} is not ready")
         for chunk in found:
@@ -248,12 +297,12 @@ class OffloadManager:
         self._record_access(keys, ctx, reused=keys)
         return list(map(_CHUNK_ID, found))
 
-    def touch(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def touch(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         self.policy.touch(keys, ctx)
 
-    def complete_load(self, keys: Iterable[Key], ctx: RequestContext | None = None) -> None:
+    def complete_load(self, keys: Iterable[ChunkKey], ctx: RequestContext | None = None) -> None:
         get = self._chunks.get
-        unpinned = []
+        unpinned: list[ChunkKey] = []
         for key in keys:
             chunk = get(key)
             if chunk is None or chunk.ref_cnt <= 0:
@@ -265,50 +314,25 @@ class OffloadManager:
         if unpinned and self._tracks:
             self.policy.mark_evictable_many(unpinned)
 
-    def prepare_store(self, offer: Iterable[Key], ctx: RequestContext) -> PrepareStoreOutput | None:
+    def prepare_store(
+        self, offer: Iterable[ChunkKey], ctx: RequestContext
+    ) -> PrepareStoreOutput | None:
         """All or nothing: allocate chunks for every admitted new key, or return None."""
         keys = list(offer)
         admission = self.admission
         if admission.records_offers:
             admission.record_offer(keys)
-        policy = self.policy
-        found = list(map(self._chunks.get, keys))
-        if not any(found):
-            to_store = keys.copy()
-            ready_existing: list = []
-        else:
-            to_store = []
-            ready_existing = []
-            for key, chunk in zip(keys, found):
-                if chunk is None:
-                    to_store.append(key)
-                elif chunk.ref_cnt >= 0:
-                    ready_existing.append(key)
-        partitioned_all = len(to_store) + len(ready_existing) == len(keys)
+        to_store, ready_existing = self._split_offer(keys)
+        # True while every offered key is recorded: none is pending, none was skipped
+        whole_offer = len(to_store) + len(ready_existing) == len(keys)
         if self._filters and to_store:
-            candidates = len(to_store)
-            to_store = admission.admit(to_store, ctx)
-            skipped = candidates - len(to_store)
-            if skipped:
-                partitioned_all = False
-                self._skipped_since_stats += skipped
-                self.counters.stores_skipped += skipped
-
+            to_store, skipped = self._admit(to_store, ctx)
+            whole_offer = whole_offer and not skipped
         state = self._access(ctx)
         if to_store:
-            store_miss = state.store_miss
-            new_misses = [k for k in to_store if k not in store_miss] if store_miss else to_store
-            if new_misses:
-                policy.on_store_miss(new_misses, ctx)
-                store_miss.update(new_misses)
-        if partitioned_all:
-            recorded = keys
-        else:
-            wanted = set(to_store)
-            wanted.update(ready_existing)
-            recorded = [k for k in keys if k in wanted]
+            self._learn_store_misses(state, to_store, ctx)
+        recorded = keys if whole_offer else _kept_in_order(keys, to_store, ready_existing)
         self._record_access(recorded, ctx, reused=ready_existing)
-
         if not to_store:
             return PrepareStoreOutput([], [], [])
 
@@ -316,47 +340,89 @@ class OffloadManager:
         self._allocation_sizes_since_stats.append(n)
         self.counters.allocation_sizes.observe(n)
         need = n - self.num_free
-        evicted_keys: list = []
-        if need > 0:
-            if need > self._num_evictable:
-                self.counters.allocation_failures += 1
-                return None
-            victims = policy.evict(need, set(keys))
-            if victims is None:
-                self.counters.allocation_failures += 1
-                return None
-            self._num_evictable -= len(victims)
-            evicted_keys = list(map(_FIRST, victims))
-            self._free_list.extend(map(_CHUNK_ID, map(_SECOND, victims)))
-            deque(map(self._chunks.pop, evicted_keys), maxlen=0)
-            self.counters.evicted_chunks += len(victims)
-            if self.events is not None:
-                self.events.append(OffloadingEvent(evicted_keys, removed=True))
-
+        evicted_keys = self._evict_for_store(need, keys) if need > 0 else []
+        if evicted_keys is None:
+            return None
         chunks = self._allocate(n)
         self._chunks.update(zip(to_store, chunks))
-        policy.insert_many(to_store, chunks, ctx)
+        self.policy.insert_many(to_store, chunks, ctx)
         self._num_write_pending += n
         state.inserted.update(to_store)
         return PrepareStoreOutput(to_store, list(map(_CHUNK_ID, chunks)), evicted_keys)
 
+    # --- prepare_store's steps ---
+
+    def _split_offer(self, keys: list[ChunkKey]) -> tuple[list[ChunkKey], list[ChunkKey]]:
+        """``(new keys, ready resident keys)`` of an offer, in offer order; keys whose write
+        is still pending are in neither."""
+        found = list(map(self._chunks.get, keys))
+        if not any(found):  # the common case: nothing of the offer is resident
+            return keys.copy(), []
+        to_store: list[ChunkKey] = []
+        ready: list[ChunkKey] = []
+        for key, chunk in zip(keys, found):
+            if chunk is None:
+                to_store.append(key)
+            elif chunk.ref_cnt >= 0:
+                ready.append(key)
+        return to_store, ready
+
+    def _admit(self, candidates: list[ChunkKey], ctx: RequestContext) -> tuple[list[ChunkKey], int]:
+        """The admitted candidates and how many were skipped (counted as vLLM does)."""
+        offered = len(candidates)
+        admitted = self.admission.admit(candidates, ctx)
+        skipped = offered - len(admitted)
+        if skipped:
+            self._skipped_since_stats += skipped
+            self.counters.stores_skipped += skipped
+        return admitted, skipped
+
+    def _learn_store_misses(
+        self, state: _RequestAccess, to_store: list[ChunkKey], ctx: RequestContext
+    ) -> None:
+        """Show the policy the store candidates this request had not offered before."""
+        store_miss = state.store_miss
+        new_misses = [k for k in to_store if k not in store_miss] if store_miss else to_store
+        if new_misses:
+            self.policy.on_store_miss(new_misses, ctx)
+            store_miss.update(new_misses)
+
+    def _evict_for_store(self, need: int, offer: list[ChunkKey]) -> list[ChunkKey] | None:
+        """Free ``need`` chunks, none of the offer's; their keys, or None (an allocation
+        failure) when not enough chunks are evictable."""
+        if need > self._num_evictable:
+            self.counters.allocation_failures += 1
+            return None
+        victims = self.policy.evict(need, set(offer))
+        if victims is None:
+            self.counters.allocation_failures += 1
+            return None
+        self._num_evictable -= len(victims)
+        evicted_keys: list[ChunkKey] = list(map(_FIRST, victims))
+        self._free_list.extend(map(_CHUNK_ID, map(_SECOND, victims)))
+        deque(map(self._chunks.pop, evicted_keys), maxlen=0)
+        self.counters.evicted_chunks += len(victims)
+        if self.events is not None:
+            self.events.append(OffloadingEvent(evicted_keys, removed=True))
+        return evicted_keys
+
     def complete_store(
-        self, keys: Iterable[Key], ctx: RequestContext | None = None, success: bool = True
+        self, keys: Iterable[ChunkKey], ctx: RequestContext | None = None, success: bool = True
     ) -> None:
         """Finish a store: chunks become evictable, or are dropped when the copy failed."""
         policy = self.policy
         resident = self._chunks
         get = resident.get
-        done: list = []
+        done: list[ChunkKey] = []
         if success:
-            keys = keys if isinstance(keys, list) else list(keys)
-            found = list(map(get, keys))
+            key_list = keys if isinstance(keys, list) else list(keys)
+            found = list(map(get, key_list))
             if None not in found and list(map(_REF, found)).count(-1) == len(found):
-                done = keys  # the common case: every key is a pending write of this job
-                for chunk in found:
-                    chunk.ref_cnt = 0
+                done = key_list  # the common case: every key is a pending write of this job
+                for written in cast("list[Chunk]", found):  # None ruled out just above
+                    written.ref_cnt = 0
             else:
-                for key, chunk in zip(keys, found):
+                for key, chunk in zip(key_list, found):
                     if chunk is not None and chunk.ref_cnt < 0:
                         chunk.ref_cnt = 0
                         done.append(key)
@@ -440,6 +506,15 @@ class OffloadManager:
         stats[STORES_SKIPPED] = self._skipped_since_stats
         self._skipped_since_stats = 0
         return stats
+
+
+def _kept_in_order(
+    keys: list[ChunkKey], to_store: list[ChunkKey], ready: list[ChunkKey]
+) -> list[ChunkKey]:
+    """The keys of ``keys`` that are in ``to_store`` or ``ready``, in ``keys``' order."""
+    wanted = set(to_store)
+    wanted.update(ready)
+    return [k for k in keys if k in wanted]
 
 
 def admission_from_config(config: CacheConfig) -> AdmissionPolicy | None:

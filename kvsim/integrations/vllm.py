@@ -20,9 +20,15 @@ A user's own kvsim policy is exported with :func:`vllm_policy_class`.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from kvsim.context import RequestContext
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+
+    from kvsim.policies.base import EvictionPolicy
 
 #: exported class name -> kvsim registry name
 EXPORTS: dict[str, str] = {
@@ -54,17 +60,17 @@ class _PositionView:
 
     __slots__ = ("_vctx",)
 
-    def __init__(self, vctx: Any) -> None:
+    def __init__(self, vctx: ReqContext) -> None:
         self._vctx = vctx
 
-    def get(self, key, default=None):
+    def get(self, key: OffloadKey, default: int | None = None) -> int | None:
         pos = self._vctx.get_offload_key_position(key)
         return default if pos is None else pos
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: OffloadKey) -> bool:
         return self._vctx.get_offload_key_position(key) is not None
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: OffloadKey) -> int:
         pos = self._vctx.get_offload_key_position(key)
         if pos is None:
             raise KeyError(key)
@@ -82,14 +88,14 @@ class _KnownKeys:
     def __init__(self, view: _PositionView) -> None:
         self._view = view
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: OffloadKey) -> bool:
         return key in self._view
 
-    def __ge__(self, keys) -> bool:
+    def __ge__(self, keys: Iterable[OffloadKey]) -> bool:
         return all(k in self._view for k in keys)
 
 
-def kvsim_context(vctx: Any) -> RequestContext:
+def kvsim_context(vctx: ReqContext | None) -> RequestContext:
     """The kvsim context of a vLLM ReqContext (created once, then reused)."""
     if vctx is None:
         return RequestContext(None)
@@ -98,12 +104,15 @@ def kvsim_context(vctx: Any) -> RequestContext:
         positions = getattr(vctx, "_offload_key_positions", None)
         if not isinstance(positions, dict):
             positions = _PositionView(vctx)
+        # vLLM's own positions dict, or a lookup-only view standing in for it
         holder = _KvsimContext(RequestContext(vctx.req_id, positions))  # type: ignore[arg-type]
         vctx.set_state(holder)
     return holder.ctx
 
 
-def vllm_policy_class(policy: str | type, class_name: str | None = None) -> type:
+def vllm_policy_class(
+    policy: str | type[EvictionPolicy], class_name: str | None = None
+) -> type[Any]:
     """A vLLM ``CachePolicy`` subclass wrapping a kvsim policy (name, module:Class or class)."""
     from vllm.v1.kv_offload.cpu.policies.base import CachePolicy
 
@@ -113,12 +122,16 @@ def vllm_policy_class(policy: str | type, class_name: str | None = None) -> type
     if getattr(cls, "needs_future", False):
         raise ValueError(f"{cls.__name__} needs the future of the trace; it cannot run inside vLLM")
 
-    def __init__(self, cache_capacity: int) -> None:
+    def __init__(self: Any, cache_capacity: int) -> None:
         CachePolicy.__init__(self, cache_capacity)
         self.policy = cls(cache_capacity)
 
     def on_request_finished(
-        self, key_groups, insertion_only_keys, reused_keys, req_context
+        self: Any,
+        key_groups: Iterable[Iterable[OffloadKey]],
+        insertion_only_keys: set[OffloadKey],
+        reused_keys: set[OffloadKey],
+        req_context: ReqContext,
     ) -> None:
         self.policy.on_request_finished(
             [list(g) for g in key_groups],

@@ -25,30 +25,33 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from kvsim.context import RequestContext
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
 from kvsim.policies.queue import QueuePolicy
 
 
 class TextbookARCPolicy(QueuePolicy):
+    """The paper's ARC (libCacheSim's), to compare vLLM's variant against."""
+
     name = "arc-textbook"
     description = "textbook ARC (FAST'03, libCacheSim's version); vLLM's variant is 'arc'"
 
     def _reset(self) -> None:
         self.p = 0.0
-        self.t1: OrderedDict[Key, None] = OrderedDict()
-        self.t2: OrderedDict[Key, None] = OrderedDict()
-        self.b1: OrderedDict[Key, None] = OrderedDict()
-        self.b2: OrderedDict[Key, None] = OrderedDict()
-        self._incoming: OrderedDict[Key, int] = (
+        self.t1: OrderedDict[ChunkKey, None] = OrderedDict()
+        self.t2: OrderedDict[ChunkKey, None] = OrderedDict()
+        self.b1: OrderedDict[ChunkKey, None] = OrderedDict()
+        self.b2: OrderedDict[ChunkKey, None] = OrderedDict()
+        self._incoming: OrderedDict[ChunkKey, int] = (
             OrderedDict()
         )  # ghost hits not yet stored: key -> 1 (B1) or 2 (B2)
-        self._unreplaced: OrderedDict[Key, int] = (
+        self._unreplaced: OrderedDict[ChunkKey, int] = (
             OrderedDict()
         )  # ghost hits whose room is not made yet
 
-    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_store_miss(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         b1, b2 = self.b1, self.b2
         if not b1 and not b2:
             return
@@ -66,7 +69,7 @@ class TextbookARCPolicy(QueuePolicy):
             while len(pending) > c:  # learnt but never stored: forget the oldest
                 pending.popitem(last=False)
 
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         ghost = self._incoming.pop(key, 0)
         self._unreplaced.pop(key, None)
         for lost in (self.b1, self.b2):  # a ghost hit nobody announced (no on_store_miss)
@@ -75,20 +78,20 @@ class TextbookARCPolicy(QueuePolicy):
                 ghost = 1
         (self.t2 if ghost else self.t1)[key] = None
 
-    def _on_hit(self, key: Key) -> None:
+    def _on_hit(self, key: ChunkKey) -> None:
         if key in self.t1:
             del self.t1[key]
         else:
             del self.t2[key]
         self.t2[key] = None
 
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         if key in self.t1:
             del self.t1[key]
         else:
             del self.t2[key]
 
-    def _replace(self, x_in_b2: bool, protected: set) -> Key:
+    def _replace(self, x_in_b2: bool, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         t1 = self.t1
         from_t1 = (
             len(t1) > 0 and (len(t1) > self.p or (x_in_b2 and len(t1) == self.p))
@@ -97,12 +100,12 @@ class TextbookARCPolicy(QueuePolicy):
         key = self._first_usable(first, protected)
         if key is None:
             first, second = second, first
-            key = self._first_usable(first, protected)
+            key = self._first_usable_of(first, protected)
         del first[key]
         (self.b1 if first is t1 else self.b2)[key] = None
         return key
 
-    def _pick_victim(self, protected: set) -> Key:
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         c = self.capacity
         unreplaced = self._unreplaced
@@ -114,11 +117,12 @@ class TextbookARCPolicy(QueuePolicy):
                 b1.popitem(last=False)
                 victim = self._replace(False, protected)
             else:
-                victim = self._first_usable(t1, protected)
-                if victim is None:
+                oldest = self._first_usable(t1, protected)
+                if oldest is None:
                     victim = self._replace(False, protected)
                 else:
-                    del t1[victim]
+                    del t1[oldest]
+                    victim = oldest
         else:
             if len(t1) + len(b1) + len(t2) + len(b2) >= 2 * c and b2:
                 b2.popitem(last=False)

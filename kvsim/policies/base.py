@@ -9,12 +9,18 @@ That is what lets one policy object run in the simulator, under the real backend
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Sequence
-from typing import ClassVar
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from kvsim.context import RequestContext
+from kvsim.keys import ChunkKey, KeyLayout
 
-Key = Hashable
+if TYPE_CHECKING:
+    from kvsim.traces.model import Request
+
+#: The name policies used before :data:`kvsim.keys.ChunkKey`; kept for users' policies.
+Key = ChunkKey
 
 
 class Chunk:
@@ -52,23 +58,25 @@ class EvictionPolicy(ABC):
         self.capacity = capacity
 
     @abstractmethod
-    def get(self, key: Key) -> Chunk | None:
+    def get(self, key: ChunkKey) -> Chunk | None:
         """The resident chunk for ``key``, or None. No side effects."""
 
     @abstractmethod
-    def insert(self, key: Key, chunk: Chunk, ctx: RequestContext) -> None:
+    def insert(self, key: ChunkKey, chunk: Chunk, ctx: RequestContext) -> None:
         """Add a newly allocated (write-pending) chunk."""
 
     @abstractmethod
-    def remove(self, key: Key) -> None:
+    def remove(self, key: ChunkKey) -> None:
         """Drop a chunk whose store failed."""
 
     @abstractmethod
-    def touch(self, keys: Iterable[Key], ctx: RequestContext) -> None:
+    def touch(self, keys: Iterable[ChunkKey], ctx: RequestContext) -> None:
         """Legacy recency update; the first key ends up most recent."""
 
     @abstractmethod
-    def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
+    def evict(
+        self, n: int, protected: AbstractSet[ChunkKey]
+    ) -> list[tuple[ChunkKey, Chunk]] | None:
         """Atomically remove exactly ``n`` evictable, unprotected chunks."""
 
     @abstractmethod
@@ -76,7 +84,7 @@ class EvictionPolicy(ABC):
         """Forget everything, including ghost and adaptive state."""
 
     @abstractmethod
-    def keys(self) -> Iterable[Key]:
+    def keys(self) -> Iterable[ChunkKey]:
         """Resident keys (for tests and gauges; not on the hot path)."""
 
     def __len__(self) -> int:
@@ -84,28 +92,28 @@ class EvictionPolicy(ABC):
 
     # --- optional hooks (vLLM defaults) ---
 
-    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_store_miss(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         """Store candidates new to this request, before insertion (ARC ghost learning)."""
         self.touch(keys, ctx)
 
-    def on_request_access(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_request_access(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         """First observation of keys by a running request; no commitment yet."""
 
     def on_request_finished(
         self,
-        key_groups: Sequence[Sequence[Key]],
-        insertion_only: set,
-        reused: set,
+        key_groups: Sequence[Sequence[ChunkKey]],
+        insertion_only: AbstractSet[ChunkKey],
+        reused: AbstractSet[ChunkKey],
         ctx: RequestContext,
     ) -> None:
         """Commit one request's accesses, head-to-tail per group."""
         for group in key_groups:
             self.touch(group, ctx)
 
-    def mark_evictable(self, key: Key) -> None:
+    def mark_evictable(self, key: ChunkKey) -> None:
         """The chunk's ref_cnt became 0."""
 
-    def mark_non_evictable(self, key: Key) -> None:
+    def mark_non_evictable(self, key: ChunkKey) -> None:
         """The chunk's ref_cnt left 0."""
 
     # --- batch forms: the manager calls these; override them for speed ---
@@ -114,18 +122,27 @@ class EvictionPolicy(ABC):
     tracks_evictability: ClassVar[bool] = True
 
     def insert_many(
-        self, keys: Sequence[Key], chunks: Sequence[Chunk], ctx: RequestContext
+        self, keys: Sequence[ChunkKey], chunks: Sequence[Chunk], ctx: RequestContext
     ) -> None:
         for key, chunk in zip(keys, chunks):
             self.insert(key, chunk, ctx)
 
-    def mark_evictable_many(self, keys: Iterable[Key]) -> None:
+    def mark_evictable_many(self, keys: Iterable[ChunkKey]) -> None:
         for key in keys:
             self.mark_evictable(key)
 
-    def mark_non_evictable_many(self, keys: Iterable[Key]) -> None:
+    def mark_non_evictable_many(self, keys: Iterable[ChunkKey]) -> None:
         for key in keys:
             self.mark_non_evictable(key)
+
+
+class FuturePolicy(Protocol):
+    """What a policy with ``needs_future`` (Belady) adds: it learns the accesses to come,
+    from the trace (cache mode) or from the block stream (object protocol)."""
+
+    def prepare_future(self, requests: Iterable[Request], layout: KeyLayout) -> None: ...
+
+    def prepare_stream(self, keys: Sequence[ChunkKey]) -> None: ...
 
 
 class ChunkMapPolicy(EvictionPolicy):
@@ -133,12 +150,12 @@ class ChunkMapPolicy(EvictionPolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self.chunks: dict[Key, Chunk] = {}
+        self.chunks: dict[ChunkKey, Chunk] = {}
 
-    def get(self, key: Key) -> Chunk | None:
+    def get(self, key: ChunkKey) -> Chunk | None:
         return self.chunks.get(key)
 
-    def keys(self) -> Iterable[Key]:
+    def keys(self) -> Iterable[ChunkKey]:
         return self.chunks.keys()
 
     def __len__(self) -> int:

@@ -23,19 +23,24 @@ bypass), the reference point the curves are drawn against.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING
 
 from kvsim.context import RequestContext
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey, KeyLayout
 from kvsim.policies.queue import QueuePolicy
+
+if TYPE_CHECKING:
+    from kvsim.traces.model import Request
 
 NEVER = 1 << 62
 
 
-def _plan(key_lists: list[list[Key]]) -> list[list[int]]:
+def _plan(key_lists: list[list[ChunkKey]]) -> list[list[int]]:
     """For each time step and each of its keys: the next step holding the key, or NEVER."""
-    last: dict[Key, int] = {}
+    last: dict[ChunkKey, int] = {}
     nexts: list[list[int]] = [[]] * len(key_lists)
     for t in range(len(key_lists) - 1, -1, -1):
         keys = key_lists[t]
@@ -46,40 +51,43 @@ def _plan(key_lists: list[list[Key]]) -> list[list[int]]:
 
 
 class BeladyPolicy(QueuePolicy):
+    """Belady's MIN: the offline optimum, the bound the online policies are measured against."""
+
     name = "belady"
     description = "Belady's MIN (offline optimum): evict the chunk used farthest in the future"
     needs_future = True
 
     def __init__(self, capacity: int) -> None:
-        self._keys_at: list[list[Key]] = []
+        self._keys_at: list[list[ChunkKey]] = []
         self._next_at: list[list[int]] = []
-        self._time_of: dict | None = None  # req_id -> time step
+        self._time_of: dict[Hashable, int] | None = None  # req_id -> time step
         super().__init__(capacity)
 
     def _reset(self) -> None:
-        self._heap: list[tuple[int, int, int, Key]] = []
-        self._entry: dict[Key, tuple[int, int, int, Key]] = {}
-        self._pos: dict[Key, int] = {}
-        self._next: dict[Key, int] = {}
+        self._heap: list[tuple[int, int, int, ChunkKey]] = []
+        self._entry: dict[ChunkKey, tuple[int, int, int, ChunkKey]] = {}
+        self._pos: dict[ChunkKey, int] = {}
+        self._next: dict[ChunkKey, int] = {}
         self._seq = 0
         self._now = -1
 
     # --- the future ---
 
-    def prepare_future(self, requests: Iterable, layout) -> None:
+    def prepare_future(self, requests: Iterable[Request], layout: KeyLayout) -> None:
         """Learn the trace (cache mode): time = the request's index in trace order."""
-        keys_at, time_of = [], {}
+        keys_at: list[list[ChunkKey]] = []
+        time_of: dict[Hashable, int] = {}
         for t, req in enumerate(requests):
             keys = layout.chunk_keys(layout.unit_keys(req.block_hashes, req.input_tokens))
             keys_at.append(list(dict.fromkeys(keys)))
             time_of[req.request_id] = t
         self._set_plan(keys_at, time_of)
 
-    def prepare_stream(self, keys: Sequence[Key]) -> None:
+    def prepare_stream(self, keys: Sequence[ChunkKey]) -> None:
         """Learn a block stream (object protocol): time = access index = ``ctx.req_id``."""
         self._set_plan([[k] for k in keys], None)
 
-    def _set_plan(self, keys_at: list[list[Key]], time_of: dict | None) -> None:
+    def _set_plan(self, keys_at: list[list[ChunkKey]], time_of: dict[Hashable, int] | None) -> None:
         self._keys_at = keys_at
         self._next_at = _plan(keys_at)
         self._time_of = time_of
@@ -101,7 +109,7 @@ class BeladyPolicy(QueuePolicy):
 
     # --- heap ---
 
-    def _push(self, key: Key) -> None:
+    def _push(self, key: ChunkKey) -> None:
         self._seq += 1
         entry = (-self._next.get(key, NEVER), -self._pos.get(key, 0), self._seq, key)
         self._entry[key] = entry
@@ -112,29 +120,35 @@ class BeladyPolicy(QueuePolicy):
 
     # --- hooks ---
 
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         self._advance(ctx)
         if ctx is not None:
             self._pos[key] = ctx.positions.get(key, 0)
         self._push(key)
 
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         del self._entry[key]
         self._pos.pop(key, None)
 
-    def touch(self, keys: Iterable[Key], ctx: RequestContext) -> None:
+    def touch(self, keys: Iterable[ChunkKey], ctx: RequestContext) -> None:
         self._advance(ctx)
 
-    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_store_miss(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         self._advance(ctx)
 
-    def on_request_access(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_request_access(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         self._advance(ctx)
 
-    def on_request_finished(self, key_groups, insertion_only, reused, ctx) -> None:
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[ChunkKey]],
+        insertion_only: AbstractSet[ChunkKey],
+        reused: AbstractSet[ChunkKey],
+        ctx: RequestContext,
+    ) -> None:
         self._advance(ctx)
 
-    def _pick_victim(self, protected: set) -> Key:
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         heap, entries, usable = self._heap, self._entry, self._usable
         deferred = []
         try:

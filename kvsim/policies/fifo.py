@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Set as AbstractSet
 
 from kvsim.context import RequestContext
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
 from kvsim.policies.queue import QueuePolicy
 
 
 class FIFOPolicy(QueuePolicy):
+    """Evict in insertion order: the baseline that ignores reuse."""
+
     name = "fifo"
     description = "FIFO: evict the oldest stored chunk; reuse changes nothing"
 
     def _reset(self) -> None:
-        self._queue: OrderedDict[Key, None] = OrderedDict()  # insertion order, oldest first
+        self._queue: OrderedDict[ChunkKey, None] = OrderedDict()  # insertion order, oldest first
 
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         self._queue[key] = None
 
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         del self._queue[key]
 
-    def _pick_victim(self, protected: set) -> Key:
-        key = self._first_usable(self._queue, protected)  # evict() checked that one exists
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
+        key = self._first_usable_of(self._queue, protected)
         del self._queue[key]
         return key

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
 
 _MASK64 = (1 << 64) - 1
 
@@ -36,15 +36,15 @@ class FrequencySketch:
         rng = random.Random(seed)
         self._multipliers = [rng.getrandbits(64) | 1 for _ in range(self.ROWS)]
         self._rows = [bytearray(width) for _ in range(self.ROWS)]
-        self._doorkeeper: set | None = set() if doorkeeper else None
+        self._doorkeeper: set[ChunkKey] | None = set() if doorkeeper else None
         self._additions = 0
 
-    def _indexes(self, key: Key) -> list[int]:
+    def _indexes(self, key: ChunkKey) -> list[int]:
         h = hash(key) & _MASK64
         shift = self._shift
         return [((h * m) & _MASK64) >> shift for m in self._multipliers]
 
-    def increment(self, key: Key) -> None:
+    def increment(self, key: ChunkKey) -> None:
         door = self._doorkeeper
         if door is not None and key not in door:
             door.add(key)
@@ -56,7 +56,7 @@ class FrequencySketch:
         if self._additions >= self.sample_size:
             self._age()
 
-    def estimate(self, key: Key) -> int:
+    def estimate(self, key: ChunkKey) -> int:
         count = min(row[i] for row, i in zip(self._rows, self._indexes(key)))
         if self._doorkeeper is not None and key in self._doorkeeper:
             count += 1

@@ -10,25 +10,28 @@ victim search visits the lowest non-empty buckets only.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Set as AbstractSet
 
 from kvsim.context import RequestContext
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
 from kvsim.policies.queue import QueuePolicy
 
 
 class LFUPolicy(QueuePolicy):
+    """Evict the least-used chunk (ties: least recent), so hot shared prefixes stay."""
+
     name = "lfu"
     description = "LFU: fewest uses first; ties broken least-recently-used first"
 
     def _reset(self) -> None:
-        self._freq: dict[Key, int] = {}
-        self._buckets: dict[int, OrderedDict[Key, None]] = {}
+        self._freq: dict[ChunkKey, int] = {}
+        self._buckets: dict[int, OrderedDict[ChunkKey, None]] = {}
 
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         self._freq[key] = 1
         self._buckets.setdefault(1, OrderedDict())[key] = None
 
-    def _unlink(self, key: Key) -> int:
+    def _unlink(self, key: ChunkKey) -> int:
         f = self._freq.pop(key)
         bucket = self._buckets[f]
         del bucket[key]
@@ -36,15 +39,15 @@ class LFUPolicy(QueuePolicy):
             del self._buckets[f]
         return f
 
-    def _on_hit(self, key: Key) -> None:
+    def _on_hit(self, key: ChunkKey) -> None:
         f = self._unlink(key) + 1
         self._freq[key] = f
         self._buckets.setdefault(f, OrderedDict())[key] = None
 
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         self._unlink(key)
 
-    def _pick_victim(self, protected: set) -> Key:
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         usable = self._usable
         buckets = self._buckets
         for f in sorted(buckets):

@@ -22,16 +22,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from heapq import merge
 from itertools import chain, islice
 
 from kvsim.context import RequestContext, order_request_keys
-from kvsim.policies.base import Chunk, ChunkMapPolicy, Key
+from kvsim.keys import ChunkKey
+from kvsim.policies.base import Chunk, ChunkMapPolicy
 
 Rank = tuple[int, int]  # (counter, -end_position); a committed key's is (counter, 0)
 
 
 class LRUPolicy(ChunkMapPolicy):
+    """vLLM 0.33's ``lru``, decision for decision (the default, the reference for the others)."""
+
     name = "lru"
     description = (
         "vLLM 0.33 LRU: request-scoped recency, provisional ranks, tail evicted before head"
@@ -40,8 +44,8 @@ class LRUPolicy(ChunkMapPolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._committed: OrderedDict[Key, int] = OrderedDict()  # key -> counter, oldest first
-        self._provisional: dict[Key, Rank] = {}  # running requests' keys
+        self._committed: OrderedDict[ChunkKey, int] = OrderedDict()  # key -> counter, oldest first
+        self._provisional: dict[ChunkKey, Rank] = {}  # running requests' keys
         self._counter = 0
         self._generation = 0  # bumped by clear(), so requests take a new rank afterwards
 
@@ -55,28 +59,28 @@ class LRUPolicy(ChunkMapPolicy):
             state = ctx.state[self] = (self._generation, self._counter)
         return state[1]
 
-    def _rank(self, key: Key) -> Rank:
+    def _rank(self, key: ChunkKey) -> Rank:
         n = self._committed.get(key)
         return (n, 0) if n is not None else self._provisional[key]
 
-    def _commit(self, key: Key) -> None:
+    def _commit(self, key: ChunkKey) -> None:
         """A fresh rank: ``key`` becomes the most recent of all."""
         self._provisional.pop(key, None)
         self._committed.pop(key, None)
         self._counter += 1
         self._committed[key] = self._counter
 
-    def _make_provisional(self, key: Key, rank: Rank) -> None:
+    def _make_provisional(self, key: ChunkKey, rank: Rank) -> None:
         self._committed.pop(key, None)
         self._provisional[key] = rank
 
-    def _forget(self, key: Key) -> None:
+    def _forget(self, key: ChunkKey) -> None:
         if self._committed.pop(key, None) is None:
             del self._provisional[key]
 
     # --- interface ---
 
-    def insert(self, key: Key, chunk: Chunk, ctx: RequestContext) -> None:
+    def insert(self, key: ChunkKey, chunk: Chunk, ctx: RequestContext) -> None:
         self.chunks[key] = chunk
         position = ctx.positions.get(key)
         if position is None:
@@ -84,21 +88,21 @@ class LRUPolicy(ChunkMapPolicy):
         else:
             self._make_provisional(key, (self._request_rank(ctx), -position))
 
-    def remove(self, key: Key) -> None:
+    def remove(self, key: ChunkKey) -> None:
         del self.chunks[key]
         self._forget(key)
 
-    def touch(self, keys: Iterable[Key], ctx: RequestContext) -> None:
+    def touch(self, keys: Iterable[ChunkKey], ctx: RequestContext) -> None:
         """Fresh ranks in reverse, so the first key ends most recent; absent keys are ignored."""
         chunks = self.chunks
         for key in reversed(list(keys)):
             if key in chunks:
                 self._commit(key)
 
-    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_store_miss(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         """vLLM's default (``touch``) re-ranks only resident keys, and store misses never are."""
 
-    def on_request_access(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_request_access(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         request = self._request_rank(ctx)  # the request dates from its first access
         chunks, positions = self.chunks, ctx.positions
         for key in keys:
@@ -109,7 +113,13 @@ class LRUPolicy(ChunkMapPolicy):
             if rank > self._rank(key):  # raise only: never demote
                 self._make_provisional(key, rank)
 
-    def on_request_finished(self, key_groups, insertion_only, reused, ctx) -> None:
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[ChunkKey]],
+        insertion_only: AbstractSet[ChunkKey],
+        reused: AbstractSet[ChunkKey],
+        ctx: RequestContext,
+    ) -> None:
         keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, ctx)
         self.touch(keys, ctx)  # tail first, so the head ends most recent; a store is a use too
 
@@ -122,7 +132,7 @@ class LRUPolicy(ChunkMapPolicy):
 
     # --- eviction ---
 
-    def _oldest_first(self) -> Iterator[Key]:
+    def _oldest_first(self) -> Iterator[ChunkKey]:
         committed = self._committed
         if not self._provisional:
             return iter(committed)
@@ -133,11 +143,13 @@ class LRUPolicy(ChunkMapPolicy):
         ranked = (((n, 0), key) for key, n in committed.items())
         return (key for _, key in merge(ranked, running))
 
-    def eviction_order(self) -> list[Key]:
+    def eviction_order(self) -> list[ChunkKey]:
         """Resident keys, least recent first (for tests and inspection)."""
         return list(self._oldest_first())
 
-    def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
+    def evict(
+        self, n: int, protected: AbstractSet[ChunkKey]
+    ) -> list[tuple[ChunkKey, Chunk]] | None:
         if n <= 0:
             return []
         chunks = self.chunks

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 from kvsim.context import RequestContext, order_request_keys
-from kvsim.policies.base import Chunk, ChunkMapPolicy, Key
+from kvsim.keys import ChunkKey
+from kvsim.policies.base import Chunk, ChunkMapPolicy
 
 
 class QueuePolicy(ChunkMapPolicy):
@@ -31,7 +33,7 @@ class QueuePolicy(ChunkMapPolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._evictable: set = set()
+        self._evictable: set[ChunkKey] = set()
         self._reset()
 
     # --- subclass hooks ---
@@ -40,26 +42,28 @@ class QueuePolicy(ChunkMapPolicy):
         """(Re)create the subclass's structures."""
 
     @abstractmethod
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         """A new chunk entered."""
 
-    def _on_hit(self, key: Key) -> None:
+    def _on_hit(self, key: ChunkKey) -> None:
         """A resident chunk was reused (default: nothing, as in FIFO)."""
 
     @abstractmethod
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         """A chunk left without being a victim (failed store)."""
 
     @abstractmethod
-    def _pick_victim(self, protected: set) -> Key:
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         """Remove one evictable, unprotected key from the structures and return it.
 
         Called only when one exists."""
 
-    def _usable(self, key: Key, protected: set) -> bool:
+    def _usable(self, key: ChunkKey, protected: AbstractSet[ChunkKey]) -> bool:
         return key in self._evictable and key not in protected
 
-    def _first_usable(self, keys: Iterable[Key], protected: set) -> Key | None:
+    def _first_usable(
+        self, keys: Iterable[ChunkKey], protected: AbstractSet[ChunkKey]
+    ) -> ChunkKey | None:
         """The first of ``keys`` (a list's LRU end first) that may be evicted now, or None."""
         usable = self._usable
         for key in keys:
@@ -67,9 +71,18 @@ class QueuePolicy(ChunkMapPolicy):
                 return key
         return None
 
+    def _first_usable_of(
+        self, keys: Iterable[ChunkKey], protected: AbstractSet[ChunkKey]
+    ) -> ChunkKey:
+        """:meth:`_first_usable` where ``evict()`` has checked that one exists."""
+        key = self._first_usable(keys, protected)
+        if key is None:
+            raise AssertionError("no evictable chunk although evict() checked there was one")
+        return key
+
     # --- EvictionPolicy ---
 
-    def insert(self, key: Key, chunk: Chunk, ctx: RequestContext) -> None:
+    def insert(self, key: ChunkKey, chunk: Chunk, ctx: RequestContext) -> None:
         if key in self.chunks:
             self.remove(key)
         self.chunks[key] = chunk
@@ -77,22 +90,28 @@ class QueuePolicy(ChunkMapPolicy):
             self._evictable.add(key)
         self._on_insert(key, ctx)
 
-    def remove(self, key: Key) -> None:
+    def remove(self, key: ChunkKey) -> None:
         if self.chunks.pop(key, None) is None:
             return
         self._evictable.discard(key)
         self._on_remove(key)
 
-    def touch(self, keys: Iterable[Key], ctx: RequestContext) -> None:
+    def touch(self, keys: Iterable[ChunkKey], ctx: RequestContext) -> None:
         chunks = self.chunks
         for key in reversed(list(keys)):
             if key in chunks:
                 self._on_hit(key)
 
-    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_store_miss(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         """A miss is learnt at insertion; policies with ghosts override this."""
 
-    def on_request_finished(self, key_groups, insertion_only, reused, ctx) -> None:
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[ChunkKey]],
+        insertion_only: AbstractSet[ChunkKey],
+        reused: AbstractSet[ChunkKey],
+        ctx: RequestContext,
+    ) -> None:
         if not reused:
             return
         keys = key_groups[0] if len(key_groups) == 1 else order_request_keys(key_groups, ctx)
@@ -101,21 +120,23 @@ class QueuePolicy(ChunkMapPolicy):
             if key in reused and key in chunks:
                 self._on_hit(key)
 
-    def mark_evictable(self, key: Key) -> None:
+    def mark_evictable(self, key: ChunkKey) -> None:
         if key in self.chunks:
             self._evictable.add(key)
 
-    def mark_non_evictable(self, key: Key) -> None:
+    def mark_non_evictable(self, key: ChunkKey) -> None:
         self._evictable.discard(key)
 
-    def mark_evictable_many(self, keys: Iterable[Key]) -> None:
+    def mark_evictable_many(self, keys: Iterable[ChunkKey]) -> None:
         chunks = self.chunks
         self._evictable.update(k for k in keys if k in chunks)
 
-    def mark_non_evictable_many(self, keys: Iterable[Key]) -> None:
+    def mark_non_evictable_many(self, keys: Iterable[ChunkKey]) -> None:
         self._evictable.difference_update(keys)
 
-    def evict(self, n: int, protected: set) -> list[tuple[Key, Chunk]] | None:
+    def evict(
+        self, n: int, protected: AbstractSet[ChunkKey]
+    ) -> list[tuple[ChunkKey, Chunk]] | None:
         if n <= 0:
             return []
         evictable = self._evictable

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any
+from typing import Any, TypeVar
 
 from kvsim.config import resolve_admission
 from kvsim.errors import InputError
@@ -32,8 +32,12 @@ from kvsim.policies.wtinylfu import WTinyLFUPolicy
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {}
 ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {}
 
+_Policy = TypeVar("_Policy", EvictionPolicy, AdmissionPolicy)
 
-def _register(table: dict, kind: str, cls: type, name: str | None) -> type:
+
+def _register(
+    table: dict[str, type[_Policy]], kind: str, cls: type[_Policy], name: str | None
+) -> type[_Policy]:
     key = (name or cls.name).lower()
     if key in table and table[key] is not cls:
         raise ValueError(f"{kind} policy {key!r} is already registered")
@@ -53,7 +57,7 @@ def register_admission(
     return _register(ADMISSION_POLICIES, "admission", cls, name)
 
 
-for _cls in (
+for _eviction in (
     LRUPolicy,
     ARCPolicy,
     FIFOPolicy,
@@ -65,18 +69,18 @@ for _cls in (
     WTinyLFUPolicy,
     BeladyPolicy,
 ):
-    register_eviction(_cls)
-for _cls in (
+    register_eviction(_eviction)
+for _admission in (
     AdmissionPolicy,
     StoreThresholdAdmission,
     ProbabilisticAdmission,
     TinyLFUAdmission,
     LengthAdmission,
 ):
-    register_admission(_cls)
+    register_admission(_admission)
 
 
-def _import_class(spec: str, option: str) -> Any:
+def _import_class(spec: str, option: str) -> object:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise InputError(f"{option}: expected NAME or module:Class, got {spec!r}")
@@ -90,7 +94,9 @@ def _import_class(spec: str, option: str) -> Any:
         raise InputError(f"{option}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-def _check_subclass(obj: Any, base: type, option: str, spec: str) -> type:
+def _check_subclass(obj: object, base: type[Any], option: str, spec: str) -> type[Any]:
+    """``obj`` itself, once it is a concrete subclass of ``base`` (a user's class, checked
+    at run time)."""
     if not inspect.isclass(obj):
         raise InputError(f"{option}: {spec!r} is not a class")
     if not issubclass(obj, base):
@@ -123,8 +129,13 @@ def admission_policy_class(spec: str) -> type[AdmissionPolicy]:
 
 
 def _resolve(
-    table: dict, base: type, option: str, noun: str, spec: str, module_path: str | None = None
-):
+    table: dict[str, type[_Policy]],
+    base: type[Any],
+    option: str,
+    noun: str,
+    spec: str,
+    module_path: str | None = None,
+) -> type[_Policy]:
     """A registered name (any case), ``pkg.mod:Class``, or ``spec`` looked up in ``module_path``;
     anything else is a one-line error listing the known names."""
     cls = table.get(spec.lower())
@@ -150,7 +161,8 @@ def make_admission(
         from_arg = getattr(builtin, "from_arg", None)
         if from_arg is None:
             raise InputError(f"--admission: {name!r} takes no argument (got {spec!r})")
-        return from_arg(arg, **kwargs)
+        policy: AdmissionPolicy = from_arg(arg, **kwargs)
+        return policy
     cls = admission_policy_class(spec)
     if cls is StoreThresholdAdmission:
         return cls(max(store_threshold, 2), max_tracker_size)

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from kvsim.context import RequestContext
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
 from kvsim.policies.queue import QueuePolicy
 
 
 class S3FIFOPolicy(QueuePolicy):
+    """S3-FIFO: a small FIFO filters one-hit wonders before they reach the main queue."""
+
     name = "s3fifo"
     description = (
         "S3-FIFO: small + main FIFO queues and a ghost queue (SOSP'23, libCacheSim sizing)"
@@ -48,14 +51,14 @@ class S3FIFOPolicy(QueuePolicy):
         super().__init__(capacity)
 
     def _reset(self) -> None:
-        self._small: OrderedDict[Key, None] = OrderedDict()
-        self._main: OrderedDict[Key, None] = OrderedDict()
-        self._ghost: OrderedDict[Key, None] = OrderedDict()
-        self._freq: dict[Key, int] = {}
-        self._ghost_hits: set = set()
+        self._small: OrderedDict[ChunkKey, None] = OrderedDict()
+        self._main: OrderedDict[ChunkKey, None] = OrderedDict()
+        self._ghost: OrderedDict[ChunkKey, None] = OrderedDict()
+        self._freq: dict[ChunkKey, int] = {}
+        self._ghost_hits: set[ChunkKey] = set()
         self._has_evicted = False
 
-    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_store_miss(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         ghost = self._ghost
         if not ghost:
             return
@@ -66,7 +69,7 @@ class S3FIFOPolicy(QueuePolicy):
         if len(self._ghost_hits) > self.capacity:  # learnt but never stored: forget the oldest
             self._ghost_hits = set(list(self._ghost_hits)[-self.capacity :])
 
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         hit = key in self._ghost_hits
         if hit:
             self._ghost_hits.discard(key)
@@ -79,19 +82,19 @@ class S3FIFOPolicy(QueuePolicy):
             self._small[key] = None
         self._freq[key] = 0
 
-    def _on_hit(self, key: Key) -> None:
+    def _on_hit(self, key: ChunkKey) -> None:
         f = self._freq[key]
         if f < 3:
             self._freq[key] = f + 1
 
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         if key in self._small:
             del self._small[key]
         else:
             del self._main[key]
         del self._freq[key]
 
-    def _add_ghost(self, key: Key) -> None:
+    def _add_ghost(self, key: ChunkKey) -> None:
         if self.ghost_capacity <= 0:
             return
         ghost = self._ghost
@@ -99,7 +102,7 @@ class S3FIFOPolicy(QueuePolicy):
         if len(ghost) > self.ghost_capacity:
             ghost.popitem(last=False)
 
-    def _evict_small(self, protected: set) -> Key | None:
+    def _evict_small(self, protected: AbstractSet[ChunkKey]) -> ChunkKey | None:
         small, main, freq = self._small, self._main, self._freq
         usable = self._usable
         threshold = self.move_to_main_threshold
@@ -117,7 +120,7 @@ class S3FIFOPolicy(QueuePolicy):
                 return key
         return None
 
-    def _evict_main(self, protected: set) -> Key | None:
+    def _evict_main(self, protected: AbstractSet[ChunkKey]) -> ChunkKey | None:
         main, freq = self._main, self._freq
         usable = self._usable
         for _ in range(4 * len(main) + 1):
@@ -137,7 +140,7 @@ class S3FIFOPolicy(QueuePolicy):
                 return key
         return None
 
-    def _pick_victim(self, protected: set) -> Key:
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         self._has_evicted = True
         if len(self._main) > self.main_capacity or not self._small:
             order = (self._evict_main, self._evict_small, self._evict_main)

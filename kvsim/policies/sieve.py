@@ -9,24 +9,28 @@ on an object stream. Pinned or protected chunks are passed over without losing t
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from kvsim.context import RequestContext
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
 from kvsim.policies.queue import QueuePolicy
 
 
 class SievePolicy(QueuePolicy):
+    """SIEVE: FIFO plus a visited bit; keeps reused chunks without moving them on a hit."""
+
     name = "sieve"
     description = "SIEVE: FIFO with a visited bit and a sweeping hand (NSDI'24)"
 
     def _reset(self) -> None:
-        self._newer: dict[Key, Key | None] = {}
-        self._older: dict[Key, Key | None] = {}
-        self._head: Key | None = None  # newest
-        self._tail: Key | None = None  # oldest
-        self._hand: Key | None = None
-        self._visited: set = set()
+        self._newer: dict[ChunkKey, ChunkKey | None] = {}
+        self._older: dict[ChunkKey, ChunkKey | None] = {}
+        self._head: ChunkKey | None = None  # newest
+        self._tail: ChunkKey | None = None  # oldest
+        self._hand: ChunkKey | None = None
+        self._visited: set[ChunkKey] = set()
 
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         head = self._head
         self._older[key] = head
         self._newer[key] = None
@@ -36,10 +40,10 @@ class SievePolicy(QueuePolicy):
             self._newer[head] = key
         self._head = key
 
-    def _on_hit(self, key: Key) -> None:
+    def _on_hit(self, key: ChunkKey) -> None:
         self._visited.add(key)
 
-    def _unlink(self, key: Key) -> None:
+    def _unlink(self, key: ChunkKey) -> None:
         newer = self._newer.pop(key)
         older = self._older.pop(key)
         if newer is None:
@@ -54,21 +58,24 @@ class SievePolicy(QueuePolicy):
         if self._hand == key:
             self._hand = newer
 
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         self._unlink(key)
 
-    def _pick_victim(self, protected: set) -> Key:
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         visited = self._visited
         newer = self._newer
         usable = self._usable
-        key = self._hand if self._hand is not None else self._tail
+        tail = self._tail  # the walk only reads the queue
+        if tail is None:
+            raise AssertionError("no evictable chunk although evict() checked there was one")
+        key = self._hand if self._hand is not None else tail
         while True:
             if usable(key, protected):
                 if key not in visited:
                     break
                 visited.discard(key)
             nxt = newer[key]
-            key = nxt if nxt is not None else self._tail
+            key = nxt if nxt is not None else tail
         self._hand = newer[key]
         self._unlink(key)
         return key

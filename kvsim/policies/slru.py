@@ -9,14 +9,18 @@ probationary LRU end, then from the protected LRU end. kvsim ships SLRU rather t
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Set as AbstractSet
 
 from kvsim.context import RequestContext
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
 from kvsim.policies.queue import QueuePolicy
 
 
 def segmented_hit(
-    probation: OrderedDict, protected: OrderedDict, key: Key, protected_capacity: int
+    probation: OrderedDict[ChunkKey, None],
+    protected: OrderedDict[ChunkKey, None],
+    key: ChunkKey,
+    protected_capacity: int,
 ) -> None:
     """A reuse in a segmented LRU: to the protected MRU end; the protected segment's LRU
     chunk drops back to the probationary MRU end when it overflows. (W-TinyLFU's main
@@ -32,6 +36,8 @@ def segmented_hit(
 
 
 class SLRUPolicy(QueuePolicy):
+    """Segmented LRU: a reuse protects a chunk, so one pass of new prefixes cannot flush it."""
+
     name = "slru"
     description = "segmented LRU: probation + protected (80%) segments, promotion on reuse"
 
@@ -40,22 +46,22 @@ class SLRUPolicy(QueuePolicy):
         super().__init__(capacity)
 
     def _reset(self) -> None:
-        self._probation: OrderedDict[Key, None] = OrderedDict()
-        self._protected: OrderedDict[Key, None] = OrderedDict()
+        self._probation: OrderedDict[ChunkKey, None] = OrderedDict()
+        self._protected: OrderedDict[ChunkKey, None] = OrderedDict()
 
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         self._probation[key] = None
 
-    def _on_hit(self, key: Key) -> None:
+    def _on_hit(self, key: ChunkKey) -> None:
         segmented_hit(self._probation, self._protected, key, self.protected_capacity)
 
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         if key in self._probation:
             del self._probation[key]
         else:
             del self._protected[key]
 
-    def _pick_victim(self, protected: set) -> Key:
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         usable = self._usable
         for segment in (self._probation, self._protected):
             for key in segment:

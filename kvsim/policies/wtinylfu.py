@@ -17,15 +17,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from kvsim.context import RequestContext
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
 from kvsim.policies.frequency_sketch import FrequencySketch
 from kvsim.policies.queue import QueuePolicy
 from kvsim.policies.slru import segmented_hit
 
 
 class WTinyLFUPolicy(QueuePolicy):
+    """W-TinyLFU: an LRU window, then a frequency duel decides who enters the SLRU main cache."""
+
     name = "wtinylfu"
     description = "W-TinyLFU: 1% LRU window + SLRU main, frequency-sketch duel at admission"
 
@@ -39,17 +42,17 @@ class WTinyLFUPolicy(QueuePolicy):
         super().__init__(capacity)
 
     def _reset(self) -> None:
-        self._window: OrderedDict[Key, None] = OrderedDict()
-        self._probation: OrderedDict[Key, None] = OrderedDict()
-        self._protected: OrderedDict[Key, None] = OrderedDict()
+        self._window: OrderedDict[ChunkKey, None] = OrderedDict()
+        self._probation: OrderedDict[ChunkKey, None] = OrderedDict()
+        self._protected: OrderedDict[ChunkKey, None] = OrderedDict()
         self.sketch = FrequencySketch(max(16, self.capacity), seed=self._seed)
 
-    def on_store_miss(self, keys: Sequence[Key], ctx: RequestContext) -> None:
+    def on_store_miss(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
         increment = self.sketch.increment
         for key in keys:
             increment(key)
 
-    def _on_insert(self, key: Key, ctx: RequestContext | None) -> None:
+    def _on_insert(self, key: ChunkKey, ctx: RequestContext | None) -> None:
         window = self._window
         window[key] = None
         while (
@@ -60,7 +63,7 @@ class WTinyLFUPolicy(QueuePolicy):
             del window[moved]
             self._probation[moved] = None
 
-    def _on_hit(self, key: Key) -> None:
+    def _on_hit(self, key: ChunkKey) -> None:
         self.sketch.increment(key)
         window, protected = self._window, self._protected
         if key in window:
@@ -69,13 +72,13 @@ class WTinyLFUPolicy(QueuePolicy):
         else:
             segmented_hit(self._probation, protected, key, self.protected_capacity)
 
-    def _on_remove(self, key: Key) -> None:
+    def _on_remove(self, key: ChunkKey) -> None:
         for segment in (self._window, self._probation, self._protected):
             if key in segment:
                 del segment[key]
                 return
 
-    def _pick_victim(self, protected: set) -> Key:
+    def _pick_victim(self, protected: AbstractSet[ChunkKey]) -> ChunkKey:
         window = self._window
         candidate = (
             self._first_usable(window, protected) if len(window) > self.window_capacity else None
@@ -96,6 +99,6 @@ class WTinyLFUPolicy(QueuePolicy):
         if victim is not None:
             del victim_segment[victim]
             return victim
-        key = candidate if candidate is not None else self._first_usable(window, protected)
+        key = candidate if candidate is not None else self._first_usable_of(window, protected)
         del window[key]
         return key

@@ -9,18 +9,23 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import pandas as pd
 
-from kvsim.config import OffloadOptions
+from kvsim.config import CacheConfig, OffloadOptions
 from kvsim.integrations.from_vllm import VllmManagerDriver, vllm_available
 from kvsim.replay import CacheReplay, fused_tier_class
+from kvsim.replay.driver import RequestRow
 from kvsim.traces import Request
 
+_T = TypeVar("_T")
 
-def _best_time(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    best, out = float("inf"), None
+
+def _best_time(run: Callable[[], _T], repeat: int) -> tuple[float, _T]:
+    """The fastest time of ``repeat`` runs (``repeat >= 1``), and the last run's result."""
+    best = float("inf")
     for _ in range(repeat):
         gc.collect()
         start = time.perf_counter()
@@ -55,11 +60,15 @@ def bench_replay(
     table: list[dict[str, Any]] = []
 
     def timed(
-        engine: str, policy: str, make: Callable[[], CacheReplay], runs: int, reference: list | None
-    ) -> list:
-        rows: list = []
+        engine: str,
+        policy: str,
+        make: Callable[[], CacheReplay],
+        runs: int,
+        reference: list[RequestRow] | None,
+    ) -> list[RequestRow]:
+        rows: list[RequestRow] = []
 
-        def run():
+        def run() -> dict[str, Any]:
             rows.clear()
             return make().run(requests, rows.append)
 
@@ -91,7 +100,7 @@ def bench_replay(
         ours = timed(
             "kvsim",
             policy,
-            lambda cfg=cfg: CacheReplay(cfg, requests_for_future=requests),
+            partial(CacheReplay, cfg, requests_for_future=requests),
             repeat,
             None,
         )
@@ -99,7 +108,7 @@ def bench_replay(
             timed(
                 "kvsim-protocol",
                 policy,
-                lambda cfg=cfg: CacheReplay(cfg, fused=False),
+                partial(CacheReplay, cfg, fused=False),
                 repeat,
                 ours,
             )
@@ -107,9 +116,7 @@ def bench_replay(
             timed(
                 "vllm-0.33",
                 policy,
-                lambda cfg=cfg, policy=policy: CacheReplay(
-                    cfg, manager=VllmManagerDriver(cfg.num_chunks, policy)
-                ),
+                partial(_vllm_replay, cfg, policy),
                 1,
                 ours,
             )
@@ -121,5 +128,13 @@ def bench_replay(
     return frame
 
 
+def _vllm_replay(config: CacheConfig, policy: str) -> CacheReplay:
+    """Cache-mode replay driving vLLM's own manager (built inside the timed run)."""
+    return CacheReplay(config, manager=VllmManagerDriver(config.num_chunks, policy))
+
+
 def _seconds_of(table: list[dict[str, Any]], policy: str) -> float:
-    return next(r["seconds"] for r in table if r["engine"] == "kvsim" and r["policy"] == policy)
+    seconds: float = next(
+        r["seconds"] for r in table if r["engine"] == "kvsim" and r["policy"] == policy
+    )
+    return seconds

@@ -21,7 +21,7 @@ from typing import Any
 
 from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
-from kvsim.offload import OffloadManager, admission_from_config
+from kvsim.offload import ManagerProtocol, OffloadManager, admission_from_config
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
 from kvsim.policies.registry import eviction_policy_class
@@ -45,6 +45,9 @@ REQUEST_COLUMNS = (
 )
 
 
+#: one request's row, in :data:`REQUEST_COLUMNS` order
+RequestRow = tuple[int, float, int, int, int, int, int, int, int, bool]
+
 #: policy class -> its fused tier (exact classes: a user's subclass runs the protocol)
 FUSED_TIERS: dict[type, type[FusedTier]] = {LRUPolicy: FusedLRUTier, ARCPolicy: FusedARCTier}
 
@@ -65,7 +68,7 @@ class CacheReplay:
     def __init__(
         self,
         config: CacheConfig,
-        manager: Any | None = None,
+        manager: ManagerProtocol[Any] | None = None,
         requests_for_future: Iterable[Request] | None = None,
         *,
         fused: bool | None = None,
@@ -85,14 +88,12 @@ class CacheReplay:
                 config.prefill_chunk_tokens,
                 admission_from_config(config),
             )
-            self.manager = None
+            self.manager: ManagerProtocol[Any] | None = None
         else:
-            self.manager = (
-                manager
-                if manager is not None
-                else OffloadManager.from_config(config, requests_for_future)
-            )
-            self.tier = ProtocolTier(self.manager, config.chunk_tokens, config.prefill_chunk_tokens)
+            if manager is None:
+                manager = OffloadManager.from_config(config, requests_for_future)
+            self.manager = manager
+            self.tier = ProtocolTier(manager, config.chunk_tokens, config.prefill_chunk_tokens)
         self.gpu = GpuBlockPool(config.gpu_blocks)
         self.totals = dict.fromkeys(
             (
@@ -109,8 +110,10 @@ class CacheReplay:
         )
 
     def run(
-        self, requests: Iterable[Request], row_sink: Callable[[tuple], None] | None = None
+        self, requests: Iterable[Request], row_sink: Callable[[RequestRow], object] | None = None
     ) -> dict[str, Any]:
+        """Replay ``requests`` in order; each one's row (:data:`REQUEST_COLUMNS`) goes to
+        ``row_sink``. Returns the running summary."""
         layout = self.layout
         unit_tokens = layout.unit_tokens
         units_per_chunk = layout.units_per_chunk

@@ -12,9 +12,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import filterfalse
 
+from kvsim.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.arc import adapt_to_ghost_hit, finish_request, pick_victims, retire_victims
-from kvsim.policies.base import Key
 from kvsim.replay.fused_tier import FusedTier
 
 
@@ -32,23 +32,23 @@ class FusedARCTier(FusedTier):
     ) -> None:
         super().__init__(num_chunks, chunk_tokens, prefill_step, admission)
         self.p: float = 0.0  # vLLM's target_t1_size
-        self.t1: OrderedDict[Key, None] = OrderedDict()
-        self.t2: OrderedDict[Key, None] = OrderedDict()
-        self.b1: OrderedDict[Key, None] = OrderedDict()
-        self.b2: OrderedDict[Key, None] = OrderedDict()
+        self.t1: OrderedDict[ChunkKey, None] = OrderedDict()
+        self.t2: OrderedDict[ChunkKey, None] = OrderedDict()
+        self.b1: OrderedDict[ChunkKey, None] = OrderedDict()
+        self.b2: OrderedDict[ChunkKey, None] = OrderedDict()
         # the running request's access record (the manager's, per request)
-        self._inserted: set[Key] = set()
-        self._reused: set[Key] = set()
-        self._missed: set[Key] = set()  # store misses already shown to the ghosts
+        self._inserted: set[ChunkKey] = set()
+        self._reused: set[ChunkKey] = set()
+        self._missed: set[ChunkKey] = set()  # store misses already shown to the ghosts
 
     @property
     def num_resident(self) -> int:
         return len(self.t1) + len(self.t2)
 
-    def resident_keys(self) -> list[Key]:
+    def resident_keys(self) -> list[ChunkKey]:
         return [*self.t1, *self.t2]
 
-    def _lookup(self, keys: Sequence[Key]) -> int:
+    def _lookup(self, keys: Sequence[ChunkKey]) -> int:
         t1, t2 = self.t1, self.t2
         count = 0
         for key in keys:
@@ -57,10 +57,10 @@ class FusedARCTier(FusedTier):
             count += 1
         return count
 
-    def _load(self, keys: Sequence[Key]) -> None:
+    def _load(self, keys: Sequence[ChunkKey]) -> None:
         self._reused.update(keys)  # loads come before any insertion of the request
 
-    def _offer(self, offer: Sequence[Key], retry: bool) -> list[Key]:
+    def _offer(self, offer: list[ChunkKey], retry: bool) -> list[ChunkKey]:
         t1, t2 = self.t1, self.t2
         if not any(map(t1.__contains__, offer)) and not any(map(t2.__contains__, offer)):
             return offer
@@ -69,7 +69,7 @@ class FusedARCTier(FusedTier):
         self._reused.update([k for k in ready if k not in inserted] if inserted else ready)
         return [k for k in offer if k not in t1 and k not in t2]
 
-    def _candidates(self, keys: Sequence[Key]) -> None:
+    def _candidates(self, keys: Sequence[ChunkKey]) -> None:
         missed = self._missed
         new = [k for k in keys if k not in missed] if missed else keys
         missed.update(new)
@@ -80,7 +80,7 @@ class FusedARCTier(FusedTier):
             if key in b1 or key in b2:
                 self.p = adapt_to_ghost_hit(self.p, key, b1, b2, self.num_chunks)
 
-    def _evict(self, need: int, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
+    def _evict(self, need: int, offer: Sequence[ChunkKey], keys: Sequence[ChunkKey]) -> bool:
         t1, t2 = self.t1, self.t2
         protected = set(offer)
         picked = pick_victims(
@@ -95,7 +95,7 @@ class FusedARCTier(FusedTier):
         retire_victims(picked, t1, t2, self.b1, self.b2, self.num_chunks)
         return True
 
-    def _insert(self, keys: list[Key]) -> None:
+    def _insert(self, keys: list[ChunkKey]) -> None:
         t1, b1, b2 = self.t1, self.b1, self.b2
         for key in keys:
             t1[key] = None
@@ -103,7 +103,7 @@ class FusedARCTier(FusedTier):
             b2.pop(key, None)
         self._inserted.update(keys)
 
-    def _finish(self, keys: Sequence[Key]) -> None:
+    def _finish(self, keys: Sequence[ChunkKey]) -> None:
         reused, inserted = self._reused, self._inserted
         if inserted or reused:
             # keys the request never observed are in neither set, so all its keys can be passed

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from kvsim.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy
-from kvsim.policies.base import Key
 from kvsim.replay.fused_tier import FusedTier
 
 
@@ -33,17 +33,19 @@ class FusedLRUTier(FusedTier):
         admission: AdmissionPolicy | None = None,
     ) -> None:
         super().__init__(num_chunks, chunk_tokens, prefill_step, admission)
-        self._order: OrderedDict[Key, None] = OrderedDict()  # committed keys, least recent first
-        self._mine: set[Key] = set()  # the running request's resident keys (provisional ranks)
+        self._order: OrderedDict[ChunkKey, None] = (
+            OrderedDict()
+        )  # committed keys, least recent first
+        self._mine: set[ChunkKey] = set()  # the running request's resident keys (provisional ranks)
 
     @property
     def num_resident(self) -> int:
         return len(self._order) + len(self._mine)
 
-    def resident_keys(self) -> list[Key]:
+    def resident_keys(self) -> list[ChunkKey]:
         return list(self._order)  # between requests every resident key is committed
 
-    def _lookup(self, keys: Sequence[Key]) -> int:
+    def _lookup(self, keys: Sequence[ChunkKey]) -> int:
         order = self._order
         count = 0
         for key in keys:
@@ -52,13 +54,13 @@ class FusedLRUTier(FusedTier):
             count += 1
         return count
 
-    def _load(self, keys: Sequence[Key]) -> None:
+    def _load(self, keys: Sequence[ChunkKey]) -> None:
         order = self._order
         for key in keys:  # raised to provisional
             del order[key]
         self._mine.update(keys)
 
-    def _offer(self, offer: Sequence[Key], retry: bool) -> list[Key]:
+    def _offer(self, offer: list[ChunkKey], retry: bool) -> list[ChunkKey]:
         order = self._order
         mine = self._mine
         reused = any(map(order.__contains__, offer))
@@ -70,7 +72,7 @@ class FusedLRUTier(FusedTier):
         # an offer holds keys of this request only after reuse or a failed offer
         return [k for k in offer if k not in mine] if reused or retry else offer
 
-    def _evict(self, need: int, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
+    def _evict(self, need: int, offer: Sequence[ChunkKey], keys: Sequence[ChunkKey]) -> bool:
         order = self._order
         if need <= len(order):  # the common case: the least recent committed keys
             popitem = order.popitem
@@ -87,10 +89,10 @@ class FusedLRUTier(FusedTier):
         mine.difference_update(own[:rest])
         return True
 
-    def _insert(self, keys: list[Key]) -> None:
+    def _insert(self, keys: list[ChunkKey]) -> None:
         self._mine.update(keys)
 
-    def _finish(self, keys: Sequence[Key]) -> None:
+    def _finish(self, keys: Sequence[ChunkKey]) -> None:
         mine = self._mine
         if not mine:
             return

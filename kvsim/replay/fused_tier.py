@@ -18,13 +18,13 @@ vLLM's own manager when it is importable).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import ClassVar
 
 from kvsim.context import RequestContext, chunk_positions
+from kvsim.keys import ChunkKey
 from kvsim.offload import ManagerCounters
 from kvsim.policies.admission.base import AdmissionPolicy
-from kvsim.policies.base import Key
 from kvsim.replay.protocol_tier import offer_bounds
 
 
@@ -57,44 +57,44 @@ class FusedTier(ABC):
     def num_resident(self) -> int: ...
 
     @abstractmethod
-    def resident_keys(self) -> list[Key]:
+    def resident_keys(self) -> list[ChunkKey]:
         """Resident keys in eviction order (the next victim first)."""
 
     @abstractmethod
-    def _lookup(self, keys: Sequence[Key]) -> int:
+    def _lookup(self, keys: Sequence[ChunkKey]) -> int:
         """How many leading keys are resident (the connector's scan)."""
 
     @abstractmethod
-    def _load(self, keys: Sequence[Key]) -> None:
+    def _load(self, keys: Sequence[ChunkKey]) -> None:
         """The request loads these resident keys (recorded as reuse)."""
 
     @abstractmethod
-    def _offer(self, offer: Sequence[Key], retry: bool) -> list[Key]:
+    def _offer(self, offer: list[ChunkKey], retry: bool) -> list[ChunkKey]:
         """Record the offer's resident keys as reuse; return the others (store candidates).
         ``retry``: an offer of this request failed before."""
 
-    def _candidates(self, keys: Sequence[Key]) -> None:
+    def _candidates(self, keys: Sequence[ChunkKey]) -> None:
         """The admitted store candidates of one offer, before allocation (a store miss);
         only policies that learn from store misses (ARC's ghosts) need it."""
 
     @abstractmethod
-    def _evict(self, need: int, offer: Sequence[Key], keys: Sequence[Key]) -> bool:
+    def _evict(self, need: int, offer: Sequence[ChunkKey], keys: Sequence[ChunkKey]) -> bool:
         """Free ``need`` chunks, all or nothing, never one of ``offer``."""
 
     @abstractmethod
-    def _insert(self, keys: list[Key]) -> None:
+    def _insert(self, keys: list[ChunkKey]) -> None:
         """The admitted keys of a successful offer enter the tier."""
 
     @abstractmethod
-    def _finish(self, keys: Sequence[Key]) -> None:
+    def _finish(self, keys: Sequence[ChunkKey]) -> None:
         """Commit the request's accesses; ``keys`` are all its chunk keys, head first."""
 
     # --- the connector's part ---
 
     def serve(
         self,
-        req_id: object,
-        keys: Sequence[Key],
+        req_id: Hashable,
+        keys: list[ChunkKey],
         local_tokens: int,
         store_chunks: int,
         input_tokens: int,
@@ -153,5 +153,5 @@ class FusedTier(ABC):
         self._finish(keys)
         return cpu_hit_tokens, stored, evicted, failed, skipped
 
-    def _context(self, req_id: object, keys: Sequence[Key]) -> RequestContext:
+    def _context(self, req_id: Hashable, keys: Sequence[ChunkKey]) -> RequestContext:
         return RequestContext(req_id, chunk_positions(keys, self.chunk_tokens))

@@ -23,15 +23,16 @@ ratio is the share of sampled accesses that hit. Memory and time shrink with the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvsim.errors import InputError
 from kvsim.fenwick import Fenwick
-from kvsim.keys import KeyLayout
+from kvsim.keys import ChunkKey, KeyLayout
 from kvsim.traces.model import Request
 
 _MASK64 = (1 << 64) - 1
@@ -43,18 +44,18 @@ class _Stack:
     """An LRU stack: depth of a key, and moving keys to the top."""
 
     def __init__(self) -> None:
-        self.stamp: dict = {}
+        self.stamp: dict[ChunkKey, int] = {}
         self.fenwick = Fenwick()
         self.clock = 0
 
-    def depth(self, key) -> int:
+    def depth(self, key: ChunkKey) -> int:
         """1 for the most recent key; 0 when never seen (infinite depth)."""
         ts = self.stamp.get(key)
         if ts is None:
             return 0
         return len(self.stamp) - self.fenwick.prefix(ts) + 1
 
-    def to_top(self, key) -> None:
+    def to_top(self, key: ChunkKey) -> None:
         f = self.fenwick
         ts = self.stamp.get(key)
         if ts is not None:
@@ -74,29 +75,81 @@ class MRC:
     accesses: int  # chunk keys seen (all, not only sampled)
     sampled: int  # accesses that were tracked
     exact_from: int  # smallest capacity where the curve is exact (prefix protocol)
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
     def hit_ratio(self, capacity: int) -> float:
         """Hit ratio at any capacity (step function between table rows)."""
         return float(self._hits_at(np.asarray([capacity]))[0])
 
     def _hits_at(self, capacities: np.ndarray) -> np.ndarray:
-        cdf = self.info["cdf"]
-        idx = np.clip(capacities, 0, len(cdf) - 1)
-        return cdf[idx]
+        cdf: np.ndarray = self.info["cdf"]
+        hits: np.ndarray = cdf[np.clip(capacities, 0, len(cdf) - 1)]
+        return hits
 
 
-def _sampler(rate: float, seed: int):
+def _sampler(rate: float, seed: int) -> Callable[[ChunkKey], bool] | None:
+    """SHARDS' fixed-rate filter: keeps a key iff its salted hash is below the rate (None
+    keeps every key)."""
     if rate >= 1.0:
         return None
     threshold = int(rate * (1 << _SAMPLE_BITS))
     salt = (seed * 0xD1B54A32D192ED03) & _MASK64
 
-    def keep(key) -> bool:
+    def keep(key: ChunkKey) -> bool:
         h = ((hash(key) ^ salt) * _GOLDEN) & _MASK64
         return (h >> (64 - _SAMPLE_BITS)) < threshold
 
     return keep
+
+
+def _record_object(stack: _Stack, keys: list[ChunkKey], scale: float, hist: dict[int, int]) -> None:
+    """Object protocol: each key is one access, at its own (scaled) depth."""
+    for key in keys:
+        d = stack.depth(key)
+        d = int(np.ceil(d * scale)) if d else 0
+        hist[d] = hist.get(d, 0) + 1
+        stack.to_top(key)
+
+
+def _record_prefix(stack: _Stack, keys: list[ChunkKey], scale: float, hist: dict[int, int]) -> None:
+    """Prefix protocol: chunk j hits at the deepest (scaled) depth of chunks 0..j (0 = a miss at
+    every capacity from the first never-seen chunk on); then the request's keys go to the top,
+    head on top."""
+    running = 1
+    for key in keys:
+        d = stack.depth(key)
+        if running:
+            running = max(running, int(np.ceil(d * scale))) if d else 0
+        hist[running] = hist.get(running, 0) + 1
+    for key in reversed(keys):
+        stack.to_top(key)
+
+
+def _hit_cdf(hist: dict[int, int], sampled: int) -> tuple[np.ndarray, int]:
+    """``(cdf, max_depth)``: ``cdf[c]`` is the share of sampled accesses that hit at capacity c."""
+    max_depth = max((d for d in hist if d), default=1)
+    counts = np.zeros(max_depth + 2)
+    for d, n in hist.items():
+        if d:
+            counts[d] += n
+    cdf_hits = np.cumsum(counts)
+    return cdf_hits / max(sampled, 1), max_depth
+
+
+def _capacity_grid(max_depth: int, capacities: Sequence[int] | None, points: int) -> np.ndarray:
+    """The capacities of the table: the caller's, or ``points`` geometric and ``points`` linear
+    steps up to one past the deepest access."""
+    if capacities is not None:
+        return np.asarray(sorted(set(int(c) for c in capacities)))
+    top = max_depth + 1
+    return np.unique(
+        np.concatenate(
+            [
+                np.geomspace(1, top, num=points).astype(int),
+                np.linspace(1, top, num=points).astype(int),
+            ]
+        )
+    )
 
 
 def lru_mrc(
@@ -116,6 +169,7 @@ def lru_mrc(
         raise InputError(f"--sample-rate must be in (0, 1], got {sample_rate}")
     keep = _sampler(sample_rate, seed)
     scale = 1.0 / sample_rate
+    record = _record_object if protocol == "object" else _record_prefix
     stack = _Stack()
     hist: dict[int, int] = {}  # scaled depth (0 = never) -> sampled accesses
     accesses = sampled = total_units = longest = 0
@@ -129,43 +183,12 @@ def lru_mrc(
         if keep is not None:
             keys = [k for k in keys if keep(k)]
         sampled += len(keys)
-        if protocol == "object":
-            for key in keys:
-                d = stack.depth(key)
-                d = int(np.ceil(d * scale)) if d else 0
-                hist[d] = hist.get(d, 0) + 1
-                stack.to_top(key)
-            continue
-        running = 1
-        for key in keys:
-            d = stack.depth(key)
-            if running:
-                running = max(running, int(np.ceil(d * scale))) if d else 0
-            hist[running] = hist.get(running, 0) + 1
-        for key in reversed(keys):
-            stack.to_top(key)
-    max_depth = max((d for d in hist if d), default=1)
-    counts = np.zeros(max_depth + 2)
-    for d, n in hist.items():
-        if d:
-            counts[d] += n
-    cdf_hits = np.cumsum(counts)
-    cdf = cdf_hits / max(sampled, 1)  # share of (sampled) chunk accesses that hit
+        record(stack, keys, scale, hist)
+    cdf, max_depth = _hit_cdf(hist, sampled)
     if protocol == "prefix":
         # the replay's ratio is per prompt unit; a chunk holds units_per_chunk units
         cdf = cdf * accesses * layout.units_per_chunk / max(total_units, 1)
-    if capacities is None:
-        top = max_depth + 1
-        grid = np.unique(
-            np.concatenate(
-                [
-                    np.geomspace(1, top, num=points).astype(int),
-                    np.linspace(1, top, num=points).astype(int),
-                ]
-            )
-        )
-    else:
-        grid = np.asarray(sorted(set(int(c) for c in capacities)))
+    grid = _capacity_grid(max_depth, capacities, points)
     info = {"cdf": cdf, "longest_request_chunks": longest, "prompt_units": total_units}
     hits = cdf[np.clip(grid, 0, len(cdf) - 1)]
     table = pd.DataFrame({"capacity": grid, "hit_ratio": hits, "miss_ratio": 1.0 - hits})

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from kvsim.config import CacheConfig
 from kvsim.context import RequestContext
-from kvsim.keys import KeyLayout
+from kvsim.keys import ChunkKey, KeyLayout
 from kvsim.policies.admission.base import AdmissionPolicy
-from kvsim.policies.base import Chunk, EvictionPolicy, Key
+from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
 from kvsim.traces.model import Request
 
 PROTOCOLS = ("prefix", "object")
-_NOTHING: frozenset = frozenset()
+_NOTHING: frozenset[ChunkKey] = frozenset()
 
 
-def block_stream(requests: Iterable[Request], layout: KeyLayout) -> Iterator[Key]:
+def block_stream(requests: Iterable[Request], layout: KeyLayout) -> Iterator[ChunkKey]:
     """Every chunk key of every request, head first, in trace order."""
     unit_keys, chunk_keys = layout.unit_keys, layout.chunk_keys
     for req in requests:
@@ -35,6 +36,8 @@ def block_stream(requests: Iterable[Request], layout: KeyLayout) -> Iterator[Key
 
 @dataclass
 class ObjectStats:
+    """Counts of one object-protocol run (cumulative over ``ObjectCache.run`` calls)."""
+
     accesses: int = 0
     hits: int = 0
     evictions: int = 0
@@ -67,12 +70,12 @@ class ObjectCache:
         self._ctx = RequestContext("object-stream")
         self._timed = bool(getattr(policy, "needs_future", False))
 
-    def prepare(self, keys: Sequence[Key]) -> None:
+    def prepare(self, keys: Sequence[ChunkKey]) -> None:
         """Give an offline policy (Belady) the whole stream before it runs."""
         if self._timed:
-            self.policy.prepare_stream(keys)  # type: ignore[attr-defined]
+            cast(FuturePolicy, self.policy).prepare_stream(keys)
 
-    def run(self, keys: Iterable[Key]) -> ObjectStats:
+    def run(self, keys: Iterable[ChunkKey]) -> ObjectStats:
         policy = self.policy
         get, touch = policy.get, policy.touch
         on_miss, evict, insert, ready = (
@@ -82,7 +85,9 @@ class ObjectCache:
             policy.mark_evictable,
         )
         admission = self.admission
-        records = admission is not None and admission.records_offers
+        record_offer = (
+            admission.record_offer if admission is not None and admission.records_offers else None
+        )
         stats = self.stats
         ctx = self._ctx
         t = stats.accesses
@@ -99,8 +104,8 @@ class ObjectCache:
                 continue
             if chunk is not None:
                 continue  # pending write cannot happen here; counted as a miss
-            if records:
-                admission.record_offer(one)
+            if record_offer is not None:
+                record_offer(one)
             if admission is not None and not admission.admit([key]):
                 bypassed += 1
                 continue
@@ -155,8 +160,9 @@ def object_replay(
         )
     cache = ObjectCache(pol, capacity, adm)
     if cache._timed:
-        keys: Iterable[Key] = list(block_stream(requests, layout))
-        cache.prepare(keys)  # type: ignore[arg-type]
+        stream = list(block_stream(requests, layout))
+        cache.prepare(stream)
+        keys: Iterable[ChunkKey] = stream
     else:
         keys = block_stream(requests, layout)
     s = cache.run(keys)
@@ -177,7 +183,7 @@ def object_replay(
 
 
 def replay_config(
-    requests: Iterable[Request], config: Any, protocol: str = "object"
+    requests: Iterable[Request], config: CacheConfig, protocol: str = "object"
 ) -> dict[str, Any]:
     """Object-protocol replay of a resolved :class:`kvsim.config.CacheConfig`."""
     if protocol not in PROTOCOLS:

@@ -8,11 +8,13 @@ store offers, finish. It is the reference the fused tiers are checked against.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol, cast
 
 from kvsim.context import chunk_positions
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
+from kvsim.offload import ManagerCounters, ManagerProtocol
+from kvsim.policies.base import EvictionPolicy
 
 
 def offer_bounds(
@@ -36,31 +38,42 @@ def offer_bounds(
     ]
 
 
+class _HasPolicy(Protocol):
+    """kvsim's manager, for inspection: it exposes its eviction policy."""
+
+    policy: EvictionPolicy
+
+
 class ProtocolTier:
     """One request's CPU-tier calls (steps 2-5 of :mod:`kvsim.replay.driver`) on a manager."""
 
     name = "protocol"
 
-    def __init__(self, manager: Any, chunk_tokens: int, prefill_step: int | None) -> None:
+    def __init__(
+        self, manager: ManagerProtocol[Any], chunk_tokens: int, prefill_step: int | None
+    ) -> None:
         self.manager = manager
         self.chunk_tokens = chunk_tokens
         self.prefill_step = prefill_step
-        self.counters = getattr(manager, "counters", None)
+        # optional: kvsim's manager keeps counters; an adapter around vLLM's may not
+        self.counters: ManagerCounters | None = getattr(manager, "counters", None)
 
     @property
     def num_resident(self) -> int | None:
-        return getattr(self.manager, "num_resident", None)
+        resident: int | None = getattr(self.manager, "num_resident", None)
+        return resident
 
-    def resident_keys(self) -> list[Key]:
-        """Resident keys, least recently used first when the policy can tell."""
-        policy = self.manager.policy
+    def resident_keys(self) -> list[ChunkKey]:
+        """Resident keys, least recently used first when the policy can tell (kvsim's
+        manager only: it needs the manager's ``policy``)."""
+        policy = cast(_HasPolicy, self.manager).policy
         order = getattr(policy, "eviction_order", None)
         return order() if order is not None else list(policy.keys())
 
     def serve(
         self,
-        req_id: object,
-        keys: Sequence[Key],
+        req_id: Hashable,
+        keys: list[ChunkKey],
         local_tokens: int,
         store_chunks: int,
         input_tokens: int,

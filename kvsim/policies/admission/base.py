@@ -9,14 +9,16 @@ bypass admission, as in vLLM.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
-from kvsim.policies.base import Key
+from kvsim.keys import ChunkKey
+
+_Number = TypeVar("_Number", int, float)
 
 
-def parse_arg(arg: str, kind: type, usage: str) -> int | float:
+def parse_arg(arg: str, kind: type[_Number], usage: str) -> _Number:
     """The ``N`` of ``--admission name:N`` as ``kind``; a one-line error names the usage."""
     try:
         return kind(arg)
@@ -33,10 +35,12 @@ class AdmissionPolicy:
     #: False lets the manager skip the per-offer bookkeeping call entirely.
     records_offers: ClassVar[bool] = False
 
-    def record_offer(self, keys: Sequence[Key]) -> None:
+    def record_offer(self, keys: Sequence[ChunkKey]) -> None:
         """See one offer (every key passed to one prepare_store call)."""
 
-    def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
+    def admit(
+        self, candidates: list[ChunkKey], ctx: RequestContext | None = None
+    ) -> list[ChunkKey]:
         """Return the admitted subset of the non-resident candidates, order kept.
 
         ``ctx`` is the offering request (its key positions tell the request's length)."""

@@ -9,14 +9,17 @@ call) it is measured from the offer, as ``len(offer) * chunk_tokens``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
+from kvsim.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy, parse_arg
-from kvsim.policies.base import Key
 
 
 class LengthAdmission(AdmissionPolicy):
+    """Keep short requests out of the CPU tier: they are cheap to recompute and rarely shared."""
+
     name = "length"
     description = "skip requests shorter than N tokens (length:N, N=1024)"
     records_offers = True
@@ -31,14 +34,16 @@ class LengthAdmission(AdmissionPolicy):
         self._offer_tokens = 0
 
     @classmethod
-    def from_arg(cls, arg: str, **kwargs) -> LengthAdmission:
+    def from_arg(cls, arg: str, **kwargs: Any) -> LengthAdmission:
         extra = {k: kwargs[k] for k in ("chunk_tokens", "seed") if k in kwargs}
         return cls(parse_arg(arg, int, "length:N"), **extra)
 
-    def record_offer(self, keys: Sequence[Key]) -> None:
+    def record_offer(self, keys: Sequence[ChunkKey]) -> None:
         self._offer_tokens = len(keys) * self.chunk_tokens
 
-    def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
+    def admit(
+        self, candidates: list[ChunkKey], ctx: RequestContext | None = None
+    ) -> list[ChunkKey]:
         if ctx is not None and ctx.positions:
             tokens = max(ctx.positions.values())
         else:

@@ -8,13 +8,17 @@ the policy, so a run is reproducible.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
+from kvsim.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy, parse_arg
 
 
 class ProbabilisticAdmission(AdmissionPolicy):
+    """Admit each new chunk with probability ``p`` (seeded), so one-offs rarely flush the tier."""
+
     name = "probabilistic"
     description = "admit each new chunk with probability p (probabilistic:P, P=0.5; seeded)"
 
@@ -26,10 +30,12 @@ class ProbabilisticAdmission(AdmissionPolicy):
         self._rng = random.Random(seed)
 
     @classmethod
-    def from_arg(cls, arg: str, **kwargs) -> ProbabilisticAdmission:
+    def from_arg(cls, arg: str, **kwargs: Any) -> ProbabilisticAdmission:
         return cls(parse_arg(arg, float, "probabilistic:P"), seed=kwargs.get("seed", 0))
 
-    def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
+    def admit(
+        self, candidates: list[ChunkKey], ctx: RequestContext | None = None
+    ) -> list[ChunkKey]:
         p = self.probability
         rnd = self._rng.random
         return [k for k in candidates if rnd() < p]

@@ -13,11 +13,13 @@ from collections.abc import Sequence
 
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
+from kvsim.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy
-from kvsim.policies.base import Key
 
 
 class StoreThresholdAdmission(AdmissionPolicy):
+    """vLLM's ``store_threshold``: store a chunk only once offered N times, keeping one-offs out."""
+
     name = "threshold"
     description = "vLLM store_threshold: admit a chunk after N offers (bounded LRU counter table)"
     records_offers = True
@@ -29,9 +31,9 @@ class StoreThresholdAdmission(AdmissionPolicy):
             raise InputError(f"--max-tracker-size must be >= 1, got {max_tracker_size}")
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
-        self.counts: OrderedDict[Key, int] = OrderedDict()
+        self.counts: OrderedDict[ChunkKey, int] = OrderedDict()
 
-    def record_offer(self, keys: Sequence[Key]) -> None:
+    def record_offer(self, keys: Sequence[ChunkKey]) -> None:
         counts = self.counts
         protected = set()
         for key in keys:
@@ -51,7 +53,9 @@ class StoreThresholdAdmission(AdmissionPolicy):
                 unprotected -= 1
             counts[key] = 1
 
-    def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
+    def admit(
+        self, candidates: list[ChunkKey], ctx: RequestContext | None = None
+    ) -> list[ChunkKey]:
         counts = self.counts
         threshold = self.store_threshold
         return [k for k in candidates if counts.get(k, 0) >= threshold]

@@ -11,15 +11,18 @@ candidate with the eviction victim.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from kvsim.context import RequestContext
 from kvsim.errors import InputError
+from kvsim.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy, parse_arg
-from kvsim.policies.base import Key
 from kvsim.policies.frequency_sketch import FrequencySketch
 
 
 class TinyLFUAdmission(AdmissionPolicy):
+    """Store a chunk once a bounded frequency sketch has seen it often enough (fixed memory)."""
+
     name = "tinylfu"
     description = (
         "TinyLFU: store a chunk once a count-min sketch (+doorkeeper) has seen it N times "
@@ -36,15 +39,17 @@ class TinyLFUAdmission(AdmissionPolicy):
         self.sketch = FrequencySketch(width, seed=seed, doorkeeper=doorkeeper)
 
     @classmethod
-    def from_arg(cls, arg: str, **kwargs) -> TinyLFUAdmission:
+    def from_arg(cls, arg: str, **kwargs: Any) -> TinyLFUAdmission:
         return cls(parse_arg(arg, int, "tinylfu:N"), seed=kwargs.get("seed", 0))
 
-    def record_offer(self, keys: Sequence[Key]) -> None:
+    def record_offer(self, keys: Sequence[ChunkKey]) -> None:
         increment = self.sketch.increment
         for key in keys:
             increment(key)
 
-    def admit(self, candidates: list, ctx: RequestContext | None = None) -> list:
+    def admit(
+        self, candidates: list[ChunkKey], ctx: RequestContext | None = None
+    ) -> list[ChunkKey]:
         estimate = self.sketch.estimate
         n = self.min_frequency
         return [k for k in candidates if estimate(k) >= n]
