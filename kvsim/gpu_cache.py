@@ -27,8 +27,12 @@ class GpuBlockPool:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._ref = [0] * num_blocks
         self._hash: list[Hashable | None] = [None] * num_blocks
-        # hash -> block id; a hash is any hashable (cache mode: unit keys; the engine: its own)
+        # hash -> the block a hit takes (the oldest cached copy); a hash is any hashable
+        # (cache mode: unit keys; the engine: its own)
         self._cached: dict[Hashable, int] = {}
+        # hash -> younger copies: two requests that computed the same block both cache it,
+        # as vLLM's BlockHashToBlockMap does, so evicting one copy leaves the other
+        self._copies: dict[Hashable, list[int]] = {}
         self.evictions = 0
 
     @property
@@ -78,27 +82,44 @@ class GpuBlockPool:
         free = self._free
         if n > len(free):
             return None
-        ref, hashes, cached = self._ref, self._hash, self._cached
+        ref, hashes = self._ref, self._hash
         blocks = []
         for _ in range(n):
             block, _ = free.popitem(last=False)
             old = hashes[block]
             if old is not None:
                 hashes[block] = None
-                if cached.get(old) == block:
-                    del cached[old]
-                    self.evictions += 1
+                self.evictions += 1
+                self._forget(old, block)
             ref[block] = 1
             blocks.append(block)
         return blocks
 
+    def _forget(self, key: Hashable, block: int) -> None:
+        """Drop ``block`` from the copies of ``key``; the next oldest copy takes over."""
+        copies = self._copies.get(key)
+        if self._cached.get(key) == block:
+            if copies:
+                self._cached[key] = copies.pop(0)
+                if not copies:
+                    del self._copies[key]
+            else:
+                del self._cached[key]
+        elif copies is not None and block in copies:
+            copies.remove(block)
+            if not copies:
+                del self._copies[key]
+
     def cache_blocks(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
-        """Give computed full blocks their hashes (the first block per hash is kept)."""
+        """Give computed full blocks their hashes; a hash already cached gains a copy."""
         hashes, cached = self._hash, self._cached
         for block, key in zip(blocks, keys):
-            if hashes[block] is None and key not in cached:
+            if hashes[block] is None:
                 hashes[block] = key
-                cached[key] = block
+                if key in cached:
+                    self._copies.setdefault(key, []).append(block)
+                else:
+                    cached[key] = block
 
     def free(self, blocks: Sequence[int]) -> None:
         """Release a request's blocks, tail first.
@@ -120,4 +141,5 @@ class GpuBlockPool:
     def reset(self) -> None:
         """Forget every hash (vLLM's prefix-cache reset); requires no blocks in use."""
         self._cached.clear()
+        self._copies.clear()
         self._hash = [None] * self.num_blocks

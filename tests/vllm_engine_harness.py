@@ -281,6 +281,58 @@ class VllmRun:
         return [s for s in self.steps if s.num_tokens > 0]
 
 
+# --------------------------------------------------------------------------- finish order
+
+
+class _InsertionOrderedSet(set):  # type: ignore[type-arg]
+    """A set that iterates in insertion order (it is still a ``set`` for every other use)."""
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__()
+        self._order: dict[Any, None] = {}
+        for item in items:
+            self.add(item)
+
+    def add(self, item: Any) -> None:
+        super().add(item)
+        self._order[item] = None
+
+    def discard(self, item: Any) -> None:
+        super().discard(item)
+        self._order.pop(item, None)
+
+    def remove(self, item: Any) -> None:
+        super().remove(item)
+        del self._order[item]
+
+    def clear(self) -> None:
+        super().clear()
+        self._order.clear()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._order))
+
+
+def _finish_order_pinned(cls: type) -> type:
+    """``cls`` with ``finished_req_ids`` iterated in the order requests finished.
+
+    vLLM keeps the step's finished request ids in a plain ``set`` of strings, and the
+    OffloadingConnector offers their final chunks in that set's iteration order, which
+    depends on Python's per-process string hash seed: when two requests finish in the same
+    step and the CPU tier has room for only one's chunks, which one gets it changes from run
+    to run. Pinning the order to the finishing order (the step's schedule order, as kvsim
+    does) makes the reference deterministic without changing any decision it can make.
+    """
+
+    def get(self: Any) -> set[str]:
+        return self.__dict__["finished_req_ids"]
+
+    def put(self: Any, value: set[str]) -> None:
+        self.__dict__["finished_req_ids"] = _InsertionOrderedSet(value)
+
+    return type(cls.__name__ + "FinishOrdered", (cls,), {"finished_req_ids": property(get, put)})
+
+
 # --------------------------------------------------------------------------- clock + worker
 
 
@@ -569,7 +621,7 @@ class _Engine:
         self.steps: list[StepRecord] = []
         self.records: dict[int, RequestRecord] = {}
         self._unadmitted: set[str] = set()
-        sched_cls = vllm_config.scheduler_config.get_scheduler_cls()
+        sched_cls = _finish_order_pinned(vllm_config.scheduler_config.get_scheduler_cls())
         self.scheduler: Scheduler = sched_cls(  # type: ignore[assignment]
             vllm_config=vllm_config,
             kv_cache_config=kv_config,
@@ -578,7 +630,7 @@ class _Engine:
             hash_block_size=gpu_block_tokens,
             log_stats=False,
         )
-        self.scheduler_class = sched_cls.__name__
+        self.scheduler_class = sched_cls.__mro__[1].__name__
         self.batch_queue_size = vllm_config.max_concurrent_batches
         self.sim_worker: SimTransferWorker | None = None
         self.worker_connector: OffloadingConnector | None = None

@@ -27,13 +27,13 @@ Worker side (called by the engine around the forward pass):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvsim.engine.request_state import FINISHED, SimRequest
 from kvsim.engine.transfer_protocol import EXPEDITED, LOAD, STORE, TransferJob, TransferResult
-from kvsim.keys import KeyLayout
+from kvsim.keys import ChunkKey, KeyLayout
 from kvsim.offload import OffloadManager
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class ConnectorJob:
     job_id: int
     direction: str
     req: SimRequest
-    keys: Sequence[Hashable]  # offload keys (chunk keys)
+    keys: Sequence[ChunkKey]  # offload keys (chunk keys)
     blocks: list[int]  # GPU block ids
     chunk_ids: list[int]  # CPU chunk ids
     nbytes: int
@@ -98,7 +98,7 @@ class OffloadConnector:
         self.sync_budget = sync_load_budget_bytes
         self._sync_left = sync_load_budget_bytes
         self.jobs: dict[int, ConnectorJob] = {}
-        self.being_loaded: dict[Hashable, int] = {}  # key -> async loads in flight
+        self.being_loaded: dict[ChunkKey, int] = {}  # key -> async loads in flight
         self.fence: dict[int, set[int]] = {}  # GPU block -> store jobs reading it
         self.flush: set[int] = set()
         self.allocated_now: set[int] = set()
@@ -124,9 +124,10 @@ class OffloadConnector:
         self.allocated_now.clear()
 
     def on_allocate(self, blocks: Iterable[int]) -> None:
-        """GPU blocks handed to a request this step.
-
-        Reuse of a block that is being stored forces a flush."""
+        """GPU blocks handed out this step: fresh ones (vLLM's new block ids of every scheduled
+        request) and the prefix-hit blocks of admitted requests (``update_state_after_alloc``
+        sees all their blocks). One that a pending store of a finished request still reads
+        forces a flush."""
         fence = self.fence
         for b in blocks:
             self.allocated_now.add(b)
@@ -231,16 +232,30 @@ class OffloadConnector:
                 blocks.extend(req.blocks[c * upc : (c + 1) * upc])
         job = self._new_job(STORE, req, stored, blocks, out.chunk_ids, len(stored) * tpc)
         self.store_next.append(job)
+        if req.status == FINISHED:  # its blocks are free: fence them from now on
+            self._fence(job)
+            if not self.allocated_now.isdisjoint(blocks):
+                self.flush.add(job.job_id)
+
+    def _fence(self, job: ConnectorJob) -> None:
+        """Reusing one of ``job``'s GPU blocks before it is stored must flush it first."""
         fence = self.fence
-        reused = req.status == FINISHED and not self.allocated_now.isdisjoint(blocks)
-        for b in blocks:
+        for b in job.blocks:
             s = fence.get(b)
             if s is None:
                 fence[b] = {job.job_id}
             else:
                 s.add(job.job_id)
-        if reused:
-            self.flush.add(job.job_id)
+
+    def on_finished(self, req: SimRequest) -> None:
+        """vLLM ``request_finished``: the request's blocks go back to the pool, so the store
+        jobs still reading them are fenced (a running request's blocks are protected by their
+        reference count, a preempted one's stores are flushed)."""
+        jobs = self.jobs
+        for j in req.jobs:
+            job = jobs[j]
+            if job.direction == STORE:
+                self._fence(job)
 
     def _extend_keys(self, req: SimRequest, n: int) -> None:
         """Decode chunks have no trace hash: give them keys no other request can hit."""
@@ -249,7 +264,7 @@ class OffloadConnector:
             return  # the trace lacks hashes for part of the prompt: no contiguous keys
         positions = req.ctx.positions
         for c in range(len(keys), n):
-            key = -(1 + req.rid * (1 << 24) + c)
+            key = ChunkKey(-(1 + req.rid * (1 << 24) + c))
             keys.append(key)
             positions[key] = (c + 1) * self.tpc
 
@@ -257,7 +272,7 @@ class OffloadConnector:
         self,
         direction: str,
         req: SimRequest,
-        keys: Sequence[Hashable],
+        keys: Sequence[ChunkKey],
         blocks: list[int],
         chunk_ids: Sequence[int],
         tokens: int,

@@ -88,6 +88,8 @@ class Engine:
     ) -> None:
         self.config = config
         self.params = params = params or EngineParams()
+        if params.async_scheduling:
+            raise InputError("async scheduling is not modelled yet; use --no-async-scheduling")
         self.model = model
         self.gpu = gpu
         self.layout = config.layout
@@ -281,7 +283,10 @@ class Engine:
         sched, conn = self.scheduler, self.connector
         now = self.clock.now()
         queued = conn is not None and conn.has_queued_work
-        if not (sched.running or sched.num_waiting or queued):
+        in_flight = conn is not None and bool(conn.jobs)
+        # vLLM keeps stepping while the connector has jobs in flight (has_pending_push_work),
+        # so their completions are seen when they happen, not at the next arrival
+        if not (sched.running or sched.num_waiting or queued or in_flight):
             return  # idle until the next arrival
         if progress or queued:
             self._schedule_step(now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from kvsim.context import RequestContext
+from kvsim.keys import ChunkKey
 
 WAITING = 0
 WAITING_FOR_KV = 1  # vLLM WAITING_FOR_REMOTE_KVS: an async CPU->GPU load is in flight
@@ -55,8 +56,8 @@ class SimRequest:
         arrival: float,
         prompt: int,
         output: int,
-        unit_keys: list[int],
-        chunk_keys: list[int],
+        unit_keys: list[ChunkKey],
+        chunk_keys: list[ChunkKey],
         ctx: RequestContext,
     ) -> None:
         self.rid = rid

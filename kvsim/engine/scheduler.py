@@ -169,7 +169,7 @@ class Scheduler:
             self.pool.cache_blocks(req.blocks[req.n_cached : n], keys[req.n_cached : n])
             req.n_cached = n
 
-    def _free_hit_blocks(self, keys: list[int]) -> int:
+    def _free_hit_blocks(self, keys: list[Hashable]) -> int:
         """How many of these cached blocks sit in the free queue (taking them uses free space)."""
         return self.pool.count_free_cached(keys)
 
@@ -382,6 +382,7 @@ class Scheduler:
             req.gpu_hit = local
             req.cpu_hit = ext if local + ext < tokens else ext - 1
         if self.connector is not None:
+            self.connector.on_allocate(req.blocks)
             self.connector.update_state_after_alloc(req, local, ext, is_async)
         return True
 
@@ -476,5 +477,7 @@ class Scheduler:
             self.running = [r for r in self.running if r.status == RUNNING]
             if self.connector is not None:
                 self.connector.finished_pending.extend(finished)
+                for req in finished:
+                    self.connector.on_finished(req)
         self.scheduled = []
         return finished

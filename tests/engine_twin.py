@@ -1,0 +1,129 @@
+"""kvsim's timed engine under the shared trivial time model, recorded the way
+``tests/vllm_engine_harness.py`` records vLLM's own engine, so the two runs can be compared
+step by step (tests/test_vllm_engine_differential.py).
+
+Both sides get the same requests and the same knobs: GPU blocks of ``gpu_block_tokens``,
+a CPU tier of ``cpu_chunks`` chunks of ``chunk_tokens``, a forward of ``step_s + per_token_s
+x tokens`` and a link of constant rates, FIFO per direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvsim.config import CacheConfig
+from kvsim.engine.compute_model import LinearCompute
+from kvsim.engine.engine import Engine
+from kvsim.engine.params import EngineParams
+from kvsim.engine.transfer_model import constant_link
+from kvsim.engine.transfer_protocol import STORE
+from kvsim.hardware import get_gpu
+from kvsim.models import get_model
+from kvsim.traces import Request, Trace
+
+MODEL = "llama-3.1-8b"
+KV_BYTES_PER_TOKEN = get_model(MODEL).kv_bytes_per_token()  # what both sides move per token
+
+
+@dataclass
+class TwinStep:
+    """One ``schedule()`` of kvsim's scheduler."""
+
+    schedule_s: float
+    scheduled: dict[int, int]
+    preempted: tuple[int, ...]
+
+
+@dataclass
+class TwinRun:
+    steps: list[TwinStep] = field(default_factory=list)
+    engine: Engine | None = None
+
+    def executed_steps(self) -> list[TwinStep]:
+        return [s for s in self.steps if s.scheduled]
+
+
+def run_kvsim_engine(
+    requests: Sequence[Request],
+    *,
+    block_tokens: int,
+    gpu_blocks: int,
+    gpu_block_tokens: int = 16,
+    chunk_tokens: int | None = None,
+    cpu_chunks: int | None = None,
+    policy: str = "lru",
+    store_threshold: int = 0,
+    step_s: float = 0.01,
+    per_token_s: float = 1e-5,
+    h2d_bytes_per_s: float = 25e9,
+    d2h_bytes_per_s: float = 25e9,
+    max_num_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+    long_prefill_token_threshold: int = 0,
+    async_scheduling: bool = False,
+) -> TwinRun:
+    """Run ``requests`` through kvsim's Engine with the harness's knobs, recording each step."""
+    config = CacheConfig(
+        num_chunks=cpu_chunks or 1,
+        block_tokens=block_tokens,
+        chunk_tokens=chunk_tokens or block_tokens,
+        policy=policy,
+        store_threshold=store_threshold,
+        model=MODEL,
+    )
+    params = EngineParams(
+        gpu_blocks=gpu_blocks,
+        gpu_block_tokens=gpu_block_tokens,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        async_scheduling=async_scheduling,
+    )
+    link = constant_link(
+        {"kind": "constant", "h2d_bytes_per_s": h2d_bytes_per_s, "d2h_bytes_per_s": d2h_bytes_per_s}
+    )
+    engine = Engine(
+        config,
+        params,
+        model=get_model(MODEL),
+        gpu=get_gpu("h200"),
+        compute=LinearCompute(step_s, per_token_s),
+        transfer=link,
+        offload=cpu_chunks is not None,
+    )
+    run = TwinRun(engine=engine)
+    scheduler = engine.scheduler
+    schedule = scheduler.schedule
+
+    def recorded(now: float, step: int):  # type: ignore[no-untyped-def]
+        batch = schedule(now, step)
+        run.steps.append(
+            TwinStep(
+                now,
+                {r.rid: r.sched for r in scheduler.scheduled},
+                tuple(r.rid for r in scheduler.preempted),
+            )
+        )
+        return batch
+
+    scheduler.schedule = recorded  # type: ignore[method-assign]
+    engine.run(Trace.from_requests(list(requests), block_tokens))
+    return run
+
+
+def transfer_rows(run: TwinRun, gpu_block_tokens: int) -> list[tuple[str, int, int, float, float]]:
+    """(kind, request, GPU blocks, start, end) of every finished job, in job order."""
+    assert run.engine is not None
+    table = run.engine.recorder.transfer_table().sort_values("job")
+    per_block = gpu_block_tokens * KV_BYTES_PER_TOKEN
+    return [
+        (
+            "store" if r.direction == STORE else "load",
+            int(r.request),
+            int(r.bytes) // per_block,
+            float(r.start_s),
+            float(r.end_s),
+        )
+        for r in table.itertuples()
+    ]
