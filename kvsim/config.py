@@ -8,13 +8,14 @@ ever sees.
 
 from __future__ import annotations
 
-import json
+import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvsim.errors import InputError
-from kvsim.io import read_json
+from kvsim.io import parse_json, read_json
 from kvsim.keys import KeyLayout
 
 if TYPE_CHECKING:
@@ -85,6 +86,54 @@ class CacheConfig:
         return asdict(self)
 
 
+#: option -> (kind, smallest value, may be None); checked before any arithmetic, so a typo
+#: (``cpu_gib="abc"``) is one line, not a 6 GB string or a traceback
+_OPTION_RULES: dict[str, tuple[str, float, bool]] = {
+    "cpu_chunks": ("int", 1, True),
+    "cpu_gib": ("number", 0, True),
+    "cpu_bytes": ("int", 1, True),
+    "chunk_tokens": ("int", 1, True),
+    "block_tokens": ("int", 1, True),
+    "gpu_block_tokens": ("int", 1, False),
+    "tp": ("int", 1, False),
+    "gpu_blocks": ("int", 0, False),
+    "store_threshold": ("int", 0, False),
+    "max_tracker_size": ("int", 1, False),
+    "seed": ("int", -math.inf, False),
+    "prefill_chunk_tokens": ("int", 1, True),
+    "model": ("text", 0, True),
+    "policy": ("text", 0, False),
+    "policy_module": ("text", 0, True),
+    "admission": ("text", 0, False),
+}
+
+
+def _option_name(field: str) -> str:
+    return "cpu_bytes_to_use" if field == "cpu_bytes" else "--" + field.replace("_", "-")
+
+
+def _check_option_types(opts: OffloadOptions) -> None:
+    for field, (kind, low, optional) in _OPTION_RULES.items():
+        value = getattr(opts, field)
+        if value is None and optional:
+            continue
+        name = _option_name(field)
+        if kind == "text":
+            if not isinstance(value, str):
+                hint = " (a name or 'module:Class', not a class)" if field == "policy" else ""
+                raise InputError(f"{name} must be text{hint}, got {value!r}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise InputError(f"{name} must be a number, got {value!r}")
+        if kind == "int" and not isinstance(value, numbers.Integral):
+            raise InputError(f"{name} must be a whole number, got {value!r}")
+        if not math.isfinite(value):
+            raise InputError(f"{name} must be finite, got {value!r}")
+        if value < low or (field == "cpu_gib" and value <= 0):
+            bound = "> 0" if field == "cpu_gib" else f">= {low:g}"
+            raise InputError(f"{name} must be {bound}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class OffloadOptions:
     """A user's offload request before the trace's block size is known."""
@@ -105,6 +154,9 @@ class OffloadOptions:
     max_tracker_size: int = 64_000
     seed: int = 0
     prefill_chunk_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_option_types(self)
 
     def with_(self, **changes: Any) -> OffloadOptions:
         return replace(self, **changes)
@@ -228,12 +280,9 @@ def load_vllm_config(text_or_path: str) -> dict[str, Any]:
         source = text_or_path
         data = read_json(text_or_path)
     else:
-        try:
-            data = json.loads(text_or_path)
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", source=source
-            ) from None
+        if text_or_path.lstrip()[:1] not in ("{", "["):  # meant as a path, not inline JSON
+            raise InputError("no such file (and not inline JSON)", source=text_or_path)
+        data = parse_json(text_or_path, source)
     if not isinstance(data, dict):
         raise InputError("expected a JSON object", source=source)
     if "kv_connector_extra_config" in data:

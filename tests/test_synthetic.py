@@ -166,8 +166,31 @@ def test_bad_knobs():
         generate("chat", 10, turnz=3)
     with pytest.raises(InputError, match="unknown workload kind"):
         generate("nope", 10)
-    with pytest.raises(InputError, match="rate must be positive"):
+    with pytest.raises(InputError, match="rate must be > 0"):
         generate("chat", 10, rate=0)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "phrase"),
+    [
+        ({"turns": "abc"}, "turns must be a number"),
+        ({"turns": -3}, "turns must be >= 1"),
+        ({"rate": float("inf")}, "rate must be finite"),
+        ({"rate": float("nan")}, "rate must be finite"),
+        ({"active_sessions": 2.5}, "whole number"),
+        ({"arrival": 3}, "arrival must be text"),
+    ],
+)
+def test_knob_values_are_checked_before_generating(knobs, phrase):
+    with pytest.raises(InputError, match=phrase):
+        generate("chat", 10, **knobs)
+
+
+def test_mix_weights_must_be_a_mapping_of_numbers():
+    with pytest.raises(InputError, match="weights must be a mapping"):
+        generate("mix", 10, weights=[1, 2])
+    with pytest.raises(InputError, match=r"weights\.chat must be a number"):
+        generate("mix", 10, weights={"chat": "x"})
 
 
 def test_cli_gen_is_reproducible(tmp_path):

@@ -6,8 +6,10 @@ Every module ``kvsim/cli/cmd_*.py`` contributes its click commands through a mod
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
+import signal
 import sys
 
 import click
@@ -35,8 +37,25 @@ def _register_commands() -> None:
 _register_commands()
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is, so every ``with`` block cleans up (no temp file
+    or half-written output is left behind, as on Ctrl-C)."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """click's usage error as one line, naming the command and where to look."""
+    cmd = exc.ctx.command_path if exc.ctx is not None else "kvsim"
+    return f"{cmd}: error: {exc.format_message()} (see '{cmd} --help')"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input is one line on stderr and exit code 2, never a traceback."""
+    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         rv = cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
     except InputError as exc:
@@ -45,13 +64,20 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("kvsim: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        click.echo(_usage_line(exc), err=True)
+        sys.exit(2)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"kvsim: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("kvsim: interrupted", err=True)
         sys.exit(130)
+    except Terminated:
+        click.echo("kvsim: terminated", err=True)
+        sys.exit(143)
     except OSError as exc:
-        click.echo(f"kvsim: error: {exc.filename or ''}: {exc.strerror or exc}", err=True)
-        sys.exit(1)
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"kvsim: error: {where}{exc.strerror or exc}", err=True)
+        sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -64,7 +64,7 @@ def bench_command(
     Requests are read into memory first, so the figures are the simulator's, not the
     JSON parser's. Blocks/s counts complete prompt blocks of the trace.
     """
-    check_output_path(csv_path, "--csv")
+    check_output_path(csv_path, "--csv", trace)
     trace = trace or DEFAULT_TRACE
     if not os.path.exists(trace):
         raise InputError(f"trace {trace} not found (give a TRACE argument)")
@@ -77,7 +77,7 @@ def bench_command(
     names = (
         sorted(EVICTION_POLICIES)
         if policies == "all"
-        else [p.strip() for p in policies.split(",") if p.strip()]
+        else list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
     )
     if "lru" in names:
         names.remove("lru")

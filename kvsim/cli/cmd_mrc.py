@@ -86,8 +86,8 @@ def mrc_command(
     Example:
       kvsim mrc traces/mooncake_fast25_conversation_trace.jsonl --csv mrc.csv --plot mrc.png
     """
-    check_output_path(csv_path, "--csv")
-    check_output_path(plot_path, "--plot")
+    check_output_path(csv_path, "--csv", trace)
+    check_output_path(plot_path, "--plot", trace, csv_path)
     if plot_path:
         figure_format(plot_path)
     curve = mrc(

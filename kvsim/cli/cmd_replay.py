@@ -85,7 +85,7 @@ def replay_command(
           --cpu-gib 64 --model llama-3.1-8b --policy arc
     """
     options = pop_offload_kwargs(kwargs)
-    check_output_path(requests_csv, "--requests-csv")
+    check_output_path(requests_csv, "--requests-csv", trace, vllm_config)
     note_missing_reuse(as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info)
     with progress_bar(show_progress, trace, limit, "replaying") as bar:
         # other policies than kvsim's lru and arc always run the protocol, so --fused is a

@@ -11,7 +11,10 @@ import yaml
 from kvsim.cli.common import check_output_path
 from kvsim.errors import InputError
 from kvsim.results import format_table
+from kvsim.traces.readers import write_native
 from kvsim.traces.synthetic import ARRIVALS, KINDS, KNOBS, generate, write_mooncake
+
+MOONCAKE_BLOCK_TOKENS = 512
 
 
 @click.group("trace")
@@ -57,8 +60,6 @@ def stats_command(
     """
     from kvsim.traces.stats import trace_stats
 
-    if bin_s is not None and bin_s <= 0:
-        raise InputError(f"--bin-s must be positive, got {bin_s}")
     st = trace_stats(trace, limit=limit, block_tokens=block_tokens, bin_s=bin_s)
     if as_json:
         payload = {
@@ -155,15 +156,21 @@ def gen_command(
     Example:
       kvsim trace gen chat -n 5000 --rate 4 --set turns=8 -o chat.jsonl
     """
-    check_output_path(out, "--out")
+    check_output_path(out, "--out", arrival_trace)
     params = dict(_parse_knob(k) for k in knobs)
     for name, value in (("arrival", arrival), ("rate", rate), ("arrival_trace", arrival_trace)):
         if value is not None:
             params[name] = value
     requests = generate(kind, n_requests, seed, **params)
-    n = write_mooncake(out, requests)
+    block_tokens = int(params.get("block_tokens", MOONCAKE_BLOCK_TOKENS))  # type: ignore[call-overload]
+    if block_tokens == MOONCAKE_BLOCK_TOKENS:
+        n = write_mooncake(out, requests)
+        fmt = "Mooncake"
+    else:  # a Mooncake file cannot say its block size: the native format records it
+        n = write_native(out, requests, block_tokens)
+        fmt = f"kvsim native ({block_tokens}-token blocks)"
     last = requests[-1].arrival_s if requests else 0.0
-    click.echo(f"wrote {n} {kind} requests over {last:,.1f} s to {os.fspath(out)}")
+    click.echo(f"wrote {n} {kind} requests over {last:,.1f} s to {os.fspath(out)} ({fmt})")
 
 
 COMMANDS = [trace_group]

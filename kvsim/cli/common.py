@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from kvsim.errors import InputError
+from kvsim.io import refuse_overwriting_inputs
 from kvsim.results import format_table
 from kvsim.traces import TRACE_FORMATS
 
@@ -145,10 +146,12 @@ def pop_offload_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs.pop(k) for k in OFFLOAD_KEYS if k in kwargs}
 
 
-def check_output_path(path: str | None, option: str) -> None:
-    """Fail before the run, not after it, when an output cannot be written."""
+def check_output_path(path: str | None, option: str, *inputs: str | None) -> None:
+    """Fail before the run, not after it, when an output cannot be written or would replace
+    one of the run's ``inputs`` (the trace, a config file)."""
     if path is None:
         return
+    refuse_overwriting_inputs({option: path}, list(inputs))
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if os.path.isdir(path):
         raise InputError(f"{option}: {path} is a directory")

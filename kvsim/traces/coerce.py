@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kvsim.errors import InputError
 
 from .model import Request, Trace
-from .readers import open_trace
+from .readers import native_record_parser, open_trace
 
 if TYPE_CHECKING:
     from typing import TypeAlias, TypeGuard
@@ -57,23 +57,25 @@ def requests_frame(requests: Iterable[Request], block_tokens: int) -> pd.DataFra
     return frame
 
 
-def frame_requests(frame: pd.DataFrame) -> list[Request]:
-    """The requests of a DataFrame shaped like :func:`requests_frame`'s."""
+def _plain(value: Any) -> Any:
+    """numpy scalars as the Python values a JSON reader would have produced."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) and getattr(value, "ndim", 1) == 0 else value
+
+
+def frame_requests(frame: pd.DataFrame, block_tokens: int = 512) -> list[Request]:
+    """The requests of a DataFrame shaped like :func:`requests_frame`'s, each row checked as
+    a trace file's line is (negative tokens, a hash list that does not fit the prompt, a
+    fractional id are one-line errors naming the row, never silently truncated)."""
     missing = [c for c in REQUEST_FIELDS[1:5] if c not in frame.columns]
     if missing:
         raise InputError(f"a requests DataFrame needs the columns {', '.join(missing)}")
     ids = frame["request_id"] if "request_id" in frame else range(len(frame))
     sessions = frame["session_id"] if "session_id" in frame else [None] * len(frame)
-    return [
-        Request(
-            int(i),
-            float(t),
-            int(n_in),
-            int(n_out),
-            tuple(int(h) for h in hashes),
-            None if s is None or s != s else int(s),
-        )
-        for i, t, n_in, n_out, hashes, s in zip(
+    parse = native_record_parser(block_tokens)
+    out = []
+    for row, (i, t, n_in, n_out, hashes, s) in enumerate(
+        zip(
             ids,
             frame["arrival_s"],
             frame["input_tokens"],
@@ -81,7 +83,18 @@ def frame_requests(frame: pd.DataFrame) -> list[Request]:
             frame["block_hashes"],
             sessions,
         )
-    ]
+    ):
+        s = _plain(s)
+        record = {
+            "arrival_s": _plain(t),
+            "input_tokens": _plain(n_in),
+            "output_tokens": _plain(n_out),
+            "block_hashes": [_plain(h) for h in hashes] if hashes is not None else None,
+            "session_id": None if s is None or s != s else s,
+        }
+        fields = parse(record, "requests DataFrame row", row)
+        out.append(Request(int(_plain(i)), *fields))
+    return out
 
 
 def _is_frame(obj: Any) -> TypeGuard[pd.DataFrame]:
@@ -100,10 +113,19 @@ def as_trace(
     """Accept a path, a :class:`Trace`, a requests DataFrame, or a list of requests."""
     if _is_frame(trace):
         bt = block_tokens or trace.attrs.get("block_tokens", 512)
-        return as_trace(Trace.from_requests(frame_requests(trace), bt), limit=limit)
+        return as_trace(Trace.from_requests(frame_requests(trace, bt), bt), limit=limit)
     if isinstance(trace, Trace):
         return trace.with_limit(limit) if limit is not None else trace
     if isinstance(trace, (str, os.PathLike)):
         return open_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
-    t = Trace.from_requests(list(trace), block_tokens or 512)
+    if isinstance(trace, (bytes, int, float)) or not hasattr(trace, "__iter__"):
+        raise InputError(
+            "a trace is a file path, a Trace, a requests DataFrame or a list of Requests, "
+            f"got {type(trace).__name__}"
+        )
+    items = list(trace)
+    wrong = next((r for r in items if not isinstance(r, Request)), None)
+    if wrong is not None:
+        raise InputError(f"a list trace holds Requests, got a {type(wrong).__name__}")
+    t = Trace.from_requests(items, block_tokens or 512)
     return t.with_limit(limit) if limit is not None else t

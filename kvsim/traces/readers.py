@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..errors import InputError
-from ..io import atomic_path
+from ..io import atomic_text
 from .model import Request, Trace, TraceInfo, repeated_block_id
 
 TRACE_FORMATS: tuple[str, ...] = ("mooncake", "bailian", "azure", "native")
@@ -370,6 +370,12 @@ def _native_parser(bt: int) -> RecordParser:
     return parse
 
 
+def native_record_parser(block_tokens: int) -> RecordParser:
+    """The checks of the native format's records, for requests that come from elsewhere (a
+    DataFrame): same fields, same one-line errors."""
+    return _native_parser(block_tokens)
+
+
 def _iter_mooncake(path: str, bt: int, limit: int | None) -> Iterator[Request]:
     return _iter_jsonl(path, limit, _mooncake_parser(bt))
 
@@ -589,11 +595,8 @@ def write_native(
     """
     if type(block_tokens) is not int or block_tokens <= 0:
         raise InputError(f"block_tokens must be a positive integer, got {block_tokens!r}")
-    p = os.fspath(path)
     n = 0
-    with atomic_path(p) as tmp, open(tmp, "wb") as raw:
-        gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if p.endswith(".gz") else None
-        out = io.TextIOWrapper(gz if gz is not None else raw, "utf-8", newline="\n")
+    with atomic_text(path) as out:
         dumps = json.dumps
         out.write(dumps({"kvsim_trace": NATIVE_VERSION, "block_tokens": block_tokens}) + "\n")
         for r in requests:
@@ -607,10 +610,4 @@ def write_native(
                 rec["session_id"] = r.session_id
             out.write(dumps(rec, separators=(",", ":")) + "\n")
             n += 1
-        out.flush()
-        out.detach()
-        if gz is not None:
-            gz.close()  # writes the gzip trailer; leaves raw open
-        raw.flush()
-        os.fsync(raw.fileno())
     return n

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsim.errors import InputError
 from kvsim.fenwick import Fenwick
 from kvsim.results import Result
 
@@ -64,6 +65,24 @@ def _auto_bin(duration: float) -> float:
         if raw <= m * base:
             return float(m * base)
     return float(10 * base)
+
+
+MAX_ARRIVAL_BINS = 1_000_000
+
+
+def _check_bin(bin_s: float, duration: float) -> float:
+    """A window width that is a finite positive number and gives a table that fits in memory
+    (a typo such as 1e-7 would otherwise ask for billions of windows)."""
+    if isinstance(bin_s, bool) or not isinstance(bin_s, (int, float)):
+        raise InputError(f"--bin-s must be a number of seconds, got {bin_s!r}")
+    if not (math.isfinite(bin_s) and bin_s > 0):
+        raise InputError(f"--bin-s must be a finite positive number of seconds, got {bin_s}")
+    if duration / bin_s >= MAX_ARRIVAL_BINS:
+        raise InputError(
+            f"--bin-s {bin_s} splits the trace's {duration:,.1f} s into more than "
+            f"{MAX_ARRIVAL_BINS:,} windows; use a wider window"
+        )
+    return float(bin_s)
 
 
 def trace_stats(
@@ -137,7 +156,7 @@ def trace_stats(
     arrivals_s = requests["arrival_s"].to_numpy(dtype=float)
     t0 = float(arrivals_s.min()) if len(arrivals_s) else 0.0
     duration = float(arrivals_s.max()) - t0 if len(arrivals_s) else 0.0
-    width = float(bin_s) if bin_s else _auto_bin(duration)
+    width = _check_bin(bin_s, duration) if bin_s is not None else _auto_bin(duration)
     nbins = int(duration // width) + 1 if len(arrivals_s) else 0
     idx = (
         ((arrivals_s - t0) // width).astype(np.int64) if len(arrivals_s) else np.zeros(0, np.int64)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from kvsim.errors import InputError
-from kvsim.io import atomic_write
+from kvsim.io import atomic_text
 
 from .model import Request
 
@@ -335,6 +335,34 @@ def arrivals_ms(n: int, rng: random.Random, knobs: dict[str, Any]) -> list[int]:
 # --------------------------------------------------------------------------- API
 
 
+#: numeric knobs that must be at least 1 (the others must be >= 0)
+_AT_LEAST_ONE = frozenset({"block_tokens", "turns", "steps", "n_prompts", "n_docs"})
+_POSITIVE = frozenset({"rate", "on_s", "off_s", "active_sessions", "docs_per_request"})
+
+
+def _check_knob(name: str, value: Any, default: Any) -> None:
+    """A knob's value has its default's type, and numbers are finite and in range, so a
+    typo fails here in one line instead of deep inside the generator."""
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"knob {name} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise InputError(f"knob {name} must be finite, got {value!r}")
+        if isinstance(default, int) and not float(value).is_integer():
+            raise InputError(f"knob {name} must be a whole number, got {value!r}")
+        low = 1 if name in _AT_LEAST_ONE else 0
+        if value < low or (name in _POSITIVE and value <= 0):
+            bound = "> 0" if name in _POSITIVE else f">= {low}"
+            raise InputError(f"knob {name} must be {bound}, got {value!r}")
+    elif isinstance(default, dict) and not isinstance(value, dict):
+        raise InputError(f"knob {name} must be a mapping like {default!r}, got {value!r}")
+    elif name == "weights":
+        for kind, share in value.items():
+            _check_knob(f"weights.{kind}", share, 1.0)
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise InputError(f"knob {name} must be text, got {value!r}")
+
+
 def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
     allowed = knob_defaults(kind)
     unknown = sorted(set(knobs) - set(allowed))
@@ -342,10 +370,9 @@ def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
         raise InputError(
             f"unknown knob(s) for {kind}: {', '.join(unknown)}; known: {', '.join(sorted(allowed))}"
         )
-    merged = {**allowed, **knobs}
-    if int(merged["block_tokens"]) < 1:
-        raise InputError("block_tokens must be >= 1")
-    return merged
+    for name, value in knobs.items():
+        _check_knob(name, value, allowed[name])
+    return {**allowed, **knobs}
 
 
 def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> list[Request]:
@@ -404,9 +431,10 @@ def to_mooncake_records(requests: Iterable[Request]) -> Iterable[dict[str, Any]]
 
 
 def write_mooncake(path: str | os.PathLike[str], requests: Iterable[Request]) -> int:
-    """Write requests as Mooncake JSONL (timestamp ms), atomically; return the count."""
+    """Write requests as Mooncake JSONL (timestamp ms), atomically (gzip for ``.gz``);
+    return the count."""
     n = 0
-    with atomic_write(path) as f:
+    with atomic_text(path) as f:
         for rec in to_mooncake_records(requests):
             f.write(json.dumps(rec, separators=(", ", ": ")) + "\n")
             n += 1

@@ -1,0 +1,306 @@
+"""Issue 13's faults, each pinned through the real entry point (``kvsim.cli.main``; a
+subprocess where signals, devices or standard streams are involved): no input destroyed,
+one line and exit 2 for bad input, nothing half-written."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from support import CONVERSATION, ROOT, SAMPLE
+
+import kvsim
+from kvsim.cli import main
+from kvsim.errors import InputError
+from kvsim.policies.lru import LRUPolicy
+from kvsim.traces import open_trace
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``kvsim ARGS`` as the console script runs it: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def one_line_error(code: int, err: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    copy = tmp_path / "t.jsonl"
+    shutil.copy(SAMPLE, copy)
+    return copy
+
+
+# --- 1. an output equal to an input is refused, the input untouched ---
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["replay", "{t}", "--cpu-chunks", "50", "--requests-csv", "{t}"],
+        ["replay", "{t}", "--cpu-chunks", "50", "--requests-csv", "{link}"],
+        ["mrc", "{t}", "--csv", "{t}"],
+        ["mrc", "{t}", "--plot", "{t}"],
+        ["bench", "{t}", "--cpu-chunks", "50", "--repeat", "1", "--csv", "{t}"],
+        [
+            "trace",
+            "gen",
+            "chat",
+            "-n",
+            "5",
+            "--arrival",
+            "replay",
+            "--arrival-trace",
+            "{t}",
+            "-o",
+            "{t}",
+        ],
+    ],
+    ids=["replay", "replay-through-symlink", "mrc-csv", "mrc-plot", "bench", "trace-gen"],
+)
+def test_an_output_that_is_an_input_is_refused(args, trace, tmp_path, capsys):
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(trace)
+    before = digest(trace)
+    code, _, err = run([a.format(t=trace, link=link) for a in args], capsys)
+    one_line_error(code, err)
+    assert "is an input of this run" in err
+    assert digest(trace) == before
+
+
+# --- 2. symlinks are written through, devices written into, never replaced ---
+
+
+def test_an_output_symlink_stays_a_link_to_the_new_file(trace, tmp_path, capsys):
+    target = tmp_path / "rows.csv"
+    target.write_text("old\n")
+    link = tmp_path / "rows-link.csv"
+    link.symlink_to(target)
+    code, _, err = run(["replay", trace, "--cpu-chunks", "50", "--requests-csv", link], capsys)
+    assert code == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert pd.read_csv(target).shape[0] == 200
+
+
+def test_a_device_output_is_written_into_not_replaced(trace, capsys):
+    code, _, err = run(
+        ["replay", trace, "--cpu-chunks", "50", "--requests-csv", "/dev/null"], capsys
+    )
+    assert code == 0, err
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_dev_stdout_gets_the_csv(trace):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvsim",
+            "replay",
+            str(trace),
+            "--cpu-chunks",
+            "50",
+            "--requests-csv",
+            "/dev/stdout",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") > 200  # the summary JSON and 201 CSV lines
+
+
+# --- 16. SIGTERM cleans up like Ctrl-C ---
+
+
+def test_sigterm_leaves_no_temp_file(tmp_path):
+    out = tmp_path / "rows.csv"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvsim",
+            "replay",
+            CONVERSATION,
+            "--cpu-chunks",
+            "2000",
+            "--policy",
+            "s3fifo",
+            "--requests-csv",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".rows.csv.*.tmp")) and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    assert proc.poll() is None, "the replay ended before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "terminated" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- 15. one line for usage errors and unwritable outputs ---
+
+
+def test_a_usage_error_is_one_line(capsys):
+    code, _, err = run(["replay", SAMPLE, "--no-such-option"], capsys)
+    one_line_error(code, err)
+    assert "kvsim replay" in err and "--help" in err
+
+
+def test_an_unwritable_output_names_the_file(trace, tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            locked.chmod(0o700)
+            blocker = tmp_path / "file"
+            blocker.write_text("")
+            out = blocker / "rows.csv"  # a file where a folder should be: fails even as root
+        else:
+            out = locked / "rows.csv"
+        code, _, err = run(["replay", trace, "--cpu-chunks", "50", "--requests-csv", out], capsys)
+    finally:
+        locked.chmod(0o700)
+    one_line_error(code, err)
+    assert "rows.csv" in err or str(out.parent) in err
+
+
+# --- 4, 5, 14, 17. values are checked before any arithmetic ---
+
+
+@pytest.mark.parametrize(
+    ("extra", "phrase"),
+    [
+        (["--cpu-gib", "nan", "--model", "llama-3.1-8b"], "--cpu-gib must be finite"),
+        (["--cpu-gib", "inf", "--model", "llama-3.1-8b"], "--cpu-gib must be finite"),
+        (["--cpu-chunks", "10", "--chunk-tokens", "0"], "--chunk-tokens must be >= 1"),
+        (["--cpu-chunks", "10", "--vllm-config", '{"cpu_bytes_to_use": NaN}'], "NaN"),
+        (["--cpu-chunks", "10", "--vllm-config", "missing.json"], "no such file"),
+    ],
+)
+def test_bad_option_values_are_one_line(extra, phrase, capsys):
+    code, _, err = run(["replay", SAMPLE, *extra], capsys)
+    one_line_error(code, err)
+    assert phrase in err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "phrase"),
+    [
+        ({"cpu_chunks": 10.5}, "whole number"),
+        ({"cpu_chunks": "10"}, "must be a number"),
+        ({"cpu_chunks": True}, "must be a number"),
+        ({"cpu_gib": "64", "model": "llama-3.1-8b"}, "must be a number"),
+        ({"cpu_gib": "abc"}, "must be a number"),
+        ({"cpu_chunks": 10, "policy": LRUPolicy}, "not a class"),
+    ],
+)
+def test_api_misuse_raises_input_errors(kwargs, phrase):
+    with pytest.raises(InputError, match=phrase):
+        kvsim.replay(SAMPLE, **kwargs)
+
+
+def test_api_rejects_what_is_not_a_trace():
+    with pytest.raises(InputError, match="got int"):
+        kvsim.replay(42, cpu_chunks=10)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="holds Requests"):
+        kvsim.replay([1, 2], cpu_chunks=10)  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    ("row", "phrase"),
+    [
+        ({"input_tokens": -512, "block_hashes": [1]}, "non-negative integer"),
+        ({"input_tokens": 5120, "block_hashes": [1]}, "needs 10"),
+        ({"input_tokens": 1024, "block_hashes": [1.7, 2]}, "element 0 is 1.7"),
+    ],
+)
+def test_dataframe_traces_are_checked_like_files(row, phrase):
+    frame = pd.DataFrame([{"arrival_s": 0.0, "output_tokens": 1, **row}])
+    with pytest.raises(InputError, match=f"requests DataFrame row:0: .*{phrase}"):
+        kvsim.replay(frame, cpu_chunks=10)
+
+
+@pytest.mark.parametrize("bin_s", ["nan", "0", "1e-7"])
+def test_trace_stats_bins_are_bounded(bin_s, capsys):
+    code, _, err = run(["trace", "stats", SAMPLE, "--bin-s", bin_s], capsys)
+    one_line_error(code, err)
+    assert "--bin-s" in err
+
+
+@pytest.mark.parametrize("knob", ["turns=abc", "weights=[1,2]", "turns=-3", "rate=.inf"])
+def test_trace_gen_knobs_are_one_line(knob, tmp_path, capsys):
+    code, _, err = run(
+        ["trace", "gen", "chat", "-n", "5", "--set", knob, "-o", tmp_path / "g.jsonl"], capsys
+    )
+    one_line_error(code, err)
+    assert not list(tmp_path.iterdir())
+
+
+# --- 10, 19. generated traces read back as written ---
+
+
+def test_trace_gen_gz_is_gzip_and_reads_back(tmp_path, capsys):
+    out = tmp_path / "g.jsonl.gz"
+    code, _, err = run(["trace", "gen", "chat", "-n", "20", "-o", out], capsys)
+    assert code == 0, err
+    with gzip.open(out, "rt") as f:
+        assert f.readline().startswith("{")
+    assert len(list(open_trace(out))) == 20
+
+
+def test_trace_gen_with_another_block_size_records_it(tmp_path, capsys):
+    out = tmp_path / "g16.jsonl"
+    code, stdout, err = run(
+        ["trace", "gen", "chat", "-n", "20", "--set", "block_tokens=16", "-o", out], capsys
+    )
+    assert code == 0, err
+    assert "16-token blocks" in stdout
+    trace = open_trace(out)
+    assert trace.block_tokens == 16 and len(list(trace)) == 20
+
+
+# --- 20. a policy named twice is timed once ---
+
+
+def test_bench_lists_each_policy_once(capsys):
+    code, out, err = run(
+        ["bench", SAMPLE, "--policies", "lru,lru,arc", "--cpu-chunks", "50", "--repeat", "1"],
+        capsys,
+    )
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["kvsim"]]
+    assert [r[1] for r in rows] == ["lru", "arc"]
