@@ -304,3 +304,30 @@ def test_bench_lists_each_policy_once(capsys):
     assert code == 0, err
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["kvsim"]]
     assert [r[1] for r in rows] == ["lru", "arc"]
+
+
+# --- 8. standard input, FIFOs and process substitution are read once ---
+
+
+def _replay_cpu_hits(command: str) -> str:
+    proc = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return next(line for line in proc.stdout.splitlines() if line.startswith("cpu_hit_blocks"))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "cat {t} | {kvsim} replay - --cpu-chunks 100",
+        "{kvsim} replay <(cat {t}) --cpu-chunks 100",
+        "rm -f {fifo}; mkfifo {fifo}; (cat {t} > {fifo} &); {kvsim} replay {fifo} --cpu-chunks 100",
+    ],
+    ids=["stdin", "process-substitution", "fifo"],
+)
+def test_streams_give_the_same_answer_as_the_file(command, tmp_path):
+    kvsim_cmd = f"{sys.executable} -m kvsim"
+    want = _replay_cpu_hits(f"{kvsim_cmd} replay {SAMPLE} --cpu-chunks 100")
+    got = _replay_cpu_hits(command.format(t=SAMPLE, kvsim=kvsim_cmd, fifo=tmp_path / "fifo"))
+    assert got == want

@@ -10,6 +10,8 @@ Files ending in ``.gz`` are read (and written) through :mod:`gzip` transparently
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import csv
 import datetime as _dt
 import gzip
@@ -18,6 +20,10 @@ import json
 import math
 import os
 import re
+import shutil
+import stat
+import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -535,6 +541,50 @@ def sniff_format(path: str) -> str:
     )
 
 
+_SPOOLED: dict[str, str] = {}  # stream name -> its copy, so a second open reads the copy
+
+
+def _remove_spooled() -> None:
+    for name in _SPOOLED.values():
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+
+
+def _spool_stream(shown: str) -> str:
+    """A regular file to read ``shown`` from, as often as needed.
+
+    Standard input (``-``), a FIFO or a process substitution (``<(cat t.jsonl)``) can be
+    read only once, but a trace is opened to sniff its format and then streamed (and a timed
+    run may stream it twice): such an input is copied once to a temporary file, removed
+    when the process exits. A regular file is read in place.
+    """
+    if shown in _SPOOLED:
+        return _SPOOLED[shown]
+    if shown != "-":
+        try:
+            mode = os.stat(shown).st_mode
+        except OSError:
+            return shown  # missing: the reader names it
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+            return shown
+    base = os.path.basename(shown) if shown != "-" else "stdin"
+    suffix = "".join(s for s in (".csv", ".gz") if s in base.lower()) or ".jsonl"
+    fd, tmp = tempfile.mkstemp(prefix="kvsim-trace-", suffix=suffix)
+    if not _SPOOLED:
+        atexit.register(_remove_spooled)
+    _SPOOLED[shown] = tmp
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if shown == "-":
+                shutil.copyfileobj(sys.stdin.buffer, out)
+            else:
+                with open(shown, "rb") as src:
+                    shutil.copyfileobj(src, out)
+    except OSError as exc:
+        raise InputError(f"cannot read trace: {exc.strerror or exc}", source=shown) from None
+    return tmp
+
+
 def open_trace(
     path: str | os.PathLike[str],
     fmt: str | None = None,
@@ -547,9 +597,11 @@ def open_trace(
     ``{"kvsim_trace": 1, ...}`` header -> native, ``chat_id`` -> bailian, ``hash_ids`` +
     ``input_length`` -> mooncake). ``block_tokens`` overrides the format's block size (Mooncake
     512, Bailian 16, native: from the header, Azure: 512). ``limit`` caps the number of requests.
-    Only the first line is read here; records are validated as they are iterated.
+    Only the first line is read here; records are validated as they are iterated. ``-`` reads
+    standard input; a FIFO or ``<(...)`` works too.
     """
-    p = os.fspath(path)
+    shown = os.fspath(path)
+    p = _spool_stream(shown)
     if fmt is None:
         fmt = sniff_format(p)
     elif fmt not in TRACE_FORMATS:
@@ -577,8 +629,14 @@ def open_trace(
         bt = DEFAULT_BLOCK_TOKENS[fmt]
     if block_tokens is not None:
         bt = block_tokens
-    info = TraceInfo(path=p, format=fmt, block_tokens=bt, has_reuse_info=fmt != "azure")
-    return Trace(info, limit, iter_file)
+    info = TraceInfo(path=shown, format=fmt, block_tokens=bt, has_reuse_info=fmt != "azure")
+    if p == shown:
+        return Trace(info, limit, iter_file)
+
+    def iter_spooled(info: TraceInfo, limit: int | None = None) -> Iterator[Request]:
+        return _READERS[info.format](p, info.block_tokens, limit)
+
+    return Trace(info, limit, iter_spooled)
 
 
 # --------------------------------------------------------------------------- writer
