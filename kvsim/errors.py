@@ -18,3 +18,13 @@ class InputError(ValueError):
         super().__init__(where + message)
         self.source = source
         self.line = line
+
+
+class PolicyFault(InputError):
+    """A user's policy plugin failed or broke the protocol (raised, returned the wrong type).
+
+    It is the user's code, not kvsim's, so it is reported like bad input: one line naming the
+    class and the call, exit code 2."""
+
+    def __init__(self, cls: type, call: str, problem: str) -> None:
+        super().__init__(f"policy {cls.__module__}:{cls.__qualname__} failed in {call}: {problem}")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, cast
 
 from kvsim.config import CacheConfig
 from kvsim.context import RequestContext
+from kvsim.errors import PolicyFault
 from kvsim.keys import ChunkKey
 from kvsim.metrics import (
     ALLOCATION_SIZE_BUCKETS,
@@ -112,6 +113,23 @@ class ManagerProtocol(Protocol[_Ctx]):
     def on_request_finished(self, ctx: _Ctx, /) -> None: ...
 
 
+def _check_victims(policy: EvictionPolicy, victims: object, need: int) -> None:
+    """What a plugin's ``evict`` must return: None, or exactly ``need`` (key, chunk) pairs."""
+    if victims is None:
+        return
+    ok = (
+        isinstance(victims, list)
+        and len(victims) == need
+        and all(isinstance(v, tuple) and len(v) == 2 for v in victims)
+    )
+    if not ok:
+        raise PolicyFault(
+            type(policy),
+            "evict",
+            f"must return None or a list of {need} (key, chunk) pairs, got {victims!r:.80}",
+        )
+
+
 @dataclass
 class ManagerCounters:
     """Cumulative totals (kvsim's additions; vLLM resets its per-step values in get_stats)."""
@@ -153,6 +171,8 @@ class OffloadManager:
             raise ValueError(f"num_chunks must be >= 0, got {num_chunks}")
         self.num_chunks = num_chunks
         self.policy = policy
+        # a plugin's faults are reported as the user's, one line; kvsim's own propagate
+        self._user_policy = not type(policy).__module__.startswith("kvsim.")
         self.admission = admission if admission is not None else AdmissionPolicy()
         self._filters = type(self.admission).admit is not AdmissionPolicy.admit
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
@@ -393,7 +413,14 @@ class OffloadManager:
         if need > self._num_evictable:
             self.counters.allocation_failures += 1
             return None
-        victims = self.policy.evict(need, set(offer))
+        try:
+            victims = self.policy.evict(need, set(offer))
+        except Exception as exc:
+            if not self._user_policy:
+                raise
+            raise PolicyFault(type(self.policy), "evict", f"{type(exc).__name__}: {exc}") from None
+        if self._user_policy:
+            _check_victims(self.policy, victims, need)
         if victims is None:
             self.counters.allocation_failures += 1
             return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib
 import os
 import shutil
 import signal
@@ -331,3 +332,51 @@ def test_streams_give_the_same_answer_as_the_file(command, tmp_path):
     want = _replay_cpu_hits(f"{kvsim_cmd} replay {SAMPLE} --cpu-chunks 100")
     got = _replay_cpu_hits(command.format(t=SAMPLE, kvsim=kvsim_cmd, fifo=tmp_path / "fifo"))
     assert got == want
+
+
+# --- 5. a faulty policy plugin is one line naming the class and the call ---
+
+PLUGIN = """
+from kvsim.policies.lru import LRUPolicy
+
+
+class RaisesInInit(LRUPolicy):
+    def __init__(self, capacity):
+        raise RuntimeError("boom in init")
+
+
+class RaisesInEvict(LRUPolicy):
+    def evict(self, n, protected):
+        raise ZeroDivisionError("boom in evict")
+
+
+class ReturnsAnInt(LRUPolicy):
+    def evict(self, n, protected):
+        return 42
+"""
+
+
+@pytest.mark.parametrize(
+    ("spec", "phrase"),
+    [
+        ("plugin_faults:RaisesInInit", "failed in __init__(20): RuntimeError: boom in init"),
+        ("plugin_faults:RaisesInEvict", "failed in evict: ZeroDivisionError: boom in evict"),
+        ("plugin_faults:ReturnsAnInt", "must return None or a list of"),
+        ("plugin_import_fault:X", "importing module 'plugin_import_fault' failed"),
+    ],
+)
+def test_faulty_policy_plugins_are_one_line(spec, phrase, tmp_path, monkeypatch, capsys):
+    (tmp_path / "plugin_faults.py").write_text(PLUGIN)
+    (tmp_path / "plugin_import_fault.py").write_text("raise RuntimeError('import boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run(["replay", SAMPLE, "--cpu-chunks", "20", "--policy", spec], capsys)
+    one_line_error(code, err)
+    assert phrase in err
+
+
+def test_bench_vllm_without_vllm_is_one_line(monkeypatch, capsys):
+    bench = importlib.import_module("kvsim.replay.bench")  # kvsim.replay is also a function
+    monkeypatch.setattr(bench, "vllm_available", lambda: False)
+    code, _, err = run(["bench", SAMPLE, "--cpu-chunks", "50", "--repeat", "1", "--vllm"], capsys)
+    one_line_error(code, err)
+    assert "not importable" in err

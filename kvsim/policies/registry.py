@@ -11,7 +11,7 @@ import inspect
 from typing import Any, TypeVar
 
 from kvsim.config import resolve_admission
-from kvsim.errors import InputError
+from kvsim.errors import InputError, PolicyFault
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.admission.length import LengthAdmission
 from kvsim.policies.admission.probabilistic import ProbabilisticAdmission
@@ -88,6 +88,10 @@ def _import_class(spec: str, option: str) -> object:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise InputError(f"{option}: cannot import module {module_name!r} ({exc})") from None
+    except Exception as exc:  # the user's module raised while importing
+        raise InputError(
+            f"{option}: importing module {module_name!r} failed ({type(exc).__name__}: {exc})"
+        ) from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -121,7 +125,15 @@ def eviction_policy_class(spec: str, module_path: str | None = None) -> type[Evi
 def make_eviction_policy(
     spec: str, capacity: int, module_path: str | None = None
 ) -> EvictionPolicy:
-    return eviction_policy_class(spec, module_path)(capacity)
+    cls = eviction_policy_class(spec, module_path)
+    try:
+        return cls(capacity)
+    except InputError:
+        raise
+    except Exception as exc:
+        if cls.__module__.startswith("kvsim."):
+            raise
+        raise PolicyFault(cls, f"__init__({capacity})", f"{type(exc).__name__}: {exc}") from None
 
 
 def admission_policy_class(spec: str) -> type[AdmissionPolicy]:

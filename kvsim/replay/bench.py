@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from kvsim.config import CacheConfig, OffloadOptions
+from kvsim.errors import InputError
 from kvsim.integrations.from_vllm import VllmManagerDriver, vllm_available
 from kvsim.replay import CacheReplay, fused_tier_class
 from kvsim.replay.driver import RequestRow
@@ -57,6 +58,11 @@ def bench_replay(
     blocks = sum(r.input_tokens // block_tokens for r in requests)
     if with_vllm is None:
         with_vllm = vllm_available()
+    elif with_vllm and not vllm_available():
+        raise InputError(
+            "--vllm: vLLM 0.33 is not importable here (pip install --no-deps vllm==0.33.0 "
+            "-r .ci/vllm-0.33-cpu-requirements.txt)"
+        )
     table: list[dict[str, Any]] = []
 
     def timed(
