@@ -339,7 +339,10 @@ def _vllm_chunk_tokens(extra: dict[str, Any], gpu_block_tokens: int) -> int:
     if "block_size" in extra and "blocks_per_chunk" in extra:
         raise InputError("--vllm-config: block_size and blocks_per_chunk cannot be combined")
     if "block_size" in extra:
-        return _vllm_number(extra, "block_size", int)
+        size = _vllm_number(extra, "block_size", int)
+        if size <= 0:
+            raise InputError(f"--vllm-config: block_size must be > 0, got {size}")
+        return size
     if "blocks_per_chunk" in extra:
         bpc = _vllm_number(extra, "blocks_per_chunk", int)
         if bpc <= 0:

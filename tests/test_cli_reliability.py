@@ -380,3 +380,17 @@ def test_bench_vllm_without_vllm_is_one_line(monkeypatch, capsys):
     code, _, err = run(["bench", SAMPLE, "--cpu-chunks", "50", "--repeat", "1", "--vllm"], capsys)
     one_line_error(code, err)
     assert "not importable" in err
+
+
+def test_vllm_block_size_errors_name_the_key(capsys):
+    code, _, err = run(
+        ["replay", SAMPLE, "--cpu-chunks", "10", "--vllm-config", '{"block_size": -16}'], capsys
+    )
+    one_line_error(code, err)
+    assert "block_size must be > 0" in err
+
+
+def test_mrc_sampling_that_keeps_nothing_is_an_error(capsys):
+    code, _, err = run(["mrc", SAMPLE, "--sample-rate", "1e-9"], capsys)
+    one_line_error(code, err)
+    assert "kept none" in err

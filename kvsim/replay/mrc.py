@@ -184,6 +184,11 @@ def lru_mrc(
             keys = [k for k in keys if keep(k)]
         sampled += len(keys)
         record(stack, keys, scale, hist)
+    if keep is not None and sampled == 0 and accesses:
+        raise InputError(
+            f"--sample-rate {sample_rate} kept none of the trace's {accesses:,} chunk accesses; "
+            "use a larger rate (about 100 / accesses or more)"
+        )
     cdf, max_depth = _hit_cdf(hist, sampled)
     if protocol == "prefix":
         # the replay's ratio is per prompt unit; a chunk holds units_per_chunk units
