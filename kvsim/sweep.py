@@ -1,11 +1,16 @@
 """Sweeps: traces x options grid -> one tidy table, one row per cell.
 
 A *cell* is a plain dict (``trace``, ``mode``, ``limit`` and option fields); :func:`run_cell`
-is a pure function of it, so a row is the same on a process pool, on Ray, or run alone
-(``elapsed_s`` aside). With an output folder each finished row is appended to
+is a pure function of it and of the trace's content, so a row is the same on a process pool,
+on Ray, or run alone (``elapsed_s`` aside). The whole spec is checked before any cell runs
+(names, types, ranges, a CPU tier size), so a typo is one error, not a grid of failed cells.
+
+With an output folder (locked: one sweep at a time) each finished row is appended to
 ``journal.jsonl`` and flushed at once; ``results.parquet`` and ``results.csv`` are rewritten
 atomically from the journal. Re-running the same sweep into the same folder skips every cell
-whose ``cell_id`` (a hash of its configuration) is already in the journal.
+whose ``cell_id`` (a hash of its configuration) is already journaled with the same
+``run_key`` (the trace's content fingerprint and kvsim's version); a regenerated trace or a
+new kvsim runs the cell again.
 
 Spec (YAML or a mapping)::
 
@@ -18,27 +23,284 @@ Spec (YAML or a mapping)::
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import dataclasses
+import difflib
 import hashlib
+import inspect
 import itertools
 import json
 import math
+import multiprocessing
 import os
+import signal
+import sys
+import threading
 import time
 import traceback
+import warnings
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from kvsim.errors import InputError
 from kvsim.io import atomic_path
 
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
 MODES = ("cache", "timed")
 EXECUTORS = ("local", "serial", "ray")
 JOURNAL = "journal.jsonl"
+LOCK = ".sweep.lock"
 SPEC_KEYS = {"name", "mode", "traces", "limit", "options", "grid"}
 STATUS_COLUMNS = ("cell", "cell_id", "status", "error", "elapsed_s")
+#: a cell whose worker process dies this many times is recorded as failed (fewer: re-run)
+CRASH_LIMIT = 2
+
+Warn = Callable[[str], None]
+
+# --------------------------------------------------------------------------- spec checks
+
+#: API keywords a cell cannot set: the sweep sets them, or they write files of their own
+_NOT_OPTIONS = {"trace", "limit", "per_request", "requests_csv", "progress"}
+#: the ways to size the CPU tier; cache mode needs one, no mode takes two
+_SIZES = ("cpu_chunks", "cpu_gib", "cpu_bytes")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What a value must be, in words for the error, and the test."""
+
+    what: str
+    ok: Callable[[Any], bool]
+
+
+def _int_at_least(n: int) -> _Kind:
+    return _Kind(f"an integer >= {n}", lambda v: _is_int(v) and v >= n)
+
+
+_POSITIVE = _Kind("a finite number > 0", lambda v: _is_real(v) and v > 0)
+_FRACTION = _Kind("a number in (0, 1]", lambda v: _is_real(v) and 0 < v <= 1)
+_BOOL = _Kind("true or false", lambda v: isinstance(v, bool))
+_TEXT = _Kind("a name", lambda v: isinstance(v, str) and bool(v.strip()))
+_TEXT_OR_MAP = _Kind("a path or a mapping", lambda v: isinstance(v, (str, Mapping)))
+_SCALAR = _Kind("a single value", lambda v: isinstance(v, (bool, int, float, str)))
+
+#: option -> what its value must be; names not listed (but known to the API) take any scalar
+_KINDS: dict[str, _Kind] = {
+    **{
+        n: _int_at_least(1)
+        for n in (
+            "cpu_chunks",
+            "chunk_tokens",
+            "block_tokens",
+            "gpu_block_tokens",
+            "tp",
+            "max_tracker_size",
+            "prefill_chunk_tokens",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "gpu_kv_blocks",
+            "cpu_bytes",
+        )
+    },
+    **{
+        n: _int_at_least(0)
+        for n in (
+            "gpu_blocks",
+            "store_threshold",
+            "seed",
+            "long_prefill_token_threshold",
+            "sync_load_budget_bytes",
+        )
+    },
+    **{n: _POSITIVE for n in ("cpu_gib", "time_scale", "poisson_rate")},
+    "gpu_memory_utilization": _FRACTION,
+    **{
+        n: _BOOL
+        for n in (
+            "fused",
+            "baseline",
+            "enable_prefix_caching",
+            "offload_prompt_only",
+            "record_steps",
+        )
+    },
+    **{
+        n: _TEXT
+        for n in (
+            "policy",
+            "policy_module",
+            "admission",
+            "model",
+            "gpu",
+            "link",
+            "protocol",
+            "fmt",
+            "compute_profile",
+        )
+    },
+    "vllm_config": _TEXT_OR_MAP,
+}
+_GENERATOR_KINDS = {"n_requests": _int_at_least(1), "seed": _int_at_least(0)}
+
+
+def option_names(mode: str) -> frozenset[str]:
+    """The keywords a cell of ``mode`` may set: the API function's own keywords and
+    :class:`kvsim.config.OffloadOptions` fields (read from the code, so they stay in step)."""
+    from kvsim.api import replay, simulate
+    from kvsim.config import OffloadOptions
+
+    fn = replay if mode == "cache" else simulate
+    params = inspect.signature(fn).parameters.values()
+    own = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    fields = {f.name for f in dataclasses.fields(OffloadOptions)}
+    return frozenset((own | fields) - _NOT_OPTIONS)
+
+
+def _shown(v: Any) -> str:
+    """A bad value as the user wrote it; numbers YAML read as text get a hint."""
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return f"a list ({v!r})"
+    if isinstance(v, Mapping):
+        return f"a mapping ({dict(v)!r})"
+    if isinstance(v, str):
+        try:
+            x = float(v)
+        except ValueError:
+            return repr(v)
+        if not math.isfinite(x):
+            return f"the text {v!r}"
+        plain = str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
+        return f"the text {v!r} (write a plain number such as {plain})"
+    return repr(v)
+
+
+def check_value(name: str, value: Any, where: str) -> None:
+    """Raise a one-line :class:`InputError` naming ``where`` unless ``value`` suits option
+    ``name``: checked before any cell runs, so ``cpu_gib: "64"`` never reaches arithmetic."""
+    kind = _KINDS.get(name, _SCALAR)
+    if not kind.ok(value):
+        raise InputError(f"{where}: must be {kind.what}, got {_shown(value)}")
+
+
+def _check_names(names: Iterable[str], mode: str, where: str) -> None:
+    """Every option is a keyword of the mode's API function (a typo is named, with a guess)."""
+    known = option_names(mode)
+    for name in names:
+        if not isinstance(name, str):
+            raise InputError(f"{where}: option names are text, got {_shown(name)}")
+        if name not in known:
+            guess = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {guess[0]!r}?" if guess else ""
+            raise InputError(
+                f"{where}.{name}: unknown option for {mode} mode{hint} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+
+
+def _mapping(data: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """``data[key]`` as a dict (absent or null: empty); a list or a scalar is an error."""
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InputError(f"{key}: must be a mapping of option: value, got {_shown(value)}")
+    return dict(value)
+
+
+def _check_limit(limit: Any) -> int | None:
+    if limit is None:
+        return None
+    if not (_is_int(limit) and limit >= 1):
+        raise InputError(
+            f"limit: must be an integer >= 1 (requests per trace), got {_shown(limit)}"
+        )
+    return int(limit)
+
+
+def _check_traces(traces: Any) -> list[Any]:
+    """Paths or generator mappings; a generator's size and seed are checked here too."""
+    if isinstance(traces, (str, os.PathLike, Mapping)):
+        traces = [traces]
+    if traces is None or (isinstance(traces, (list, tuple)) and not traces):
+        raise InputError("a sweep needs at least one trace ('traces:')")
+    if not isinstance(traces, (list, tuple)):
+        raise InputError(f"traces: must be a list of paths or generators, got {_shown(traces)}")
+    for i, trace in enumerate(traces):
+        where = f"traces[{i}]"
+        if isinstance(trace, Mapping):
+            _check_generator(trace, where)
+        elif not isinstance(trace, (str, os.PathLike)) or not os.fspath(trace).strip():
+            raise InputError(f"{where}: must be a path or a generator mapping, got {_shown(trace)}")
+    return list(traces)
+
+
+def _check_generator(trace: Mapping[str, Any], where: str) -> None:
+    from kvsim.traces.synthetic import WorkloadSpec
+
+    for key, kind in _GENERATOR_KINDS.items():
+        if key in trace and not kind.ok(trace[key]):
+            raise InputError(f"{where}.{key}: must be {kind.what}, got {_shown(trace[key])}")
+    try:
+        WorkloadSpec.from_mapping(trace)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+
+
+def _check_grid(raw: dict[str, Any]) -> dict[str, list[Any]]:
+    grid = {k: (list(v) if isinstance(v, (list, tuple)) else [v]) for k, v in raw.items()}
+    for k, values in grid.items():
+        if not values:
+            raise InputError(f"grid.{k}: the axis is empty")
+    return grid
+
+
+def _check_options(mode: str, options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
+    """Names, clashes, every value, and the CPU tier size, before any cell runs."""
+    clash = sorted(set(options) & set(grid))
+    if clash:
+        raise InputError(f"option(s) both fixed and swept: {', '.join(clash)}")
+    reserved = sorted(
+        (set(options) | set(grid)) & ({"trace", "mode", "limit"} | set(STATUS_COLUMNS))
+    )
+    if reserved:
+        raise InputError(f"reserved name(s) in options/grid: {', '.join(reserved)}")
+    _check_names(options, mode, "options")
+    _check_names(grid, mode, "grid")
+    for name, value in options.items():
+        check_value(name, value, f"options.{name}")
+    for name, values in grid.items():
+        for i, value in enumerate(values):
+            check_value(name, value, f"grid.{name}[{i}]")
+    _check_size(mode, set(options) | set(grid))
+
+
+def _check_size(mode: str, given: set[str]) -> None:
+    sizes = [s for s in _SIZES if s in given]
+    if len(sizes) > 1:
+        raise InputError(f"give only one CPU tier size, got {' and '.join(sizes)}")
+    if mode == "cache" and not sizes and "vllm_config" not in given:
+        raise InputError(
+            "no CPU tier size: cache mode needs cpu_chunks or cpu_gib (or vllm_config) "
+            "in options or grid"
+        )
 
 
 @dataclass
@@ -55,7 +317,7 @@ class SweepSpec:
     @classmethod
     def load(cls, spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> SweepSpec:
         if isinstance(spec, SweepSpec):
-            return spec
+            return cls.from_mapping(dataclasses.asdict(spec))  # built by hand: check it too
         if isinstance(spec, (str, os.PathLike)):
             import yaml
 
@@ -68,49 +330,42 @@ class SweepSpec:
                 raise InputError(f"bad YAML: {e}", source=os.fspath(spec)) from None
             if not isinstance(data, dict):
                 raise InputError("a sweep spec is a YAML mapping", source=os.fspath(spec))
-            return cls.from_mapping(data)
+            try:
+                return cls.from_mapping(data)
+            except InputError as e:
+                raise InputError(str(e), source=os.fspath(spec)) from None
         return cls.from_mapping(spec)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> SweepSpec:
-        unknown = sorted(set(data) - SPEC_KEYS)
+        """The spec checked whole: a bad key or value anywhere is one error naming it."""
+        if not isinstance(data, Mapping):
+            raise InputError(f"a sweep spec is a mapping, got {_shown(data)}")
+        unknown = sorted(str(k) for k in set(data) - SPEC_KEYS)
         if unknown:
+            guess = difflib.get_close_matches(unknown[0], sorted(SPEC_KEYS), n=1)
             raise InputError(
-                f"unknown sweep spec key(s): {', '.join(unknown)}; "
+                f"unknown sweep spec key(s): {', '.join(unknown)}"
+                f"{f' (did you mean {guess[0]!r}?)' if guess else ''}; "
                 f"known: {', '.join(sorted(SPEC_KEYS))}"
             )
-        traces = data.get("traces")
-        if isinstance(traces, (str, dict)):
-            traces = [traces]
-        if not traces:
-            raise InputError("a sweep needs at least one trace ('traces:')")
+        traces = _check_traces(data.get("traces"))
         mode = data.get("mode", "cache")
-        if mode not in MODES:
-            raise InputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        grid = {
-            k: (list(v) if isinstance(v, (list, tuple)) else [v])
-            for k, v in (data.get("grid") or {}).items()
-        }
-        for k, v in grid.items():
-            if not v:
-                raise InputError(f"grid axis {k!r} is empty")
-        options = dict(data.get("options") or {})
-        clash = sorted(set(options) & set(grid))
-        if clash:
-            raise InputError(f"option(s) both fixed and swept: {', '.join(clash)}")
-        reserved = sorted(
-            (set(options) | set(grid)) & ({"trace", "mode", "limit"} | set(STATUS_COLUMNS))
-        )
-        if reserved:
-            raise InputError(f"reserved name(s) in options/grid: {', '.join(reserved)}")
-        limit = data.get("limit")
+        if not isinstance(mode, str) or mode not in MODES:
+            raise InputError(f"mode must be one of {', '.join(MODES)}, got {_shown(mode)}")
+        grid = _check_grid(_mapping(data, "grid"))
+        options = _mapping(data, "options")
+        _check_options(mode, options, grid)
+        name = data.get("name", "sweep")
+        if not isinstance(name, (str, int)) or isinstance(name, bool):
+            raise InputError(f"name: must be text, got {_shown(name)}")
         return cls(
-            traces=list(traces),
+            traces=traces,
             mode=mode,
-            limit=None if limit is None else int(limit),
+            limit=_check_limit(data.get("limit")),
             options=options,
             grid=grid,
-            name=str(data.get("name", "sweep")),
+            name=str(name),
         )
 
     def cells(self) -> list[dict[str, Any]]:
@@ -131,9 +386,71 @@ class SweepSpec:
 
 
 def cell_id(cell: Mapping[str, Any]) -> str:
-    """A stable hash of a cell's configuration (what resume matches on)."""
+    """A stable hash of a cell's configuration (what resume matches on, with the run key)."""
     text = json.dumps(cell, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- run keys
+
+#: bytes hashed at each end of a trace file: enough to tell a regenerated trace apart
+_FINGERPRINT_BYTES = 1 << 20
+
+
+def kvsim_version() -> str:
+    """The installed kvsim's version (a new version may change results, so it is in the key)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvsim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def trace_fingerprint(trace: Any, base_dir: str | None = None) -> str:
+    """What a trace's rows depend on beyond its path: size, mtime and a hash of the first and
+    last MiB (a regenerated file differs in one of them), without reading a large file whole.
+
+    A generator's output is fixed by its mapping (part of the cell); a missing file's key
+    changes once it exists; a FIFO or device cannot be fingerprinted, so it never matches."""
+    if isinstance(trace, Mapping):
+        return "generated"
+    path = _resolve_trace(trace, base_dir)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    if not os.path.isfile(path):
+        return f"unfingerprintable:{time.time_ns()}"
+    h = hashlib.sha1(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_FINGERPRINT_BYTES))
+        if st.st_size > _FINGERPRINT_BYTES:
+            f.seek(max(_FINGERPRINT_BYTES, st.st_size - _FINGERPRINT_BYTES))
+            h.update(f.read(_FINGERPRINT_BYTES))
+    return h.hexdigest()
+
+
+def run_key(trace: Any, base_dir: str | None = None, version: str | None = None) -> str:
+    """A journaled row is reused only under the same key: same trace content, same kvsim."""
+    text = f"{version or kvsim_version()}\0{trace_fingerprint(trace, base_dir)}"
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _run_keys(cells: list[dict[str, Any]], ids: list[str], base_dir: str) -> dict[str, str]:
+    """cell_id -> run key, each trace fingerprinted once."""
+    version = kvsim_version()
+    by_trace: dict[str, str] = {}
+    keys = {}
+    for cell, cid in zip(cells, ids):
+        label = json.dumps(cell["trace"], sort_keys=True, default=str)
+        if label not in by_trace:
+            by_trace[label] = run_key(cell["trace"], base_dir, version)
+        keys[cid] = by_trace[label]
+    return keys
+
+
+# --------------------------------------------------------------------------- one cell
 
 
 def _trace_label(trace: Any) -> str:
@@ -197,14 +514,14 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
     return row
 
 
-def _failed_row(cell: Mapping[str, Any], exc: BaseException) -> dict[str, Any]:
-    """The row of a cell whose worker died (the cell function itself never raises)."""
+def _failed_row(cell: Mapping[str, Any], error: str) -> dict[str, Any]:
+    """The row of a cell that did not finish in its worker (the cell function never raises)."""
     return {
         "cell_id": cell_id(cell),
         **cell,
         "trace": _trace_label(cell["trace"]),
         "status": "error",
-        "error": f"worker failed: {type(exc).__name__}: {exc}",
+        "error": f"worker failed: {error}",
         "elapsed_s": math.nan,
     }
 
@@ -223,21 +540,193 @@ def _run_serial(
         yield run_cell(c, base_dir)
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: how often a worker checks that the sweep's main process is still its parent
+_PARENT_POLL_S = 0.5
+
+
+def _exit_with_parent(parent_pid: int | None) -> None:
+    """Make this worker die with the sweep's main process (a killed driver must not leave
+    workers blocked forever): Linux's parent-death signal, and everywhere a watchdog thread
+    that exits when the parent changes (also covers a parent that died before this ran).
+
+    Linux sends the signal when the *thread* that started the worker ends; the sweep starts
+    every worker from the thread that called it, which waits for them."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    parent = parent_pid or os.getppid()
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kvsim-sweep-parent-watch", daemon=True).start()
+
+
+def _worker_main(conn: Connection, base_dir: str, parent_pid: int | None) -> None:
+    """A pool worker: cells in, rows out, one at a time, until told to stop (``None``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
+    _exit_with_parent(parent_pid)
+    while True:
+        try:
+            cell = conn.recv()
+        except (EOFError, OSError):
+            return
+        if cell is None:
+            return
+        row = run_cell(cell, base_dir)
+        try:
+            conn.send(row)
+        except OSError:  # the driver is gone
+            return
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    cell: dict[str, Any] | None = None  # the cell it is running
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+class _Pool:
+    """Worker processes that each run one cell at a time, so a worker's death (an OOM kill)
+    is charged to exactly the cell it was running, and to no other.
+
+    ``ProcessPoolExecutor`` fails every pending cell when one worker dies; here the dead
+    worker is replaced and only its cell is queued again; after :data:`CRASH_LIMIT` deaths
+    that cell is recorded as failed and the rest of the sweep goes on."""
+
+    def __init__(self, size: int, base_dir: str):
+        self.ctx = multiprocessing.get_context()
+        self.size = size
+        self.base_dir = base_dir
+        self.running: list[_Worker] = []
+        self.idle: list[_Worker] = []
+        self.crashes: Counter[str] = Counter()
+        # fork and spawn make this process the parent; forkserver's parent is the server
+        forked = self.ctx.get_start_method() in ("fork", "spawn")
+        self.parent_pid = os.getpid() if forked else None
+
+    def run(self, cells: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        queue = deque(cells)
+        while queue or self.running:
+            while queue and len(self.running) < self.size:
+                self._hand(self.idle.pop() if self.idle else self._spawn(), queue.popleft())
+            for worker in self._ready():
+                yield from self._collect(worker, queue)
+        self._stop_idle()
+
+    def _spawn(self) -> _Worker:
+        ours, theirs = self.ctx.Pipe()
+        process = self.ctx.Process(
+            target=_worker_main,
+            args=(theirs, self.base_dir, self.parent_pid),
+            name="kvsim-sweep-worker",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        return _Worker(process, ours)
+
+    def _hand(self, worker: _Worker, cell: dict[str, Any]) -> None:
+        worker.cell = cell
+        self.running.append(worker)
+        with contextlib.suppress(OSError):  # died idle: its sentinel reports it next
+            worker.conn.send(cell)
+
+    def _ready(self) -> list[_Worker]:
+        """Running workers with a row to read or a death to report."""
+        by_handle: dict[Any, _Worker] = {}
+        for w in self.running:
+            by_handle[w.conn] = w
+            by_handle[w.process.sentinel] = w
+        ready = wait(list(by_handle))
+        return list({id(by_handle[h]): by_handle[h] for h in ready}.values())
+
+    def _collect(self, worker: _Worker, queue: deque[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        self.running.remove(worker)
+        cell, worker.cell = worker.cell, None
+        assert cell is not None
+        row = self._receive(worker)
+        if row is not None:
+            if worker.process.is_alive():
+                self.idle.append(worker)
+            else:
+                self._discard(worker)
+            yield row
+            return
+        self._discard(worker)
+        cid = cell_id(cell)
+        self.crashes[cid] += 1
+        if self.crashes[cid] < CRASH_LIMIT:
+            queue.append(cell)  # not this cell's fault yet: run it again, last
+            return
+        how = _death(worker.process.exitcode)
+        yield _failed_row(
+            cell, f"the process running this cell died ({how}), {self.crashes[cid]} times"
+        )
+
+    @staticmethod
+    def _receive(worker: _Worker) -> dict[str, Any] | None:
+        """The worker's row, or None when it died without one."""
+        try:
+            if worker.conn.poll():
+                row: dict[str, Any] = worker.conn.recv()
+                return row
+        except Exception:  # EOF, or a message cut short by the death
+            return None
+        return None
+
+    @staticmethod
+    def _discard(worker: _Worker, timeout: float = 5.0) -> None:
+        worker.process.join(timeout)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+
+    def _stop_idle(self) -> None:
+        for worker in self.idle:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+        for worker in self.idle:
+            self._discard(worker)
+        self.idle.clear()
+
+    def close(self) -> None:
+        """Interrupted (or done): stop every worker at once; queued cells stay not run."""
+        for worker in self.running + self.idle:
+            if worker.process.is_alive():
+                worker.process.terminate()
+        for worker in self.running + self.idle:
+            self._discard(worker, timeout=2.0)
+        self.running.clear()
+        self.idle.clear()
+
+
 def _run_local(
     cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
 ) -> Iterator[dict[str, Any]]:
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    pool = ProcessPoolExecutor(max_workers=workers)
-    finished = False
+    pool = _Pool(workers, base_dir)
     try:
-        of = {pool.submit(run_cell, c, base_dir): c for c in cells}
-        for fut in as_completed(of):
-            exc = fut.exception()
-            yield _failed_row(of[fut], exc) if exc is not None else fut.result()
-        finished = True
-    finally:  # interrupted: drop queued cells, do not wait for running ones
-        pool.shutdown(wait=finished, cancel_futures=True)
+        yield from pool.run(cells)
+    finally:
+        pool.close()
 
 
 def _run_ray(
@@ -270,8 +759,8 @@ def _run_ray(
             for ref in done:
                 try:
                     row = ray.get(ref)
-                except ray.exceptions.RayError as e:
-                    row = _failed_row(of[ref], e)
+                except ray.exceptions.RayError as e:  # Ray has retried a dead worker already
+                    row = _failed_row(of[ref], f"{type(e).__name__}: {e}")
                 yield row
     finally:
         if started:
@@ -288,10 +777,29 @@ _EXECUTORS: dict[str, Callable[..., Iterator[dict[str, Any]]]] = {
 # --------------------------------------------------------------------------- journal
 
 
-def read_journal(folder: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _journal_row(line: bytes) -> dict[str, Any] | None:
+    """One journal line as a row, or None when it is not one (corrupt, or no cell_id)."""
+    try:
+        row = json.loads(line)
+    except ValueError:  # bad JSON or bad UTF-8
+        return None
+    if not isinstance(row, dict) or not isinstance(row.get("cell_id"), str):
+        return None
+    return row
+
+
+def read_journal(
+    folder: str | os.PathLike[str], on_warning: Warn | None = None
+) -> dict[str, dict[str, Any]]:
     """cell_id -> row from ``folder/journal.jsonl``.
 
-    A torn last line (a kill mid-write) is dropped."""
+    A torn last line (a kill mid-write) is dropped. Any other line that is not a row (bad
+    JSON, no ``cell_id``) is skipped with a one-line warning, so its cell runs again."""
+    warn = on_warning or _warn
     path = os.path.join(folder, JOURNAL)
     rows: dict[str, dict[str, Any]] = {}
     if not os.path.exists(path):
@@ -302,10 +810,14 @@ def read_journal(folder: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     if len(complete) != len(data):  # cut the torn tail so later appends start on a fresh line
         with open(path, "r+b") as f:
             f.truncate(len(complete))
-    for line in complete.splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[row["cell_id"]] = row  # a later line (a retried cell) wins
+    for number, line in enumerate(complete.splitlines(), 1):
+        if not line.strip():
+            continue
+        row = _journal_row(line)
+        if row is None:
+            warn(f"{path}:{number}: skipped a line that is not a sweep row; its cell runs again")
+            continue
+        rows[row["cell_id"]] = row  # a later line (a retried cell) wins
     return rows
 
 
@@ -328,6 +840,41 @@ def _json_default(v: Any) -> Any:
     if hasattr(v, "item"):
         return v.item()
     return str(v)
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: str) -> Iterator[None]:
+    """One sweep per output folder: two would interleave the journal and race on the
+    results. The second is refused at once; the lock goes with the process that holds it."""
+    os.makedirs(folder, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unlocked
+        yield
+        return
+    with open(os.path.join(folder, LOCK), "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()
+            by = f" (pid {holder})" if holder.isdigit() else ""
+            raise InputError(
+                f"another sweep{by} is writing to this folder; "
+                "wait for it to finish or use another --out",
+                source=folder,
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- results
 
 
 def to_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -372,6 +919,30 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- API
 
 
+def _check_run(executor: str, workers: int | None) -> int:
+    if executor not in _EXECUTORS:
+        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if workers is None:
+        return os.cpu_count() or 1
+    if not _is_int(workers) or workers < 1:
+        raise InputError(f"workers must be an integer >= 1, got {_shown(workers)}")
+    return workers
+
+
+def _reusable(row: Mapping[str, Any], key: str, retry_failed: bool) -> bool:
+    """A journaled row stands for its cell only if it ran on the same trace content with the
+    same kvsim (rows without a key, from before keys, never really count) and, under
+    ``retry_failed``, only if it succeeded."""
+    if row.get("run_key") != key:
+        return False
+    return row.get("status") == "ok" or not retry_failed
+
+
+def _table_row(row: Mapping[str, Any], cell: int) -> dict[str, Any]:
+    """A journal row as a results-table row (the run key stays in the journal)."""
+    return {"cell": cell, **{k: v for k, v in row.items() if k not in ("cell", "run_key")}}
+
+
 def sweep(
     spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec,
     *,
@@ -381,47 +952,72 @@ def sweep(
     address: str | None = None,
     retry_failed: bool = False,
     on_row: Callable[[dict[str, Any], int, int], None] | None = None,
+    on_warning: Warn | None = None,
 ) -> pd.DataFrame:
     """Run every cell of ``spec`` and return the results table (one row per cell).
 
     ``executor``: ``local`` (process pool, default), ``serial`` (this process) or ``ray``
     (``address`` of a cluster, else a local Ray with ``workers`` CPUs). With ``out``, rows are
-    journaled there and cells already journaled are not run again (``retry_failed`` re-runs
-    the failed ones). ``on_row(row, done, total)`` is called after each finished cell.
+    journaled there and cells already journaled for the same trace content and kvsim version
+    are not run again (``retry_failed`` re-runs the failed ones); a second sweep into a folder
+    in use is refused. ``on_row(row, done, total)`` is called after each finished cell;
+    ``on_warning(message)`` gets skipped journal lines (default: :mod:`warnings`).
     """
     s = SweepSpec.load(spec)
-    if executor not in _EXECUTORS:
-        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    workers = workers or os.cpu_count() or 1
-    if workers < 1:
-        raise InputError(f"workers must be >= 1, got {workers}")
+    workers = _check_run(executor, workers)
     cells = s.cells()
     ids = [cell_id(c) for c in cells]
     if len(set(ids)) != len(ids):
         raise InputError("the sweep has duplicate cells (repeated trace or grid values)")
-    done: dict[str, dict[str, Any]] = {}
-    journal = None
-    if out is not None:
-        out = os.fspath(out)
-        journal_rows = read_journal(out)
+    base_dir = os.getcwd()
+    plan = _Plan(cells, ids, _run_keys(cells, ids, base_dir), base_dir, executor, workers, address)
+    if out is None:
+        return _execute(plan, {}, None, on_row)
+    folder = os.fspath(out)
+    with _folder_lock(folder):
+        journal_rows = read_journal(folder, on_warning)
         done = {
             i: r
             for i, r in journal_rows.items()
-            if i in set(ids) and not (retry_failed and r.get("status") != "ok")
+            if i in plan.keys and _reusable(r, plan.keys[i], retry_failed)
         }
-        journal = _Journal(out)
-    index = {i: n for n, i in enumerate(ids)}
-    rows = [{**r, "cell": index[i]} for i, r in done.items()]
-    todo = [c for c, i in zip(cells, ids) if i not in done]
-    total, finished = len(cells), len(rows)
-    base_dir = os.getcwd()
-    run = _EXECUTORS[executor]
+        return _execute(plan, done, folder, on_row)
+
+
+@dataclass
+class _Plan:
+    """One sweep call's cells (with their ids and run keys) and where they run."""
+
+    cells: list[dict[str, Any]]
+    ids: list[str]
+    keys: dict[str, str]
+    base_dir: str
+    executor: str
+    workers: int
+    address: str | None
+
+
+def _execute(
+    plan: _Plan,
+    done: dict[str, dict[str, Any]],
+    folder: str | None,
+    on_row: Callable[[dict[str, Any], int, int], None] | None,
+) -> pd.DataFrame:
+    """Run the cells not ``done``, journaling each row into ``folder`` as it comes; the
+    results files are rewritten from every row on the way out, interrupted or not."""
+    index = {i: n for n, i in enumerate(plan.ids)}
+    rows = [_table_row(r, index[i]) for i, r in done.items()]
+    todo = [c for c, i in zip(plan.cells, plan.ids) if i not in done]
+    total, finished = len(plan.cells), len(rows)
+    journal = _Journal(folder) if folder is not None else None
+    run = _EXECUTORS[plan.executor]
     try:
         if todo:
-            for row in run(todo, base_dir, min(workers, len(todo)), address):
-                row = {"cell": index[row["cell_id"]], **row}
+            workers = min(plan.workers, len(todo))
+            for row in run(todo, plan.base_dir, workers, plan.address):
+                row = _table_row(row, index[row["cell_id"]])
                 if journal is not None:
-                    journal.append(row)
+                    journal.append({**row, "run_key": plan.keys[row["cell_id"]]})
                 rows.append(row)
                 finished += 1
                 if on_row is not None:

@@ -11,7 +11,7 @@ import click
 import yaml
 
 from kvsim.errors import InputError
-from kvsim.sweep import EXECUTORS, MODES, SweepSpec, sweep
+from kvsim.sweep import EXECUTORS, MODES, SweepSpec, check_value, sweep
 
 if TYPE_CHECKING:
     from kvsim.cli.common import FC
@@ -30,8 +30,24 @@ GRID_OPTIONS = (
 )
 
 
-def _values(text: str) -> list[Any]:
-    return [yaml.safe_load(v.strip()) for v in text.split(",") if v.strip()]
+def _value(text: str) -> Any:
+    """One comma-separated value as YAML reads it (``100`` a number, ``lru`` a name); text
+    YAML cannot parse (``[``) stays text, for the spec check to name."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _values(name: str, text: str) -> list[Any]:
+    """A grid option's values, each checked now (``--cpu-gib abc`` is named, not run)."""
+    option = f"--{name.replace('_', '-')}"
+    values = [_value(v.strip()) for v in text.split(",") if v.strip()]
+    if not values:
+        raise InputError(f"{option}: give at least one value")
+    for value in values:
+        check_value(name, value, option)
+    return values
 
 
 def _grid_options(f: FC) -> FC:
@@ -75,9 +91,13 @@ def _spec_data(
     options = data.setdefault("options", {})
     for name, text in grid_opts.items():
         if text is not None:
-            grid[name] = _values(text)
+            grid[name] = _values(name, text)
             options.pop(name, None)
     return data
+
+
+def _warn(message: str) -> None:
+    click.echo(f"kvsim: warning: {message}", err=True)
 
 
 @click.command("sweep")
@@ -132,9 +152,11 @@ def sweep_command(
 ) -> int:
     """Run every combination of traces x grid values from SPEC (YAML) and/or the options.
 
-    One row per cell (configuration + metrics) in OUT/results.parquet and .csv. A failing
+    One row per cell (configuration + metrics) in OUT/results.parquet and .csv. The whole
+    spec is checked before any cell runs (exit status 2 naming the bad key). A failing
     cell is recorded with its error and the sweep goes on (exit status 1 if any failed);
-    re-running the same command resumes where it stopped.
+    re-running the same command resumes where it stopped (cells whose trace changed run
+    again). One sweep at a time per OUT.
 
     \b
     Examples:
@@ -179,6 +201,7 @@ def sweep_command(
             address=address,
             retry_failed=retry_failed,
             on_row=on_row,
+            on_warning=_warn,
         )
     n_err = int((df["status"] != "ok").sum()) if len(df) else 0
     for line in failed:
