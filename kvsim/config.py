@@ -29,6 +29,7 @@ _Number = TypeVar("_Number", int, float)
 # vLLM kv_connector_extra_config keys: those kvsim models, and those it accepts and ignores.
 _VLLM_USED = {
     "cpu_bytes_to_use",
+    "num_cpu_blocks",
     "block_size",
     "blocks_per_chunk",
     "eviction_policy",
@@ -43,7 +44,6 @@ _VLLM_IGNORED = {
     "sync_load_budget_bytes",
     "self_describing_kv_events",
     "canonical_layout",
-    "num_cpu_blocks",
 }
 
 
@@ -301,11 +301,17 @@ def options_from_vllm_config(
         raise InputError(f"--vllm-config: unknown key(s) {', '.join(unknown)}")
     opts = base or OffloadOptions()
     changes: dict[str, Any] = {}
+    if "cpu_bytes_to_use" in extra and "num_cpu_blocks" in extra:
+        raise InputError("--vllm-config: give cpu_bytes_to_use or num_cpu_blocks, not both")
     if "cpu_bytes_to_use" in extra:
         changes.update(
             cpu_bytes=int(_vllm_number(extra, "cpu_bytes_to_use", float)),
             cpu_chunks=None,
             cpu_gib=None,
+        )
+    if "num_cpu_blocks" in extra:  # vLLM 0.11's key: the CPU tier's size in offloaded blocks
+        changes.update(
+            cpu_chunks=_vllm_number(extra, "num_cpu_blocks", int), cpu_bytes=None, cpu_gib=None
         )
     changes["chunk_tokens"] = _vllm_chunk_tokens(extra, opts.gpu_block_tokens)
     if "eviction_policy" in extra:

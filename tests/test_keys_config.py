@@ -123,3 +123,25 @@ def test_load_vllm_config_forms(tmp_path):
         load_vllm_config(str(bad))
     with pytest.raises(InputError, match="JSON object"):
         load_vllm_config("[1, 2]")
+
+
+def test_vllm_older_num_cpu_blocks_sizes_the_tier():
+    opts = options_from_vllm_config({"num_cpu_blocks": 64, "block_size": 512})
+    assert opts.resolve(512).num_chunks == 64
+    with pytest.raises(InputError, match="not both"):
+        options_from_vllm_config({"num_cpu_blocks": 64, "cpu_bytes_to_use": 2**30})
+
+
+def test_the_config_deployed_into_vllm_maps_back_without_vllm():
+    """The JSON the README deploys into vLLM names kvsim's exported CachePolicy; fed back to
+    kvsim it runs the kvsim policy itself, without importing vLLM or the adapter module."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from kvsim.policies.registry import eviction_policy_class as c; "
+        "from kvsim.policies.s3fifo import S3FIFOPolicy; "
+        "assert c('KvsimS3FIFO', 'kvsim.integrations.vllm') is S3FIFOPolicy; "
+        "assert 'kvsim.integrations.vllm' not in sys.modules and 'vllm' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

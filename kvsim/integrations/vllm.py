@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvsim.context import RequestContext
+from kvsim.policies.registry import VLLM_EXPORTS
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadKey, ReqContext
@@ -31,17 +32,7 @@ if TYPE_CHECKING:
     from kvsim.policies.base import EvictionPolicy
 
 #: exported class name -> kvsim registry name
-EXPORTS: dict[str, str] = {
-    "KvsimLRU": "lru",
-    "KvsimARC": "arc",
-    "KvsimFIFO": "fifo",
-    "KvsimLFU": "lfu",
-    "KvsimARCTextbook": "arc-textbook",
-    "KvsimSieve": "sieve",
-    "KvsimS3FIFO": "s3fifo",
-    "KvsimSLRU": "slru",
-    "KvsimWTinyLFU": "wtinylfu",
-}
+EXPORTS: dict[str, str] = VLLM_EXPORTS
 
 _built: dict[str, type] = {}
 

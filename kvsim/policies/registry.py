@@ -115,6 +115,21 @@ def _check_subclass(obj: object, base: type[Any], option: str, spec: str) -> typ
     return obj
 
 
+#: the vLLM CachePolicy classes kvsim.integrations.vllm exports -> the kvsim policy each runs
+VLLM_EXPORTS: dict[str, str] = {
+    "KvsimLRU": "lru",
+    "KvsimARC": "arc",
+    "KvsimFIFO": "fifo",
+    "KvsimLFU": "lfu",
+    "KvsimARCTextbook": "arc-textbook",
+    "KvsimSieve": "sieve",
+    "KvsimS3FIFO": "s3fifo",
+    "KvsimSLRU": "slru",
+    "KvsimWTinyLFU": "wtinylfu",
+}
+VLLM_EXPORT_MODULE = "kvsim.integrations.vllm"
+
+
 def eviction_policy_class(spec: str, module_path: str | None = None) -> type[EvictionPolicy]:
     """Resolve ``lru``, ``arc``, ..., ``pkg.mod:Class``, or vLLM's (name, module path)."""
     return _resolve(
@@ -153,6 +168,9 @@ def _resolve(
     cls = table.get(spec.lower())
     if cls is not None:
         return cls
+    if module_path == VLLM_EXPORT_MODULE and spec in VLLM_EXPORTS and table is EVICTION_POLICIES:
+        # the config deployed into vLLM, fed back: the kvsim policy itself (no vLLM needed)
+        return table[VLLM_EXPORTS[spec]]
     if ":" in spec:
         return _check_subclass(_import_class(spec, option), base, option, spec)
     if module_path:
