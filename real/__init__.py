@@ -1,9 +1,16 @@
 """The real backend: the same engine, manager and policies over real memory and copies.
 
-* :mod:`real.device`: CUDA streams and events, or CPU tensors with emulated events;
+* :mod:`real.device`: CUDA streams and events, or CPU stand-ins (eager, deferred: out of
+  order across streams, threaded: asynchronous);
+* :mod:`real.sleep_clock`: spin cycles per second of emulated GPU compute, kept measured;
 * :mod:`real.kv_cache`: the paged GPU KV cache (layer-major or block-first), key patterns;
-* :mod:`real.host_pool`: the pinned host region sized by vLLM's arithmetic;
+* :mod:`real.cuda_rt`: ``cudaHostRegister`` that leaves no pending CUDA error;
+* :mod:`real.host_pool`: the page-aligned pinned host region sized by vLLM's arithmetic;
+* :mod:`real.lifetime`: memory released only once the device is idle;
+* :mod:`real.copy_path`: ``copy_`` per run, or one ``cuMemcpyBatchAsync`` per job;
 * :mod:`real.transfer`: :class:`RealTransferBackend` (submit / poll / wait);
+* :mod:`real.compute`: the emulated forward pass on the compute stream;
+* :mod:`real.machine`: CPU-only defaults sized to the machine's free memory;
 * :mod:`real.calibrate`: the copy-curve measurement that feeds the simulator's model;
 * :mod:`real.validate`: simulated vs real run of one trace, and the comparison report;
 * :mod:`real.gpu_check`: the one-shot device check script.

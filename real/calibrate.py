@@ -1,9 +1,14 @@
 """Calibration: measure the host<->GPU copy curve and fit the simulator's transfer model.
 
 For every copy size (4 KiB to 64 MiB) and count of runs, one transfer of ``count``
-separate ``copy_`` calls of ``size`` bytes is timed with events on a side stream, H2D,
-D2H, and both directions at once (two streams, timed from the first start to the last
-end). The median of a few repeats is kept. The points are then fitted per direction to
+separate runs of ``size`` bytes is timed with events on a side stream, H2D, D2H, and both
+directions at once (two streams, timed from the first start to the last end). The median
+of a few repeats is kept. The runs go through the device's copy path (one batched
+``cuMemcpyBatchAsync`` on CUDA, ``copy_`` per run on CPU; :mod:`real.copy_path`), the one
+the backend uses, and both host buffers (the H2D source and the D2H destination) are
+page-aligned pools page-locked like the backend's: a pageable D2H destination would make
+a ``non_blocking`` copy synchronous and staged and measure the wrong thing. The points
+are then fitted per direction to
 
     seconds = latency + count * per_copy + bytes / bandwidth(size)
 
@@ -15,16 +20,18 @@ profile JSON that the simulated transfer model loads.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from real.copy_path import CopyPath, Run
 from real.device import Device, Event, Stream
-from real.host_pool import HostLayout, HostPool
+from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import KVGeometry
+from real.lifetime import release_when_idle
 
 if TYPE_CHECKING:
     from kvsim.engine.transfer_model import TransferModelParams
@@ -33,9 +40,33 @@ KIB = 1024
 MIB = 1024 * 1024
 DEFAULT_SIZES = tuple(4 * KIB << i for i in range(15))  # 4 KiB .. 64 MiB
 DEFAULT_COUNTS = (1, 8, 64)
+# on CPU the buffers walked through are this many times the largest transfer, so copies
+# miss even a large last-level cache (4 x 128 MiB per buffer, 2 GiB in all, by default)
+CPU_COLD_SPAN_FACTOR = 4
 H2D, D2H, BOTH = "h2d", "d2h", "both"
 
-Plan = tuple[torch.Tensor, torch.Tensor, int, int]  # (dst, src, words per copy, copies)
+# (dst, src, words per copy, copies, source stable (an H2D read of host memory), offset)
+Plan = tuple[torch.Tensor, torch.Tensor, int, int, bool, int]
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """How the calibration's host buffers are page-locked (``register``: tests)."""
+
+    pin: bool
+    require: bool = False
+    register: Register | None = None
+    unregister: Unregister | None = None
+
+    def pool(self, nbytes: int) -> HostPool:
+        return HostPool(
+            HostLayout(KVGeometry(1, 4096), 1),
+            max(1, nbytes // 4096),
+            pin=self.pin,
+            require_pin=self.require,
+            register=self.register,
+            unregister=self.unregister,
+        )
 
 
 @dataclass(frozen=True)
@@ -57,38 +88,57 @@ class Point:
 
 
 def _buffers(
-    device: Device, max_bytes: int, pin: bool
-) -> tuple[HostPool, torch.Tensor, torch.Tensor, torch.Tensor]:
+    device: Device, max_bytes: int, pinning: Pinning
+) -> tuple[list[HostPool], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pools, H2D host source, D2H host destination, GPU destination, GPU source)."""
     words = max_bytes // 8
-    geometry = KVGeometry(1, 4096)
-    host = HostPool(HostLayout(geometry, 1), max(1, max_bytes // 4096), pin=pin)
-    host_b = torch.empty(words, dtype=torch.int64)
-    host_b.fill_(3)
-    host.data.fill_(1)
+    pools: list[HostPool] = []
+    try:
+        for _ in range(2):
+            pools.append(pinning.pool(max_bytes))
+    except BaseException:
+        for p in pools:
+            p.close()
+        raise
+    h2d_src, d2h_dst = pools[0].data[:words], pools[1].data[:words]
+    h2d_src.fill_(1)
+    d2h_dst.fill_(3)
     gpu_a = device.empty((words,), torch.int64)
     gpu_b = device.empty((words,), torch.int64)
     gpu_a.fill_(2)
     gpu_b.fill_(4)
-    return host, host_b, gpu_a, gpu_b
+    return pools, h2d_src, d2h_dst, gpu_a, gpu_b
 
 
-def _time_once(device: Device, streams: Sequence[Stream], plans: Sequence[Plan]) -> float:
-    """Run each plan ``(dst, src, size_words, count)`` on its stream; first start to last end."""
-    nb = device.is_cuda
+def _runs(words: int, count: int, offset: int = 0) -> list[Run]:
+    return [(offset + i * words, offset + i * words, words) for i in range(count)]
+
+
+def _copy_fn(
+    path: CopyPath,
+    dst: torch.Tensor,
+    src: torch.Tensor,
+    runs: list[Run],
+    stream: Stream,
+    stable: bool,
+) -> Callable[[], None]:
+    def copies() -> None:
+        path.copy(dst, src, runs, stream=stream, stable_source=stable)
+
+    return copies
+
+
+def _time_once(
+    device: Device, streams: Sequence[Stream], plans: Sequence[Plan], path: CopyPath
+) -> float:
+    """Run each plan on its stream; first start to last end."""
     starts: list[Event] = []
     ends: list[Event] = []
-    for stream, (dst, src, w, n) in zip(streams, plans):
+    for stream, (dst, src, w, n, stable, off) in zip(streams, plans):
         s, e = device.new_event(), device.new_event()
         stream.wait_stream(device.compute_stream)
         s.record(stream)
-
-        def copies(
-            dst: torch.Tensor = dst, src: torch.Tensor = src, w: int = w, n: int = n
-        ) -> None:
-            for i in range(n):
-                dst[i * w : (i + 1) * w].copy_(src[i * w : (i + 1) * w], non_blocking=nb)
-
-        stream.run(copies)
+        stream.run(_copy_fn(path, dst, src, _runs(w, n, off), stream, stable))
         e.record(stream)
         starts.append(s)
         ends.append(e)
@@ -106,34 +156,55 @@ def measure(
     repeats: int = 5,
     directions: Sequence[str] = (H2D, D2H, BOTH),
     pin: bool | None = None,
+    require_pin: bool = False,
+    register: Register | None = None,
+    unregister: Unregister | None = None,
+    copy_path: CopyPath | None = None,
+    span_bytes: int | None = None,
 ) -> tuple[list[Point], bool]:
-    """Time the copy grid; returns the points and whether host memory was pinned."""
+    """Time the copy grid; returns the points and whether host memory was pinned.
+
+    Successive transfers walk through buffers of ``span_bytes`` (default ``max_bytes``)
+    instead of reusing the same bytes: a span larger than the CPU's last-level cache
+    makes a CPU run copy cold memory, as the backend's jobs do."""
     pin = device.is_cuda if pin is None else pin
-    host, host_b, gpu_a, gpu_b = _buffers(device, max_bytes, pin)
+    path = copy_path or device.copy_path()
+    pinning = Pinning(pin, require_pin and pin, register, unregister)
+    span = max(max_bytes, span_bytes or 0)
+    span_words = span // 8
+    pools, h2d_src, d2h_dst, gpu_a, gpu_b = _buffers(device, span, pinning)
+    offset = 0
+
+    def plans(d: str, w: int, count: int) -> tuple[list[Stream], list[Plan]]:
+        """The streams and plans of one transfer, at the next offset of the walk."""
+        nonlocal offset
+        if offset + w * count > span_words:
+            offset = 0
+        off, offset = offset, offset + w * count
+        load: Plan = (gpu_a, h2d_src, w, count, True, off)
+        store: Plan = (d2h_dst, gpu_b, w, count, False, off)
+        if d == H2D:
+            return [h2d_s], [load]
+        if d == D2H:
+            return [d2h_s], [store]
+        return [h2d_s, d2h_s], [load, store]
+
+    h2d_s, d2h_s = device.stream("calibrate-h2d"), device.stream("calibrate-d2h")
     try:
-        h2d_s, d2h_s = device.new_stream("h2d"), device.new_stream("d2h")
         points = []
         for size in sizes:
             w = max(1, size // 8)
             for count in counts:
                 if size * count > max_bytes:
                     continue
-                plans = {
-                    H2D: ([h2d_s], [(gpu_a, host.data, w, count)]),
-                    D2H: ([d2h_s], [(host_b, gpu_b, w, count)]),
-                    BOTH: (
-                        [h2d_s, d2h_s],
-                        [(gpu_a, host.data, w, count), (host_b, gpu_b, w, count)],
-                    ),
-                }
                 for d in directions:
-                    streams, plan = plans[d]
-                    _time_once(device, streams, plan)  # warm-up
-                    times = [_time_once(device, streams, plan) for _ in range(repeats)]
+                    _time_once(device, *plans(d, w, count), path)  # warm-up
+                    times = [_time_once(device, *plans(d, w, count), path) for _ in range(repeats)]
                     points.append(Point(d, w * 8, count, statistics.median(times)))
-        return points, host.pinned
+        return points, all(p.pinned for p in pools)
     finally:
-        host.close()
+        release_when_idle(device, pools[1], gpu_a, gpu_b, pools[0])
+        pools[0].close()
 
 
 def fit(points: Sequence[Point]) -> dict[str, Any]:
@@ -215,8 +286,10 @@ def calibrate(
     device: Device, *, link: str | None = None, **measure_kwargs: Any
 ) -> tuple[TransferModelParams, dict[str, Any]]:
     """Measure and fit; returns ``(TransferModelParams, report)``."""
-    points, pinned = measure(device, **measure_kwargs)
+    path = measure_kwargs.pop("copy_path", None) or device.copy_path()
+    points, pinned = measure(device, copy_path=path, **measure_kwargs)
     fitted = fit(points)
+    fitted["copy_path"] = path.name
     name = link or (
         "cuda-" + torch.cuda.get_device_name(device.torch_device)
         if device.is_cuda

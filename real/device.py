@@ -1,30 +1,50 @@
-"""Device layer: CUDA streams and events, or CPU tensors with the same semantics.
+"""Device layer: CUDA streams and events, or CPU tensors that behave like a GPU.
 
 The transfer backend only ever calls ``stream.run(fn)``, ``stream.wait_event(ev)``,
 ``stream.wait_stream(other)``, ``event.record(stream)``, ``event.query()``,
 ``event.synchronize()`` and ``event.time()``. On CUDA these are torch streams and timing
-events. On CPU a stream is a FIFO of closures and an event is a marker in it:
+events. On CPU a stream is a FIFO of closures and an event is a marker in it; three modes:
 
-* ``eager=True`` (the default): every operation runs when it is enqueued, so copies
-  complete in order and an event is complete as soon as it is recorded;
-* ``eager=False``: operations wait until something needs them (``event.synchronize()``,
-  a ``wait_event`` that is itself run, or ``Device.run_pending()``), so tests can hold a
-  copy "in flight" and check that nothing reads or reuses its memory too early.
+* ``eager``: every operation runs when it is enqueued (everything completes in order);
+* ``deferred`` (tests): operations wait in their stream until something needs them
+  (``event.synchronize()``, a ``wait_event`` that is itself run, ``run_pending()``), and
+  every ``event.query()`` lets a few queued operations of randomly chosen streams run
+  (seeded). Work therefore completes *later* than submitted and *out of submission order
+  across streams*, as on a GPU, so a missing cross-stream dependency corrupts bytes or
+  fails a test instead of passing by luck;
+* ``threaded`` (CPU validation and calibration): one worker thread per stream runs its
+  FIFO asynchronously, so copies overlap the engine as DMA overlaps the host on a GPU
+  (torch releases the GIL inside copies).
 
-Event times are on the device's clock (``time.perf_counter`` unless injected); CUDA
-event times are mapped onto it through a reference event.
+Like torch's CUDA stream pool, a CPU device hands out at most 32 distinct side streams and
+then repeats them; :meth:`Device.stream` caches streams by name and never returns one this
+device already uses for another name. Event times are on the device's clock
+(``time.perf_counter`` unless injected); CUDA event times are mapped onto it through a
+reference event.
 """
 
 from __future__ import annotations
 
+import random
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
+from real.sleep_clock import SleepRate
+
+if TYPE_CHECKING:
+    from real.copy_path import CopyPath
+
 Clock = Callable[[], float]
+
+MODES = ("eager", "deferred", "threaded")
+CPU_SWITCH_INTERVAL_S = 0.0005
+STREAM_POOL_SIZE = 32  # torch's per-priority CUDA stream pool; it repeats after that
 
 
 class Event(Protocol):
@@ -71,30 +91,40 @@ def cuda_available() -> bool:
 class CpuEvent:
     """A marker in a :class:`CpuStream`; complete once the stream has run up to it."""
 
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
+    def __init__(self, device: Device) -> None:
+        self._device = device
         self._stream: CpuStream | None = None
         self._done = False
         self._time: float | None = None
+        self._flag = threading.Event()
 
     def _fire(self) -> None:
+        self._time = self._device.clock()
         self._done = True
-        self._time = self._clock()
+        self._flag.set()
 
     def record(self, stream: Stream) -> None:
         cpu = _cpu_stream(stream)
         self._done = False
         self._time = None
+        self._flag.clear()
         self._stream = cpu
         cpu._enqueue(self._fire)
 
     def query(self) -> bool:
+        if not self._done and self._device.mode == "deferred":
+            self._device._progress()
         return self._done
 
     def synchronize(self) -> None:
-        if not self._done:
-            if self._stream is None:
-                raise RuntimeError("synchronize() on an event that was never recorded")
+        if self._done:
+            return
+        if self._stream is None:
+            raise RuntimeError("synchronize() on an event that was never recorded")
+        if self._device.mode == "threaded":
+            self._flag.wait()
+            self._device._raise_worker_error()
+        else:
             self._stream._run_until(self)
 
     def time(self) -> float:
@@ -105,18 +135,44 @@ class CpuEvent:
 
 
 class CpuStream:
-    """A FIFO of operations; run at once (eager) or when something waits for them."""
+    """A FIFO of operations: run at once (eager), on demand (deferred) or by a thread."""
 
     def __init__(self, device: Device, name: str = "") -> None:
         self._device = device
         self.name = name
         self._ops: deque[Callable[[], None]] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
 
     def _enqueue(self, op: Callable[[], None]) -> None:
-        if self._device.eager and not self._ops:
+        mode = self._device.mode
+        if mode == "eager" and not self._ops:
             op()
+        elif mode == "threaded":
+            with self._cv:
+                self._ops.append(op)
+                self._cv.notify_all()
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._worker, name=f"kvsim-stream-{self.name}", daemon=True
+                    )
+                    self._thread.start()
         else:
             self._ops.append(op)
+
+    def _worker(self) -> None:
+        while True:
+            with self._cv:
+                while not self._ops:
+                    self._cv.wait()
+                op = self._ops[0]  # stays queued while it runs, so ``pending`` counts it
+            try:
+                op()
+            except BaseException as exc:  # reported by the next synchronize()
+                self._device._worker_errors.append(exc)
+            with self._cv:
+                self._ops.popleft()
+                self._cv.notify_all()
 
     def _run_one(self) -> bool:
         if not self._ops:
@@ -126,7 +182,7 @@ class CpuStream:
         return True
 
     def _run_until(self, event: CpuEvent) -> None:
-        while not event.query():
+        while not event._done:
             if not self._run_one():
                 raise RuntimeError(f"stream {self.name!r} drained before its event fired")
 
@@ -136,18 +192,33 @@ class CpuStream:
 
     def wait_event(self, event: Event) -> None:
         """Later work on this stream starts only after ``event`` completes."""
-        if event.query():
+        cpu_event = cast(CpuEvent, event)
+        if cpu_event._done:
             return
-        self._enqueue(event.synchronize)
+        if self._device.mode == "threaded":
+            flag = cpu_event._flag
+
+            def wait() -> None:
+                flag.wait()
+
+            self._enqueue(wait)
+        else:
+            self._enqueue(cpu_event.synchronize)
 
     def wait_stream(self, other: Stream) -> None:
         if other is self:
             return
-        ev = CpuEvent(self._device.clock)
+        ev = CpuEvent(self._device)
         ev.record(other)
         self.wait_event(ev)
 
     def synchronize(self) -> None:
+        if self._device.mode == "threaded":
+            with self._cv:
+                while self._ops:
+                    self._cv.wait()
+            self._device._raise_worker_error()
+            return
         while self._run_one():
             pass
 
@@ -226,22 +297,46 @@ def _cuda_event(event: Event) -> CudaEvent:
 
 
 class Device:
-    """``kind`` is ``"cuda"`` or ``"cpu"``; ``Device.auto()`` picks CUDA when available."""
+    """``kind`` is ``"cuda"`` or ``"cpu"``; ``Device.auto()`` picks CUDA when available.
+
+    ``mode`` (CPU only) is ``eager``, ``deferred`` or ``threaded`` (see the module
+    docstring); ``eager=False`` is the older spelling of ``mode="deferred"``. ``seed``
+    drives the deferred device's choice of which stream runs next.
+    """
 
     def __init__(
-        self, kind: str = "cpu", *, eager: bool = True, clock: Clock | None = None, index: int = 0
+        self,
+        kind: str = "cpu",
+        *,
+        eager: bool = True,
+        mode: str | None = None,
+        clock: Clock | None = None,
+        index: int = 0,
+        seed: int = 0,
+        progress_ops: int = 3,
     ) -> None:
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"device kind must be 'cpu' or 'cuda', got {kind!r}")
         if kind == "cuda" and not cuda_available():
             raise RuntimeError("CUDA requested but torch.cuda.is_available() is False")
+        mode = mode or ("eager" if eager else "deferred")
+        if mode not in MODES:
+            raise ValueError(f"device mode must be one of {MODES}, got {mode!r}")
         self.kind = kind
-        self.eager = eager
+        self.mode = "cuda" if kind == "cuda" else mode
         self.clock: Clock = clock or time.perf_counter
         self.torch_device = torch.device("cuda", index) if kind == "cuda" else torch.device("cpu")
+        self._rng = random.Random(seed)
+        self._progress_ops = progress_ops
+        self._progressing = False
+        self._worker_errors: list[BaseException] = []
+        self._pool: list[Stream] = []  # the emulated CPU stream pool
+        self._pool_next = 0
+        self._named: dict[str, Stream] = {}
         self._streams: list[Stream] = []
         self._ref: tuple[torch.cuda.Event, float] | None = None
-        self._cycles_per_s: float | None = None
+        self._sleep_rate: SleepRate | None = None
+        self._copy_path: CopyPath | None = None
         self.compute_stream: Stream
         if kind == "cuda":
             self.compute_stream = CudaStream(
@@ -254,50 +349,148 @@ class Device:
             self._reference()  # event times are measured from here onto the clock
 
     @classmethod
-    def auto(cls, *, eager: bool = True, clock: Clock | None = None, index: int = 0) -> Device:
-        return cls("cuda" if cuda_available() else "cpu", eager=eager, clock=clock, index=index)
+    def auto(cls, *, mode: str = "eager", clock: Clock | None = None, index: int = 0) -> Device:
+        """CUDA when available, else a CPU device in ``mode``."""
+        if cuda_available():
+            return cls("cuda", clock=clock, index=index)
+        return cls("cpu", mode=mode, clock=clock)
 
     @property
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
 
-    def new_stream(self, name: str = "") -> Stream:
-        s: Stream
-        if self.is_cuda:
-            s = CudaStream(self, torch.cuda.Stream(self.torch_device), name)
-        else:
-            s = CpuStream(self, name)
-        self._streams.append(s)
+    @property
+    def asynchronous(self) -> bool:
+        """Whether enqueued work completes after the call that enqueued it (all but eager)."""
+        return self.mode != "eager"
+
+    # --- streams and events
+
+    def stream(self, name: str) -> Stream:
+        """The side stream called ``name`` (created on first use, distinct from the others)."""
+        s = self._named.get(name)
+        if s is None:
+            s = self._distinct_stream(name)
+            self._named[name] = s
+            self._streams.append(s)
         return s
 
+    def _distinct_stream(self, name: str) -> Stream:
+        held = {self._identity(s) for s in self._streams}
+        for _ in range(STREAM_POOL_SIZE + 1):
+            s = self._draw_stream(name)
+            if self._identity(s) not in held:
+                s.name = name
+                return s
+        raise RuntimeError(f"no free stream left in the pool of {STREAM_POOL_SIZE}")
+
+    def _identity(self, s: Stream) -> int:
+        if self.is_cuda:
+            return int(as_cuda_stream(s).raw.cuda_stream)  # the handle identifies the stream
+        return id(s)
+
+    def _draw_stream(self, name: str) -> Stream:
+        """A stream from the pool, which repeats after ``STREAM_POOL_SIZE`` draws."""
+        if self.is_cuda:
+            raw = torch.cuda.Stream(self.torch_device)
+            for s in self._streams:
+                if as_cuda_stream(s).raw.cuda_stream == raw.cuda_stream:
+                    return s
+            return CudaStream(self, raw, name)
+        i = self._pool_next % STREAM_POOL_SIZE
+        self._pool_next += 1
+        if i == len(self._pool):
+            self._pool.append(CpuStream(self, name))
+        return self._pool[i]
+
+    def new_stream(self, name: str = "") -> Stream:
+        """A stream drawn from the pool, like ``torch.cuda.Stream()`` (may repeat one)."""
+        return self._draw_stream(name)
+
     def new_event(self) -> Event:
-        return CudaEvent(self) if self.is_cuda else CpuEvent(self.clock)
+        return CudaEvent(self) if self.is_cuda else CpuEvent(self)
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.torch_device)
+
+    def copy_path(self) -> CopyPath:
+        """How this device copies runs of words (resolved once; see :mod:`real.copy_path`)."""
+        if self._copy_path is None:
+            from real.copy_path import default_copy_path
+
+            self._copy_path = default_copy_path(self)
+        return self._copy_path
+
+    def set_copy_path(self, path: CopyPath) -> None:
+        self._copy_path = path
+
+    @property
+    def pending(self) -> int:
+        """Operations queued on the CPU streams (0 on CUDA: the driver does not say)."""
+        if self.is_cuda:
+            return 0
+        return sum(_cpu_stream(s).pending for s in self._all_cpu_streams())
+
+    def _all_cpu_streams(self) -> list[CpuStream]:
+        seen: dict[int, CpuStream] = {}
+        for s in [*self._streams, *self._pool]:
+            seen[id(s)] = _cpu_stream(s)
+        return list(seen.values())
 
     def run_pending(self) -> None:
         """Complete all queued work on every stream (CPU), or synchronize the device (CUDA)."""
         if self.is_cuda:
             torch.cuda.synchronize(self.torch_device)
             return
-        progressed = True
-        while progressed:
-            progressed = False
-            for s in self._streams:
-                if s.pending:
-                    _cpu_stream(s)._run_one()
-                    progressed = True
+        streams = self._all_cpu_streams()
+        if self.mode == "threaded":
+            for s in streams:
+                s.synchronize()
+            self._raise_worker_error()
+            return
+        while True:
+            live = [s for s in streams if s.pending]
+            if not live:
+                return
+            self._rng.choice(live)._run_one()
 
-    def sleep(self, stream: Stream, seconds: float) -> None:
-        """Occupy ``stream`` for ``seconds``: a GPU spin kernel, or a wall-clock wait on CPU."""
+    def _progress(self) -> None:
+        """Deferred mode: let a few queued operations of random streams run."""
+        if self._progressing:
+            return
+        self._progressing = True
+        try:
+            for _ in range(self._rng.randint(0, self._progress_ops)):
+                live = [s for s in self._all_cpu_streams() if s.pending]
+                if not live:
+                    break
+                self._rng.choice(live)._run_one()
+        finally:
+            self._progressing = False
+
+    def _raise_worker_error(self) -> None:
+        if self._worker_errors:
+            exc = self._worker_errors.pop(0)
+            raise RuntimeError(f"an operation on a CPU stream failed: {exc!r}") from exc
+
+    # --- emulated compute
+
+    def sleep(self, stream: Stream, seconds: float, *, until: float | None = None) -> None:
+        """Occupy ``stream`` for ``seconds``: a GPU spin kernel, or a wait on CPU (until
+        clock time ``until`` when given, so work queued before it is absorbed)."""
         if seconds <= 0:
             return
         if self.is_cuda:
-            cycles = int(seconds * self._gpu_cycles_per_s())
-            stream.run(lambda: torch.cuda._sleep(cycles))
-        else:
-            stream.run(lambda: _precise_sleep(seconds, self.clock))
+            rate = self._gpu_sleep_rate()
+            raw = as_cuda_stream(stream).raw
+            rate.sleep(raw, seconds)
+            return
+        clock = self.clock
+
+        def wait() -> None:
+            _sleep_until(until if until is not None else clock() + seconds, clock)
+
+        stream.run(wait)
 
     # --- CUDA helpers
 
@@ -316,26 +509,28 @@ class Device:
             self._ref = (ev, self.clock())
         return self._ref
 
-    def _gpu_cycles_per_s(self) -> float:
-        if self._cycles_per_s is None:
-            raw = as_cuda_stream(self.compute_stream).raw
-            cycles = 20_000_000
-            with torch.cuda.stream(raw):
-                torch.cuda._sleep(1000)  # warm-up
-                a = torch.cuda.Event(enable_timing=True)
-                b = torch.cuda.Event(enable_timing=True)
-                a.record(raw)
-                torch.cuda._sleep(cycles)
-                b.record(raw)
-            b.synchronize()
-            self._cycles_per_s = cycles / (a.elapsed_time(b) / 1e3)
-        return self._cycles_per_s
+    def _gpu_sleep_rate(self) -> SleepRate:
+        if self._sleep_rate is None:
+            from real.sleep_clock import cuda_sleep_rate
+
+            self._sleep_rate = cuda_sleep_rate(as_cuda_stream(self.compute_stream).raw)
+        return self._sleep_rate
 
 
-def _precise_sleep(seconds: float, clock: Clock) -> None:
-    """Sleep most of the way, then spin, so short compute steps keep their length."""
-    end = clock() + seconds
-    if seconds > 0.002:
-        time.sleep(seconds - 0.001)
-    while clock() < end:
-        pass
+def cpu_stand_in(mode: str = "threaded", *, clock: Clock | None = None) -> Device:
+    """The CPU device the command line runs on without CUDA: threaded streams; one
+    intra-op thread per torch call, so each stream thread is one copy engine instead of
+    every copy fanning out over all cores while the others run; and a short GIL switch
+    interval, so a stream thread issues its next copy soon after the last one returns
+    instead of waiting up to 5 ms for the engine's thread (a DMA engine never waits for
+    the host). Both are process-wide; calibration and validation get the same ones."""
+    torch.set_num_threads(1)
+    sys.setswitchinterval(CPU_SWITCH_INTERVAL_S)
+    return Device("cpu", mode=mode, clock=clock)
+
+
+def _sleep_until(end: float, clock: Clock) -> None:
+    """Sleep until clock time ``end``. Never spin: a spinning Python thread holds the GIL
+    and would slow the stream threads' copies, which need it between runs."""
+    while (left := end - clock()) > 0:
+        time.sleep(left)

@@ -1,11 +1,16 @@
 """The host (CPU tier) pool: one region of ``num_chunks`` padded rows, pinned in pieces.
 
 The row size is vLLM's ``kv_bytes_per_chunk`` (the raw chunk rounded up to 4096 bytes,
-see :mod:`kvsim.sizing`), so the pool holds exactly the bytes vLLM would allocate: one
-``torch.empty`` with no power-of-two rounding (``pin_memory=True`` would round up).
+see :mod:`kvsim.sizing`), so the pool holds exactly the bytes vLLM would allocate, with
+no power-of-two rounding (``pin_memory=True`` would round up). The base is page-aligned
+(``torch.empty`` is only 64-byte aligned: pieces of a pool over 64 GiB would then start
+mid-page), and the pages are touched once up front (``prefault``) as vLLM pre-faults its
+region, so first-touch page faults never land inside a timed copy.
+
 On CUDA the region is page-locked with ``cudaHostRegister`` in row-aligned pieces of at
-most 64 GiB (one call over 512 GiB fails, vLLM issue #51080). Any failure unregisters the
-pieces already done; with ``require_pin`` it then raises, otherwise the pool stays
+most 64 GiB (one call over 512 GiB fails, vLLM issue #51080); copies never span two pieces
+(``piece_words``). Any failure unregisters the pieces already done, clears the CUDA error
+(:mod:`real.cuda_rt`); with ``require_pin`` it then raises, otherwise the pool stays
 pageable (transfers still work, only slower), as vLLM does.
 
 Within a row, sub-block ``j`` of layer ``l`` lives at
@@ -21,28 +26,38 @@ from dataclasses import dataclass
 import torch
 
 from kvsim.sizing import PAGE_ALIGNMENT, round_up
+from real.cuda_rt import PinError, host_register, host_unregister
 from real.kv_cache import BLOCK_FIRST, LAYER_MAJOR, LAYOUTS, KVGeometry
 
 MAX_REGISTER_BYTES = 64 << 30
+HOST_PAGE = 4096
 
 Register = Callable[[int, int], None]  # (pointer, bytes); raises on failure
 Unregister = Callable[[int], None]
 
+__all__ = ["HostLayout", "HostPool", "PinError", "aligned_empty", "keep_forever"]
 
-class PinError(RuntimeError):
-    """Page-locking the host pool failed (only raised with ``require_pin``)."""
+_LEAKED: list[object] = []  # memory a device may still be copying into: never freed
+
+
+def keep_forever(*objects: object) -> None:
+    """Never free these (a device may still be copying into them)."""
+    _LEAKED.extend(objects)
 
 
 def cuda_register(ptr: int, nbytes: int) -> None:
-    err = torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)
-    if int(err) != 0:
-        raise PinError(f"cudaHostRegister({nbytes} bytes) failed with error {int(err)}")
+    host_register(ptr, nbytes)
 
 
 def cuda_unregister(ptr: int) -> None:
-    err = torch.cuda.cudart().cudaHostUnregister(ptr)
-    if int(err) != 0:
-        raise PinError(f"cudaHostUnregister failed with error {int(err)}")
+    host_unregister(ptr)
+
+
+def aligned_empty(nbytes: int, dtype: torch.dtype, align: int = HOST_PAGE) -> torch.Tensor:
+    """An uninitialised CPU tensor of ``nbytes`` whose first byte is ``align``-aligned."""
+    raw = torch.empty(nbytes + align, dtype=torch.uint8)
+    start = -raw.data_ptr() % align
+    return raw[start : start + nbytes].view(dtype)
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,7 @@ class HostPool:
         max_piece_bytes: int = MAX_REGISTER_BYTES,
         register: Register | None = None,
         unregister: Unregister | None = None,
+        prefault: bool = True,
     ) -> None:
         if num_chunks <= 0:
             raise ValueError(f"num_chunks must be positive, got {num_chunks}")
@@ -100,7 +116,10 @@ class HostPool:
         self.layout = layout
         self.num_chunks = num_chunks
         self.nbytes = num_chunks * layout.row_bytes
-        self.data = torch.empty(num_chunks * layout.row_words, dtype=layout.geometry.dtype)
+        self.data = aligned_empty(self.nbytes, layout.geometry.dtype)
+        if prefault:
+            self.data.zero_()
+        self.rows_per_piece = max(1, max_piece_bytes // layout.row_bytes)
         self.pinned = False
         self.pin_error: str | None = None
         self.pieces: list[tuple[int, int]] = []  # (pointer, bytes) registered
@@ -109,20 +128,23 @@ class HostPool:
             self._pin(
                 register or cuda_register,
                 unregister or cuda_unregister,
-                max_piece_bytes,
                 require_pin,
             )
+
+    @property
+    def piece_words(self) -> int | None:
+        """Words per registration piece when the pool has several (no copy crosses one)."""
+        if self.rows_per_piece >= self.num_chunks:
+            return None
+        return self.rows_per_piece * self.layout.row_words
 
     @property
     def num_pieces(self) -> int:
         return len(self.pieces)
 
-    def _pin(
-        self, register: Register, unregister: Unregister, max_piece: int, require: bool
-    ) -> None:
+    def _pin(self, register: Register, unregister: Unregister, require: bool) -> None:
         self._unregister = unregister
-        rows_per_piece = max(1, max_piece // self.layout.row_bytes)
-        piece_bytes = rows_per_piece * self.layout.row_bytes
+        piece_bytes = self.rows_per_piece * self.layout.row_bytes
         base = self.data.data_ptr()
         try:
             for start in range(0, self.nbytes, piece_bytes):
@@ -155,6 +177,12 @@ class HostPool:
     def close(self) -> None:
         """Unregister every pinned piece; the pool must not be used afterwards."""
         self._unpin()
+
+    def leak(self) -> None:
+        """Keep the memory pinned and allocated for the life of the process: for when the
+        device may still be copying into it (waiting for it failed)."""
+        keep_forever(self.data)
+        self.pieces.clear()
 
     def __enter__(self) -> HostPool:
         return self

@@ -17,6 +17,7 @@ byte for byte wherever the bytes travelled.
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -73,22 +74,31 @@ def key_seed(key: object) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
-def pattern(
-    seed: int, num_layers: int, page_words: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """The deterministic ``[num_layers, page_words]`` contents of a block with this seed."""
-    x = torch.arange(num_layers * page_words, dtype=torch.int64, device=device)
-    x = x * _M1 + (seed * _M2 & 0x3FFFFFFFFFFFFFFF)
+def word_pattern(page_words: int, device: torch.device) -> torch.Tensor:
+    """A fixed hash of each word's index within a page (int64 ``[page_words]``)."""
+    x = torch.arange(page_words, dtype=torch.int64, device=device) * _M1
     x = x ^ (x >> 29)
     x = x * _M2
-    x = x ^ (x >> 32)
-    if dtype == torch.uint8:
-        x = x & 0xFF
-    return x.to(dtype).view(num_layers, page_words)
+    return x ^ (x >> 32)
+
+
+def key_terms(seeds: torch.Tensor, num_layers: int) -> torch.Tensor:
+    """Per (block, layer) int64 terms ``[n, num_layers]``: distinct per key and per layer."""
+    layers = (torch.arange(1, num_layers + 1, dtype=torch.int64, device=seeds.device)) * _M1
+    return seeds[:, None] * _M2 + layers[None, :]
 
 
 class GpuKVCache:
-    """``num_blocks`` blocks of ``geometry`` in ``layout`` on ``device`` (a torch device)."""
+    """``num_blocks`` blocks of ``geometry`` in ``layout`` on ``device`` (a torch device).
+
+    A block holding key ``k`` has word ``w`` of layer ``l`` equal to
+    ``word_pattern[w] ^ key_terms(seed(k))[l]``: every word differs between keys, layers
+    and positions, and a whole job's blocks are filled or checked with a handful of
+    batched operations (:meth:`fill_many`, :meth:`mismatch_counts`), whatever its size.
+    """
+
+    #: at most this many bytes of blocks per batched operation (bounds temporaries)
+    GROUP_BYTES = 64 << 20
 
     def __init__(
         self,
@@ -112,10 +122,17 @@ class GpuKVCache:
             shape = (num_blocks, g.num_layers, g.page_words)
         self.data = torch.zeros(shape, dtype=g.dtype, device=self.device)
         self.flat = self.data.view(-1)
+        self._block_dim = 1 if layout == LAYER_MAJOR else 0
+        self._words: torch.Tensor | None = None
+        self._local = threading.local()
 
     @property
     def nbytes(self) -> int:
         return self.num_blocks * self.geometry.block_bytes
+
+    @property
+    def group_blocks(self) -> int:
+        return max(1, self.GROUP_BYTES // self.geometry.block_bytes)
 
     def block_view(self, block: int) -> torch.Tensor:
         """Block ``block`` as ``[num_layers, page_words]`` (strided in layer-major)."""
@@ -130,19 +147,94 @@ class GpuKVCache:
             return (layer * self.num_blocks + block) * g.page_words
         return (block * g.num_layers + layer) * g.page_words
 
-    def expected(self, key: object) -> torch.Tensor:
+    # --- patterns, batched
+
+    def _word_pattern(self) -> torch.Tensor:
+        if self._words is None:
+            self._words = word_pattern(self.geometry.page_words, self.device)
+        return self._words
+
+    def _scratch(self, slot: int, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """A reusable int64 buffer of ``shape`` for this thread (CPU only: fresh large CPU
+        allocations are page-faulted in every time, which a GPU's caching allocator avoids;
+        stream threads run concurrently, so each has its own)."""
+        if self.device.type != "cpu" or self.geometry.dtype != torch.int64:
+            return None
+        bufs: dict[int, torch.Tensor] | None = getattr(self._local, "bufs", None)
+        if bufs is None:
+            bufs = self._local.bufs = {}
+        n = 1
+        for d in shape:
+            n *= d
+        buf = bufs.get(slot)
+        if buf is None or buf.numel() < n:
+            buf = bufs[slot] = torch.empty(n, dtype=torch.int64)
+        return buf[:n].view(shape)
+
+    def native_expected(self, seeds: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The contents of blocks with these seeds, in the cache's own order
+        (``[n, L, P]`` block-first, ``[L, n, P]`` layer-major); ``out``: ``[n, L, P]``."""
         g = self.geometry
-        return pattern(key_seed(key), g.num_layers, g.page_words, g.dtype, self.device)
+        words = self._word_pattern()[None, None, :]
+        terms = key_terms(seeds, g.num_layers)[:, :, None]
+        if g.dtype == torch.uint8:
+            x = ((words ^ terms) & 0xFF).to(torch.uint8)
+        elif out is not None:
+            x = torch.bitwise_xor(words, terms, out=out)
+        else:
+            x = words ^ terms
+        return x.transpose(0, 1) if self.layout == LAYER_MAJOR else x
+
+    def _group_shape(self, n: int) -> tuple[int, int, int]:
+        g = self.geometry
+        return (n, g.num_layers, g.page_words)
+
+    def fill_many(self, blocks: torch.Tensor, seeds: torch.Tensor) -> None:
+        """Write each block's key pattern (``blocks``, ``seeds``: int64 on the device)."""
+        step = self.group_blocks
+        for i in range(0, int(blocks.numel()), step):
+            part = seeds[i : i + step]
+            out = self._scratch(0, self._group_shape(int(part.numel())))
+            vals = self.native_expected(part, out)
+            self.data.index_copy_(self._block_dim, blocks[i : i + step], vals)
+
+    def mismatch_counts(self, blocks: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        """Bytes of each block that differ from its key pattern (int64 ``[n]``, on the
+        device: nothing here waits for the device)."""
+        step = self.group_blocks
+        sums = (1, 2) if self.layout == BLOCK_FIRST else (0, 2)
+        parts = []
+        for i in range(0, int(blocks.numel()), step):
+            part, idx = seeds[i : i + step], blocks[i : i + step]
+            shape = self._group_shape(int(part.numel()))
+            want = self.native_expected(part, self._scratch(1, shape))
+            got_out = self._scratch(2, tuple(want.shape))
+            if got_out is not None:
+                got = torch.index_select(self.data, self._block_dim, idx, out=got_out)
+            else:
+                got = self.data.index_select(self._block_dim, idx)
+            diff = got.bitwise_xor_(want)  # zero where intact
+            if diff.dtype != torch.uint8:
+                diff = diff.view(torch.uint8)
+            parts.append((diff != 0).sum(dim=sums))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    # --- one block (tests, tools)
+
+    def _seed_tensor(self, key: object) -> torch.Tensor:
+        return torch.tensor([key_seed(key)], dtype=torch.int64, device=self.device)
+
+    def expected(self, key: object) -> torch.Tensor:
+        """The ``[num_layers, page_words]`` contents of a block holding ``key``."""
+        x = self.native_expected(self._seed_tensor(key))
+        return x[:, 0] if self.layout == LAYER_MAJOR else x[0]
 
     def fill(self, block: int, key: object) -> None:
         """Write the pattern of ``key`` into ``block`` (emulates the compute that made it)."""
-        self.block_view(block).copy_(self.expected(key))
+        idx = torch.tensor([block], dtype=torch.int64, device=self.device)
+        self.fill_many(idx, self._seed_tensor(key))
 
     def mismatched_bytes(self, block: int, key: object) -> int:
         """Bytes of ``block`` that differ from the pattern of ``key`` (0 when intact)."""
-        got = self.block_view(block)
-        want = self.expected(key)
-        if got.dtype != torch.uint8:
-            got = got.contiguous().view(torch.uint8)
-            want = want.view(torch.uint8)
-        return int((got != want).sum().item())
+        idx = torch.tensor([block], dtype=torch.int64, device=self.device)
+        return int(self.mismatch_counts(idx, self._seed_tensor(key)).sum().item())

@@ -1,23 +1,33 @@
 """The real transfer backend: the engine's submit / poll / wait protocol over real copies.
 
 One side stream per direction (store, load, expedited load), so each direction runs its
-jobs strictly FIFO while the directions overlap (PCIe is full duplex). Per job:
+jobs strictly FIFO while the directions overlap (PCIe is full duplex). Per job, as vLLM
+0.33's ``SingleDirectionOffloadingHandler.transfer_async`` does:
 
 1. the GPU blocks and host chunks are paired as vLLM does (the job's blocks fill the
    *last* ``len(gpu_blocks)`` sub-blocks of its chunks, so a partial first chunk skips
    its head);
 2. one page descriptor per (block, layer) is built, then runs contiguous on both sides
-   are merged into a single ``copy_`` (one DMA each on CUDA);
-3. a store waits for the compute stream (the KV it reads was written there); any job
-   waits for in-flight jobs of other directions that touch the same GPU block or host
-   chunk with a conflicting access, so memory is never reused before its copy's event;
+   are merged (never across a host registration piece) and handed to the device's copy
+   path (one batched ``cuMemcpyBatchAsync`` on CUDA, see :mod:`real.copy_path`);
+3. the job's stream waits for the compute stream, loads included (vLLM: pending writes
+   to the destination blocks, e.g. zeroing, come first); a job also waits for in-flight
+   jobs of other directions that touch the same GPU block or host chunk with a
+   conflicting access, so memory is never reused before an earlier job is done with it.
+   The compute stream never waits for loads: like vLLM's scheduler, the engine runs a
+   request only after ``poll`` reported its load finished;
 4. start and end events are recorded around the copies; ``poll`` reports a direction's
    head only once its end event completed, so completions are in submission order;
 5. a copy that raises ends the job with ``success=False`` (the engine then calls
    ``complete_store(success=False)``, which frees the chunk).
 
-After every successful load each destination block is compared byte for byte with the
-pattern of its key (see :mod:`real.kv_cache`); the counts land in ``integrity``.
+Integrity: a store first writes its blocks' key patterns on the compute stream (emulating
+the forward that computed them; one batched fill per job). A load enqueues, right behind
+its copies on its own stream, one batched comparison of all its blocks with their
+patterns; the per-block mismatch counts go to host memory (pinned on CUDA) and a ``done``
+event is recorded after them. ``poll`` reads the counts only once that event completed,
+so nothing in ``poll`` waits for the device, and a later job into the same block (which
+waits for ``done``) can never be checked in its place.
 """
 
 from __future__ import annotations
@@ -25,18 +35,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvsim.engine.transfer_protocol import DIRECTIONS, STORE, TransferJob, TransferResult
-from real.device import Device, Event, Stream, as_cuda_stream
+from real.copy_path import CopyPath, Run
+from real.device import Device, Event, Stream
 from real.host_pool import HostPool
-from real.kv_cache import GpuKVCache
+from real.kv_cache import GpuKVCache, key_seed
 
 Fault = Callable[[TransferJob], bool]
 Pair = tuple[int, int, int, object]  # (gpu block, chunk, sub-block, identity or None)
 Resource = tuple[str, int]  # ("g", gpu block) or ("h", chunk)
-Run = tuple[int, int, int]  # (dst, src, words)
 
 
 class InjectedCopyError(RuntimeError):
@@ -65,7 +78,7 @@ class JobRecord:
     nbytes: int  # bytes actually copied (blocks x block bytes)
     blocks: int
     descriptors: int  # page copies before coalescing (blocks x layers or blocks)
-    copies: int  # copy_ calls after coalescing
+    copies: int  # descriptors handed to the copy path after coalescing
     submit_time: float
     start_time: float = 0.0
     end_time: float = 0.0
@@ -80,27 +93,62 @@ class JobRecord:
 
 
 @dataclass
+class _Check:
+    """A load's pending byte check: counts land in ``out`` (host) before ``done`` fires."""
+
+    out: torch.Tensor
+    unchecked: int
+
+
+@dataclass
 class _InFlight:
     job: TransferJob
     pairs: list[Pair]
     record: JobRecord
     start: Event
     end: Event
+    done: Event  # after the copies and the job's check: its memory is free again
     resources: list[tuple[Resource, bool]] = field(default_factory=list)
     error: str | None = None
+    check: _Check | None = None
+    finished: bool = False  # its result was handed out (poll / wait)
 
 
-def coalesce(descs: Sequence[Run]) -> list[Run]:
-    """Merge ``(dst, src, size)`` descriptors that continue the previous one on both sides."""
+def coalesce(descs: Sequence[Run], piece_words: int | None = None, host_side: int = 0) -> list[Run]:
+    """Merge ``(dst, src, size)`` descriptors that continue the previous one on both sides;
+    never across a multiple of ``piece_words`` on the host side (index ``host_side``)."""
     runs: list[list[int]] = []
     for dst, src, size in descs:
         if runs:
             last = runs[-1]
             if last[0] + last[2] == dst and last[1] + last[2] == src:
-                last[2] += size
-                continue
+                here = (dst, src)[host_side]
+                if piece_words is None or here % piece_words != 0:
+                    last[2] += size
+                    continue
         runs.append([dst, src, size])
     return [(d, s, n) for d, s, n in runs]
+
+
+def coalesce_arrays(
+    dst: npt.NDArray[np.int64],
+    src: npt.NDArray[np.int64],
+    size: int,
+    piece_words: int | None = None,
+    host_side: int = 0,
+) -> list[Run]:
+    """:func:`coalesce` for descriptors of one ``size``, vectorised."""
+    n = len(dst)
+    if n == 0:
+        return []
+    brk = np.ones(n, dtype=bool)
+    brk[1:] = (dst[1:] != dst[:-1] + size) | (src[1:] != src[:-1] + size)
+    if piece_words is not None:
+        here = (dst, src)[host_side]
+        brk[1:] |= here[1:] % piece_words == 0
+    starts = np.flatnonzero(brk)
+    lengths = np.diff(np.append(starts, n)) * size
+    return list(zip(dst[starts].tolist(), src[starts].tolist(), lengths.tolist()))
 
 
 class RealTransferBackend:
@@ -115,6 +163,7 @@ class RealTransferBackend:
         fill_on_store: bool = True,
         verify_loads: bool = True,
         fault: Fault | None = None,
+        copy_path: CopyPath | None = None,
     ) -> None:
         if gpu_cache.geometry != host_pool.layout.geometry:
             raise ValueError("the GPU cache and the host pool have different block geometry")
@@ -125,12 +174,13 @@ class RealTransferBackend:
         self.fill_on_store = fill_on_store
         self.verify_loads = verify_loads
         self.fault = fault
-        self.streams = {d: device.new_stream(d) for d in DIRECTIONS}
+        self.copy_path = copy_path or device.copy_path()
+        self.streams = {d: device.stream(d) for d in DIRECTIONS}
         self._queues: dict[str, deque[_InFlight]] = {d: deque() for d in DIRECTIONS}
         self._by_id: dict[int, _InFlight] = {}
         self._touching: dict[Resource, list[tuple[_InFlight, bool]]] = {}
+        self._unsettled: list[_InFlight] = []  # done event not yet seen
         self._ready: list[TransferResult] = []
-        self._compute_ordered: set[int] = set()
         self.integrity = Integrity()
         self.records: list[JobRecord] = []
 
@@ -161,19 +211,34 @@ class RealTransferBackend:
             pairs.append((b, c, sub, ident))
         return pairs
 
-    def _descriptors(self, pairs: Sequence[Pair], to_host: bool) -> list[Run]:
-        """Page descriptors ``(dst, src, words)`` in an order that lets runs merge."""
+    def _descriptors(
+        self, pairs: Sequence[Pair], to_host: bool
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Page descriptors as (dst, src) word offsets, each ``page_words`` long, in an
+        order that lets runs merge (numpy, as vLLM builds its descriptor arrays)."""
         g = self.gpu.geometry
-        gpu_off, host_off = self.gpu.page_offset, self.host.layout.page_offset
-        descs: list[Run] = []
-        if self.gpu.layout == "layer_major":
-            order = [(layer, p) for layer in range(g.num_layers) for p in pairs]
-        else:
-            order = [(layer, p) for p in pairs for layer in range(g.num_layers)]
-        for layer, (b, c, sub, _) in order:
-            go, ho = gpu_off(b, layer), host_off(c, sub, layer)
-            descs.append((ho, go, g.page_words) if to_host else (go, ho, g.page_words))
-        return descs
+        blocks = np.array([p[0] for p in pairs], dtype=np.int64)
+        chunks = np.array([p[1] for p in pairs], dtype=np.int64)
+        subs = np.array([p[2] for p in pairs], dtype=np.int64)
+        layers = np.arange(g.num_layers, dtype=np.int64)
+        if self.gpu.layout == "layer_major":  # layer outer, block inner
+            b, c, j, layer = blocks[None, :], chunks[None, :], subs[None, :], layers[:, None]
+        else:  # block outer, layer inner
+            b, c, j, layer = blocks[:, None], chunks[:, None], subs[:, None], layers[None, :]
+        shape = np.broadcast_shapes(b.shape, layer.shape)
+        # the scalar offset functions are plain arithmetic, so they take arrays too
+        gpu_page: Any = self.gpu.page_offset
+        host_page: Any = self.host.layout.page_offset
+        gpu_off = np.broadcast_to(gpu_page(b, layer), shape).ravel()
+        host_off = np.broadcast_to(host_page(c, j, layer), shape).ravel()
+        return (host_off, gpu_off) if to_host else (gpu_off, host_off)
+
+    def _runs(self, pairs: Sequence[Pair], to_host: bool) -> tuple[int, list[Run]]:
+        dst, src = self._descriptors(pairs, to_host)
+        runs = coalesce_arrays(
+            dst, src, self.gpu.geometry.page_words, self.host.piece_words, 0 if to_host else 1
+        )
+        return len(dst), runs
 
     # ------------------------------------------------------------------ hazards
 
@@ -210,34 +275,60 @@ class RealTransferBackend:
             for other, _ in self._touching.get(("g", b), ()):
                 if other.job.job_id not in seen:
                     seen.add(other.job.job_id)
-                    stream.wait_event(other.end)
+                    stream.wait_event(other.done)
+
+    def busy_gpu_blocks(self) -> set[int]:
+        """GPU blocks an unfinished job still reads or writes."""
+        return {i for kind, i in self._touching if kind == "g"}
+
+    def busy_chunks(self) -> set[int]:
+        """Host chunks an unfinished job still reads or writes."""
+        return {i for kind, i in self._touching if kind == "h"}
+
+    # ------------------------------------------------------------------ device tensors
+
+    def _index_tensors(self, pairs: Sequence[Pair]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Host int64 tensors of the keyed blocks and their seeds (pinned on CUDA)."""
+        keyed = [(b, key_seed(ident)) for b, _, _, ident in pairs if ident is not None]
+        blocks = torch.tensor([b for b, _ in keyed], dtype=torch.int64)
+        seeds = torch.tensor([s for _, s in keyed], dtype=torch.int64)
+        if self.device.is_cuda:
+            blocks, seeds = blocks.pin_memory(), seeds.pin_memory()
+        return blocks, seeds, len(pairs) - len(keyed)
+
+    def _on_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device.torch_device, non_blocking=True)
 
     # ------------------------------------------------------------------ compute side
 
-    def fill_blocks(self, gpu_blocks: Sequence[int], idents: Sequence[object]) -> None:
-        """Emulate compute writing these blocks: their key patterns, on the compute stream."""
+    def fill_blocks(self, pairs: Sequence[Pair]) -> None:
+        """Emulate compute writing these blocks: their key patterns, on the compute stream,
+        in one batched operation per job."""
         compute = self.device.compute_stream
-        self.wait_blocks_free(compute, gpu_blocks)
-        gpu = self.gpu
-        items = [(b, i) for b, i in zip(gpu_blocks, idents) if i is not None]
+        self.wait_blocks_free(compute, [p[0] for p in pairs])
+        blocks, seeds, _ = self._index_tensors(pairs)
+        if not blocks.numel():
+            return
+        gpu, on_device = self.gpu, self._on_device
 
         def fill() -> None:
-            for b, ident in items:
-                gpu.fill(b, ident)
+            gpu.fill_many(on_device(blocks), on_device(seeds))
 
         compute.run(fill)
 
-    def order_compute_after_loads(self) -> None:
-        """Compute enqueued from now on reads loaded blocks only after their copies."""
-        compute = self.device.compute_stream
-        for direction in DIRECTIONS:
-            if direction == STORE:
-                continue
-            for inflight in self._queues[direction]:
-                jid = inflight.job.job_id
-                if jid not in self._compute_ordered:
-                    self._compute_ordered.add(jid)
-                    compute.wait_event(inflight.end)
+    def _enqueue_check(self, stream: Stream, pairs: Sequence[Pair]) -> _Check:
+        blocks, seeds, unchecked = self._index_tensors(pairs)
+        n = int(blocks.numel())
+        out = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.is_cuda)
+        if n:
+            gpu, on_device = self.gpu, self._on_device
+
+            def check() -> None:
+                counts = gpu.mismatch_counts(on_device(blocks), on_device(seeds))
+                out.copy_(counts, non_blocking=True)
+
+            stream.run(check)
+        return _Check(out, unchecked)
 
     # ------------------------------------------------------------------ protocol
 
@@ -248,50 +339,64 @@ class RealTransferBackend:
             raise ValueError(f"job id {job.job_id} is already in flight")
         pairs = self._pairs(job)
         to_host = job.direction == STORE
-        descs = self._descriptors(pairs, to_host)
-        runs = coalesce(descs)
+        n_descs, runs = self._runs(pairs, to_host)
         record = JobRecord(
             job.job_id,
             job.direction,
             len(pairs) * self.gpu.geometry.block_bytes,
             len(pairs),
-            len(descs),
+            n_descs,
             len(runs),
             submit_time=self.device.clock(),
             keys=tuple(job.keys),
         )
         stream = self.streams[job.direction]
-        if to_host:
-            if self.fill_on_store:
-                self.fill_blocks([p[0] for p in pairs], [p[3] for p in pairs])
-            stream.wait_stream(self.device.compute_stream)
+        if to_host and self.fill_on_store:
+            self.fill_blocks(pairs)
+        stream.wait_stream(self.device.compute_stream)
         resources = self._resources(job.direction, pairs)
-        for other in self._conflicts(job.direction, resources):
-            stream.wait_event(other.end)
+        conflicts = self._conflicts(job.direction, resources)
+        for other in conflicts:
+            stream.wait_event(other.done)
         start, end = self.device.new_event(), self.device.new_event()
-        inflight = _InFlight(job, pairs, record, start, end, resources)
-        inflight.start.record(stream)
-        stream.run(self._copy_fn(inflight, runs, to_host))
-        inflight.end.record(stream)
+        inflight = _InFlight(job, pairs, record, start, end, end, resources)
+        start.record(stream)
+        chunks = {c for _, c, _, _ in pairs}
+        stable = not to_host and not any(  # nothing in flight writes the source chunks
+            o.job.direction == STORE and chunks & {c for _, c, _, _ in o.pairs} for o in conflicts
+        )
+        stream.run(self._copy_fn(inflight, runs, to_host, stream, stable))
+        end.record(stream)
+        if not to_host and self.verify_loads:
+            inflight.check = self._enqueue_check(stream, pairs)
+            inflight.done = self.device.new_event()
+            inflight.done.record(stream)
         for res, writes in inflight.resources:
             self._touching.setdefault(res, []).append((inflight, writes))
         self._queues[job.direction].append(inflight)
         self._by_id[job.job_id] = inflight
+        self._unsettled.append(inflight)
 
     def _copy_fn(
-        self, inflight: _InFlight, runs: Sequence[Run], to_host: bool
+        self,
+        inflight: _InFlight,
+        runs: Sequence[Run],
+        to_host: bool,
+        stream: Stream,
+        stable_source: bool,
     ) -> Callable[[], None]:
         gpu_flat, host_flat = self.gpu.flat, self.host.data
         dst, src = (host_flat, gpu_flat) if to_host else (gpu_flat, host_flat)
-        non_blocking = self.device.is_cuda
+        path = self.copy_path
         fail = self.fault is not None and self.fault(inflight.job)
 
         def copy() -> None:
             try:
-                for i, (d, s, n) in enumerate(runs):
-                    if fail and i >= len(runs) // 2:
-                        raise InjectedCopyError(f"injected failure in job {inflight.job.job_id}")
-                    dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
+                if fail:
+                    half = runs[: len(runs) // 2]
+                    path.copy(dst, src, half, stream=stream, stable_source=stable_source)
+                    raise InjectedCopyError(f"injected failure in job {inflight.job.job_id}")
+                path.copy(dst, src, runs, stream=stream, stable_source=stable_source)
             except Exception as exc:  # a failed copy is a result, not a crash
                 inflight.error = f"{type(exc).__name__}: {exc}"
 
@@ -303,11 +408,8 @@ class RealTransferBackend:
         rec.end_time = inflight.end.time()
         rec.success = inflight.error is None
         rec.error = inflight.error
-        if rec.success and job.direction != STORE and self.verify_loads:
-            self._verify(inflight)
-        self._release(inflight)
+        inflight.finished = True
         self._by_id.pop(job.job_id, None)
-        self._compute_ordered.discard(job.job_id)
         self.records.append(rec)
         return TransferResult(
             job.job_id,
@@ -319,23 +421,28 @@ class RealTransferBackend:
             job.submit_time,
         )
 
-    def _verify(self, inflight: _InFlight) -> None:
-        integ, rec = self.integrity, inflight.record
-        stream = self.streams[inflight.job.direction]
-        for b, _, _, ident in inflight.pairs:
-            if ident is None:
-                integ.unchecked_blocks += 1
+    def _settle(self, block: bool = False) -> None:
+        """Account the checks of finished jobs whose ``done`` event completed, and free
+        their memory (a job's memory stays busy until its result was handed out, too)."""
+        left = []
+        for inflight in self._unsettled:
+            if block:
+                inflight.done.synchronize()
+            if not inflight.finished or not inflight.done.query():
+                left.append(inflight)
                 continue
-            if self.device.is_cuda:  # after the copy on its own stream; .item() waits for it
-                with torch.cuda.stream(as_cuda_stream(stream).raw):
-                    bad = self.gpu.mismatched_bytes(b, ident)
-            else:  # the end event fired, so the bytes are in place; later queued work has not run
-                bad = self.gpu.mismatched_bytes(b, ident)
-            integ.checked_blocks += 1
-            if bad:
-                integ.mismatched_blocks += 1
-                integ.mismatched_bytes += bad
-                rec.mismatched_blocks += 1
+            check = inflight.check
+            if check is not None and inflight.error is None:
+                counts = check.out.numpy()
+                bad = int((counts > 0).sum())
+                integ = self.integrity
+                integ.checked_blocks += int(counts.size)
+                integ.unchecked_blocks += check.unchecked
+                integ.mismatched_blocks += bad
+                integ.mismatched_bytes += int(counts.sum())
+                inflight.record.mismatched_blocks = bad
+            self._release(inflight)
+        self._unsettled = left
 
     def poll(self, now: float) -> list[TransferResult]:
         out, self._ready = self._ready, []
@@ -343,20 +450,22 @@ class RealTransferBackend:
             q = self._queues[direction]
             while q and q[0].end.query():
                 out.append(self._finish(q.popleft()))
+        self._settle()
         return out
 
     def wait(self, job_ids: Sequence[int], now: float) -> tuple[float, list[TransferResult]]:
-        """Block on the jobs' end events; like the simulated backend, the results are
-        returned here *and* still reported once by the next ``poll``."""
+        """Block on the jobs (copies and checks); like the simulated backend, the results
+        are returned here *and* still reported once by the next ``poll``."""
         wanted = set(job_ids)
         for jid in wanted:
             inflight = self._by_id.get(jid)
             if inflight is not None:
-                inflight.end.synchronize()
+                inflight.done.synchronize()
         for direction in DIRECTIONS:
             q = self._queues[direction]
             while q and q[0].end.query():
                 self._ready.append(self._finish(q.popleft()))
+        self._settle()
         return self.device.clock(), [r for r in self._ready if r.job_id in wanted]
 
     def next_completion_time(self) -> float | None:
@@ -369,7 +478,8 @@ class RealTransferBackend:
         return len(self._by_id)
 
     def drain(self) -> list[TransferResult]:
-        """Wait for every job; returns the results not yet reported."""
+        """Wait for every job and check; returns the results not yet reported."""
         self.wait(list(self._by_id), self.device.clock())
+        self._settle(block=True)
         out, self._ready = self._ready, []
         return out

@@ -4,8 +4,13 @@
    calibrated profile when given);
 2. **real**: monotonic clock, :class:`RealTransferBackend` moving the KV bytes between a
    paged GPU cache and the pinned host pool; the forward pass is emulated with the
-   modelled duration (a sleep kernel on the compute stream on CUDA, so copies overlap as
-   in serving; on CPU the engine's clock waits).
+   modelled duration (:mod:`real.compute`: a sleep on the compute stream of an
+   asynchronous device, so copies overlap compute as in serving).
+
+On CUDA the host pool must be page-locked (an unpinned pool would measure staged,
+synchronous copies) unless ``allow_unpinned``; on CPU the pool and the stand-in GPU cache
+must fit the memory available (:mod:`real.machine`). Memory is released only once the
+device is idle, even after an error (:mod:`real.lifetime`).
 
 Both runs build their own manager and policy objects from the same config, with the same
 engine parameters, compute model and GPU block count. The report compares per-request hit
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +31,7 @@ import pandas as pd
 
 from kvsim.api import make_options
 from kvsim.engine.clock import MonotonicClock, VirtualClock
-from kvsim.engine.compute_model import ComputeParams, RooflineCompute, StepBatch
+from kvsim.engine.compute_model import ComputeParams, RooflineCompute
 from kvsim.engine.engine import Engine, gpu_kv_blocks
 from kvsim.engine.params import EngineParams
 from kvsim.engine.transfer_model import TransferModelParams, get_link
@@ -35,9 +40,12 @@ from kvsim.hardware import get_gpu
 from kvsim.models import ModelSpec, get_model
 from kvsim.traces import as_trace
 from real import compare
+from real.compute import EmulatedCompute
 from real.device import Device
-from real.host_pool import HostLayout, HostPool
+from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import LAYER_MAJOR, LAYOUTS, GpuKVCache, KVGeometry
+from real.lifetime import release_when_idle
+from real.machine import check_fits
 from real.transfer import Fault, RealTransferBackend
 
 if TYPE_CHECKING:
@@ -67,6 +75,7 @@ class ValidationSpec:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     seed: int = 0
+    allow_unpinned: bool = False  # on CUDA, run even if page-locking the pool fails
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -97,27 +106,6 @@ class ValidationSpec:
         """About 40 s on one H200: the Bailian sample with llama-3.1-8b (2 MiB blocks), a
         16 GiB pinned tier and a GPU cache tight enough that later turns load from it."""
         return cls(cpu_gib=16.0, limit=None, gpu_blocks=60, time_scale=0.25)
-
-
-class _ComputeOnDevice:
-    """The modelled step time; on CUDA also a sleep kernel on the compute stream, issued
-    after ordering the compute stream behind in-flight loads (compute reads loaded KV)."""
-
-    def __init__(
-        self,
-        inner: Callable[[StepBatch], float],
-        device: Device,
-        backend: RealTransferBackend | None,
-        scale: float,
-    ) -> None:
-        self.inner, self.device, self.backend, self.scale = inner, device, backend, scale
-
-    def __call__(self, batch: StepBatch) -> float:
-        dur = self.inner(batch) * self.scale
-        if self.backend is not None and self.device.is_cuda and dur > 0:
-            self.backend.order_compute_after_loads()
-            self.device.sleep(self.device.compute_stream, dur)
-        return dur
 
 
 @dataclass
@@ -248,9 +236,12 @@ def run_validation(
     params: TransferModelParams | None = None,
     fault: Fault | None = None,
     pin: bool | None = None,
+    register: Register | None = None,
+    unregister: Unregister | None = None,
 ) -> ValidationReport:
     """Run ``trace`` simulated then real, and compare. ``params`` is the link model
-    (default: the GPU preset's link); ``fault`` injects copy failures (tests)."""
+    (default: the GPU preset's link); ``fault`` injects copy failures, ``register`` /
+    ``unregister`` stand in for ``cudaHostRegister`` (tests)."""
     device = device or Device.auto()
     model: ModelSpec = spec.model if isinstance(spec.model, ModelSpec) else get_model(spec.model)
     if isinstance(spec.model, ModelSpec) and spec.cpu_chunks is None:
@@ -291,30 +282,42 @@ def run_validation(
     eparams = EngineParams(**{**base.as_dict(), "gpu_blocks": n_blocks})
     roofline = RooflineCompute(model, ComputeParams.for_gpu(gpu))
 
-    # 1. simulated
-    sim = Engine(
-        config,
-        eparams,
-        model=model,
-        gpu=gpu,
-        transfer=link,
-        clock=VirtualClock(),
-        compute=_ComputeOnDevice(roofline, device, None, spec.compute_scale),
-    ).run(requests)
-    sim_req, sim_tr = sim.recorder.request_table(), sim.recorder.transfer_table()
-
-    # 2. real
-    gpu_cache = GpuKVCache(geometry, n_blocks, spec.layout, device.torch_device)
+    # memory first: refuse (one line) before simulating what could not run for real
+    host_layout = HostLayout(geometry, layout.units_per_chunk, spec.layout)
+    host_bytes = config.num_chunks * host_layout.row_bytes
+    on_host = host_bytes + (0 if device.is_cuda else n_blocks * geometry.block_bytes)
+    check_fits(on_host, "the host pool" + ("" if device.is_cuda else " and the CPU KV cache"))
+    pin = device.is_cuda if pin is None else pin
     host = HostPool(
-        HostLayout(geometry, layout.units_per_chunk, spec.layout),
+        host_layout,
         config.num_chunks,
-        pin=device.is_cuda if pin is None else pin,
+        pin=pin,
+        require_pin=pin and not spec.allow_unpinned,
+        register=register,
+        unregister=unregister,
     )
+    gpu_cache: GpuKVCache | None = None
+    backend: RealTransferBackend | None = None
     try:
+        gpu_cache = GpuKVCache(geometry, n_blocks, spec.layout, device.torch_device)
+
+        # 1. simulated
+        sim = Engine(
+            config,
+            eparams,
+            model=model,
+            gpu=gpu,
+            transfer=link,
+            clock=VirtualClock(),
+            compute=EmulatedCompute(roofline, device, spec.compute_scale, enqueue=False),
+        ).run(requests)
+        sim_req, sim_tr = sim.recorder.request_table(), sim.recorder.transfer_table()
+
+        # 2. real
         clock = MonotonicClock()
         device.set_clock(clock.now)
         backend = RealTransferBackend(device, gpu_cache, host, fault=fault)
-        compute = _ComputeOnDevice(roofline, device, backend, spec.compute_scale)
+        compute = EmulatedCompute(roofline, device, spec.compute_scale, clock=clock.now)
         real = Engine(
             config,
             eparams,
@@ -330,7 +333,8 @@ def run_validation(
         wall = clock.now()
         pinned = host.pinned
     finally:
-        host.close()
+        release_when_idle(device, host, gpu_cache, backend)
+    assert backend is not None and gpu_cache is not None  # the try block completed
     real_req, real_tr = real.recorder.request_table(), real.recorder.transfer_table()
 
     sim_rows, real_rows = _request_rows(sim_req), _request_rows(real_req)

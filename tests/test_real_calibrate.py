@@ -10,8 +10,23 @@ from kvsim.cli import main
 from kvsim.engine.sim_backend import SimulatedTransferBackend
 from kvsim.engine.transfer_model import load_transfer_profile
 from kvsim.engine.transfer_protocol import STORE, TransferJob
-from real.calibrate import BOTH, D2H, H2D, KIB, Point, fit, to_profile
+from real.calibrate import BOTH, D2H, H2D, KIB, Point, fit, measure, to_profile
+from real.copy_path import TorchCopy
 from real.device import Device
+from real.host_pool import PinError
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """The CLI's CPU device sets process-wide threading knobs; undo them here."""
+    import sys
+
+    import torch
+
+    n, interval = torch.get_num_threads(), sys.getswitchinterval()
+    yield
+    torch.set_num_threads(n)
+    sys.setswitchinterval(interval)
 
 
 def test_fit_recovers_a_known_link():
@@ -73,3 +88,78 @@ def test_calibrate_rejects_cuda_without_cuda(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["calibrate", "--out", "/tmp/never.json", "--device", "cuda"])
     assert exc.value.code == 2 and "cuda" in capsys.readouterr().err
+
+
+class _Registrar:
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}
+
+    def register(self, ptr: int, nbytes: int) -> None:
+        self.live[ptr] = nbytes
+
+    def unregister(self, ptr: int) -> None:
+        del self.live[ptr]
+
+    def covers(self, t) -> bool:
+        a, n = t.data_ptr(), t.numel() * t.element_size()
+        return any(p <= a and a + n <= p + size for p, size in self.live.items())
+
+
+class _SpyPath(TorchCopy):
+    """The CPU copy path, recording every host tensor it was handed and the access order."""
+
+    def __init__(self, reg: _Registrar) -> None:
+        self.reg = reg
+        self.calls: list[tuple[bool, bool, bool]] = []
+
+    def copy(self, dst, src, runs, *, stream, stable_source):
+        d_ok = all(self.reg.covers(dst[a : a + n]) for a, _, n in runs)
+        s_ok = all(self.reg.covers(src[b : b + n]) for _, b, n in runs)
+        self.calls.append((d_ok, s_ok, stable_source))
+        super().copy(dst, src, runs, stream=stream, stable_source=stable_source)
+
+
+def test_both_host_buffers_are_pinned_and_the_device_path_is_timed():
+    """Fault 2: the D2H destination is page-locked like the pool (a pageable one would make
+    the copy synchronous and staged); fault 3: calibration times the device's copy path."""
+    reg = _Registrar()
+    dev = Device("cpu", mode="threaded")
+    spy = _SpyPath(reg)
+    dev.set_copy_path(spy)
+    points, pinned = measure(
+        dev,
+        sizes=(4 * KIB, 64 * KIB),
+        counts=(1, 2),
+        max_bytes=256 * KIB,
+        repeats=1,
+        pin=True,
+        register=reg.register,
+        unregister=reg.unregister,
+    )
+    assert pinned and len(points) == 12 and reg.live == {}  # all released afterwards
+    assert len(spy.calls) == 4 * 8  # 4 points x (warm-up + 1 repeat) x (h2d + d2h + both x2)
+    # every copy touches host memory on one side only, and that side is registered
+    assert all(d_ok or s_ok for d_ok, s_ok, _ in spy.calls)
+    loads = [c for c in spy.calls if c[1]]  # host source: H2D
+    stores = [c for c in spy.calls if c[0]]  # host destination: D2H
+    assert loads and stores and len(loads) + len(stores) == len(spy.calls)
+    assert all(c[2] for c in loads) and not any(c[2] for c in stores)  # ANY only for loads
+
+
+def test_calibrate_on_cuda_refuses_an_unpinned_host_buffer():
+    """Fault 6: with pinning required (the CUDA default) a failed registration stops it."""
+
+    def fail(ptr, n):
+        raise RuntimeError("cudaHostRegister failed (injected)")
+
+    with pytest.raises(PinError, match="injected"):
+        measure(
+            Device("cpu"),
+            sizes=(4 * KIB,),
+            counts=(1,),
+            max_bytes=8 * KIB,
+            pin=True,
+            require_pin=True,
+            register=fail,
+            unregister=lambda p: None,
+        )

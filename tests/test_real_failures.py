@@ -3,6 +3,7 @@ its chunk, leaves nothing loadable or corrupted, and the chunk is reused cleanly
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kvsim.context import RequestContext
@@ -14,11 +15,13 @@ from real.host_pool import HostLayout, HostPool
 from real.kv_cache import BLOCK_FIRST, GpuKVCache, KVGeometry
 from real.transfer import RealTransferBackend
 
+pytestmark = pytest.mark.parametrize("kind", ["eager", "deferred"])
+
 GEOM = KVGeometry(2, 64)
 
 
-def setup(fail_ids):
-    dev = Device("cpu", eager=False)
+def setup(fail_ids, kind):
+    dev = Device("cpu", mode=kind)
     gpu = GpuKVCache(GEOM, 8, BLOCK_FIRST, dev.torch_device)
     host = HostPool(HostLayout(GEOM, 1, BLOCK_FIRST), 2)
     be = RealTransferBackend(dev, gpu, host, fault=lambda j: j.job_id in fail_ids)
@@ -38,14 +41,14 @@ def store(be, mgr, jid, keys, blocks):
 
 def finish(be, mgr, ctx, out, dev):
     dev.run_pending()
-    [res] = be.poll(0.0)
+    [res] = be.poll(0.0) + be.drain()
     mgr.complete_store(out.keys_to_store, ctx, success=res.success)
     mgr.on_request_finished(ctx)
     return res
 
 
-def test_failed_store_frees_chunk_and_reuse_is_clean():
-    dev, gpu, _host, be, mgr = setup({1})
+def test_failed_store_frees_chunk_and_reuse_is_clean(kind):
+    dev, gpu, _host, be, mgr = setup({1}, kind)
     ctx, out = store(be, mgr, 1, ["a", "b"], [0, 1])
     assert mgr.lookup("a") == LookupResult.HIT_PENDING  # write pending while in flight
     res = finish(be, mgr, ctx, out, dev)
@@ -65,22 +68,22 @@ def test_failed_store_frees_chunk_and_reuse_is_clean():
     ids = mgr.prepare_load(["c", "d"], lctx)
     be.submit(TransferJob(3, LOAD, [6, 7], ids, 0, 2, ["c", "d"]), 0.0)
     dev.run_pending()
-    [res] = be.poll(0.0)
+    [res] = be.poll(0.0) + be.drain()
     mgr.complete_load(["c", "d"], lctx)
     assert res.success and be.integrity.checked_blocks == 2 and be.integrity.mismatched_bytes == 0
     assert torch.equal(gpu.block_view(7), gpu.expected(("d", 0)))
 
 
-def test_partially_written_chunk_is_never_loadable():
+def test_partially_written_chunk_is_never_loadable(kind):
     """The injected fault copies half the runs; the half-written chunk must not be served."""
-    dev, _gpu, _host, be, mgr = setup({1})
+    dev, _gpu, _host, be, mgr = setup({1}, kind)
     ctx, out = store(be, mgr, 1, ["a", "b"], [0, 2])  # two runs: the first lands, then failure
     finish(be, mgr, ctx, out, dev)
     assert mgr.lookup_prefix(["a", "b"]) == (0, False)
 
 
-def test_bad_job_raises_before_touching_memory():
-    dev, _gpu, host, be, _mgr = setup(set())
+def test_bad_job_raises_before_touching_memory(kind):
+    dev, _gpu, host, be, _mgr = setup(set(), kind)
     before = host.data.clone()
     try:
         be.submit(TransferJob(9, STORE, [0, 99], [0, 1], 0, 2, ["x", "y"]), 0.0)

@@ -99,3 +99,47 @@ def test_interrupt_mid_registration_still_releases():
             unregister=reg.unregister,
         )
     assert reg.live == {}
+
+
+def test_pool_base_is_page_aligned():
+    """Fault 7: ``torch.empty`` is only 64-byte aligned; the pool starts on a page."""
+    for chunks in (1, 3, 17):
+        pool = HostPool(HostLayout(KVGeometry(2, 2048), 1), chunks)
+        assert pool.data.data_ptr() % 4096 == 0
+        assert pool.data.numel() * 8 == pool.nbytes
+
+
+class FakeCudart:
+    """``torch.cuda.cudart()`` whose register fails, and a runtime that tracks its last error."""
+
+    def __init__(self) -> None:
+        self.last_error = 0
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        self.last_error = 1  # cudaErrorInvalidValue, left pending by the runtime
+        return 1
+
+    def cudaHostUnregister(self, ptr):
+        return 0
+
+    def cudaGetLastError(self):
+        err, self.last_error = self.last_error, 0
+        return err
+
+
+def test_failed_cuda_register_leaves_no_pending_error(monkeypatch):
+    """Fault 6: a failed cudaHostRegister leaves the runtime's last error set; torch's next
+    kernel launch would raise it. It is cleared at once, as vLLM does."""
+    import torch
+
+    from real import cuda_rt
+
+    fake = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(cuda_rt, "_libcudart", lambda: fake)
+    pool = HostPool(HostLayout(KVGeometry(2, 2048), 1), 4, pin=True)
+    assert not pool.pinned and "cudaHostRegister" in pool.pin_error
+    assert fake.last_error == 0
+    with pytest.raises(PinError):
+        HostPool(HostLayout(KVGeometry(2, 2048), 1), 4, pin=True, require_pin=True)
+    assert fake.last_error == 0

@@ -1,7 +1,9 @@
 """``kvsim calibrate`` and ``kvsim validate``: the real backend (``real/``) from the CLI.
 
 ``real`` (and so torch) is imported inside the commands, so the rest of the CLI starts
-fast and works where torch is missing.
+fast and works where torch is missing. Without CUDA both commands run on the threaded CPU
+device (copies run on stream threads, asynchronously, as DMA does on a GPU), and
+``validate`` sizes its defaults to the machine's free memory (:mod:`real.machine`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,25 @@ if TYPE_CHECKING:
 
 
 def _device(kind: str) -> Device:
-    from real.device import Device, cuda_available
+    from real.device import Device, cpu_stand_in, cuda_available
 
     if kind == "auto":
         kind = "cuda" if cuda_available() else "cpu"
     if kind == "cuda" and not cuda_available():
         raise InputError("--device cuda: torch.cuda.is_available() is False on this machine")
-    return Device(kind)
+    return Device("cuda") if kind == "cuda" else cpu_stand_in()
+
+
+_ALLOW_UNPINNED = click.option(
+    "--allow-unpinned",
+    is_flag=True,
+    help="On CUDA, go on when page-locking host memory fails (default: refuse; the "
+    "numbers would measure staged, synchronous copies).",
+)
+
+
+def _pin_failure(exc: Exception) -> InputError:
+    return InputError(f"{exc} (pass --allow-unpinned to measure pageable copies anyway)")
 
 
 @click.command("calibrate")
@@ -49,7 +63,7 @@ def _device(kind: str) -> Device:
     "--max-mib",
     type=click.IntRange(min=1),
     default=None,
-    help="Largest bytes per measured transfer (default 256 on CUDA, 32 on CPU).",
+    help="Largest bytes per measured transfer (default 256 on CUDA, 128 on CPU).",
 )
 @click.option(
     "--repeats",
@@ -64,6 +78,7 @@ def _device(kind: str) -> Device:
     default=None,
     help="Also write the raw points and the fitted curve as JSON.",
 )
+@_ALLOW_UNPINNED
 def calibrate_command(
     out: str,
     device_kind: str,
@@ -71,6 +86,7 @@ def calibrate_command(
     repeats: int | None,
     link: str | None,
     report: str | None,
+    allow_unpinned: bool,
 ) -> None:
     """Measure host<->GPU copies (H2D, D2H, both at once; 4 KiB to 64 MiB) and write the
     profile that `kvsim simulate --link PROFILE` and `kvsim validate --profile` load.
@@ -79,23 +95,38 @@ def calibrate_command(
     Example:
       kvsim calibrate --out profile.json
     """
-    from real.calibrate import MIB, calibrate
+    from real.calibrate import CPU_COLD_SPAN_FACTOR, MIB, calibrate
+    from real.host_pool import PinError
 
     check_output_path(out, "--out")
     check_output_path(report, "--report")
     device = _device(device_kind)
-    max_bytes = (max_mib or (256 if device.is_cuda else 32)) * MIB
+    max_bytes = (max_mib or (256 if device.is_cuda else 128)) * MIB
     reps = repeats or (5 if device.is_cuda else 2)
     from kvsim.engine.transfer_model import TransferModelParams
 
-    params, fitted = calibrate(device, link=link, max_bytes=max_bytes, repeats=reps)
-    assert isinstance(params, TransferModelParams)  # real.calibrate types it as object
+    try:
+        params, fitted = calibrate(
+            device,
+            link=link,
+            max_bytes=max_bytes,
+            repeats=reps,
+            require_pin=not allow_unpinned,
+            span_bytes=None if device.is_cuda else CPU_COLD_SPAN_FACTOR * max_bytes,
+        )
+    except PinError as exc:
+        raise _pin_failure(exc) from None
+    assert isinstance(params, TransferModelParams)
     with atomic_write(out) as f:
         f.write(params.to_json())
     if report:
         with atomic_write(report) as f:
             json.dump(fitted, f, indent=2)
-    rows: list[tuple[str, object]] = [("device", device.kind), ("pinned", fitted["pinned"])]
+    rows: list[tuple[str, object]] = [
+        ("device", device.kind),
+        ("pinned", fitted["pinned"]),
+        ("copy path", fitted["copy_path"]),
+    ]
     for d, v in fitted["directions"].items():
         rows.append((f"{d} peak GB/s", v["peak_gbps"]))
         rows.append((f"{d} overhead us", v["overhead_s"] * 1e6))
@@ -116,7 +147,8 @@ def calibrate_command(
     "--cpu-gib",
     type=float,
     default=None,
-    help="CPU tier size in GiB (default 16 unless --cpu-chunks).",
+    help="CPU tier size in GiB (default 16 with CUDA; without it, 1/11 of the free memory, "
+    "at most 16).",
 )
 @click.option("--cpu-chunks", type=int, default=None, help="CPU tier size in chunks.")
 @click.option(
@@ -148,7 +180,8 @@ def calibrate_command(
     "--max-gpu-kv-gib",
     type=float,
     default=None,
-    help="Cap on the real GPU KV cache (default 48 on CUDA, 2 on CPU).",
+    help="Cap on the real GPU KV cache (default 48 on CUDA; on CPU 1/14 of the free "
+    "memory, at most 2).",
 )
 @click.option(
     "--time-scale",
@@ -160,9 +193,8 @@ def calibrate_command(
 @click.option(
     "--compute-scale",
     type=float,
-    default=1.0,
-    show_default=True,
-    help="Multiply every modelled forward pass (both runs).",
+    default=None,
+    help="Multiply every modelled forward pass (both runs; default 1 on CUDA, 0.25 on CPU).",
 )
 @click.option("--policy", default="lru", show_default=True, help="Eviction policy.")
 @click.option("--device", "device_kind", type=click.Choice(["auto", "cuda", "cpu"]), default="auto")
@@ -174,6 +206,7 @@ def calibrate_command(
     help="Write the full comparison report as JSON.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@_ALLOW_UNPINNED
 def validate_command(
     trace: str,
     model: str,
@@ -186,11 +219,12 @@ def validate_command(
     gpu_kv_blocks: int | None,
     max_gpu_kv_gib: float | None,
     time_scale: float,
-    compute_scale: float,
+    compute_scale: float | None,
     policy: str,
     device_kind: str,
     out: str | None,
     as_json: bool,
+    allow_unpinned: bool,
 ) -> None:
     """Run TRACE twice through the same engine, manager and policies: simulated transfers
     on the virtual clock, then real copies (CUDA, or CPU tensors without it) on a
@@ -202,12 +236,20 @@ def validate_command(
           --model llama-3.1-8b --cpu-gib 16 --limit 500 --profile profile.json
     """
     from kvsim.engine.transfer_model import get_link
+    from real.host_pool import PinError
+    from real.machine import CpuDefaults, available_memory
     from real.validate import ValidationSpec, run_validation
 
     check_output_path(out, "--out")
     device = _device(device_kind)
+    if device.is_cuda:
+        default_cpu_gib, default_gpu_gib, default_scale = 16.0, 48.0, 1.0
+    else:
+        d = CpuDefaults.for_memory(available_memory())
+        default_cpu_gib, default_gpu_gib = d.cpu_gib, d.max_gpu_kv_gib
+        default_scale = d.compute_scale
     if cpu_gib is None and cpu_chunks is None:
-        cpu_gib = 16.0
+        cpu_gib = default_cpu_gib
     spec = ValidationSpec(
         model=model,
         cpu_gib=cpu_gib,
@@ -216,13 +258,17 @@ def validate_command(
         layout=layout,
         gpu=gpu_name,
         gpu_blocks=gpu_kv_blocks,
-        max_gpu_kv_gib=max_gpu_kv_gib or (48.0 if device.is_cuda else 2.0),
+        max_gpu_kv_gib=max_gpu_kv_gib or default_gpu_gib,
         time_scale=time_scale,
-        compute_scale=compute_scale,
+        compute_scale=compute_scale if compute_scale is not None else default_scale,
         policy=policy,
+        allow_unpinned=allow_unpinned,
     )
     params = get_link(profile) if profile else None
-    report = run_validation(trace, spec, device=device, params=params)
+    try:
+        report = run_validation(trace, spec, device=device, params=params)
+    except PinError as exc:
+        raise _pin_failure(exc) from None
     if out:
         with atomic_write(out) as f:
             json.dump(report.as_dict(), f, indent=2)

@@ -1,0 +1,209 @@
+"""How a job's runs of words are copied: one ``copy_`` per run, or one batched driver call.
+
+A *run* is ``(dst, src, words)``: word offsets into two flat tensors of the same dtype.
+
+* :class:`TorchCopy`: one ``Tensor.copy_`` per run (``non_blocking`` on CUDA). The CPU
+  path, and the CUDA fallback. Each call costs several microseconds of host time, so
+  vLLM's per-layer 64 KiB pages top out near 7-10 GB/s this way.
+* :class:`BatchCopy`: vLLM 0.33's copy (``swap_blocks_batch``): the run table is turned
+  into numpy arrays of pointers and sizes and handed to ``cuMemcpyBatchAsync`` in one
+  call per job (chunked at ``max_descriptors``), resolved at run time through
+  cuda-bindings' ``cuGetProcAddress`` with the CUDA 12.8 ABI, exactly as vLLM's
+  ``simple_kv_offload/cuda_mem_ops.py`` does. Loads may let the DMA read their source out
+  of stream order (``SRC_ACCESS_ORDER_ANY``) when nothing in flight writes it; stores
+  always read in stream order (the compute stream may still be writing the KV).
+
+:func:`default_copy_path` picks the batch path on CUDA when the driver has it and the copy
+path on CPU; nothing CUDA-specific is imported or resolved on a CPU device. ``calibrate``
+and the backend take the path from the same device, so calibration times what runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+if TYPE_CHECKING:
+    from real.device import Device, Stream
+
+Run = tuple[int, int, int]  # (dst word, src word, words)
+
+SRC_ACCESS_ORDER_STREAM = 1  # CUmemcpySrcAccessOrder
+SRC_ACCESS_ORDER_ANY = 3
+BATCH_ABI_VERSION = 12080  # cuMemcpyBatchAsync with failIdx, as vLLM requests it
+MAX_DESCRIPTORS = 16384  # per call: ~52k descriptors hung CUDA 13.0 (vLLM issue #49276)
+
+
+class CopyPath(Protocol):
+    """Copies runs from ``src`` to ``dst`` on ``stream`` (called inside ``stream.run``)."""
+
+    name: str
+
+    def copy(
+        self,
+        dst: torch.Tensor,
+        src: torch.Tensor,
+        runs: Sequence[Run],
+        *,
+        stream: Stream,
+        stable_source: bool,
+    ) -> None: ...
+
+
+class TorchCopy:
+    """One ``copy_`` per run."""
+
+    name = "copy_"
+
+    def copy(
+        self,
+        dst: torch.Tensor,
+        src: torch.Tensor,
+        runs: Sequence[Run],
+        *,
+        stream: Stream,
+        stable_source: bool,
+    ) -> None:
+        nb = dst.is_cuda or src.is_cuda
+        for d, s, n in runs:
+            dst[d : d + n].copy_(src[s : s + n], non_blocking=nb)
+
+
+class _MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_uint), ("id", ctypes.c_int)]
+
+
+class MemcpyAttributes(ctypes.Structure):
+    """``CUmemcpyAttributes`` (CUDA 12.8)."""
+
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_uint),
+        ("srcLocHint", _MemLocation),
+        ("dstLocHint", _MemLocation),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+BATCH_FUNC_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_uint,  # CUresult
+    ctypes.c_void_p,  # dsts
+    ctypes.c_void_p,  # srcs
+    ctypes.c_void_p,  # sizes
+    ctypes.c_size_t,  # count
+    ctypes.c_void_p,  # attrs
+    ctypes.c_void_p,  # attrsIdxs
+    ctypes.c_size_t,  # numAttrs
+    ctypes.c_void_p,  # failIdx
+    ctypes.c_void_p,  # hStream
+)
+
+
+def descriptor_arrays(
+    dst_base: int, src_base: int, runs: Sequence[Run], word_bytes: int
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """Pointer and size arrays (bytes) for ``runs`` over two base addresses."""
+    table = np.asarray(runs, dtype=np.uint64).reshape(-1, 3)
+    wb = np.uint64(word_bytes)
+    dsts = np.uint64(dst_base) + table[:, 0] * wb
+    srcs = np.uint64(src_base) + table[:, 1] * wb
+    sizes = table[:, 2] * wb
+    return dsts, srcs, sizes
+
+
+def cuda_stream_handle(stream: Stream) -> int:
+    from real.device import as_cuda_stream
+
+    return int(as_cuda_stream(stream).raw.cuda_stream)
+
+
+class BatchCopy:
+    """One ``cuMemcpyBatchAsync`` per job (``fn``: the driver entry point, or a stand-in
+    with the same signature; ``handle_of``: the stream's ``CUstream``)."""
+
+    name = "cuMemcpyBatchAsync"
+
+    def __init__(
+        self,
+        fn: Callable[..., int],
+        *,
+        num_attrs: int = 1,
+        max_descriptors: int = MAX_DESCRIPTORS,
+        handle_of: Callable[[Stream], int] = cuda_stream_handle,
+    ) -> None:
+        self.fn = fn
+        self.num_attrs = num_attrs
+        self.max_descriptors = max_descriptors
+        self.handle_of = handle_of
+        self.calls = 0
+
+    def copy(
+        self,
+        dst: torch.Tensor,
+        src: torch.Tensor,
+        runs: Sequence[Run],
+        *,
+        stream: Stream,
+        stable_source: bool,
+    ) -> None:
+        if not runs:
+            return
+        dsts, srcs, sizes = descriptor_arrays(
+            dst.data_ptr(), src.data_ptr(), runs, dst.element_size()
+        )
+        order = SRC_ACCESS_ORDER_ANY if stable_source else SRC_ACCESS_ORDER_STREAM
+        attrs = MemcpyAttributes(srcAccessOrder=order)
+        attr_idx = ctypes.c_size_t(0)
+        fail_idx = ctypes.c_size_t(0)
+        handle = self.handle_of(stream)
+        step = self.max_descriptors
+        for off in range(0, len(sizes), step):
+            d, s, z = dsts[off : off + step], srcs[off : off + step], sizes[off : off + step]
+            err = self.fn(
+                d.ctypes.data,
+                s.ctypes.data,
+                z.ctypes.data,
+                len(z),
+                ctypes.addressof(attrs),
+                ctypes.addressof(attr_idx),
+                self.num_attrs,
+                ctypes.addressof(fail_idx),
+                handle,
+            )
+            self.calls += 1
+            if err != 0:
+                raise RuntimeError(
+                    f"cuMemcpyBatchAsync failed: error {err} at descriptor {off + fail_idx.value}"
+                )
+
+
+def resolve_batch_copy() -> tuple[BatchCopy | None, str]:
+    """``cuMemcpyBatchAsync`` through cuda-bindings' ``cuGetProcAddress`` (CUDA only);
+    ``(None, reason)`` when cuda-bindings or the entry point is missing."""
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError as exc:
+        return None, f"cuda-bindings not importable ({exc})"
+    try:
+        res: Any = drv.cuGetProcAddress(b"cuMemcpyBatchAsync", BATCH_ABI_VERSION, 0)
+    except Exception as exc:  # an unexpected binding signature
+        return None, f"cuGetProcAddress raised {type(exc).__name__}: {exc}"
+    err, ptr = res[0], res[1]
+    if err != drv.CUresult.CUDA_SUCCESS or not int(ptr):
+        return None, f"cuGetProcAddress(cuMemcpyBatchAsync) failed: {err}"
+    return BatchCopy(BATCH_FUNC_TYPE(int(ptr))), "resolved"
+
+
+def default_copy_path(device: Device, prefer: str | None = None) -> CopyPath:
+    """The batch path on CUDA when available (``KVSIM_COPY_PATH=copy_`` forces ``copy_``);
+    always ``copy_`` on CPU."""
+    prefer = prefer or os.environ.get("KVSIM_COPY_PATH", "auto")
+    if not device.is_cuda or prefer == TorchCopy.name:
+        return TorchCopy()
+    batch, _reason = resolve_batch_copy()
+    return batch if batch is not None else TorchCopy()
