@@ -165,6 +165,7 @@ def simulate(
     enable_prefix_caching: bool = True,
     offload_prompt_only: bool = True,
     sync_load_budget_bytes: int = 0,
+    async_scheduling: bool = True,
     time_scale: float = 1.0,
     poisson_rate: float | None = None,
     link: str | None = None,
@@ -185,7 +186,9 @@ def simulate(
     calibration profile path; ``compute_profile`` a JSON of roofline coefficients.
 
     ``max_num_batched_tokens`` and ``max_num_seqs`` default to what ``vllm serve`` picks on
-    ``gpu`` (:func:`kvsim.hardware.vllm_batch_defaults`).
+    ``gpu`` (:func:`kvsim.hardware.vllm_batch_defaults`). ``async_scheduling`` (default
+    True, as vLLM 0.33) schedules the next step while the current forward runs;
+    ``False`` models vLLM's synchronous loop (``--no-async-scheduling``).
 
     Returns a Result with tables ``requests``, ``transfers``, ``steps`` and a flat summary.
     """
@@ -226,6 +229,7 @@ def simulate(
         offload_prompt_only=offload_prompt_only,
         sync_load_budget_bytes=sync_load_budget_bytes,
         gpu_block_tokens=opts.gpu_block_tokens,
+        async_scheduling=async_scheduling,
         tp=opts.tp,
         time_scale=time_scale,
         poisson_rate=poisson_rate,

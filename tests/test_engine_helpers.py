@@ -45,6 +45,7 @@ def make_engine(
         model="llama-3.1-8b",
         store_threshold=store_threshold,
     )
+    params.setdefault("async_scheduling", False)  # the scenarios pin vLLM's synchronous loop
     ep = EngineParams(
         gpu_blocks=gpu_blocks, enable_prefix_caching=prefix, max_num_batched_tokens=budget, **params
     )

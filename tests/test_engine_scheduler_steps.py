@@ -29,6 +29,7 @@ def make_scheduler(
         gpu_blocks=blocks,
         enable_prefix_caching=False,
         max_num_seqs=max_seqs,
+        async_scheduling=False,
     )
     return Scheduler(params, GpuBlockPool(blocks), UNIT, None)
 

@@ -31,7 +31,7 @@ from kvsim.traces import Request, open_trace  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 BT = 64  # trace block tokens of the random traces
-LOOPS = pytest.mark.parametrize("async_scheduling", [False], ids=["sync"])
+LOOPS = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 
 
 def random_trace(rng: random.Random, n: int) -> list[Request]:

@@ -147,6 +147,12 @@ def write_tables(result: Result, out: str) -> list[str]:
     help="vLLM sync_load_budget_bytes: small CPU hits load in the same step.",
 )
 @click.option(
+    "--async-scheduling/--no-async-scheduling",
+    default=True,
+    show_default=True,
+    help="vLLM's async scheduling (its default): schedule the next step while one runs.",
+)
+@click.option(
     "--link",
     default=None,
     help=(
@@ -196,6 +202,7 @@ def simulate_command(
     no_prefix_caching: bool,
     offload_all_tokens: bool,
     sync_load_budget_bytes: int,
+    async_scheduling: bool,
     link: str | None,
     compute_profile: str | None,
     out_dir: str | None,
@@ -241,6 +248,7 @@ def simulate_command(
             enable_prefix_caching=not no_prefix_caching,
             offload_prompt_only=not offload_all_tokens,
             sync_load_budget_bytes=sync_load_budget_bytes,
+            async_scheduling=async_scheduling,
             link=link,
             compute_profile=compute_profile,
             record_steps=bool(out_dir or chrome_trace),

@@ -22,7 +22,9 @@ Worker side (called by the engine around the forward pass):
   (vLLM ``get_finished`` runs after the launch, so a job that ends during the forward is
   seen one step later);
 * ``end_execute``: queue this step's stores for the next step; ``complete_store`` /
-  ``complete_load`` for what ``after_launch`` saw finished.
+  ``complete_load`` for what ``after_launch`` saw finished. Under async scheduling the two
+  halves run apart: ``queue_stores`` right after the launch (vLLM ``wait_for_save``), and
+  ``complete`` with the batch's ``take_results`` when the batch is processed, one step later.
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ class OffloadConnector:
 
     def build_store_jobs(self, scheduled: list[SimRequest]) -> None:
         for req in scheduled:
-            self._offer(req, req.num_computed + req.sched)
+            self._offer(req, req.num_computed + req.in_flight + req.sched)
         finished, self.finished_pending = self.finished_pending, []
         for req in finished:
             self._offer(req, max(req.prompt, req.num_tokens - 1))
@@ -301,9 +303,14 @@ class OffloadConnector:
         backend: TransferBackend,
         clock: Clock,
         on_submit: Callable[[ConnectorJob, float], None],
+        compute_tail: float = 0.0,
     ) -> float:
-        """Flush, submit stores and loads; returns the flush + sync-load stall in seconds."""
+        """Flush, submit stores and loads; returns the flush + sync-load stall in seconds.
+
+        Stores wait for the compute stream: they start no earlier than ``compute_tail``, the
+        end of the last forward launched (async scheduling launches before it ends)."""
         t0 = clock.now()
+        ready = max(t0, compute_tail)
         flush, self.flush = self.flush, set()
         submit_now = self.store_now
         self.store_now = []
@@ -316,7 +323,7 @@ class OffloadConnector:
         self.loads_submitted = len(self.sync_loads) + len(self.async_loads)
         for job in submit_now:
             on_submit(job, t0)
-            backend.submit(job.transfer_job(t0), t0)
+            backend.submit(job.transfer_job(ready), t0)
         if flush:
             live = [j for j in flush if j in self.jobs]
             if live:
@@ -363,8 +370,25 @@ class OffloadConnector:
     ) -> int:
         """Queue this step's stores; process the transfers ``after_launch`` saw finished.
         Returns jobs completed."""
+        self.queue_stores()
+        return self.complete(self.take_results(), on_done)
+
+    def queue_stores(self) -> None:
+        """vLLM ``wait_for_save``: this step's stores are submitted by the next step."""
         self.store_now, self.store_next = self.store_next, []
+
+    def take_results(self) -> list[TransferResult]:
+        """The completions this step's worker calls saw (flush waits and the poll)."""
         results, self._held_results = self._held_results, []
+        return results
+
+    def complete(
+        self,
+        results: list[TransferResult],
+        on_done: Callable[[ConnectorJob, TransferResult], None],
+    ) -> int:
+        """vLLM ``update_connector_output``: finished stores become hits, finished loads
+        release their requests; returns the jobs completed."""
         n = 0
         manager = self.manager
         for r in results:

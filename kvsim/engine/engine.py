@@ -12,11 +12,21 @@ One engine step at clock time t: ``schedule`` (admission, lookups, store offers)
 ``end_execute`` (queue this step's stores, poll completions) -> ``update`` (tokens,
 finishes). The next step starts when the forward ends; an engine with nothing to compute
 sleeps until the next arrival or transfer completion (event order: :mod:`.events`).
+
+With ``EngineParams.async_scheduling`` (vLLM 0.33's default) the loop is vLLM's
+``EngineCore.step_with_batch_queue`` with a queue of two batches: a step is scheduled and
+launched (``_launch``: schedule, worker calls, forward queued on the GPU behind the previous
+one) and, while the queue has room, the next one is scheduled at once; otherwise the oldest
+batch is waited for and processed (``_process``: its transfer completions and tokens). So
+``schedule(N+1)`` runs when ``N-1`` is processed, while forward ``N`` still runs.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from kvsim.config import CacheConfig
@@ -32,7 +42,7 @@ from kvsim.engine.request_state import REJECTED, WAITING_FOR_KV, SimRequest
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.sim_backend import SimulatedTransferBackend
 from kvsim.engine.transfer_model import TransferModelParams, get_link
-from kvsim.engine.transfer_protocol import TransferBackend
+from kvsim.engine.transfer_protocol import TransferBackend, TransferResult
 from kvsim.errors import InputError
 from kvsim.gpu_cache import GpuBlockPool
 from kvsim.hardware import GpuSpec
@@ -41,6 +51,24 @@ from kvsim.offload import OffloadManager
 from kvsim.traces.model import Request
 
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
+BATCH_QUEUE_DEPTH = 2  # vLLM max_concurrent_batches under async scheduling
+
+
+@dataclass(slots=True, eq=False)
+class _Launched:
+    """One async-scheduled step between its launch and its processing."""
+
+    step: int
+    schedule_s: float  # host time of schedule()
+    start_s: float  # forward start (after the previous forward and any flush stall)
+    end_s: float  # forward end (== start_s when nothing was scheduled)
+    stall_s: float
+    batch: StepBatch
+    entries: list[tuple[SimRequest, int, bool]]
+    results: list[TransferResult]  # completions its worker calls saw
+    n_preempted: int
+    submitted: int
+    progress: bool  # tokens, a flush stall, completions seen or stores queued
 
 
 def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
@@ -88,8 +116,6 @@ class Engine:
     ) -> None:
         self.config = config
         self.params = params = params or EngineParams()
-        if params.async_scheduling:
-            raise InputError("async scheduling is not modelled yet; use --no-async-scheduling")
         self.model = model
         self.gpu = gpu
         self.layout = config.layout
@@ -135,6 +161,10 @@ class Engine:
         self._source: Iterator[tuple[float, Request]] = iter(())  # the arrivals, set by run()
         self._arrivals_left = False
         self._ran = False
+        # async scheduling: launched batches (newest first), end of the last forward launched
+        self._batches: deque[_Launched] = deque()
+        self._compute_tail = -math.inf
+        self._arrived = False
 
     # --- event plumbing ---
 
@@ -162,13 +192,17 @@ class Engine:
             clock.wait_until(t)
             if phase == PHASE_ARRIVAL:
                 self._admit(*payload)
+                self._arrived = True
                 self._push_next_arrival()
                 now = clock.now()
                 if self._step_at is None or self._step_at > now:
                     self._schedule_step(now)
             elif payload == self._token:
                 self._step_at = None
-                self._after_step(self._step())
+                if p.async_scheduling:
+                    self._iterate_async()
+                else:
+                    self._after_step(self._step())
         self._drain()
         return self
 
@@ -296,6 +330,114 @@ class Engine:
             self._schedule_step(max(nct, now), PHASE_TRANSFER)
         elif conn is not None and conn.jobs:
             self._schedule_step(now + POLL_INTERVAL_S, PHASE_TRANSFER)
+        elif sched.rescue():
+            self.rescues += 1
+            self._schedule_step(now)
+        elif not self._arrivals_left:
+            raise RuntimeError(
+                f"engine stalled at t={now:.6f}s with {sched.num_waiting} waiting "
+                f"and {len(sched.running)} running requests and nothing in flight"
+            )
+
+    # --- async scheduling: vLLM's batch queue ---
+
+    def _iterate_async(self) -> None:
+        """One ``step_with_batch_queue`` at the current host time: launch a step when the
+        scheduler has work; return at once while the queue has room (and the step computed
+        or work is left), else process the oldest batch. Then wake up again now, or, when
+        nothing happened, at the next transfer completion (arrivals wake it themselves)."""
+        sched, queue = self.scheduler, self._batches
+        progress, self._arrived = self._arrived, False
+        if not (sched.has_requests or queue):
+            return  # idle until the next arrival
+        if sched.has_requests:
+            launched = self._launch()
+            queue.appendleft(launched)
+            if len(queue) < BATCH_QUEUE_DEPTH and (launched.batch.num_seqs or sched.has_requests):
+                self._schedule_step(self.clock.now())
+                return
+            progress |= launched.progress
+        done = queue.pop()
+        self._process(done)
+        progress |= done.progress
+        # a batch left queued with nothing to schedule is processed by the next call at once
+        if progress or (queue and not sched.has_requests):
+            self._schedule_step(self.clock.now())
+        else:
+            self._sleep_async()
+
+    def _launch(self) -> _Launched:
+        """Schedule a step and run its worker calls; its forward starts behind the last one."""
+        clock, sched, conn, rec = self.clock, self.scheduler, self.connector, self.recorder
+        t0 = clock.now()
+        step = self.steps
+        self.steps += 1
+        batch = sched.schedule(t0, step)
+        entries = sched.entries
+        n_preempted = len(sched.preempted)
+        stall = (
+            conn.begin_execute(self.backend, clock, rec.on_submit, self._compute_tail)
+            if conn is not None
+            else 0.0
+        )
+        t1 = clock.now()
+        dur = self.compute(batch)
+        start = max(t1, self._compute_tail)
+        end = start + dur
+        if dur:
+            self._compute_tail = end
+            self.busy_s += dur
+        results: list[TransferResult] = []
+        submitted = 0
+        queued = False
+        if conn is not None:
+            conn.after_launch(self.backend, t1, end, rec.on_submit)
+            conn.queue_stores()
+            results = conn.take_results()
+            submitted = conn.loads_submitted + conn.stores_submitted
+            queued = bool(conn.store_now)
+        progress = bool(batch.num_seqs or stall > 0 or results or queued)
+        return _Launched(
+            step, t0, start, end, stall, batch, entries, results, n_preempted, submitted, progress
+        )
+
+    def _process(self, b: _Launched) -> None:
+        """Wait for ``b``'s forward, then vLLM ``update_from_output``: deferred block frees,
+        its transfer completions, its tokens and finishes."""
+        clock, sched, conn, rec = self.clock, self.scheduler, self.connector, self.recorder
+        clock.wait_until(b.end_s)
+        sched.begin_update(b.batch.num_seqs > 0)
+        done = conn.complete(b.results, rec.on_done) if conn is not None else 0
+        finished = sched.update(b.end_s, b.entries)
+        if finished:
+            self._finished(len(finished))
+        if rec.record_steps:
+            self._record_step(
+                b.step,
+                b.schedule_s,
+                b.end_s,
+                b.stall_s,
+                b.end_s - b.start_s,
+                b.batch,
+                len(finished),
+                b.n_preempted,
+                b.submitted,
+                done,
+            )
+
+    def _sleep_async(self) -> None:
+        """Nothing happened: wake at the next transfer completion (or poll), or stay idle
+        until the next arrival."""
+        now = self.clock.now()
+        sched, conn = self.scheduler, self.connector
+        nct = self.backend.next_completion_time()
+        if nct is not None:
+            self._schedule_step(max(nct, now), PHASE_TRANSFER)
+        elif conn is not None and conn.jobs:
+            self._schedule_step(now + POLL_INTERVAL_S, PHASE_TRANSFER)
+        elif not sched.has_requests:
+            if self._batches:
+                self._schedule_step(now)
         elif sched.rescue():
             self.rescues += 1
             self._schedule_step(now)

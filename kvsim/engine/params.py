@@ -22,7 +22,7 @@ class EngineParams:
     offload_prompt_only: bool = True  # vLLM offload_prompt_only
     sync_load_budget_bytes: int = 0  # vLLM sync_load_budget_bytes (per step, per worker)
     gpu_block_tokens: int = 16  # vLLM GPU block (--block-size): KV allocation and copies
-    async_scheduling: bool = False  # vLLM's batch queue of depth 2 (schedule N+1 while N runs)
+    async_scheduling: bool = True  # vLLM 0.33 default: batch queue of depth 2 (N+1 while N runs)
     tp: int = 1
     time_scale: float = 1.0  # arrival = trace timestamp * time_scale
     poisson_rate: float | None = None  # re-time arrivals as Poisson at this rate (req/s)

@@ -31,9 +31,11 @@ class SimRequest:
         "first_token",
         "forward_tokens",
         "gpu_hit",
+        "in_flight",
         "jobs",
         "kv_wait",
         "kv_wait_start",
+        "last_seq",
         "load_done",
         "n_cached",
         "n_prompt_chunks",
@@ -42,10 +44,12 @@ class SimRequest:
         "num_output",
         "output",
         "pending_ext",
+        "placeholders",
         "preemptions",
         "prompt",
         "rid",
         "sched",
+        "stale",
         "status",
         "unit_keys",
     )
@@ -75,6 +79,12 @@ class SimRequest:
         self.block_keys: list[Hashable] = []  # GPU prefix-cache keys, made as needed
         self.n_cached = 0  # leading blocks that carry a prefix-cache hash
         self.sched = 0  # tokens scheduled in the current step
+        # async scheduling (vLLM num_in_flight_tokens, num_output_placeholders,
+        # num_stale_output_tokens, last_sched_seq): tokens of batches not processed yet
+        self.in_flight = 0  # scheduled, not yet added to num_computed
+        self.placeholders = 0  # sampled tokens scheduled but not yet returned
+        self.stale = 0  # in-flight tokens of a batch scheduled before a preemption
+        self.last_seq = 0  # fence of the last non-empty step that scheduled it
         self.next_store = 0  # connector: next chunk index to offer
         self.jobs: set[int] = set()  # connector jobs in flight
         self.load_done = False  # async load finished (vLLM finished_recving)

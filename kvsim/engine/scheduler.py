@@ -19,6 +19,16 @@
 all computed samples one token, and one that reached its output length finishes (blocks
 freed tail first, kept cached for prefix hits).
 
+Async scheduling (``EngineParams.async_scheduling``, vLLM's ``AsyncScheduler``): the next
+``schedule`` runs before the previous batch is processed, so tokens scheduled but not yet
+processed are ``in_flight`` (vLLM counts them computed at once); a request scheduled to
+sample gets an output ``placeholder`` so its next decode can be scheduled before the token
+exists, and is not scheduled again once its placeholder is its last token; a preempted
+request's in-flight output turns ``stale`` (still delivered, it may finish the request,
+and the request is not re-admitted before it lands); with a connector, blocks freed while
+a step that wrote them is in flight go back to the pool only after that step is processed
+(vLLM ``defer_block_free``), and such a request cannot be preempted to make room.
+
 GPU blocks are vLLM's ``--block-size`` (``EngineParams.gpu_block_tokens``, 16) tokens long,
 so a partial block wastes at most 15 tokens, as in vLLM. Which blocks are shared follows
 the trace: a block inside a complete trace hash unit is shared with every request that has
@@ -35,7 +45,7 @@ request is running or waiting (a lone request has nobody to starve).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import cast
 
 from kvsim.engine.compute_model import StepBatch
@@ -129,6 +139,15 @@ class Scheduler:
         self.preempted: list[SimRequest] = []
         self.finished: list[SimRequest] = []
         self.num_preemptions = 0
+        # the last schedule's batch: (request, tokens, samples a token), for update()
+        self.entries: list[tuple[SimRequest, int, bool]] = []
+        self.async_mode = params.async_scheduling
+        self.finished_unreported = False  # vLLM finished_req_ids: sent with the next schedule
+        # vLLM defer_block_free (async + a KV consumer connector): fences of non-empty steps
+        self.defer_free = self.async_mode and connector is not None
+        self.sched_seq = 0
+        self.processed_seq = 0
+        self.deferred_frees: deque[tuple[int, list[int]]] = deque()
 
     # --- helpers ---
 
@@ -178,12 +197,38 @@ class Scheduler:
         ``_request_remaining_blocks``)."""
         return max(0, -(-req.num_tokens // self.unit) - len(req.blocks))
 
+    def _release(self, req: SimRequest) -> None:
+        """Free ``req``'s blocks, or (vLLM ``_free_request_blocks``) park them until the
+        in-flight step that scheduled it is processed."""
+        if self.defer_free and req.last_seq > self.processed_seq:
+            if req.blocks:
+                self.deferred_frees.append((self.sched_seq, req.blocks))
+        else:
+            self.pool.free(req.blocks)
+
+    def _can_release(self, req: SimRequest) -> bool:
+        """vLLM ``_request_blocks_can_be_freed``: preempting it would free blocks now."""
+        return not self.defer_free or req.last_seq <= self.processed_seq
+
+    def begin_update(self, computed: bool) -> None:
+        """vLLM ``update_from_output`` prologue: a processed non-empty step ends the deferral
+        of the blocks freed while it was in flight (returned in the order they were freed)."""
+        if not (self.defer_free and computed):
+            return
+        self.processed_seq += 1
+        deferred = self.deferred_frees
+        while deferred and deferred[0][0] <= self.processed_seq:
+            self.pool.free(deferred.popleft()[1])
+
     def _preempt(self, req: SimRequest) -> None:
         self.inflight_prefills.pop(req, None)
-        self.pool.free(req.blocks)
+        self._release(req)
         req.blocks = []
         req.n_cached = 0
         req.num_computed = 0
+        req.stale += req.in_flight  # its in-flight output still lands, as stale
+        req.in_flight = 0
+        req.placeholders = 0
         req.status = WAITING
         req.preemptions += 1
         self.num_preemptions += 1
@@ -194,7 +239,7 @@ class Scheduler:
 
     def _blocks_needed(self, req: SimRequest, n: int) -> int:
         """Blocks ``req`` lacks to hold its computed tokens plus ``n`` more."""
-        return -(-(req.num_computed + n) // self.unit) - len(req.blocks)
+        return -(-(req.num_computed + req.in_flight + n) // self.unit) - len(req.blocks)
 
     # --- the step ---
 
@@ -210,14 +255,37 @@ class Scheduler:
         if not self.preempted:
             self._schedule_waiting(now, budget, tally)
         self.scheduled = tally.reqs
-        inflight = self.inflight_prefills
-        if inflight:  # vLLM _update_after_schedule: a request scheduled to its end leaves
-            for req in tally.reqs:
-                if req in inflight and req.num_computed + req.sched >= req.num_tokens:
-                    del inflight[req]
         if self.connector is not None:
             self.connector.build_store_jobs(tally.reqs)
+        self._after_schedule(tally.reqs)
         return tally.batch()
+
+    def _after_schedule(self, reqs: list[SimRequest]) -> None:
+        """vLLM ``_update_after_schedule``: the scheduled tokens go in flight; a request
+        scheduled to its end leaves the in-flight prefills and samples a token (async: it
+        gets an output placeholder); the step's fence advances when it computes."""
+        self.finished_unreported = False
+        if self.defer_free and reqs:
+            self.sched_seq += 1
+        seq = self.sched_seq
+        placeholders = self.async_mode
+        inflight = self.inflight_prefills
+        entries: list[tuple[SimRequest, int, bool]] = []
+        append = entries.append
+        for req in reqs:
+            n = req.sched
+            req.in_flight += n
+            req.last_seq = seq
+            sampled = (
+                req.num_computed + req.in_flight >= req.prompt + req.num_output + req.placeholders
+            )
+            if sampled:
+                if inflight:
+                    inflight.pop(req, None)
+                if placeholders:
+                    req.placeholders += 1
+            append((req, n, sampled))
+        self.entries = entries
 
     def _schedule_running(self, budget: int, tally: _BatchTally) -> int:
         """Give running requests their next chunk or decode token, in order; returns the budget
@@ -228,10 +296,18 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = clamp_new_tokens(req.prompt + req.num_output - req.num_computed, budget, threshold)
+            c = req.num_computed + req.in_flight
+            if req.placeholders and c + 2 - req.placeholders >= req.prompt + req.output:
+                i += 1  # async: its last token is already scheduled
+                continue
+            n = clamp_new_tokens(
+                req.prompt + req.num_output + req.placeholders - c, budget, threshold
+            )
+            if n <= 0:
+                i += 1
+                continue
             if not self._grow_or_preempt(req, n):
                 break
-            c = req.num_computed
             self._cache_upto(req, c + n)  # decode blocks too, once full (vLLM caches them)
             tally.add(req, n, c, n == 1 and c >= req.prompt)
             budget -= n
@@ -242,11 +318,13 @@ class Scheduler:
         """Get ``req`` the blocks for ``n`` more tokens, preempting from the tail of the running
         list (vLLM FCFS: the latest arrival loses its KV) until they fit. False when ``req``
         itself was preempted: nothing is left to take blocks from."""
-        need = -(-(req.num_computed + n) // self.unit) - len(req.blocks)  # hot: inlined
+        need = -(-(req.num_computed + req.in_flight + n) // self.unit) - len(req.blocks)
         if need <= 0:
             return True
         blocks = self._allocate(need)
         while blocks is None:
+            if not self._can_release(self.running[-1]):
+                return False  # vLLM: a deferred free would not help now
             victim = self.running.pop()
             self._preempt(victim)
             if victim is req:
@@ -270,11 +348,9 @@ class Scheduler:
             if not queue or len(running) >= max_seqs:
                 break
             req = queue[0]
-            if req.status == WAITING_FOR_KV:
-                if not req.load_done:
-                    self._skip(queue, skipped_holding, skipped_plain)
-                    continue
-                self._promote(req)
+            if not self._ready(req):
+                self._skip(queue, skipped_holding, skipped_plain)
+                continue
             if req.num_computed == 0:
                 hit = self._lookup_hit(req, now)
                 if hit is None:
@@ -307,6 +383,16 @@ class Scheduler:
             self.kv_holding.extendleft(reversed(skipped_holding))
         if skipped_plain:
             self.waiting.extendleft(reversed(skipped_plain))
+
+    def _ready(self, req: SimRequest) -> bool:
+        """Whether a waiting request may be admitted now: an async load in flight blocks it
+        (a landed one is promoted, vLLM ``_handle_blocked_waiting_request``), and so does
+        stale output of a batch scheduled before its preemption (async scheduling)."""
+        if req.status == WAITING_FOR_KV:
+            if not req.load_done:
+                return False
+            self._promote(req)
+        return not req.stale
 
     @staticmethod
     def _skip(queue: deque[SimRequest], holding: list[SimRequest], plain: list[SimRequest]) -> None:
@@ -455,29 +541,81 @@ class Scheduler:
         req.load_done = False
         req.status = WAITING
 
-    def update(self, t_end: float) -> list[SimRequest]:
-        """Apply the forward pass; returns the requests that finished."""
+    def update(
+        self, t_end: float, entries: Sequence[tuple[SimRequest, int, bool]] | None = None
+    ) -> list[SimRequest]:
+        """Apply a processed batch (default: the last schedule's) whose forward ended at
+        ``t_end``; returns the requests that finished.
+
+        vLLM ``update_from_output``: a request's tokens become computed, one scheduled to
+        sample gets its token; a stale batch (scheduled before the request was preempted)
+        still delivers its token, which may finish the request, but computes nothing."""
         finished = []
-        for req in self.scheduled:
-            n = req.sched
-            req.sched = 0
-            req.num_computed += n
+        stale_finished = False
+        for req, n, sampled in self.entries if entries is None else entries:
+            if req.status == FINISHED:
+                continue
+            stale = req.stale > 0
+            if stale:
+                req.stale -= n
+            else:
+                req.in_flight -= n
+                req.num_computed += n
             req.forward_tokens += n
-            if req.num_computed >= req.prompt + req.num_output:
-                req.num_output += 1
-                if req.first_token is None:
-                    req.first_token = t_end
-                if req.num_output >= req.output:
-                    req.status = FINISHED
-                    req.finish = t_end
-                    self.inflight_prefills.pop(req, None)
-                    self.pool.free(req.blocks)
-                    finished.append(req)
+            if not sampled:
+                continue
+            req.num_output += 1
+            if req.first_token is None:
+                req.first_token = t_end
+            if req.placeholders and not stale:
+                self._confirm_placeholder(req)
+            if req.num_output >= req.output:
+                self._finish(req, t_end)
+                stale_finished |= stale
+                finished.append(req)
         if finished:
-            self.running = [r for r in self.running if r.status == RUNNING]
-            if self.connector is not None:
-                self.connector.finished_pending.extend(finished)
-                for req in finished:
-                    self.connector.on_finished(req)
-        self.scheduled = []
+            self._drop_finished(finished, stale_finished)
+        if entries is None:
+            self.scheduled = []
         return finished
+
+    def _drop_finished(self, finished: list[SimRequest], from_waiting: bool) -> None:
+        """Take finished requests out of their queue (``from_waiting``: some finished by
+        stale output while waiting to resume) and tell the connector (vLLM
+        ``request_finished``; their final chunks are offered by the next schedule)."""
+        self.finished_unreported = True
+        self.running = [r for r in self.running if r.status == RUNNING]
+        if from_waiting:
+            for req in finished:
+                if req in self.waiting:
+                    self.waiting.remove(req)
+        if self.connector is not None:
+            self.connector.finished_pending.extend(finished)
+            for req in finished:
+                self.connector.on_finished(req)
+
+    def _confirm_placeholder(self, req: SimRequest) -> None:
+        """Async: the token replaces its placeholder; vLLM then caches the full blocks the
+        processed batches computed (the in-flight token was not yet in them at schedule)."""
+        req.placeholders -= 1
+        if req.status == RUNNING:
+            self._cache_upto(req, req.num_computed)
+
+    def _finish(self, req: SimRequest, t_end: float) -> None:
+        """The request reached its output length: its blocks are released (kept cached for
+        prefix hits; deferred while a step that scheduled it is in flight)."""
+        req.status = FINISHED
+        req.finish = t_end
+        self.inflight_prefills.pop(req, None)
+        self._release(req)
+
+    @property
+    def has_requests(self) -> bool:
+        """vLLM ``has_requests``: work to schedule, finishes to report, or connector jobs."""
+        return bool(
+            self.running
+            or self.waiting
+            or self.kv_holding
+            or self.finished_unreported
+            or (self.connector is not None and self.connector.jobs)
+        )
