@@ -172,6 +172,12 @@ def features(vllm: VllmRun) -> set[str]:
         seen.add("flush stall")
     if any(r.rejected for r in vllm.requests.values()):
         seen.add("rejection")
+    if any(
+        r.cpu_hit_tokens and r.gpu_hit_tokens + r.cpu_hit_tokens >= r.input_tokens
+        for r in vllm.requests.values()
+        if not r.rejected
+    ):
+        seen.add("whole-prompt cpu hit")
     return seen
 
 
@@ -198,6 +204,21 @@ def test_random_traces_decide_as_vllm(async_scheduling: bool) -> None:
         "flush stall",
         "rejection",
     }, seen
+
+
+@LOOPS
+@pytest.mark.parametrize("seed", [354, 461])
+def test_a_cpu_hit_on_the_whole_prompt_is_reported_as_vllm_does(
+    async_scheduling: bool, seed: int
+) -> None:
+    """Random cases (found beyond the 200) where the CPU hit covers the whole prompt: vLLM
+    reports all of it as external hit tokens and recomputes the last token."""
+    rng = random.Random(seed)
+    knobs = random_knobs(rng)
+    requests = random_trace(rng, rng.randint(5, 50))
+    vllm, kvsim = both(requests, async_scheduling=async_scheduling, **knobs)
+    assert first_difference(vllm, kvsim) is None
+    assert "whole-prompt cpu hit" in features(vllm)
 
 
 def mooncake_slice(path: str, start: int, n: int, time_scale: float) -> list[Request]:

@@ -158,7 +158,10 @@ class Recorder:
                 if r.output > 1 and r.finish is not None and r.first_token is not None
                 else float("nan")
             )
-            needed = r.prompt + r.output - 1 - r.gpu_hit - r.cpu_hit
+            # a hit covering the whole prompt still computes its last token (vLLM reports the
+            # full hit and recomputes that one token)
+            computed_prompt = max(1, r.prompt - r.gpu_hit - r.cpu_hit)
+            needed = computed_prompt + r.output - 1
             rows.append(
                 (
                     r.rid,
@@ -177,7 +180,7 @@ class Recorder:
                     r.kv_wait,
                     r.gpu_hit,
                     r.cpu_hit,
-                    r.prompt - r.gpu_hit - r.cpu_hit if not rejected else 0,
+                    computed_prompt if not rejected else 0,
                     r.forward_tokens - needed if not rejected else 0,
                     r.preemptions,
                     r.deferrals,

@@ -464,9 +464,8 @@ class Scheduler:
         req.n_cached = gpu_hit
         if not req.admitted:
             req.admitted = True
-            tokens = req.num_tokens
             req.gpu_hit = local
-            req.cpu_hit = ext if local + ext < tokens else ext - 1
+            req.cpu_hit = ext  # vLLM's num_external_cached_tokens, even when it is the whole prompt
         if self.connector is not None:
             self.connector.on_allocate(req.blocks)
             self.connector.update_state_after_alloc(req, local, ext, is_async)
