@@ -168,7 +168,7 @@ def simulate(
     async_scheduling: bool = True,
     time_scale: float = 1.0,
     poisson_rate: float | None = None,
-    link: str | None = None,
+    link: str | os.PathLike[str] | None = None,
     compute_profile: str | os.PathLike[str] | None = None,
     tp: int | None = None,
     record_steps: bool = True,

@@ -12,13 +12,14 @@ preemptions, first-token and finish times. Skipped without vLLM (failed under
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from support import CONVERSATION, SYNTHETIC, need_vllm
+from support import CONVERSATION, SAMPLE, SYNTHETIC, need_vllm
 
 need_vllm("vllm.v1.core.sched.scheduler")
 need_vllm("vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector")
@@ -181,6 +182,19 @@ def features(vllm: VllmRun) -> set[str]:
     return seen
 
 
+def twin_features(kvsim: TwinRun) -> set[str]:
+    """What vLLM's reference does not record but the identical kvsim run shows: lookups the
+    connector deferred, and store offers the CPU tier could not place."""
+    assert kvsim.engine is not None
+    seen = set()
+    if kvsim.engine.recorder.request_table().deferrals.sum() > 0:
+        seen.add("deferral")
+    connector = kvsim.engine.connector
+    if connector is not None and connector.allocation_failures > 0:
+        seen.add("failed store")
+    return seen
+
+
 RANDOM_TRACES = 200
 
 
@@ -194,7 +208,7 @@ def test_random_traces_decide_as_vllm(async_scheduling: bool) -> None:
         vllm, kvsim = both(requests, async_scheduling=async_scheduling, **knobs)
         diff = first_difference(vllm, kvsim)
         assert diff is None, f"seed {seed}, {knobs}: {diff}"
-        seen |= features(vllm)
+        seen |= features(vllm) | twin_features(kvsim)
     # the guard: the random runs reached every situation the comparison is meant to cover
     assert seen >= {
         "preemption",
@@ -203,6 +217,8 @@ def test_random_traces_decide_as_vllm(async_scheduling: bool) -> None:
         "cpu hit",
         "flush stall",
         "rejection",
+        "deferral",
+        "failed store",
     }, seen
 
 
@@ -261,3 +277,52 @@ def test_mooncake_slices_decide_as_vllm(
     diff = first_difference(vllm, kvsim)
     assert diff is None, diff
     assert reached <= features(vllm), features(vllm)
+
+
+@LOOPS
+def test_kvsim_simulate_reports_vllms_preemptions(async_scheduling: bool, tmp_path) -> None:
+    """The user-facing command, not just the engine: ``kvsim.simulate`` with a GPU cache too
+    small for the load, under the trivial time model, preempts as vLLM's scheduler does."""
+    import kvsim
+
+    compute = tmp_path / "compute.json"
+    compute.write_text(json.dumps({"kind": "linear", "step_s": 0.01, "per_token_s": 2e-5}))
+    link = tmp_path / "link.json"
+    link.write_text(
+        json.dumps({"kind": "constant", "h2d_bytes_per_s": 2e10, "d2h_bytes_per_s": 1e10})
+    )
+    time_scale = 0.05
+    res = kvsim.simulate(
+        SAMPLE,
+        limit=40,
+        time_scale=time_scale,
+        gpu_kv_blocks=2048,
+        cpu_chunks=64,
+        compute_profile=compute,
+        link=link,
+        async_scheduling=async_scheduling,
+    )
+    requests = [
+        Request(
+            r.request_id, r.arrival_s * time_scale, r.input_tokens, r.output_tokens, r.block_hashes
+        )
+        for r in open_trace(SAMPLE, limit=40)
+    ]
+    vllm = run_vllm_engine(
+        requests,
+        kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+        block_tokens=512,
+        gpu_blocks=2048,
+        cpu_chunks=64,
+        step_s=0.01,
+        per_token_s=2e-5,
+        h2d_bytes_per_s=2e10,
+        d2h_bytes_per_s=1e10,
+        max_num_batched_tokens=res.config["max_num_batched_tokens"],
+        max_num_seqs=res.config["max_num_seqs"],
+        async_scheduling=async_scheduling,
+    )
+    want = sum(r.preemptions for r in vllm.requests.values())
+    assert want > 0
+    assert res.summary["preemptions"] == want
+    assert list(res.requests.preemptions) == [vllm.requests[i].preemptions for i in range(40)]

@@ -217,8 +217,9 @@ LINK_PRESETS: dict[str, TransferModelParams] = {
 }
 
 
-def get_link(name_or_path: str) -> TransferModelParams:
-    """A preset by name, or a calibration profile by path."""
+def get_link(name_or_path: str | os.PathLike[str]) -> TransferModelParams:
+    """A preset by name, or a calibration profile (or constant link) JSON by path."""
+    name_or_path = os.fspath(name_or_path)
     key = name_or_path.strip().lower()
     if key in LINK_PRESETS:
         return LINK_PRESETS[key]
