@@ -120,7 +120,7 @@ def refuse_overwriting_inputs(
         if out is None:
             continue
         for inp in inputs:
-            if inp is not None and os.path.exists(inp) and same_file(out, inp):
+            if inp is not None and same_file(out, inp):
                 raise InputError(
                     f"{option} {os.fspath(out)} is an input of this run; it would be overwritten"
                 )

@@ -394,3 +394,20 @@ def test_mrc_sampling_that_keeps_nothing_is_an_error(capsys):
     code, _, err = run(["mrc", SAMPLE, "--sample-rate", "1e-9"], capsys)
     one_line_error(code, err)
     assert "kept none" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "phrase"),
+    [(["--poisson-rate", "inf"], "--poisson-rate"), (["--time-scale", "nan"], "--time-scale")],
+)
+def test_simulate_timing_options_must_be_finite(extra, phrase, capsys):
+    code, _, err = run(["simulate", SAMPLE, "--limit", "3", "--no-progress", *extra], capsys)
+    one_line_error(code, err)
+    assert phrase in err
+
+
+def test_calibrate_refuses_one_file_for_profile_and_report(tmp_path, capsys):
+    same = tmp_path / "p.json"
+    code, _, err = run(["calibrate", "--out", same, "--report", same], capsys)
+    one_line_error(code, err)
+    assert not same.exists()

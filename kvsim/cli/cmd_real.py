@@ -99,7 +99,7 @@ def calibrate_command(
     from real.host_pool import PinError
 
     check_output_path(out, "--out")
-    check_output_path(report, "--report")
+    check_output_path(report, "--report", out)
     device = _device(device_kind)
     max_bytes = (max_mib or (256 if device.is_cuda else 128)) * MIB
     reps = repeats or (5 if device.is_cuda else 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,8 +41,11 @@ class EngineParams:
             (self.sync_load_budget_bytes >= 0, "sync_load_budget_bytes must be >= 0"),
             (self.gpu_block_tokens >= 1, "--gpu-block-tokens must be >= 1"),
             (self.tp >= 1, "--tp must be >= 1"),
-            (self.time_scale > 0, "--time-scale must be > 0"),
-            (self.poisson_rate is None or self.poisson_rate > 0, "--poisson-rate must be > 0"),
+            (0 < self.time_scale < math.inf, "--time-scale must be a finite number > 0"),
+            (
+                self.poisson_rate is None or 0 < self.poisson_rate < math.inf,
+                "--poisson-rate must be a finite number > 0",
+            ),
         )
         for ok, msg in checks:
             if not ok:
