@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvsim.config import OffloadOptions, load_vllm_config, options_from_vllm_config
-from kvsim.errors import InputError
+from kvsim.errors import InputError, InputWarning
 from kvsim.io import atomic_write
 from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 from kvsim.replay.object_protocol import replay_config
 from kvsim.results import Result
-from kvsim.traces import Request, as_trace, requests_frame
+from kvsim.traces import Request, Trace, as_trace, requests_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -146,6 +148,33 @@ def mrc(
     return lru_mrc(tr, layout, protocol=protocol, sample_rate=sample_rate, seed=seed, points=points)
 
 
+def in_arrival_order(tr: Trace) -> Trace:
+    """``tr`` with its requests in arrival order, for the timed engine.
+
+    The engine admits requests as it reads them; one stamped earlier than a request before
+    it would be measured from a time the engine has already passed (a TTFT of hours for one
+    Azure row a day early). A trace in order is streamed as it is (one extra pass reads the
+    timestamps); otherwise it is sorted stably, with a warning saying how many moved.
+    """
+    late = 0
+    latest = -math.inf
+    for req in tr:
+        if req.arrival_s < latest:
+            late += 1
+        else:
+            latest = req.arrival_s
+    if not late:
+        return tr
+    warnings.warn(
+        f"{tr.path}: {late:,} request(s) arrive earlier than a request before them; "
+        "the timed run sorts the trace by arrival time (stable)",
+        InputWarning,
+        stacklevel=3,
+    )
+    ordered = sorted(tr, key=lambda r: r.arrival_s)
+    return Trace.from_requests(ordered, tr.block_tokens, name=str(tr.path))
+
+
 def simulate(
     trace: TraceLike,
     *,
@@ -202,7 +231,7 @@ def simulate(
     from kvsim.models import get_model
 
     model = model or "llama-3.1-8b"
-    tr = as_trace(trace, block_tokens=options.get("block_tokens"), limit=limit)
+    tr = in_arrival_order(as_trace(trace, block_tokens=options.get("block_tokens"), limit=limit))
     sized = cpu_gib is not None or cpu_chunks is not None or vllm_config is not None
     opts = make_options(
         vllm_config,

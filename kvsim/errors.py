@@ -28,3 +28,8 @@ class PolicyFault(InputError):
 
     def __init__(self, cls: type, call: str, problem: str) -> None:
         super().__init__(f"policy {cls.__module__}:{cls.__qualname__} failed in {call}: {problem}")
+
+
+class InputWarning(UserWarning):
+    """Input kvsim can use but changed or doubts (out-of-order arrivals it sorted); the CLI
+    prints it as one ``kvsim: warning:`` line."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+
+from kvsim.errors import InputError
 
 
 @dataclass
@@ -45,3 +48,21 @@ def format_table(rows: Mapping[str, Any] | list[tuple[str, Any]], title: str | N
     lines = [title, "-" * len(title)] if title else []
     lines += [f"{k:<{width}}  {format_value(v)}" for k, v in items]
     return "\n".join(lines)
+
+
+#: written last into a ``simulate --out`` folder: the run's files, complete. A folder with
+#: tables but without it is a run that failed or was interrupted mid-write.
+RUN_MARKER = ".kvsim-run.json"
+
+
+def check_run_folder(folder: str) -> None:
+    """Refuse to read a ``simulate --out`` folder whose set of files is incomplete or mixed."""
+    marker = os.path.join(folder, RUN_MARKER)
+    if not os.path.exists(os.path.join(folder, "summary.json")):
+        return  # not a simulate folder (a sweep's, say)
+    if not os.path.exists(marker):
+        raise InputError(
+            "incomplete run folder (no completion marker: a failed or interrupted "
+            "kvsim simulate --out, or an older kvsim); run it again",
+            source=folder,
+        )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib
+import json
 import os
 import shutil
 import signal
@@ -411,3 +412,52 @@ def test_calibrate_refuses_one_file_for_profile_and_report(tmp_path, capsys):
     code, _, err = run(["calibrate", "--out", same, "--report", same], capsys)
     one_line_error(code, err)
     assert not same.exists()
+
+
+# --- 6. simulate --out is one set: complete, or refused by readers ---
+
+
+def test_simulate_out_replaces_an_earlier_set_and_marks_it_complete(tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["simulate", SAMPLE, "--limit", "5", "--no-progress", "--out", out]
+    code, _, err = run([*base, "--cpu-chunks", "20", "--baseline"], capsys)
+    assert code == 0, err
+    assert (out / "baseline_requests.csv").exists()
+    code, _, err = run([*base, "--cpu-chunks", "20"], capsys)
+    assert code == 0, err
+    marker = json.loads((out / ".kvsim-run.json").read_text())
+    assert sorted(marker["files"]) == sorted(p.name for p in out.iterdir() if p.name[0] != ".")
+    assert not (out / "baseline_requests.csv").exists()  # the earlier run's extra table
+    code, _, err = run(["plot", out, "--kind", "ttft-cdf", "--out", tmp_path / "f"], capsys)
+    assert code == 0, err
+
+
+def test_a_run_folder_without_its_marker_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run(
+        ["simulate", SAMPLE, "--limit", "5", "--no-progress", "--cpu-chunks", "20", "--out", out],
+        capsys,
+    )
+    assert code == 0, err
+    (out / ".kvsim-run.json").unlink()  # as a run killed mid-write leaves it
+    code, _, err = run(["plot", out, "--kind", "ttft-cdf"], capsys)
+    one_line_error(code, err)
+    assert "incomplete run folder" in err
+
+
+# --- 7. out-of-order arrivals are sorted, with a warning ---
+
+
+def test_out_of_order_arrivals_are_sorted_with_a_warning(tmp_path, capsys):
+    lines = [
+        '{"timestamp": 5000, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}',
+        '{"timestamp": 1000, "input_length": 600, "output_length": 5, "hash_ids": [3, 4]}',
+        '{"timestamp": 3000, "input_length": 600, "output_length": 5, "hash_ids": [5, 6]}',
+    ]
+    trace = tmp_path / "late.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    code, out, err = run(["simulate", trace, "--no-progress", "--json"], capsys)
+    assert code == 0, err
+    assert err.count("kvsim: warning:") == 1 and "2 request(s)" in err
+    summary = json.loads(out)
+    assert summary["ttft_p99_s"] < 0.1  # measured from each request's own arrival

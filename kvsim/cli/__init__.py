@@ -11,10 +11,11 @@ import importlib
 import pkgutil
 import signal
 import sys
+import warnings
 
 import click
 
-from kvsim.errors import InputError
+from kvsim.errors import InputError, InputWarning
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -46,6 +47,24 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: object = None,
+    line: str | None = None,
+) -> None:
+    """kvsim's own warnings as one line on stderr; others as Python prints them."""
+    if issubclass(category, InputWarning):
+        click.echo(f"kvsim: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
+
+
+_default_showwarning = warnings.showwarning
+
+
 def _usage_line(exc: click.UsageError) -> str:
     """click's usage error as one line, naming the command and where to look."""
     cmd = exc.ctx.command_path if exc.ctx is not None else "kvsim"
@@ -56,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input is one line on stderr and exit code 2, never a traceback."""
     with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
         signal.signal(signal.SIGTERM, _raise_terminated)
+    warnings.showwarning = _show_warning
     try:
         rv = cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
     except InputError as exc:

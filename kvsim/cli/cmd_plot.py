@@ -9,6 +9,7 @@ import pandas as pd
 
 from kvsim.errors import InputError
 from kvsim.plots import KINDS
+from kvsim.results import check_run_folder
 
 #: which file of a results folder each kind reads
 FOLDER_FILES = {
@@ -22,6 +23,7 @@ FOLDER_FILES = {
 def read_table(path: str, kind: str) -> pd.DataFrame:
     """A Parquet/CSV file, or the kind's table in a folder (sweep --out or simulate --out)."""
     if os.path.isdir(path):
+        check_run_folder(path)
         stem = FOLDER_FILES[kind]
         for ext in ("parquet", "csv"):
             candidate = os.path.join(path, f"{stem}.{ext}")

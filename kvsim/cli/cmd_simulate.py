@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -19,7 +20,7 @@ from kvsim.cli.common import (
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.errors import InputError
 from kvsim.io import atomic_path, atomic_write
-from kvsim.results import Result, format_value
+from kvsim.results import RUN_MARKER, Result, format_value
 from kvsim.traces import as_trace
 
 SHOWN = (
@@ -79,8 +80,17 @@ def format_comparison(summary: dict[str, Any], baseline: bool) -> str:
 
 
 def write_tables(result: Result, out: str) -> list[str]:
-    """Each table as Parquet and CSV, plus summary.json and config.json, each file atomically."""
+    """Each table as Parquet and CSV, plus summary.json and config.json, each file atomically,
+    as one set: the completion marker goes first (readers then know the set is being
+    replaced), every file is written, an earlier run's files this one does not write are
+    removed, and the marker listing the new set is written last."""
     os.makedirs(out, exist_ok=True)
+    marker = os.path.join(out, RUN_MARKER)
+    previous: list[str] = []
+    if os.path.exists(marker):
+        with contextlib.suppress(OSError, ValueError), open(marker, encoding="utf-8") as f:
+            previous = list(json.load(f).get("files", []))
+        os.unlink(marker)
     written = []
     for name, df in result.tables.items():
         with atomic_path(os.path.join(out, f"{name}.parquet")) as tmp:
@@ -92,6 +102,12 @@ def write_tables(result: Result, out: str) -> list[str]:
         with atomic_write(os.path.join(out, f"{name}.json")) as f:
             json.dump(data, f, indent=2, default=str)
         written.append(f"{name}.json")
+    for stale in set(previous) - set(written):
+        if os.path.basename(stale) == stale:  # only plain names the marker listed
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(out, stale))
+    with atomic_write(marker) as f:
+        json.dump({"complete": True, "files": written}, f, indent=2)
     return written
 
 
