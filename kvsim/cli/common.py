@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from kvsim.config import DEFAULT_MODEL
 from kvsim.errors import InputError
 from kvsim.io import refuse_overwriting_inputs
 from kvsim.results import format_table
@@ -32,7 +33,10 @@ def offload_options(f: FC) -> FC:
         click.option(
             "--cpu-gib",
             type=float,
-            help="CPU tier size in GiB (vLLM cpu_bytes_to_use / 2**30); needs --model.",
+            help=(
+                "CPU tier size in GiB (vLLM cpu_bytes_to_use / 2**30), sized for --model "
+                f"(default {DEFAULT_MODEL})."
+            ),
         ),
         click.option(
             "--model",
