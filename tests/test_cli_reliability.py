@@ -62,6 +62,7 @@ def trace(tmp_path: Path) -> Path:
         ["replay", "{t}", "--cpu-chunks", "50", "--requests-csv", "{t}"],
         ["replay", "{t}", "--cpu-chunks", "50", "--requests-csv", "{link}"],
         ["mrc", "{t}", "--csv", "{t}"],
+        ["simulate", "{t}", "--limit", "3", "--no-progress", "--chrome-trace", "{t}"],
         ["mrc", "{t}", "--plot", "{t}"],
         ["bench", "{t}", "--cpu-chunks", "50", "--repeat", "1", "--csv", "{t}"],
         [
@@ -78,7 +79,15 @@ def trace(tmp_path: Path) -> Path:
             "{t}",
         ],
     ],
-    ids=["replay", "replay-through-symlink", "mrc-csv", "mrc-plot", "bench", "trace-gen"],
+    ids=[
+        "replay",
+        "replay-through-symlink",
+        "mrc-csv",
+        "simulate-chrome-trace",
+        "mrc-plot",
+        "bench",
+        "trace-gen",
+    ],
 )
 def test_an_output_that_is_an_input_is_refused(args, trace, tmp_path, capsys):
     link = tmp_path / "link.jsonl"
@@ -461,3 +470,13 @@ def test_out_of_order_arrivals_are_sorted_with_a_warning(tmp_path, capsys):
     assert err.count("kvsim: warning:") == 1 and "2 request(s)" in err
     summary = json.loads(out)
     assert summary["ttft_p99_s"] < 0.1  # measured from each request's own arrival
+
+
+def test_an_error_on_a_trace_without_reuse_is_still_one_line(capsys):
+    """The note that an Azure trace has no prefix reuse comes after a run, never before its
+    error."""
+    azure = str(ROOT / "traces" / "azure_llm_2023_code.csv")
+    code, _, err = run(["replay", azure, "--cpu-chunks", "0"], capsys)
+    one_line_error(code, err)
+    code, _, err = run(["replay", azure, "--cpu-chunks", "10", "--limit", "5"], capsys)
+    assert code == 0 and "no prefix-reuse information" in err

@@ -86,7 +86,7 @@ def replay_command(
     """
     options = pop_offload_kwargs(kwargs)
     check_output_path(requests_csv, "--requests-csv", trace, vllm_config)
-    note_missing_reuse(as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info)
+    info = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info
     with progress_bar(show_progress, trace, limit, "replaying") as bar:
         # other policies than kvsim's lru and arc always run the protocol, so --fused is a
         # default, not a demand
@@ -106,6 +106,7 @@ def replay_command(
         "kvsim replay (cache mode)" if protocol == "prefix" else "kvsim replay (object protocol)"
     )
     echo_summary({**result.summary, "trace": trace}, as_json, title)
+    note_missing_reuse(info)  # after the run: an error stays the only line on stderr
 
 
 COMMANDS = [replay_command]

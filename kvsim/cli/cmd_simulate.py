@@ -246,8 +246,8 @@ def simulate_command(
         if os.path.exists(out_dir) and not os.path.isdir(out_dir):
             raise InputError(f"--out: {out_dir} is not a directory")
         os.makedirs(out_dir, exist_ok=True)
-    check_output_path(chrome_trace, "--chrome-trace")
-    note_missing_reuse(as_trace(trace, block_tokens=kwargs.get("block_tokens")).info)
+    check_output_path(chrome_trace, "--chrome-trace", trace, vllm_config, compute_profile, link)
+    info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info
     runs = 2 if baseline else 1
     with progress_bar(show_progress, trace, limit, "simulating", runs) as bar:
         result = simulate(
@@ -280,6 +280,7 @@ def simulate_command(
         click.echo(json.dumps(result.summary, indent=2, default=str))
     else:
         click.echo(format_comparison(result.summary, baseline))
+    note_missing_reuse(info)  # after the run: an error stays the only line on stderr
 
 
 COMMANDS = [simulate_command]
