@@ -312,6 +312,11 @@ def run_validation(
             compute=EmulatedCompute(roofline, device, spec.compute_scale, enqueue=False),
         ).run(requests)
         sim_req, sim_tr = sim.recorder.request_table(), sim.recorder.transfer_table()
+        if len(sim_req) and bool(sim_req.rejected.all()):
+            raise InputError(
+                f"--gpu-kv-blocks {n_blocks}: no request of the trace fits in the GPU cache, "
+                "so nothing would be compared; give more blocks"
+            )
 
         # 2. real
         clock = MonotonicClock()

@@ -480,3 +480,16 @@ def test_an_error_on_a_trace_without_reuse_is_still_one_line(capsys):
     one_line_error(code, err)
     code, _, err = run(["replay", azure, "--cpu-chunks", "10", "--limit", "5"], capsys)
     assert code == 0 and "no prefix-reuse information" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "phrase"),
+    [
+        (["--gpu-kv-blocks", "1", "--cpu-chunks", "10"], "no request of the trace fits"),
+        (["--cpu-gib", "4", "--cpu-chunks", "50"], "only one CPU tier size"),
+    ],
+)
+def test_validate_refuses_runs_that_would_compare_nothing(extra, phrase, capsys):
+    code, _, err = run(["validate", SAMPLE, "--limit", "5", *extra], capsys)
+    one_line_error(code, err)
+    assert phrase in err

@@ -240,7 +240,9 @@ def validate_command(
     from real.machine import CpuDefaults, available_memory
     from real.validate import ValidationSpec, run_validation
 
-    check_output_path(out, "--out")
+    check_output_path(out, "--out", trace, profile)
+    if cpu_gib is not None and cpu_chunks is not None:
+        raise InputError("give only one CPU tier size, got --cpu-gib and --cpu-chunks")
     device = _device(device_kind)
     if device.is_cuda:
         default_cpu_gib, default_gpu_gib, default_scale = 16.0, 48.0, 1.0
