@@ -493,3 +493,12 @@ def test_validate_refuses_runs_that_would_compare_nothing(extra, phrase, capsys)
     code, _, err = run(["validate", SAMPLE, "--limit", "5", *extra], capsys)
     one_line_error(code, err)
     assert phrase in err
+
+
+def test_json_errors_do_not_stutter(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(Path(SAMPLE).read_text().splitlines()[0] + '\n{"timestamp": "unterminated\n')
+    code, _, err = run(["replay", trace, "--cpu-chunks", "5"], capsys)
+    one_line_error(code, err)
+    assert "t.jsonl:2: malformed JSON (" in err and ", column " in err
+    assert "at at" not in err

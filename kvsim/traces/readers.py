@@ -82,7 +82,7 @@ def _bad_line(line: bytes, err: ValueError, path: str, lineno: int) -> InputErro
     """InputError for a line json.loads rejected (malformed JSON or bad UTF-8)."""
     if isinstance(err, json.JSONDecodeError):
         return InputError(
-            f"malformed JSON: {err.msg} at column {err.colno}", source=path, line=lineno
+            f"malformed JSON ({err.msg}, column {err.colno})", source=path, line=lineno
         )
     return _decode_error(path, lineno)
 
