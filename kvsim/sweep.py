@@ -327,7 +327,12 @@ class SweepSpec:
             except FileNotFoundError:
                 raise InputError("sweep spec not found", source=os.fspath(spec)) from None
             except yaml.YAMLError as e:
-                raise InputError(f"bad YAML: {e}", source=os.fspath(spec)) from None
+                where = getattr(e, "problem_mark", None)
+                line = where.line + 1 if where is not None else None
+                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise InputError(
+                    f"bad YAML ({problem})", source=os.fspath(spec), line=line
+                ) from None
             if not isinstance(data, dict):
                 raise InputError("a sweep spec is a YAML mapping", source=os.fspath(spec))
             try:

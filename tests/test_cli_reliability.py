@@ -502,3 +502,19 @@ def test_json_errors_do_not_stutter(tmp_path, capsys):
     one_line_error(code, err)
     assert "t.jsonl:2: malformed JSON (" in err and ", column " in err
     assert "at at" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (["simulate", SAMPLE, "--limit", "3", "--no-progress", "--cpu-gib", "nan"], "finite"),
+        (["mrc", SAMPLE, "--plot", "curve.xyz"], "cannot write a .xyz figure"),
+        (["sweep", "--trace", SAMPLE, "--cpu-gib", "abc", "--out", "{tmp}/s"], "--cpu-gib"),
+        (["sweep", SAMPLE, "--out", "{tmp}/s"], "bad YAML"),
+    ],
+    ids=["simulate-cpu-gib-nan", "mrc-plot-format", "sweep-cpu-gib-text", "sweep-bad-yaml"],
+)
+def test_more_former_tracebacks_are_one_line(args, phrase, tmp_path, capsys):
+    code, _, err = run([str(a).format(tmp=tmp_path) for a in args], capsys)
+    one_line_error(code, err)
+    assert phrase in err
