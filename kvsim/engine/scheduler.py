@@ -607,6 +607,8 @@ class Scheduler:
         req.finish = t_end
         self.inflight_prefills.pop(req, None)
         self._release(req)
+        req.block_keys = []  # a finished request is never looked up again; its cached blocks
+        # keep their keys in the pool, and the request's row needs none of them
 
     @property
     def has_requests(self) -> bool:
