@@ -14,7 +14,13 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvsim.config import OffloadOptions, load_vllm_config, options_from_vllm_config
+from kvsim.config import (
+    OffloadOptions,
+    engine_knobs_from_vllm_config,
+    load_vllm_config,
+    options_from_vllm_config,
+    refuse_engine_knobs_in_cache_mode,
+)
 from kvsim.errors import InputError, InputWarning
 from kvsim.io import atomic_write
 from kvsim.replay import REQUEST_COLUMNS, CacheReplay
@@ -45,11 +51,27 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
     )
 
 
+_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(OffloadOptions))
+
+
+def vllm_extra(vllm_config: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A ``kv_connector_extra_config`` given inline, as a dict, or as a file."""
+    if vllm_config is None:
+        return None
+    return vllm_config if isinstance(vllm_config, dict) else load_vllm_config(vllm_config)
+
+
 def make_options(vllm_config: str | dict[str, Any] | None = None, **options: Any) -> OffloadOptions:
-    """Options from keywords, on top of a vLLM ``kv_connector_extra_config`` if given."""
+    """Options from keywords, on top of a vLLM ``kv_connector_extra_config`` if given; an
+    unknown keyword is an error, not ignored."""
+    unknown = sorted(set(options) - _OPTION_NAMES)
+    if unknown:
+        raise InputError(
+            f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTION_NAMES))}"
+        )
     base = OffloadOptions()
-    if vllm_config is not None:
-        extra = vllm_config if isinstance(vllm_config, dict) else load_vllm_config(vllm_config)
+    extra = vllm_extra(vllm_config)
+    if extra is not None:
         base = options_from_vllm_config(extra, base)
     explicit = {k: v for k, v in options.items() if v is not None}
     if "cpu_chunks" in explicit or "cpu_gib" in explicit:
@@ -88,7 +110,10 @@ def replay(
     cache state. ``progress(n)`` is called as requests are replayed.
     """
     tr = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens"), limit=limit)
-    config = make_options(vllm_config, **options).resolve(tr.block_tokens)
+    extra = vllm_extra(vllm_config)
+    if extra is not None:
+        refuse_engine_knobs_in_cache_mode(extra)
+    config = make_options(extra, **options).resolve(tr.block_tokens)
     requests: Iterable[Request] = tr if progress is None else _counted(tr, progress)
     if protocol != "prefix":
         if requests_csv is not None:
@@ -192,8 +217,8 @@ def simulate(
     gpu_kv_blocks: int | None = None,
     gpu_memory_utilization: float = 0.92,
     enable_prefix_caching: bool = True,
-    offload_prompt_only: bool = True,
-    sync_load_budget_bytes: int = 0,
+    offload_prompt_only: bool | None = None,
+    sync_load_budget_bytes: int | None = None,
     async_scheduling: bool = True,
     time_scale: float = 1.0,
     poisson_rate: float | None = None,
@@ -231,10 +256,20 @@ def simulate(
     from kvsim.models import get_model
 
     model = model or "llama-3.1-8b"
+    if "gpu_blocks" in options:  # the CLI's name for the GPU KV capacity, here too
+        if gpu_kv_blocks is not None:
+            raise InputError("give gpu_blocks or gpu_kv_blocks, not both (the same capacity)")
+        gpu_kv_blocks = options.pop("gpu_blocks")
     tr = in_arrival_order(as_trace(trace, block_tokens=options.get("block_tokens"), limit=limit))
     sized = cpu_gib is not None or cpu_chunks is not None or vllm_config is not None
+    extra = vllm_extra(vllm_config)
+    knobs = engine_knobs_from_vllm_config(extra) if extra is not None else {}
+    if offload_prompt_only is None:  # an explicit argument wins over --vllm-config
+        offload_prompt_only = knobs.get("offload_prompt_only", True)
+    if sync_load_budget_bytes is None:
+        sync_load_budget_bytes = knobs.get("sync_load_budget_bytes", 0)
     opts = make_options(
-        vllm_config,
+        extra,
         model=model,
         cpu_gib=cpu_gib,
         cpu_chunks=cpu_chunks if sized else 1,

@@ -324,6 +324,41 @@ def options_from_vllm_config(
     return opts.with_(**changes)
 
 
+def engine_knobs_from_vllm_config(extra: dict[str, Any]) -> dict[str, Any]:
+    """The connector knobs of ``kv_connector_extra_config`` that only the timed engine
+    models (``offload_prompt_only``, ``sync_load_budget_bytes``), checked."""
+    knobs: dict[str, Any] = {}
+    if "offload_prompt_only" in extra:
+        value = extra["offload_prompt_only"]
+        if not isinstance(value, bool):
+            raise InputError(
+                f"--vllm-config: offload_prompt_only must be true or false, got {value!r}"
+            )
+        knobs["offload_prompt_only"] = value
+    if "sync_load_budget_bytes" in extra:
+        budget = _vllm_number(extra, "sync_load_budget_bytes", int)
+        if budget < 0:
+            raise InputError(f"--vllm-config: sync_load_budget_bytes must be >= 0, got {budget}")
+        knobs["sync_load_budget_bytes"] = budget
+    return knobs
+
+
+def refuse_engine_knobs_in_cache_mode(extra: dict[str, Any]) -> None:
+    """Cache mode has no steps and no decode: a connector knob that would change what vLLM
+    does there is an error, not a silent no-op (their defaults are accepted)."""
+    knobs = engine_knobs_from_vllm_config(extra)
+    if knobs.get("sync_load_budget_bytes", 0) > 0:
+        raise InputError(
+            "--vllm-config: sync_load_budget_bytes is about timing, which cache mode does not "
+            "model; use kvsim simulate"
+        )
+    if knobs.get("offload_prompt_only") is False:
+        raise InputError(
+            "--vllm-config: offload_prompt_only=false stores decode chunks, which cache mode "
+            "(prompts only) does not model; use kvsim simulate"
+        )
+
+
 def _vllm_number(extra: dict[str, Any], key: str, kind: type[_Number]) -> _Number:
     """``extra[key]`` as ``kind``: a JSON number (an integral one for ``int``), not a bool."""
     value = extra[key]

@@ -158,9 +158,11 @@ def write_tables(result: Result, out: str) -> list[str]:
 @click.option(
     "--sync-load-budget-bytes",
     type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="vLLM sync_load_budget_bytes: small CPU hits load in the same step.",
+    default=None,
+    help=(
+        "vLLM sync_load_budget_bytes: small CPU hits load in the same step "
+        "(default: --vllm-config's, else 0)."
+    ),
 )
 @click.option(
     "--async-scheduling/--no-async-scheduling",
@@ -217,7 +219,7 @@ def simulate_command(
     gpu_memory_utilization: float,
     no_prefix_caching: bool,
     offload_all_tokens: bool,
-    sync_load_budget_bytes: int,
+    sync_load_budget_bytes: int | None,
     async_scheduling: bool,
     link: str | None,
     compute_profile: str | None,
@@ -262,7 +264,7 @@ def simulate_command(
             gpu_kv_blocks=gpu_blocks,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=not no_prefix_caching,
-            offload_prompt_only=not offload_all_tokens,
+            offload_prompt_only=False if offload_all_tokens else None,
             sync_load_budget_bytes=sync_load_budget_bytes,
             async_scheduling=async_scheduling,
             link=link,
