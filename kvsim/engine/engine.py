@@ -244,13 +244,25 @@ class Engine:
 
     # --- one engine step ---
 
-    def _step(self) -> bool:
-        clock, sched, conn, rec = self.clock, self.scheduler, self.connector, self.recorder
+    def _begin_step(self) -> tuple[int, float, StepBatch, float]:
+        """Schedule the next step, then the worker's part before its forward (flush, the
+        previous step's stores, sync loads): ``(step, schedule time, batch, stall)``. Both
+        loops start a step so; stores never start before the last forward launched ends."""
+        clock, conn = self.clock, self.connector
         t0 = clock.now()
         step = self.steps
         self.steps += 1
-        batch = sched.schedule(t0, step)
-        stall = conn.begin_execute(self.backend, clock, rec.on_submit) if conn is not None else 0.0
+        batch = self.scheduler.schedule(t0, step)
+        stall = (
+            conn.begin_execute(self.backend, clock, self.recorder.on_submit, self._compute_tail)
+            if conn is not None
+            else 0.0
+        )
+        return step, t0, batch, stall
+
+    def _step(self) -> bool:
+        clock, sched, conn, rec = self.clock, self.scheduler, self.connector, self.recorder
+        step, t0, batch, stall = self._begin_step()
         t1 = clock.now()
         dur = self.compute(batch)
         if conn is not None:
@@ -325,12 +337,27 @@ class Engine:
         if progress or queued:
             self._schedule_step(now)
             return
+        if not self._wake_at_transfer(now):
+            self._rescue_or_stall(now)
+
+    def _wake_at_transfer(self, now: float) -> bool:
+        """Nothing happened this step: wake at the next transfer completion (or poll a
+        backend that cannot predict one). False when no transfer is in flight."""
         nct = self.backend.next_completion_time()
         if nct is not None:
             self._schedule_step(max(nct, now), PHASE_TRANSFER)
-        elif conn is not None and conn.jobs:
+            return True
+        conn = self.connector
+        if conn is not None and conn.jobs:
             self._schedule_step(now + POLL_INTERVAL_S, PHASE_TRANSFER)
-        elif sched.rescue():
+            return True
+        return False
+
+    def _rescue_or_stall(self, now: float) -> None:
+        """Work is waiting and nothing can move it: break the holders' deadlock, wait for the
+        next arrival, or fail loudly."""
+        sched = self.scheduler
+        if sched.rescue():
             self.rescues += 1
             self._schedule_step(now)
         elif not self._arrivals_left:
@@ -369,17 +396,9 @@ class Engine:
     def _launch(self) -> _Launched:
         """Schedule a step and run its worker calls; its forward starts behind the last one."""
         clock, sched, conn, rec = self.clock, self.scheduler, self.connector, self.recorder
-        t0 = clock.now()
-        step = self.steps
-        self.steps += 1
-        batch = sched.schedule(t0, step)
+        step, t0, batch, stall = self._begin_step()
         entries = sched.entries
         n_preempted = len(sched.preempted)
-        stall = (
-            conn.begin_execute(self.backend, clock, rec.on_submit, self._compute_tail)
-            if conn is not None
-            else 0.0
-        )
         t1 = clock.now()
         dur = self.compute(batch)
         start = max(t1, self._compute_tail)
@@ -429,23 +448,13 @@ class Engine:
         """Nothing happened: wake at the next transfer completion (or poll), or stay idle
         until the next arrival."""
         now = self.clock.now()
-        sched, conn = self.scheduler, self.connector
-        nct = self.backend.next_completion_time()
-        if nct is not None:
-            self._schedule_step(max(nct, now), PHASE_TRANSFER)
-        elif conn is not None and conn.jobs:
-            self._schedule_step(now + POLL_INTERVAL_S, PHASE_TRANSFER)
-        elif not sched.has_requests:
+        if self._wake_at_transfer(now):
+            return
+        if not self.scheduler.has_requests:
             if self._batches:
                 self._schedule_step(now)
-        elif sched.rescue():
-            self.rescues += 1
-            self._schedule_step(now)
-        elif not self._arrivals_left:
-            raise RuntimeError(
-                f"engine stalled at t={now:.6f}s with {sched.num_waiting} waiting "
-                f"and {len(sched.running)} running requests and nothing in flight"
-            )
+            return
+        self._rescue_or_stall(now)
 
     def _drain(self) -> None:
         """After the last step: let in-flight copies finish and account them."""
