@@ -30,3 +30,14 @@ def need_vllm(module: str) -> ModuleType:
                 f"KVSIM_REQUIRE_VLLM=1 but {module} cannot be imported: {exc}", pytrace=False
             )
         pytest.skip(f"vLLM is not importable ({exc})", allow_module_level=True)
+
+
+def run_main(args: list[object], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``kvsim ARGS`` through the console script's entry point, in this process:
+    ``(exit code, stdout, stderr)``."""
+    from kvsim.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err

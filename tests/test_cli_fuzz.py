@@ -10,9 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
-from support import SAMPLE
-
-from kvsim.cli import main
+from support import SAMPLE, run_main
 
 CASES = 160
 LINES = Path(SAMPLE).read_bytes().splitlines(keepends=True)[:25]
@@ -115,10 +113,7 @@ def test_mutated_traces_and_options_exit_cleanly(seed, tmp_path, capsys):
         args += [OUTPUT[command], str(out)]
     if command == "simulate":
         args += ["--no-progress"]
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    code = exc.value.code or 0
-    _, err = capsys.readouterr()
+    code, _, err = run_main(args, capsys)
     assert code in (0, 2), (args, err)
     assert "Traceback" not in err, (args, err)
     if code == 2:

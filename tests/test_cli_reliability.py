@@ -19,21 +19,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support import CONVERSATION, ROOT, SAMPLE
+from support import CONVERSATION, ROOT, SAMPLE, run_main
 
 import kvsim
-from kvsim.cli import main
 from kvsim.errors import InputError
 from kvsim.policies.lru import LRUPolicy
 from kvsim.traces import open_trace
 
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``kvsim ARGS`` as the console script runs it: (exit code, stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
+run = run_main
 
 
 def one_line_error(code: int, err: str) -> None:
@@ -518,3 +511,14 @@ def test_more_former_tracebacks_are_one_line(args, phrase, tmp_path, capsys):
     code, _, err = run([str(a).format(tmp=tmp_path) for a in args], capsys)
     one_line_error(code, err)
     assert phrase in err
+
+
+def test_main_gives_the_callers_handlers_back(capsys):
+    """Run in-process (a test, a notebook), ``main`` must not leave its SIGTERM handler or
+    its warning printer behind."""
+    import warnings
+
+    term, show = signal.getsignal(signal.SIGTERM), warnings.showwarning
+    code, _, _ = run(["replay", SAMPLE, "--cpu-chunks", "5", "--limit", "3"], capsys)
+    assert code == 0
+    assert signal.getsignal(signal.SIGTERM) is term and warnings.showwarning is show

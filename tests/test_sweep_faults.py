@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from support import ROOT, SAMPLE
+from support import run_main as support_run_main
 
-from kvsim.cli import main
 from kvsim.errors import InputError
 from kvsim.sweep import CRASH_LIMIT, read_journal, sweep
 
@@ -207,16 +207,9 @@ def test_fingerprint_sees_a_change_in_the_middle_only_through_size_or_mtime(tmp_
 @pytest.fixture
 def run_main(capsys, tmp_path):
     """``kvsim ARGS`` through the entry point in this process: (exit code, stderr lines)."""
-    handler = signal.getsignal(signal.SIGTERM)
 
     def run(*args: str) -> tuple[int, list[str]]:
-        try:
-            main(list(args))
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        finally:
-            signal.signal(signal.SIGTERM, handler)
-        err = capsys.readouterr().err
+        code, _, err = support_run_main(list(args), capsys)
         assert "Traceback" not in err
         return code, err.strip().splitlines()
 

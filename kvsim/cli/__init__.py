@@ -12,6 +12,7 @@ import pkgutil
 import signal
 import sys
 import warnings
+from collections.abc import Iterator
 
 import click
 
@@ -71,11 +72,30 @@ def _usage_line(exc: click.UsageError) -> str:
     return f"{cmd}: error: {exc.format_message()} (see '{cmd} --help')"
 
 
+@contextlib.contextmanager
+def _process_hooks() -> Iterator[None]:
+    """SIGTERM as an exception and kvsim's one-line warnings, for this call only: a caller
+    that runs ``main`` in its own process (a test, a notebook) gets its handlers back."""
+    previous_warning = warnings.showwarning
+    previous_term = None
+    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
+        previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    warnings.showwarning = _show_warning
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous_warning
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input is one line on stderr and exit code 2, never a traceback."""
-    with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-        signal.signal(signal.SIGTERM, _raise_terminated)
-    warnings.showwarning = _show_warning
+    with _process_hooks():
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
     except InputError as exc:
