@@ -36,7 +36,6 @@ from kvsim.keys import ChunkKey, KeyLayout
 from kvsim.traces.model import Request
 
 _MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
 _SAMPLE_BITS = 24
 
 
@@ -65,9 +64,15 @@ class _Stack:
         f.add(self.clock, 1)
 
 
+#: the shares of the infinite-cache ceiling ``kvsim mrc`` reports the capacity for
+REACH_FRACTIONS = (0.5, 0.9, 0.99)
+
+
 @dataclass
 class MRC:
-    """A hit-ratio curve: ``table`` has columns capacity, hit_ratio, miss_ratio."""
+    """A hit-ratio curve: ``table`` has columns capacity (chunks), hit_ratio, miss_ratio,
+    and, once :func:`in_capacity_units` knows the chunk's tokens (and bytes: a model),
+    capacity_tokens (and cpu_gib, the GiB vLLM needs for that many chunks)."""
 
     table: pd.DataFrame
     protocol: str
@@ -76,6 +81,11 @@ class MRC:
     sampled: int  # accesses that were tracked
     exact_from: int  # smallest capacity where the curve is exact (prefix protocol)
     info: dict[str, Any] = field(default_factory=dict)
+    chunk_tokens: int | None = None  # tokens per chunk
+    row_bytes: int | None = None  # host bytes per chunk (vLLM's row), when a model is known
+    model: str | None = None
+    kv_cache_dtype: str = "auto"
+    points: pd.DataFrame | None = None  # the curve at asked sizes (``kvsim mrc --cpu-gib``)
 
     def hit_ratio(self, capacity: int) -> float:
         """Hit ratio at any capacity (step function between table rows)."""
@@ -86,18 +96,130 @@ class MRC:
         hits: np.ndarray = cdf[np.clip(capacities, 0, len(cdf) - 1)]
         return hits
 
+    @property
+    def ceiling(self) -> float:
+        """The infinite cache's hit ratio (every reuse hits): the curve's last value, the
+        ceiling of every policy at every size."""
+        if "cdf" in self.info:
+            return float(self.info["cdf"][-1])
+        return float(self.table["hit_ratio"].max()) if len(self.table) else 0.0
 
-def _sampler(rate: float, seed: int) -> Callable[[ChunkKey], bool] | None:
-    """SHARDS' fixed-rate filter: keeps a key iff its salted hash is below the rate (None
-    keeps every key)."""
+    def capacity_for(self, fraction: float) -> int | None:
+        """The smallest capacity (chunks) whose hit ratio reaches ``fraction`` of the
+        ceiling; None when nothing can hit (no reuse)."""
+        if not 0.0 < fraction <= 1.0:
+            raise InputError(f"a share of the ceiling must be in (0, 1], got {fraction}")
+        ceiling = self.ceiling
+        if ceiling <= 0.0:
+            return None
+        target = fraction * ceiling * (1.0 - 1e-12)  # the curve's ratios are sums of floats
+        if "cdf" in self.info:
+            return max(1, int(np.searchsorted(self.info["cdf"], target, side="left")))
+        t = self.table
+        return int(t.loc[t["hit_ratio"] >= target, "capacity"].min())
+
+    def gib(self, capacity: float) -> float | None:
+        """GiB of ``capacity`` chunks, as vLLM allocates them (None without a model)."""
+        return None if self.row_bytes is None else capacity * self.row_bytes / 2**30
+
+    def reach(self, fractions: Sequence[float] = REACH_FRACTIONS) -> pd.DataFrame:
+        """The capacity that reaches each share of the ceiling, in chunks, tokens and GiB
+        (``exact``: :meth:`is_exact`; otherwise the curve's estimate)."""
+        rows = []
+        for q in fractions:
+            c = self.capacity_for(q)
+            rows.append(
+                {
+                    "fraction_of_ceiling": q,
+                    "hit_ratio": None if c is None else self.hit_ratio_at(c),
+                    "capacity": c,
+                    "capacity_tokens": None if c is None or not self.chunk_tokens
+                    else c * self.chunk_tokens,
+                    "cpu_gib": None if c is None else self.gib(c),
+                    "exact": None if c is None else self.is_exact(c),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def is_exact(self, capacity: int) -> bool:
+        """Whether the curve at ``capacity`` is a replay's exact value: unsampled, and at or
+        above ``exact_from`` (below it vLLM's all-or-nothing stores can fail)."""
+        return self.sample_rate >= 1.0 and capacity >= self.exact_from
+
+    def hit_ratio_at(self, capacity: int) -> float:
+        """:meth:`hit_ratio`, or the table's step value for a curve without a CDF."""
+        if "cdf" in self.info:
+            return self.hit_ratio(capacity)
+        t = self.table[self.table["capacity"] <= capacity]
+        return float(t["hit_ratio"].iloc[-1]) if len(t) else 0.0
+
+
+def in_capacity_units(
+    curve: MRC,
+    chunk_tokens: int,
+    row_bytes: int | None = None,
+    *,
+    model: str | None = None,
+    kv_cache_dtype: str = "auto",
+) -> MRC:
+    """``curve`` with its capacities also in tokens and, given the chunk's host bytes (a
+    model's), in GiB: ``capacity_tokens`` and ``cpu_gib`` columns (``capacity`` chunks need
+    ``capacity x row_bytes`` bytes of ``--cpu-gib``: vLLM allocates whole rows)."""
+    t = curve.table.copy()
+    t["capacity_tokens"] = t["capacity"].astype(np.int64) * int(chunk_tokens)
+    if row_bytes is not None:
+        t["cpu_gib"] = t["capacity"].astype(np.int64) * int(row_bytes) / 2**30
+    curve.table = t
+    curve.chunk_tokens = int(chunk_tokens)
+    curve.row_bytes = None if row_bytes is None else int(row_bytes)
+    curve.model = model
+    curve.kv_cache_dtype = kv_cache_dtype
+    return curve
+
+
+def at_sizes(
+    curve: MRC, cpu_gib: Sequence[float], chunks_for: Callable[[float], int]
+) -> pd.DataFrame:
+    """The curve at each asked size: ``chunks_for(gib)`` is the tier vLLM (and ``kvsim
+    replay --cpu-gib``) makes of it, so each hit ratio is that replay's (exactly, for
+    ``exact``)."""
+    rows = []
+    for asked in cpu_gib:
+        c = chunks_for(asked)
+        rows.append(
+            {
+                "cpu_gib_asked": float(asked),
+                "capacity": c,
+                "capacity_tokens": c * curve.chunk_tokens if curve.chunk_tokens else None,
+                "cpu_gib": curve.gib(c),
+                "hit_ratio": curve.hit_ratio_at(c),
+                "exact": curve.is_exact(c),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser: every input bit moves every output bit. Trace ids are small
+    consecutive integers, and the most shared prefix blocks have the smallest ids; a plain
+    multiplicative hash kept id 0 at every rate (and over-sampled the hottest keys)."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def key_sampler(rate: float, seed: int) -> Callable[[ChunkKey], bool] | None:
+    """SHARDS' fixed-rate spatial filter: keeps a key iff its salted hash is below the rate,
+    so a key is always or never sampled (None keeps every key)."""
     if rate >= 1.0:
         return None
     threshold = int(rate * (1 << _SAMPLE_BITS))
-    salt = (seed * 0xD1B54A32D192ED03) & _MASK64
+    salt = _mix64(seed & _MASK64)
+    shift = 64 - _SAMPLE_BITS
 
     def keep(key: ChunkKey) -> bool:
-        h = ((hash(key) ^ salt) * _GOLDEN) & _MASK64
-        return (h >> (64 - _SAMPLE_BITS)) < threshold
+        return (_mix64((hash(key) ^ salt) & _MASK64) >> shift) < threshold
 
     return keep
 
@@ -167,7 +289,7 @@ def lru_mrc(
         raise InputError(f"--protocol must be prefix or object, got {protocol!r}")
     if not 0.0 < sample_rate <= 1.0:
         raise InputError(f"--sample-rate must be in (0, 1], got {sample_rate}")
-    keep = _sampler(sample_rate, seed)
+    keep = key_sampler(sample_rate, seed)
     scale = 1.0 / sample_rate
     record = _record_object if protocol == "object" else _record_prefix
     stack = _Stack()
