@@ -5,9 +5,12 @@ separate runs of ``size`` bytes is timed with events on a side stream, H2D, D2H,
 directions at once (two streams, timed from the first start to the last end). The median
 of a few repeats is kept. The runs go through the device's copy path (one batched
 ``cuMemcpyBatchAsync`` on CUDA, ``copy_`` per run on CPU; :mod:`real.copy_path`), the one
-the backend uses, and both host buffers (the H2D source and the D2H destination) are
-page-aligned pools page-locked like the backend's: a pageable D2H destination would make
-a ``non_blocking`` copy synchronous and staged and measure the wrong thing. The points
+the backend uses, so on CUDA the H2D points of 16 or more copies under 28 KiB go through
+vLLM's Triton gather kernel when it resolved, as such loads would (each point records the
+path that copied it: ``point_paths`` in the report). Both host buffers (the H2D source and
+the D2H destination) are page-aligned pools page-locked like the backend's: a pageable D2H
+destination would make a ``non_blocking`` copy synchronous and staged and measure the
+wrong thing. The points
 are then fitted per direction to
 
     seconds = latency + count * per_copy + bytes / bandwidth(size)
@@ -32,6 +35,7 @@ from real.device import Device, Event, Stream
 from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import KVGeometry
 from real.lifetime import release_when_idle
+from real.triton_load import GatherKernel
 
 if TYPE_CHECKING:
     from kvsim.engine.transfer_model import TransferModelParams
@@ -77,6 +81,7 @@ class Point:
     size: int  # bytes per copy
     count: int  # copies per transfer (per direction for "both")
     seconds: float  # median wall time of the transfer on the device
+    path: str = ""  # the copy path of its H2D copies (of its D2H ones for d2h)
 
     @property
     def nbytes(self) -> int:
@@ -200,7 +205,9 @@ def measure(
                 for d in directions:
                     _time_once(device, *plans(d, w, count), path)  # warm-up
                     times = [_time_once(device, *plans(d, w, count), path) for _ in range(repeats)]
-                    points.append(Point(d, w * 8, count, statistics.median(times)))
+                    dst, src = (d2h_dst, gpu_b) if d == D2H else (gpu_a, h2d_src)
+                    route = path.route(dst, src, _runs(w, count), None)
+                    points.append(Point(d, w * 8, count, statistics.median(times), route))
         return points, all(p.pinned for p in pools)
     finally:
         release_when_idle(device, pools[1], gpu_a, gpu_b, pools[0])
@@ -220,7 +227,10 @@ def fit(points: Sequence[Point]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"directions": {}}
     for d in (H2D, D2H, BOTH):
-        pts = [p for p in points if p.direction == d]
+        # the copy-engine curve from DMA points only: a load timed through the gather
+        # kernel is another path (kept apart as ``kernel_points``)
+        kernel = [p for p in points if p.direction == d and p.path == GatherKernel.name]
+        pts = [p for p in points if p.direction == d and p.path != GatherKernel.name]
         if not pts:
             continue
         slopes: dict[int, float] = {}
@@ -255,6 +265,7 @@ def fit(points: Sequence[Point]) -> dict[str, Any]:
             "per_copy_s": per_copy,
             "overhead_s": float(np.median(intercepts)),
             "points": [[p.size, p.count, p.seconds] for p in pts],
+            "kernel_points": [[p.size, p.count, p.seconds] for p in kernel],
         }
     dirs = out["directions"]
     if all(d in dirs for d in (H2D, D2H, BOTH)):
@@ -290,6 +301,10 @@ def calibrate(
     points, pinned = measure(device, copy_path=path, **measure_kwargs)
     fitted = fit(points)
     fitted["copy_path"] = path.name
+    by_path: dict[str, list[list[Any]]] = {}
+    for p in points:
+        by_path.setdefault(p.path, []).append([p.direction, p.size, p.count])
+    fitted["point_paths"] = by_path
     name = link or (
         "cuda-" + torch.cuda.get_device_name(device.torch_device)
         if device.is_cuda

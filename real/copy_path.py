@@ -1,4 +1,4 @@
-"""How a job's runs of words are copied: one ``copy_`` per run, or one batched driver call.
+"""How a job's runs of words are copied: ``copy_`` per run, a batched driver call, a kernel.
 
 A *run* is ``(dst, src, words)``: word offsets into two flat tensors of the same dtype.
 
@@ -12,10 +12,20 @@ A *run* is ``(dst, src, words)``: word offsets into two flat tensors of the same
   ``simple_kv_offload/cuda_mem_ops.py`` does. Loads may let the DMA read their source out
   of stream order (``SRC_ACCESS_ORDER_ANY``) when nothing in flight writes it; stores
   always read in stream order (the compute stream may still be writing the KV).
+* :class:`KernelLoadCopy`: vLLM 0.33's choice per job. A CPU->GPU job from page-locked
+  memory whose pages are under 28 KiB, 16 or more of them, goes through the Triton gather
+  kernel (:mod:`real.triton_load`); everything else through the DMA path it wraps. The
+  rule is :func:`kvsim.engine.copy_paths.load_uses_kernel`, shared with the simulator.
+
+A job's runs may merge several of vLLM's page descriptors (the backend coalesces pages
+contiguous on both sides); ``page_words`` says how long one page is, so the kernel path
+counts and copies vLLM's descriptors, not the merged runs. ``None``: each run is a page.
 
 :func:`default_copy_path` picks the batch path on CUDA when the driver has it and the copy
-path on CPU; nothing CUDA-specific is imported or resolved on a CPU device. ``calibrate``
-and the backend take the path from the same device, so calibration times what runs.
+path on CPU, and on CUDA wraps it with the kernel when Triton is importable and a probe
+copy succeeded; nothing CUDA-specific (nor Triton) is imported or resolved on a CPU
+device. ``calibrate`` and the backend take the path from the same device, so calibration
+times what runs, kernel included where vLLM would launch it.
 """
 
 from __future__ import annotations
@@ -29,6 +39,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvsim.engine.copy_paths import KERNEL_WORD_BYTES, load_uses_kernel
+from kvsim.errors import InputError
+
 if TYPE_CHECKING:
     from real.device import Device, Stream
 
@@ -38,12 +51,19 @@ SRC_ACCESS_ORDER_STREAM = 1  # CUmemcpySrcAccessOrder
 SRC_ACCESS_ORDER_ANY = 3
 BATCH_ABI_VERSION = 12080  # cuMemcpyBatchAsync with failIdx, as vLLM requests it
 MAX_DESCRIPTORS = 16384  # per call: ~52k descriptors hung CUDA 13.0 (vLLM issue #49276)
+LOAD_MODES = ("auto", "dma", "kernel")  # KVSIM_LOAD_PATH: vLLM's rule, never, or always
 
 
 class CopyPath(Protocol):
     """Copies runs from ``src`` to ``dst`` on ``stream`` (called inside ``stream.run``)."""
 
     name: str
+
+    def route(
+        self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
+    ) -> str:
+        """The name of the path that would copy these runs (a wrapper may choose per job)."""
+        ...
 
     def copy(
         self,
@@ -53,6 +73,7 @@ class CopyPath(Protocol):
         *,
         stream: Stream,
         stable_source: bool,
+        page_words: int | None = None,
     ) -> None: ...
 
 
@@ -61,6 +82,11 @@ class TorchCopy:
 
     name = "copy_"
 
+    def route(
+        self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
+    ) -> str:
+        return self.name
+
     def copy(
         self,
         dst: torch.Tensor,
@@ -69,6 +95,7 @@ class TorchCopy:
         *,
         stream: Stream,
         stable_source: bool,
+        page_words: int | None = None,
     ) -> None:
         nb = dst.is_cuda or src.is_cuda
         for d, s, n in runs:
@@ -142,6 +169,11 @@ class BatchCopy:
         self.handle_of = handle_of
         self.calls = 0
 
+    def route(
+        self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
+    ) -> str:
+        return self.name
+
     def copy(
         self,
         dst: torch.Tensor,
@@ -150,6 +182,7 @@ class BatchCopy:
         *,
         stream: Stream,
         stable_source: bool,
+        page_words: int | None = None,
     ) -> None:
         if not runs:
             return
@@ -199,11 +232,129 @@ def resolve_batch_copy() -> tuple[BatchCopy | None, str]:
     return BatchCopy(BATCH_FUNC_TYPE(int(ptr))), "resolved"
 
 
-def default_copy_path(device: Device, prefer: str | None = None) -> CopyPath:
-    """The batch path on CUDA when available (``KVSIM_COPY_PATH=copy_`` forces ``copy_``);
-    always ``copy_`` on CPU."""
+class PageKernel(Protocol):
+    """Copies pages (``[n, 3]`` element offsets: dst, src, length) on the current stream,
+    ``tile`` words at a time (:class:`real.triton_load.GatherKernel`)."""
+
+    name: str
+
+    def copy_pages(
+        self, dst: torch.Tensor, src: torch.Tensor, pages: npt.NDArray[np.int64], *, tile: int
+    ) -> None: ...
+
+
+def whole_words(dst: torch.Tensor, src: torch.Tensor, pages: npt.NDArray[np.int64]) -> bool:
+    """Whether every page starts and ends on an 8-byte boundary on both sides (the kernel
+    moves 8-byte words; vLLM checks the page sizes, kvsim's offsets are as aligned)."""
+    esize = dst.element_size()
+    if (dst.data_ptr() | src.data_ptr()) % KERNEL_WORD_BYTES:
+        return False
+    return not np.any((pages * esize) % KERNEL_WORD_BYTES)
+
+
+def _host_to_device(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    return dst.is_cuda and not src.is_cuda
+
+
+def _pinned(t: torch.Tensor) -> bool:
+    return bool(t.is_pinned())  # true for cudaHostRegister'd memory too
+
+
+class KernelLoadCopy:
+    """Loads of small pages through the gather kernel, everything else through ``dma``.
+
+    ``mode``: ``auto`` (vLLM's rule), ``kernel`` (every load from pinned memory in whole
+    8-byte words, whatever its size and count: for comparisons) or ``dma`` (never).
+    ``is_load`` and ``pinned`` say which jobs read page-locked host memory into the GPU
+    (tests on CPU tensors replace them). ``jobs`` counts the jobs per path."""
+
+    def __init__(
+        self,
+        dma: CopyPath,
+        kernel: PageKernel,
+        *,
+        mode: str = "auto",
+        is_load: Callable[[torch.Tensor, torch.Tensor], bool] = _host_to_device,
+        pinned: Callable[[torch.Tensor], bool] = _pinned,
+    ) -> None:
+        if mode not in LOAD_MODES:
+            raise ValueError(f"load path must be one of {LOAD_MODES}, got {mode!r}")
+        self.dma = dma
+        self.kernel = kernel
+        self.mode = mode
+        self.is_load = is_load
+        self.pinned = pinned
+        self.name = f"{dma.name}+{kernel.name}"
+        self.jobs: dict[str, int] = {kernel.name: 0, dma.name: 0}
+
+    def _pages(
+        self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
+    ) -> npt.NDArray[np.int64] | None:
+        """vLLM's page descriptors of this job when it goes through the kernel, else None."""
+        if self.mode == "dma" or not runs or not self.is_load(dst, src):
+            return None
+        from real.triton_load import split_pages
+
+        pages = split_pages(runs, page_words)
+        if not whole_words(dst, src, pages):
+            return None
+        if self.mode == "kernel":
+            use = self.pinned(src)
+        else:
+            page_bytes = int(pages[:, 2].max()) * dst.element_size()
+            use = load_uses_kernel(page_bytes, len(pages), pinned=self.pinned(src))
+        return pages if use else None
+
+    def route(
+        self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
+    ) -> str:
+        pages = self._pages(dst, src, runs, page_words)
+        if pages is not None:
+            return self.kernel.name
+        return self.dma.route(dst, src, runs, page_words)
+
+    def copy(
+        self,
+        dst: torch.Tensor,
+        src: torch.Tensor,
+        runs: Sequence[Run],
+        *,
+        stream: Stream,
+        stable_source: bool,
+        page_words: int | None = None,
+    ) -> None:
+        pages = self._pages(dst, src, runs, page_words)
+        if pages is None:
+            self.jobs[self.dma.name] += 1
+            self.dma.copy(
+                dst, src, runs, stream=stream, stable_source=stable_source, page_words=page_words
+            )
+            return
+        from real.triton_load import tile_words
+
+        self.jobs[self.kernel.name] += 1
+        tile = tile_words(int(pages[:, 2].max()) * dst.element_size())
+        self.kernel.copy_pages(dst, src, pages, tile=tile)
+
+
+def default_copy_path(
+    device: Device, prefer: str | None = None, load: str | None = None
+) -> CopyPath:
+    """The batch path on CUDA when available (``KVSIM_COPY_PATH=copy_`` forces ``copy_``),
+    with small-page loads through the gather kernel when it resolves
+    (``KVSIM_LOAD_PATH=auto|dma|kernel``, default ``auto``: vLLM's rule); always ``copy_``
+    on CPU."""
     prefer = prefer or os.environ.get("KVSIM_COPY_PATH", "auto")
+    load = load or os.environ.get("KVSIM_LOAD_PATH", "auto")
+    if load not in LOAD_MODES:
+        raise InputError(f"KVSIM_LOAD_PATH must be one of {', '.join(LOAD_MODES)}, got {load!r}")
     if not device.is_cuda or prefer == TorchCopy.name:
         return TorchCopy()
     batch, _reason = resolve_batch_copy()
-    return batch if batch is not None else TorchCopy()
+    dma: CopyPath = batch if batch is not None else TorchCopy()
+    if load == "dma":
+        return dma
+    from real.triton_load import resolve_gather_kernel
+
+    kernel, _why = resolve_gather_kernel(device)
+    return dma if kernel is None else KernelLoadCopy(dma, kernel, mode=load)

@@ -6,18 +6,22 @@ and writes ``DIR/gpu_check.json`` after every section (so a crash or a timeout s
 everything measured so far) and ``DIR/profile.json`` after calibration. Sections:
 
 1. environment: GPU, torch and CUDA versions, the copy path (``cuMemcpyBatchAsync`` or
-   ``copy_``), whether the host pool could be page-locked (refused otherwise, unless
+   ``copy_``, plus vLLM's Triton gather kernel for small-page loads when it resolved),
+   whether the host pool could be page-locked (refused otherwise, unless
    ``--allow-unpinned``);
 2. calibration: the copy curve (H2D, D2H, both at once; 4 KiB to 64 MiB), the profile;
 3. bandwidth: :class:`RealTransferBackend` jobs of 2 MiB blocks (Llama-3.1-8B, 16 tokens)
    at scattered block and chunk ids, in both layouts: stores alone, loads alone, both;
 4. integrity: stores, loads and compute at once, every loaded byte checked, both layouts;
-5. validation: the bundled Bailian sample simulated (with the calibrated profile) and run.
+5. small pages: H2D jobs of 16 KiB per-layer pages (where vLLM launches its gather
+   kernel) through the kernel and through DMA, every loaded byte checked;
+6. validation: the bundled Bailian sample simulated (with the calibrated profile) and run.
 
 Then one line per goal, each starting with PASS or FAIL:
 
 * H2D and D2H each >= 45 GB/s for >= 2 MiB blocks in both layouts; >= 75 GB/s both ways;
 * 0 mismatched bytes under concurrent loads, stores and compute;
+* small-page loads byte-exact through the gather kernel and DMA (both GB/s reported);
 * median simulated-vs-measured job time error < 10 % (the TTFT error is reported).
 
 The exit status is 1 when a byte mismatched or a section crashed, else 0. On CPU the same
@@ -41,11 +45,13 @@ import torch
 
 from kvsim.engine.transfer_protocol import LOAD, STORE, TransferJob
 from real.calibrate import BOTH, D2H, H2D, KIB, MIB, calibrate, gbps_at_least
+from real.copy_path import LOAD_MODES, CopyPath, KernelLoadCopy, default_copy_path
 from real.device import Device, cpu_stand_in, cuda_available
 from real.host_pool import HostLayout, HostPool
 from real.kv_cache import BLOCK_FIRST, LAYER_MAJOR, GpuKVCache, KVGeometry
 from real.lifetime import release_when_idle
 from real.transfer import RealTransferBackend
+from real.triton_load import GatherKernel, resolve_gather_kernel
 
 if TYPE_CHECKING:
     from kvsim.engine.transfer_model import TransferModelParams
@@ -53,6 +59,7 @@ if TYPE_CHECKING:
 GOAL_ONE_WAY_GBPS = 45.0
 GOAL_BOTH_GBPS = 75.0
 GOAL_MEDIAN_ERR = 0.10
+SMALL_PAGE_BYTES = 16 * KIB  # under vLLM's 28 KiB kernel threshold
 LAYOUTS = (BLOCK_FIRST, LAYER_MAJOR)
 
 
@@ -247,6 +254,101 @@ def _wait_until(device: Device, t: float) -> None:
         time.sleep(left)
 
 
+# --------------------------------------------------------------------------- small pages
+
+
+def load_paths(device: Device) -> tuple[dict[str, CopyPath], str]:
+    """``{"kernel": vLLM's choice with the gather kernel, "dma": the DMA path}`` (only
+    ``dma`` when the kernel did not resolve) and why the kernel is or is not there."""
+    path = device.copy_path()
+    dma = path.dma if isinstance(path, KernelLoadCopy) else path
+    kernel, why = resolve_gather_kernel(device)
+    paths: dict[str, CopyPath] = {"dma": dma}
+    if kernel is not None:
+        paths = {"kernel": KernelLoadCopy(dma, kernel), "dma": dma}
+    return paths, why
+
+
+def small_page_loads(
+    device: Device,
+    *,
+    geometry: KVGeometry,
+    blocks: int,
+    jobs: int,
+    blocks_per_job: int,
+    gate_s: float = 0.0,
+    allow_unpinned: bool = False,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Loads of small layer-major pages through each load path, every byte checked.
+
+    Every chunk is stored once with its own key; then, per path, the GPU cache is zeroed
+    and ``jobs`` loads of ``blocks_per_job`` random chunks into random blocks queue behind
+    a ``gate_s`` spin, so they run back to back. GB/s is bytes over the summed copy time of
+    the jobs (start to end event of each: the byte check each load queues after its end
+    event is not counted); ``jobs_by_path`` counts which path each job really took."""
+    rng = random.Random(seed)
+    paths, why = load_paths(device)
+    gpu = GpuKVCache(geometry, blocks, LAYER_MAJOR, device.torch_device)
+    host = _pool(device, HostLayout(geometry, 1, LAYER_MAJOR), blocks, allow_unpinned)
+    backends: list[RealTransferBackend] = []
+    try:
+        store = RealTransferBackend(device, gpu, host, copy_path=paths["dma"])
+        backends.append(store)
+        job_id = 0
+        for first in range(0, blocks, blocks_per_job):
+            chunks = list(range(first, min(first + blocks_per_job, blocks)))
+            job_id += 1
+            nbytes = len(chunks) * geometry.block_bytes
+            store.submit(
+                TransferJob(job_id, STORE, chunks, chunks, nbytes, len(chunks), chunks), 0.0
+            )
+        store.drain()
+        out: dict[str, Any] = {
+            "page_bytes": geometry.page_bytes,
+            "descriptors_per_job": blocks_per_job * geometry.num_layers,
+            "pinned": host.pinned,
+            "kernel_status": why,
+        }
+        for name, path in paths.items():
+            backend = RealTransferBackend(device, gpu, host, copy_path=path)
+            backends.append(backend)
+
+            def burst(n: int, backend: RealTransferBackend = backend) -> list[Any]:
+                nonlocal job_id
+                first_rec = len(backend.records)
+                device.sleep(device.compute_stream, gate_s, until=device.clock() + gate_s)
+                for _ in range(n):
+                    job_id += 1
+                    src = rng.sample(range(blocks), blocks_per_job)
+                    dst = rng.sample(range(blocks), blocks_per_job)
+                    nbytes = blocks_per_job * geometry.block_bytes
+                    backend.submit(
+                        TransferJob(job_id, LOAD, dst, src, nbytes, blocks_per_job, src), 0.0
+                    )
+                backend.drain()
+                return backend.records[first_rec:]
+
+            burst(1)  # warm-up (the kernel compiles once per tile size)
+            gpu.data.zero_()  # a load that copied nothing cannot pass its check
+            before = dict(getattr(path, "jobs", {}))
+            recs = burst(jobs)
+            busy = sum(r.duration for r in recs)
+            after = getattr(path, "jobs", {})
+            routes = {k: v - before.get(k, 0) for k, v in after.items()} or {path.name: len(recs)}
+            out[name] = {
+                "path": path.name,
+                "jobs_by_path": routes,
+                "jobs": len(recs),
+                "gbps": sum(r.nbytes for r in recs) / busy / 1e9 if busy > 0 else None,
+                "failed_jobs": sum(not r.success for r in recs),
+                **backend.integrity.as_dict(),
+            }
+        return out
+    finally:
+        release_when_idle(device, host, gpu, *backends)
+
+
 # --------------------------------------------------------------------------- the check
 
 
@@ -259,6 +361,9 @@ def _sizes(small: bool) -> dict[str, Any]:
             "geometry": KVGeometry(4, 2048),
             "bandwidth": dict(blocks=64, jobs=3, blocks_per_job=4, gate_s=0.002),
             "integrity": dict(gpu_blocks=32, chunks=48, rounds=6, blocks_per_job=4, compute_s=1e-3),
+            "small_pages": dict(
+                geometry=KVGeometry(8, SMALL_PAGE_BYTES), blocks=32, jobs=3, blocks_per_job=4
+            ),
         }
     return {
         "calibrate": dict(max_bytes=256 * MIB, repeats=3),
@@ -266,6 +371,14 @@ def _sizes(small: bool) -> dict[str, Any]:
         "bandwidth": dict(blocks=1024, jobs=12, blocks_per_job=32, gate_s=0.1),
         "integrity": dict(
             gpu_blocks=512, chunks=1024, rounds=60, blocks_per_job=32, compute_s=0.005
+        ),
+        # 32 layers of 16 KiB pages (a 512 KiB block): 1024 page descriptors per job
+        "small_pages": dict(
+            geometry=KVGeometry(32, SMALL_PAGE_BYTES),
+            blocks=512,
+            jobs=16,
+            blocks_per_job=32,
+            gate_s=0.1,
         ),
     }
 
@@ -277,6 +390,7 @@ def _environment(device: Device) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "copy_path": device.copy_path().name,
+        "load_kernel": resolve_gather_kernel(device)[1],
     }
     if device.is_cuda:
         from real.copy_path import resolve_batch_copy
@@ -355,6 +469,10 @@ def run_check(
         ],
     )
     section(
+        "small_pages",
+        lambda: small_page_loads(device, allow_unpinned=allow_unpinned, **sizes["small_pages"]),
+    )
+    section(
         "validation",
         lambda: _validation(
             device, params_box[0] if params_box else None, small, validation_trace, allow_unpinned
@@ -427,6 +545,7 @@ def evaluate_goals(data: dict[str, Any]) -> list[dict[str, Any]]:
         )
     else:
         goals.append({"goal": goal, "passed": False, "detail": "not measured"})
+    goals.append(_small_page_goal(data.get("small_pages")))
     v = data.get("validation")
     goal = f"median job-time error < {GOAL_MEDIAN_ERR:.0%} after calibrate"
     if _ok(v):
@@ -445,6 +564,35 @@ def evaluate_goals(data: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         goals.append({"goal": goal, "passed": False, "detail": "not measured"})
     return goals
+
+
+def _small_page_goal(sp: Any) -> dict[str, Any]:
+    """Byte-exact small-page loads through DMA and through the kernel, which must have
+    copied every job of its run (vLLM's rule picks it for all of them)."""
+    goal = (
+        f"small-page H2D loads ({SMALL_PAGE_BYTES // KIB} KiB pages) byte-exact via kernel and DMA"
+    )
+    if not _ok(sp):
+        return {"goal": goal, "passed": False, "detail": "not measured"}
+    dma, kernel = sp["dma"], sp.get("kernel")
+    runs = [dma] if kernel is None else [kernel, dma]
+    exact = all(
+        r["mismatched_bytes"] == 0 and r["checked_blocks"] > 0 and not r["failed_jobs"]
+        for r in runs
+    )
+    dma_part = f"DMA ({dma['path']}) {_fmt(dma['gbps'])} GB/s"
+    if kernel is None:
+        parts = [f"kernel not available ({sp['kernel_status']})", dma_part]
+        kernel_ran = False
+    else:
+        parts = [f"kernel {_fmt(kernel['gbps'])} GB/s", dma_part]
+        if kernel["gbps"] and dma["gbps"]:
+            parts.append(f"kernel/DMA x{kernel['gbps'] / dma['gbps']:.2f}")
+        kernel_ran = kernel["jobs_by_path"].get(GatherKernel.name, 0) == kernel["jobs"] > 0
+    bad = sum(r["mismatched_bytes"] for r in runs)
+    checked = sum(r["checked_blocks"] for r in runs)
+    parts.append(f"{bad} mismatched bytes, {checked} blocks checked")
+    return {"goal": goal, "passed": exact and kernel_ran, "detail": ", ".join(parts)}
 
 
 def format_curve(curves: dict[str, dict[str, float]]) -> str:
@@ -469,10 +617,13 @@ def _fmt(v: object) -> str:
 
 def exit_status(data: dict[str, Any]) -> int:
     """1 when a section crashed or a byte mismatched, else 0."""
-    sections = ("calibration", "bandwidth", "integrity", "validation")
+    sections = ("calibration", "bandwidth", "integrity", "small_pages", "validation")
     if any(not _ok(data.get(s)) for s in sections):
         return 1
     if any(i["mismatched_bytes"] for i in data["integrity"]):
+        return 1
+    small = data["small_pages"]
+    if any(small[k]["mismatched_bytes"] for k in ("kernel", "dma") if k in small):
         return 1
     return 1 if data["validation"].get("integrity_mismatched_bytes", 1) else 0
 
@@ -487,8 +638,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="go on when page-locking host memory fails (numbers then measure pageable copies)",
     )
+    ap.add_argument(
+        "--load-path",
+        choices=LOAD_MODES,
+        default=None,
+        help="CPU->GPU jobs: vLLM's rule (auto, the default; KVSIM_LOAD_PATH), DMA only, or "
+        "the Triton gather kernel for every load from pinned memory",
+    )
     args = ap.parse_args(argv)
     device = Device("cuda") if cuda_available() else cpu_stand_in()
+    if args.load_path is not None:
+        device.set_copy_path(default_copy_path(device, load=args.load_path))
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -45,7 +45,7 @@ from kvsim.engine.transfer_protocol import DIRECTIONS, STORE, TransferJob, Trans
 from real.copy_path import CopyPath, Run
 from real.device import Device, Event, Stream
 from real.host_pool import HostPool
-from real.kv_cache import GpuKVCache, key_seed
+from real.kv_cache import LAYER_MAJOR, GpuKVCache, key_seed
 
 Fault = Callable[[TransferJob], bool]
 Pair = tuple[int, int, int, object]  # (gpu block, chunk, sub-block, identity or None)
@@ -175,6 +175,9 @@ class RealTransferBackend:
         self.verify_loads = verify_loads
         self.fault = fault
         self.copy_path = copy_path or device.copy_path()
+        # vLLM's copy descriptor: one layer's page (layer-major) or a whole cross-layer block
+        g = gpu_cache.geometry
+        self.page_words = g.page_words * (1 if gpu_cache.layout == LAYER_MAJOR else g.num_layers)
         self.streams = {d: device.stream(d) for d in DIRECTIONS}
         self._queues: dict[str, deque[_InFlight]] = {d: deque() for d in DIRECTIONS}
         self._by_id: dict[int, _InFlight] = {}
@@ -387,16 +390,20 @@ class RealTransferBackend:
     ) -> Callable[[], None]:
         gpu_flat, host_flat = self.gpu.flat, self.host.data
         dst, src = (host_flat, gpu_flat) if to_host else (gpu_flat, host_flat)
-        path = self.copy_path
+        path, page = self.copy_path, self.page_words
         fail = self.fault is not None and self.fault(inflight.job)
 
         def copy() -> None:
             try:
                 if fail:
                     half = runs[: len(runs) // 2]
-                    path.copy(dst, src, half, stream=stream, stable_source=stable_source)
+                    path.copy(
+                        dst, src, half, stream=stream, stable_source=stable_source, page_words=page
+                    )
                     raise InjectedCopyError(f"injected failure in job {inflight.job.job_id}")
-                path.copy(dst, src, runs, stream=stream, stable_source=stable_source)
+                path.copy(
+                    dst, src, runs, stream=stream, stable_source=stable_source, page_words=page
+                )
             except Exception as exc:  # a failed copy is a result, not a crash
                 inflight.error = f"{type(exc).__name__}: {exc}"
 

@@ -1,34 +1,69 @@
 """Under ``KVSIM_REQUIRE_VLLM=1`` (CI) a skipped vLLM differential test fails the run: the
-strongest evidence kvsim has must run where it lands, not be skipped there."""
+strongest evidence kvsim has must run where it lands, not be skipped there. The same for
+``KVSIM_REQUIRE_TRITON=1`` and the tests marked ``triton`` (vLLM's gather kernel run by
+Triton's CPU interpreter: the only place the kernel's code runs without a GPU)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 from support import REQUIRE_VLLM
 
-_skipped_vllm: list[str] = []
-_ran_vllm: list[str] = []
+#: set by CI: a ``triton`` test that cannot import Triton fails instead of skipping
+REQUIRE_TRITON = os.environ.get("KVSIM_REQUIRE_TRITON") == "1"
+
+# marker -> (the variable that requires its tests, whether it is set, what they are)
+_REQUIRED = {
+    "vllm": ("KVSIM_REQUIRE_VLLM", REQUIRE_VLLM, "vLLM differential"),
+    "triton": ("KVSIM_REQUIRE_TRITON", REQUIRE_TRITON, "Triton interpreter"),
+}
+_skipped: dict[str, list[str]] = {m: [] for m in _REQUIRED}
+_ran: dict[str, list[str]] = {m: [] for m in _REQUIRED}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "triton: runs the Triton gather kernel under Triton's CPU interpreter (skipped "
+        "without triton, except under KVSIM_REQUIRE_TRITON=1)",
+    )
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if "vllm" not in report.keywords:
-        return
-    if report.skipped:
-        _skipped_vllm.append(report.nodeid)
-    elif report.when == "call":
-        _ran_vllm.append(report.nodeid)
+    for marker in _REQUIRED:
+        if marker not in report.keywords:
+            continue
+        if report.skipped:
+            _skipped[marker].append(report.nodeid)
+        elif report.when == "call":
+            _ran[marker].append(report.nodeid)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not REQUIRE_VLLM or session.config.option.collectonly:
+    if session.config.option.collectonly:
         return
-    selected_vllm = any("vllm" in item.keywords for item in session.items)
-    if _skipped_vllm or (selected_vllm and not _ran_vllm):
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(
-                f"KVSIM_REQUIRE_VLLM=1: {len(_skipped_vllm)} vLLM differential test(s) "
-                f"skipped, {len(_ran_vllm)} ran; a skipped differential test fails CI",
-                red=True,
-            )
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    for marker, (variable, required, what) in _REQUIRED.items():
+        if not required:
+            continue
+        skipped, ran = _skipped[marker], _ran[marker]
+        selected = any(marker in item.keywords for item in session.items)
+        if skipped or (selected and not ran):
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(
+                    f"{variable}=1: {len(skipped)} {what} test(s) skipped, {len(ran)} ran; "
+                    f"a skipped {what} test fails CI",
+                    red=True,
+                )
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _trace_cache_in_tmp(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tests never touch the user's trace cache: each test reads and writes its own, empty
+    one (the variables reach the processes a test starts too)."""
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path_factory.mktemp("trace-cache")))
+    monkeypatch.delenv("KVSIM_NO_CACHE", raising=False)

@@ -71,14 +71,23 @@ def test_runs_from_the_checkout_on_the_device_image_packages(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(audit.read_text())["bad_imports"] == []
     goals = [ln for ln in proc.stdout.splitlines() if ln.startswith(("PASS ", "FAIL "))]
-    assert len(goals) == 5
+    assert len(goals) == 6
     assert any(ln.startswith("PASS 0 mismatched bytes") for ln in goals)
     assert "bandwidth GB/s by copy size" in proc.stdout and "2 MiB" in proc.stdout
     rep = json.loads((out / "gpu_check.json").read_text())
-    for name in ("environment", "calibration", "bandwidth", "integrity", "validation", "goals"):
+    for name in (
+        "environment",
+        "calibration",
+        "bandwidth",
+        "integrity",
+        "small_pages",
+        "validation",
+        "goals",
+    ):
         assert name in rep and "error" not in rep[name], name
     assert all(it["checked_blocks"] > 0 and it["mismatched_bytes"] == 0 for it in rep["integrity"])
     assert rep["validation"]["integrity_mismatched_bytes"] == 0
+    assert rep["small_pages"]["dma"]["mismatched_bytes"] == 0
     assert rep["calibration"]["pinned"] is torch.cuda.is_available()  # pinned on any GPU
     assert (out / "profile.json").exists()
 
@@ -127,4 +136,4 @@ def test_a_crashing_section_is_recorded_and_fails_its_goal(tmp_path, monkeypatch
     assert "validation broke" in data["validation"]["error"]
     assert gpu_check.exit_status(data) == 1
     lines = gpu_check.format_goals(data["goals"]).splitlines()
-    assert len(lines) == 5 and lines[-1].startswith("FAIL") and "not measured" in lines[-1]
+    assert len(lines) == 6 and lines[-1].startswith("FAIL") and "not measured" in lines[-1]
