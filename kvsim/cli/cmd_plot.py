@@ -1,37 +1,43 @@
-"""``kvsim plot``: figures (PNG + SVG) from sweep or timed-mode result tables."""
+"""``kvsim plot``: figures (PNG, PDF or SVG) from sweep, MRC or timed-mode result tables."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 import pandas as pd
 
+from kvsim.cli.common import check_output_path
 from kvsim.errors import InputError
-from kvsim.plots import KINDS
+from kvsim.io import read_json
 from kvsim.results import check_run_folder
 
+KINDS = ("hit-vs-capacity", "mrc", "ttft-cdf", "usage-timeline", "transfers")
+#: figure size presets (kvsim.plots.PRESETS; named here so the CLI loads matplotlib only to draw)
+STYLES = ("one-column", "two-column")
 #: which file of a results folder each kind reads
 FOLDER_FILES = {
     "hit-vs-capacity": "results",
+    "mrc": "mrc",
     "ttft-cdf": "requests",
     "usage-timeline": "steps",
     "transfers": "transfers",
 }
+#: the kinds each kind-specific option acts on (given for another kind, it is an error)
+OPTION_KINDS = {
+    "x": ("hit-vs-capacity", "mrc"),
+    "y": ("hit-vs-capacity", "mrc"),
+    "by": ("hit-vs-capacity", "ttft-cdf"),
+    "ceiling": ("hit-vs-capacity", "mrc"),
+    "baseline": ("hit-vs-capacity", "mrc"),
+    "belady": ("hit-vs-capacity", "mrc"),
+    "cpu_chunks": ("usage-timeline",),
+    "max_points": ("usage-timeline",),
+}
 
 
-def read_table(path: str, kind: str) -> pd.DataFrame:
-    """A Parquet/CSV file, or the kind's table in a folder (sweep --out or simulate --out)."""
-    if os.path.isdir(path):
-        check_run_folder(path)
-        stem = FOLDER_FILES[kind]
-        for ext in ("parquet", "csv"):
-            candidate = os.path.join(path, f"{stem}.{ext}")
-            if os.path.exists(candidate):
-                return read_table(candidate, kind)
-        raise InputError(f"no {stem}.parquet or {stem}.csv for --kind {kind}", source=path)
-    if not os.path.exists(path):
-        raise InputError("results file not found", source=path)
+def _read_file(path: str) -> pd.DataFrame:
     try:
         if path.endswith(".parquet"):
             return pd.read_parquet(path)
@@ -42,61 +48,231 @@ def read_table(path: str, kind: str) -> pd.DataFrame:
     raise InputError("expected a .parquet or .csv file, or a results folder", source=path)
 
 
+def _sibling(folder: str, stem: str) -> str | None:
+    """``folder/stem.parquet`` or ``.csv``, whichever exists first."""
+    for ext in ("parquet", "csv"):
+        candidate = os.path.join(folder, f"{stem}.{ext}")
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def read_table(path: str, kind: str) -> pd.DataFrame:
+    """A Parquet/CSV file, or the kind's table in a folder (sweep --out or simulate --out)."""
+    if os.path.isdir(path):
+        check_run_folder(path)
+        stem = FOLDER_FILES[kind]
+        found = _sibling(path, stem)
+        if found is None:
+            raise InputError(f"no {stem}.parquet or {stem}.csv for --kind {kind}", source=path)
+        return _read_file(found)
+    if not os.path.exists(path):
+        raise InputError("results file not found", source=path)
+    return _read_file(path)
+
+
+def folder_kind(folder: str) -> str:
+    """The figure a results folder is for (a sweep's or an MRC's; a run folder has several)."""
+    if _sibling(folder, "results"):
+        return "hit-vs-capacity"
+    if _sibling(folder, "mrc"):
+        return "mrc"
+    raise InputError(
+        "a run folder holds several tables; give --kind (ttft-cdf, usage-timeline or transfers)",
+        source=folder,
+    )
+
+
+def table_kind(df: pd.DataFrame, source: str) -> str:
+    """The figure a table is for, from its columns (else ask for --kind)."""
+    cols = {str(c) for c in df.columns}
+    if {"capacity", "hit_ratio"} <= cols:
+        return "mrc"
+    if cols & {"cpu_gib", "cpu_chunks"} and any(c.endswith("hit_ratio") for c in cols):
+        return "hit-vs-capacity"
+    if "ttft_s" in cols:
+        return "ttft-cdf"
+    if {"direction", "bytes", "start_s", "end_s"} <= cols:
+        return "transfers"
+    if any(c.startswith(("gpu_", "cpu_")) for c in cols) and cols & {"time_s", "end_s", "start_s"}:
+        return "usage-timeline"
+    raise InputError(
+        f"cannot tell which figure this table is for; give --kind ({', '.join(KINDS)})",
+        source=source,
+    )
+
+
+def _folder_of(path: str) -> str:
+    return path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+
+
+def baseline_requests(path: str) -> pd.DataFrame | None:
+    """The offload-free twin's requests (``simulate --baseline``) beside RESULTS, if any:
+    in the folder, or next to a ``requests`` file."""
+    if not os.path.isdir(path) and not os.path.basename(path).startswith("requests."):
+        return None
+    found = _sibling(_folder_of(path), "baseline_requests")
+    return _read_file(found) if found else None
+
+
+def run_capacity(path: str) -> int | None:
+    """The CPU tier's capacity in chunks from the run's ``summary.json`` beside RESULTS."""
+    summary = os.path.join(_folder_of(path), "summary.json")
+    if os.path.basename(path).startswith("baseline_") or not os.path.exists(summary):
+        return None
+    data = read_json(summary)
+    value = data.get("cpu_chunks") if isinstance(data, dict) else None
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _check_options(kind: str, given: dict[str, Any]) -> None:
+    for name, value in given.items():
+        if value is not None and kind not in OPTION_KINDS[name]:
+            option = "--" + name.replace("_", "-")
+            raise InputError(
+                f"{option} applies to {' and '.join(OPTION_KINDS[name])}, not --kind {kind}"
+                + (
+                    "; ttft-cdf draws the run's baseline_requests itself"
+                    if name == "baseline"
+                    else ""
+                )
+            )
+
+
 @click.command("plot")
 @click.argument("results", type=click.Path())
-@click.option("--kind", required=True, type=click.Choice(KINDS), help="Which figure.")
+@click.option(
+    "--kind", type=click.Choice(KINDS), default=None, help="Which figure (default: from the table)."
+)
 @click.option(
     "--out",
     "out",
     type=click.Path(),
     default=None,
-    help="Output path without extension (default: RESULTS folder / KIND).",
+    help="Output file (.png, .pdf or .svg); without an extension BASE.png and BASE.svg "
+    "(default: RESULTS folder / KIND).",
 )
 @click.option(
-    "--x", default=None, help="hit-vs-capacity: capacity column (default cpu_gib or cpu_chunks)."
+    "--style",
+    type=click.Choice(STYLES),
+    default="two-column",
+    show_default=True,
+    help="Figure width and fonts for a paper column (one-column ~3.3 in, two-column ~7 in).",
+)
+@click.option("--title", default=None, help="Figure title ('' for none).")
+@click.option("--x", default=None, help="hit-vs-capacity: capacity column; mrc: cpu_gib or chunks.")
+@click.option("--y", default=None, help="hit-vs-capacity, mrc: hit-ratio column.")
+@click.option(
+    "--by",
+    default=None,
+    help="hit-vs-capacity, ttft-cdf: column(s) that split lines, comma-separated "
+    "(default: the parameters that vary).",
 )
 @click.option(
-    "--y", default="combined_hit_ratio", show_default=True, help="hit-vs-capacity: metric column."
+    "--ceiling",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="hit-vs-capacity, mrc: draw the infinite-cache hit ratio (kvsim trace stats).",
 )
 @click.option(
-    "--by", default=None, help="Column(s) that split lines, comma-separated (default: what varies)."
+    "--baseline",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="hit-vs-capacity, mrc: draw the hit ratio without offloading.",
 )
-@click.option("--title", default=None, help="Figure title.")
+@click.option(
+    "--belady",
+    type=click.Path(),
+    default=None,
+    help="hit-vs-capacity, mrc: a table (or sweep folder) with policy=belady rows to draw.",
+)
+@click.option(
+    "--cpu-chunks",
+    type=click.IntRange(min=1),
+    default=None,
+    help="usage-timeline: CPU tier capacity (default: the run's summary.json).",
+)
+@click.option(
+    "--max-points",
+    type=click.IntRange(min=2),
+    default=None,
+    help="usage-timeline: resample longer series to this many time bins [default: 1000].",
+)
 def plot_command(
     results: str,
-    kind: str,
+    kind: str | None,
     out: str | None,
-    x: str | None,
-    y: str,
-    by: str | None,
+    style: str,
     title: str | None,
+    x: str | None,
+    y: str | None,
+    by: str | None,
+    ceiling: float | None,
+    baseline: float | None,
+    belady: str | None,
+    cpu_chunks: int | None,
+    max_points: int | None,
 ) -> None:
     """Draw a KIND figure from RESULTS (a Parquet/CSV table or a results folder).
 
     \b
     hit-vs-capacity  sweep results (kvsim sweep --out DIR)
-    ttft-cdf         timed requests table (ttft_s)
-    usage-timeline   timed steps table (time_s, gpu_*/cpu_* usage)
+    mrc              kvsim mrc --csv table (capacity, hit_ratio)
+    ttft-cdf         timed requests table (ttft_s), with the run's baseline if any
+    usage-timeline   timed steps table: CPU occupancy, GPU usage, vLLM's pinned gauge
     transfers        timed transfers table (direction, bytes, start_s, end_s)
     """
+    if kind is None and not os.path.isdir(results):
+        df: pd.DataFrame | None = read_table(results, "mrc")
+        kind = table_kind(df, results)
+    else:
+        df = None
+        kind = kind or folder_kind(results)
+    by_cols = [c.strip() for c in by.split(",") if c.strip()] if by else None
+    _check_options(
+        kind,
+        {
+            "x": x,
+            "y": y,
+            "by": by_cols,
+            "ceiling": ceiling,
+            "baseline": baseline,
+            "belady": belady,
+            "cpu_chunks": cpu_chunks,
+            "max_points": max_points,
+        },
+    )
+    if out is None:
+        out = os.path.join(_folder_of(results), kind)
+    else:
+        check_output_path(out, "--out", results, belady)
     import matplotlib
 
     matplotlib.use("Agg")  # the CLI only writes files
     from kvsim import plots
 
-    df = read_table(results, kind)
-    by_cols = [c.strip() for c in by.split(",") if c.strip()] if by else None
+    plots.out_paths(out)  # a bad extension fails before anything is drawn
+    if df is None:
+        df = read_table(results, kind)
+    belady_df = read_table(belady, "hit-vs-capacity") if belady else None
+    common: dict[str, Any] = {"title": title, "preset": style}
+    refs: dict[str, Any] = {"ceiling": ceiling, "baseline": baseline, "belady": belady_df}
     if kind == "hit-vs-capacity":
-        fig = plots.hit_vs_capacity(df, x=x, y=y, by=by_cols, title=title)
+        fig = plots.hit_vs_capacity(df, x=x, y=y, by=by_cols, **refs, **common)
+    elif kind == "mrc":
+        fig = plots.mrc(df, x=x, y=y or "hit_ratio", **refs, **common)
     elif kind == "ttft-cdf":
-        fig = plots.ttft_cdf(df, by=by_cols[0] if by_cols else None, title=title)
+        if by_cols and len(by_cols) > 1:
+            raise InputError("--by: ttft-cdf splits lines by one column")
+        fig = plots.ttft_cdf(
+            df, baseline=baseline_requests(results), by=by_cols[0] if by_cols else None, **common
+        )
     elif kind == "usage-timeline":
-        fig = plots.usage_timeline(df, title=title)
+        if max_points is not None:
+            common["max_points"] = max_points
+        fig = plots.usage_timeline(df, cpu_chunks=cpu_chunks or run_capacity(results), **common)
     else:
-        fig = plots.transfers(df, title=title)
-    if out is None:
-        folder = results if os.path.isdir(results) else os.path.dirname(results)
-        out = os.path.join(folder, kind)
+        fig = plots.transfers(df, **common)
     for path in plots.save(fig, out):
         click.echo(path)
 

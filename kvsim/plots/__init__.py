@@ -1,0 +1,84 @@
+"""Figures from kvsim's tables, all in one style (:mod:`kvsim.plots.style`).
+
+Every function takes DataFrames (or a result), draws into ``ax=`` when given (else a new
+figure of the ``preset``'s size: ``"one-column"``, ~3.3 in, or ``"two-column"``, ~7 in,
+fonts >= 7 pt at that size) and returns the Figure. Nothing here reads files.
+
+- :func:`hit_vs_capacity`: a sweep results table: a capacity column (``cpu_gib`` or
+  ``cpu_chunks``) and a hit ratio; one line per configuration (parameter columns only).
+- :func:`mrc`: a ``kvsim mrc`` table (``capacity``, ``hit_ratio``, ``cpu_gib``) or an MRC.
+- :func:`ttft_cdf`: a timed-mode requests table with ``ttft_s`` (and its baseline's).
+- :func:`usage_timeline`: a timed-mode steps table; CPU occupancy = resident / capacity.
+- :func:`transfers`, :func:`transfer_bandwidth`, :func:`transfer_durations`: a timed-mode
+  transfers table (``direction``, ``bytes``, ``start_s``, ``end_s``).
+- :func:`trace_figures` (and one function per figure): trace statistics.
+
+:func:`save` / :func:`save_as` write PNG, PDF or SVG (by extension) atomically.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from kvsim.plots.capacity import (
+    CAPACITY_COLUMNS,
+    hit_vs_capacity,
+    mrc,
+    mrc_curve,
+    parameter_names,
+    series_columns,
+)
+from kvsim.plots.style import (
+    DEFAULT_PRESET,
+    MIN_FONT_PT,
+    PRESETS,
+    Preset,
+    out_paths,
+    save,
+    save_all,
+    save_as,
+)
+from kvsim.plots.timed import (
+    resample,
+    transfer_bandwidth,
+    transfer_durations,
+    transfers,
+    ttft_cdf,
+    usage_timeline,
+)
+from kvsim.plots.trace import (
+    arrival_rate,
+    block_popularity,
+    reuse_cdfs,
+    token_lengths,
+    trace_figures,
+)
+
+__all__ = [
+    "CAPACITY_COLUMNS",
+    "DEFAULT_PRESET",
+    "MIN_FONT_PT",
+    "PRESETS",
+    "Preset",
+    "arrival_rate",
+    "block_popularity",
+    "hit_vs_capacity",
+    "mrc",
+    "mrc_curve",
+    "out_paths",
+    "parameter_names",
+    "plt",
+    "resample",
+    "reuse_cdfs",
+    "save",
+    "save_all",
+    "save_as",
+    "series_columns",
+    "token_lengths",
+    "trace_figures",
+    "transfer_bandwidth",
+    "transfer_durations",
+    "transfers",
+    "ttft_cdf",
+    "usage_timeline",
+]
