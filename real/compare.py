@@ -135,7 +135,7 @@ def bandwidth(records: Sequence[JobRecord], link: TransferModelParams) -> dict[s
         recs = [r for r in records if r.success and r.direction in want]
         busy = _union_length([(r.start_time, r.end_time) for r in recs])
         nbytes = sum(r.nbytes for r in recs)
-        peak = max(rate for _, rate in dp.curve)
+        peak = dp.peak_gbps
         gbps = nbytes / busy / 1e9 if busy > 0 else None
         out[label] = {
             "bytes": nbytes,

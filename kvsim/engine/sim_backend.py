@@ -1,12 +1,16 @@
 """The simulated transfer backend: three FIFO queues on a virtual link.
 
-Implements :class:`kvsim.engine.transfer_protocol.TransferBackend`. Each queue (store,
-load, expedited load) runs one job at a time in submission order; the queues run
-concurrently. A job first spends its fixed time (``overhead + copies * per_copy``), then
-moves its bytes at the direction's rate for its copy size. Rates are shared as on a real
-link: two loads (normal and expedited) split the H2D rate evenly, and while both directions
-move bytes each runs at ``duplex_factor`` of its rate. Alone on the link a job takes exactly
-``DirectionParams.job_time``. State advances lazily to the time of each call.
+Implements :class:`kvsim.engine.transfer_protocol.TransferBackend`. Each job follows its
+:class:`~kvsim.engine.transfer_model.CopyPlan` (DMA or, for small-page loads, the Triton
+kernel). Its host time (driver call or kernel launch) runs from submission on the one
+worker thread, after the host time of the jobs submitted before it, so it overlaps the
+copies already queued. Each queue (store, load, expedited load) runs one job at a time in
+submission order; the queues run concurrently. When its queue reaches a job and its host
+time is over, the job spends its fixed latency (``overhead_s``), then moves its bytes at its
+plan's rate. Rates are shared as on a real link: two loads (normal and expedited) split the
+H2D rate evenly, and while both directions move bytes each runs at ``duplex_factor`` of its
+rate. Alone on the link a job takes exactly ``DirectionParams.job_time``. State advances
+lazily to the time of each call.
 """
 
 from __future__ import annotations
@@ -15,19 +19,28 @@ from collections import deque
 from collections.abc import Sequence
 from typing import cast
 
-from kvsim.engine.transfer_model import TransferModelParams
+from kvsim.engine.transfer_model import CopyPlan, TransferModelParams
 from kvsim.engine.transfer_protocol import DIRECTIONS, STORE, TransferJob, TransferResult
+
+
+class _Pending:
+    """A submitted job waiting for its queue: its plan and when its host time ends."""
+
+    __slots__ = ("host_done", "job", "plan")
+
+    def __init__(self, job: TransferJob, plan: CopyPlan, host_done: float) -> None:
+        self.job, self.plan, self.host_done = job, plan, host_done
 
 
 class _Active:
     __slots__ = ("fixed_end", "h2d", "job", "rate", "remaining", "start")
 
-    def __init__(self, job: TransferJob, start: float, fixed: float, rate: float) -> None:
-        self.job = job
+    def __init__(self, pending: _Pending, start: float) -> None:
+        self.job = job = pending.job
         self.start = start
-        self.fixed_end = start + fixed
+        self.fixed_end = max(start, pending.host_done) + pending.plan.fixed_s
         self.remaining = float(job.nbytes)
-        self.rate = rate
+        self.rate = pending.plan.rate
         self.h2d = job.direction != STORE
 
     def copy(self) -> _Active:
@@ -43,7 +56,8 @@ class SimulatedTransferBackend:
     def __init__(self, params: TransferModelParams) -> None:
         self.params = params
         self._t = 0.0
-        self._pending: dict[str, deque[TransferJob]] = {d: deque() for d in DIRECTIONS}
+        self._pending: dict[str, deque[_Pending]] = {d: deque() for d in DIRECTIONS}
+        self._host_free = 0.0  # when the worker thread has submitted every job so far
         self._active: dict[str, _Active | None] = dict.fromkeys(DIRECTIONS)
         self._done: list[TransferResult] = []
         self._busy: set[int] = set()
@@ -52,7 +66,10 @@ class SimulatedTransferBackend:
 
     def submit(self, job: TransferJob, now: float) -> None:
         self._advance(now)
-        self._pending[job.direction].append(job)
+        dp = self.params.d2h if job.direction == STORE else self.params.h2d
+        plan = dp.plan(job.nbytes, job.num_copies)
+        self._host_free = max(self._host_free, job.submit_time) + plan.host_s
+        self._pending[job.direction].append(_Pending(job, plan, self._host_free))
         self._busy.add(job.job_id)
         self._start_idle(self._t)
 
@@ -100,14 +117,10 @@ class SimulatedTransferBackend:
     # --- fluid model ---
 
     def _start_idle(self, t: float) -> None:
-        params = self.params
         for d in DIRECTIONS:
             if self._active[d] is None and self._pending[d]:
-                job = self._pending[d].popleft()
-                dp = params.d2h if d == STORE else params.h2d
-                copies = max(1, job.num_copies)
-                rate = dp.bandwidth(job.nbytes / copies)
-                self._active[d] = _Active(job, max(t, job.submit_time), dp.fixed_time(copies), rate)
+                pending = self._pending[d].popleft()
+                self._active[d] = _Active(pending, max(t, pending.job.submit_time))
 
     def _rates(self, t: float) -> dict[str, float]:
         moving = [(d, a) for d, a in self._active.items() if a is not None and a.fixed_end <= t]

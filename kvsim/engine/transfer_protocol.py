@@ -36,7 +36,9 @@ class TransferJob:
     gpu_blocks: Sequence[int]  # GPU block ids (source of a store, destination of a load)
     chunk_ids: Sequence[int]  # CPU chunk ids (destination of a store, source of a load)
     nbytes: int  # bytes moved by the job
-    num_copies: int  # copy descriptors (blocks x layers in vLLM's layout)
+    # copy descriptors (blocks x layers in vLLM's layout), pages of nbytes / num_copies
+    # bytes each: the page size and count decide the copy path (kvsim.engine.copy_paths)
+    num_copies: int
     keys: Sequence[object] = ()  # offload keys, for integrity checks in the real backend
     submit_time: float = 0.0  # clock time when submitted
 
