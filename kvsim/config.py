@@ -72,6 +72,7 @@ class CacheConfig:
     model: str | None = None
     seed: int = 0
     prefill_chunk_tokens: int | None = None
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype the chunk bytes were sized with
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -102,6 +103,7 @@ _OPTION_RULES: dict[str, tuple[str, float, bool]] = {
     "seed": ("int", -math.inf, False),
     "prefill_chunk_tokens": ("int", 1, True),
     "model": ("text", 0, True),
+    "kv_cache_dtype": ("text", 0, False),
     "policy": ("text", 0, False),
     "policy_module": ("text", 0, True),
     "admission": ("text", 0, False),
@@ -154,6 +156,7 @@ class OffloadOptions:
     max_tracker_size: int = 64_000
     seed: int = 0
     prefill_chunk_tokens: int | None = None
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype: fp8 halves the KV bytes per token
 
     def __post_init__(self) -> None:
         _check_option_types(self)
@@ -169,7 +172,7 @@ class OffloadOptions:
         KeyLayout(block_tokens, chunk_tokens)  # validates the pair
         self._check_limits()
         self._check_one_size()
-        spec = self._model_spec()
+        spec = self.model_spec()
         chunk_bytes = None if spec is None else self._sizing(spec, chunk_tokens, 0).raw_chunk_bytes
         return CacheConfig(
             num_chunks=self._num_chunks(spec, chunk_tokens),
@@ -185,6 +188,7 @@ class OffloadOptions:
             model=self.model,
             seed=self.seed,
             prefill_chunk_tokens=self.prefill_chunk_tokens,
+            kv_cache_dtype=self.kv_cache_dtype.strip().lower(),
         )
 
     # --- resolve's steps, in the order their errors are reported ---
@@ -219,16 +223,19 @@ class OffloadOptions:
         if len(given) > 1:
             raise InputError(f"give only one CPU tier size, got {' and '.join(given)}")
 
-    def _model_spec(self) -> ModelSpec | None:
-        """The model, looked up once; None without ``--model``."""
+    def model_spec(self) -> ModelSpec | None:
+        """The model (a preset or a ``config.json``) with its KV cache in
+        ``kv_cache_dtype``, looked up once; None without ``--model``."""
+        from kvsim.models import get_model, kv_dtype_bytes
+
+        kv_dtype_bytes(self.kv_cache_dtype)  # checked with or without a model
         if not self.model:
             return None
-        from kvsim.models import get_model
-
         try:
-            return get_model(self.model)
+            spec = get_model(self.model)
         except InputError as exc:
             raise InputError(f"--model: {exc}") from None
+        return spec.with_kv_cache_dtype(self.kv_cache_dtype)
 
     def _num_chunks(self, spec: ModelSpec | None, chunk_tokens: int) -> int:
         """The CPU tier's size in chunks, from whichever size was given."""

@@ -12,15 +12,63 @@ MLA models (DeepSeek-V2/V3) store one compressed latent per token and layer of
 worker, so the per-worker byte count does not shrink with ``tp``. For MLA presets,
 ``num_kv_heads`` is 1 and ``head_dim`` is ``kv_lora_rank + qk_rope_head_dim``, the shape of
 vLLM's ``MLAAttentionSpec``.
+
+The KV cache's element size is the model's dtype unless ``--kv-cache-dtype`` says otherwise
+(vLLM's names: ``fp8`` stores one byte per element, so a token's KV bytes halve against
+bf16 and the same GiB hold twice the chunks). A model is a preset name or the path of a
+Hugging Face ``config.json`` (:mod:`kvsim.hf_config`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 from kvsim.errors import InputError
 
-__all__ = ["MODELS", "ModelSpec", "get_model"]
+__all__ = [
+    "KV_CACHE_DTYPES",
+    "MODELS",
+    "ModelSpec",
+    "get_model",
+    "kv_dtype_bytes",
+    "resolve_model",
+]
+
+#: vLLM ``--kv-cache-dtype`` values kvsim models -> bytes per element (None: the model's dtype)
+KV_CACHE_DTYPES: dict[str, int | None] = {
+    "auto": None,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+}
+#: vLLM values with packed layouts or per-block scales whose bytes per token kvsim does not model
+_UNMODELLED_KV_DTYPES = (
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "int4_per_token_head",
+)
+
+
+def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
+    """Bytes per KV element of a vLLM ``--kv-cache-dtype`` (None for ``auto``: the model's)."""
+    if not isinstance(kv_cache_dtype, str):
+        raise InputError(f"--kv-cache-dtype must be text, got {kv_cache_dtype!r}")
+    key = kv_cache_dtype.strip().lower()
+    if key in KV_CACHE_DTYPES:
+        return KV_CACHE_DTYPES[key]
+    known = ", ".join(KV_CACHE_DTYPES)
+    if key in _UNMODELLED_KV_DTYPES or key.startswith(("turboquant", "octave")):
+        raise InputError(
+            f"--kv-cache-dtype {kv_cache_dtype!r}: a packed vLLM layout kvsim does not size; "
+            f"use one of {known}"
+        )
+    raise InputError(f"--kv-cache-dtype: unknown value {kv_cache_dtype!r}; known: {known}")
 
 
 @dataclass(frozen=True)
@@ -39,9 +87,29 @@ class ModelSpec:
     qk_rope_head_dim: int = 0  # MLA rope part per token per layer
     default_dtype_bytes: int = 2
     sliding_window: int | None = None  # not used by the presets; supported by sizing
+    # what the per-phase compute model (kvsim.engine.phase_compute) needs beyond the KV
+    # geometry; 0 = unknown (that model then estimates: hidden = heads x head_dim, no
+    # separate LM head). Values: the models' Hugging Face config.json.
+    hidden_size: int = 0
+    vocab_size: int = 0
+    tie_word_embeddings: bool = False  # the LM head is the input embedding (counted once)
+    num_experts: int = 0  # MoE: routed experts per layer (0: dense)
+    experts_per_token: int = 0  # MoE: routed experts each token activates
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype (KV_CACHE_DTYPES); auto: the model's
+
+    @property
+    def kv_element_bytes(self) -> int:
+        """Bytes per stored KV element: ``kv_cache_dtype``'s, or the model's dtype."""
+        d = kv_dtype_bytes(self.kv_cache_dtype)
+        return self.default_dtype_bytes if d is None else d
+
+    def with_kv_cache_dtype(self, kv_cache_dtype: str) -> ModelSpec:
+        """This model with its KV cache stored as ``kv_cache_dtype`` (checked)."""
+        kv_dtype_bytes(kv_cache_dtype)
+        return replace(self, kv_cache_dtype=kv_cache_dtype.strip().lower())
 
     def _dtype(self, dtype_bytes: int | None) -> int:
-        d = self.default_dtype_bytes if dtype_bytes is None else dtype_bytes
+        d = self.kv_element_bytes if dtype_bytes is None else dtype_bytes
         if d <= 0:
             raise InputError(f"--dtype-bytes must be positive, got {d}")
         return int(d)
@@ -55,7 +123,8 @@ class ModelSpec:
         return max(1, self.num_kv_heads // tp)
 
     def kv_bytes_per_token_per_layer(self, dtype_bytes: int | None = None, tp: int = 1) -> int:
-        """Bytes of KV cache one worker stores per token and layer."""
+        """Bytes of KV cache one worker stores per token and layer (``dtype_bytes=None``:
+        the KV cache's element size)."""
         d = self._dtype(dtype_bytes)
         heads = self.kv_heads_per_worker(tp)  # validates tp
         if self.is_mla:
@@ -77,6 +146,9 @@ _PRESETS = (
         num_attention_heads=32,
         num_params=1.24e9,
         active_params=1.24e9,
+        hidden_size=2048,
+        vocab_size=128256,
+        tie_word_embeddings=True,
     ),
     ModelSpec(
         name="llama-3.1-8b",
@@ -86,6 +158,8 @@ _PRESETS = (
         num_attention_heads=32,
         num_params=8.03e9,
         active_params=8.03e9,
+        hidden_size=4096,
+        vocab_size=128256,
     ),
     ModelSpec(
         name="llama-3.1-70b",
@@ -95,6 +169,8 @@ _PRESETS = (
         num_attention_heads=64,
         num_params=70.6e9,
         active_params=70.6e9,
+        hidden_size=8192,
+        vocab_size=128256,
     ),
     ModelSpec(
         name="qwen2.5-7b",
@@ -104,6 +180,8 @@ _PRESETS = (
         num_attention_heads=28,
         num_params=7.6e9,
         active_params=7.6e9,
+        hidden_size=3584,
+        vocab_size=152064,
     ),
     ModelSpec(
         name="qwen3-8b",
@@ -113,6 +191,8 @@ _PRESETS = (
         num_attention_heads=32,
         num_params=8.2e9,
         active_params=8.2e9,
+        hidden_size=4096,
+        vocab_size=151936,
     ),
     ModelSpec(
         name="deepseek-v3",
@@ -125,17 +205,35 @@ _PRESETS = (
         is_mla=True,
         kv_lora_rank=512,
         qk_rope_head_dim=64,
+        hidden_size=7168,
+        vocab_size=129280,
+        num_experts=256,
+        experts_per_token=8,
     ),
 )
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _PRESETS}
 
 
-def get_model(name: str) -> ModelSpec:
-    """Look a preset up by name, case-insensitively."""
-    key = str(name).strip().lower()
-    try:
+def get_model(name: str | os.PathLike[str]) -> ModelSpec:
+    """A preset by name (case-insensitively), or the model a Hugging Face ``config.json``
+    describes (a path to the file, or to a folder holding one)."""
+    text = os.fspath(name)
+    key = str(text).strip().lower()
+    if key in MODELS:
         return MODELS[key]
-    except KeyError:
-        known = ", ".join(sorted(MODELS))
-        raise InputError(f"unknown model {name!r}; known: {known}") from None
+    if os.path.exists(text):
+        from kvsim.hf_config import model_from_hf_config
+
+        return model_from_hf_config(text)
+    known = ", ".join(sorted(MODELS))
+    raise InputError(f"unknown model {name!r}; known: {known}, or a Hugging Face config.json path")
+
+
+def resolve_model(
+    model: ModelSpec | str | os.PathLike[str], kv_cache_dtype: str | None = None
+) -> ModelSpec:
+    """The model a run sizes with: a preset, a ``config.json`` or a spec, with its KV cache
+    stored as ``kv_cache_dtype`` (None or ``auto``: the model's dtype)."""
+    spec = model if isinstance(model, ModelSpec) else get_model(model)
+    return spec if kv_cache_dtype is None else spec.with_kv_cache_dtype(kv_cache_dtype)

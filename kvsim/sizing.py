@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.errors import InputError
 from kvsim.models import ModelSpec, get_model
+
+if TYPE_CHECKING:
+    from kvsim.config import CacheConfig
 
 __all__ = [
     "PAGE_ALIGNMENT",
@@ -31,9 +34,11 @@ __all__ = [
     "cdiv",
     "gib",
     "round_up",
+    "row_bytes",
     "size_cpu_tier",
     "size_for_model",
     "sliding_window_size_in_chunks",
+    "tier_capacity",
 ]
 
 PAGE_ALIGNMENT = 4096  # SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT (mmap.PAGESIZE)
@@ -229,3 +234,26 @@ def size_for_model(
         groups=groups,
         require_one_chunk=require_one_chunk,
     )
+
+
+def row_bytes(chunk_bytes: int) -> int:
+    """Host bytes one chunk takes: its raw bytes rounded up to the page (vLLM's row)."""
+    return round_up(int(chunk_bytes), PAGE_ALIGNMENT)
+
+
+def tier_capacity(config: CacheConfig, offload: bool = True) -> dict[str, Any]:
+    """A run's CPU tier in the units memory is bought in, for its summary: the model, the
+    KV dtype, KV bytes per token (all workers' copies), and ``cpu_bytes`` / ``cpu_gib``, the
+    tier as vLLM allocates it (``num_chunks`` rows; at most the ``--cpu-gib`` asked for).
+    Without a model the byte figures are None; without offloading they are 0."""
+    out: dict[str, Any] = {"model": config.model, "kv_cache_dtype": config.kv_cache_dtype}
+    chunk = config.chunk_bytes
+    if chunk is None:
+        return {**out, "kv_bytes_per_token": None, "cpu_bytes": None, "cpu_gib": None}
+    size = config.num_chunks * row_bytes(chunk) if offload else 0
+    return {
+        **out,
+        "kv_bytes_per_token": chunk // config.chunk_tokens,
+        "cpu_bytes": size,
+        "cpu_gib": size / 2**30,
+    }

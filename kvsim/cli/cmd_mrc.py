@@ -1,15 +1,115 @@
-"""``kvsim mrc``: the whole LRU hit-ratio-vs-capacity curve of a trace in one pass."""
+"""``kvsim mrc``: the whole LRU hit-ratio-vs-capacity curve of a trace in one pass, in
+chunks, tokens and (with a model) the GiB of CPU memory to buy."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kvsim.api import mrc
-from kvsim.cli.common import check_output_path, format_option
+from kvsim.cli.common import check_output_path, format_option, model_options
+from kvsim.errors import InputError
 from kvsim.io import atomic_write, figure_format
+from kvsim.units import human_bytes
+
+if TYPE_CHECKING:
+    from kvsim.replay.mrc import MRC
+
+
+def parse_sizes(text: str | None, option: str = "--cpu-gib") -> list[float] | None:
+    """``16,64,256`` -> ``[16.0, 64.0, 256.0]`` (range checks are the sizing's)."""
+    if text is None:
+        return None
+    sizes = []
+    for part in text.split(","):
+        try:
+            sizes.append(float(part))
+        except ValueError:
+            raise InputError(f"{option}: {part.strip()!r} is not a number of GiB") from None
+    return sizes
+
+
+def gib_text(gib: float | None) -> str:
+    """GiB to buy, rounded *up* to 0.01 so the figure given as --cpu-gib holds the chunks."""
+    return "-" if gib is None else f"{math.ceil(gib * 100 - 1e-9) / 100:,.2f} GiB"
+
+
+def mrc_summary(trace: str, curve: MRC) -> dict[str, Any]:
+    """The flat numbers of a curve (what ``--json`` prints, with ``reach`` and ``points``)."""
+    t = curve.table
+    top = int(t["capacity"].max())
+    return {
+        "trace": trace,
+        "policy": "lru",
+        "protocol": curve.protocol,
+        "sample_rate": curve.sample_rate,
+        "chunk_accesses": curve.accesses,
+        "sampled_accesses": curve.sampled,
+        "exact_from_chunks": curve.exact_from,
+        "exact_from_gib": curve.gib(curve.exact_from),
+        "chunk_tokens": curve.chunk_tokens,
+        "model": curve.model,
+        "kv_cache_dtype": curve.kv_cache_dtype,
+        "chunk_row_bytes": curve.row_bytes,
+        "max_capacity": top,
+        "max_capacity_gib": curve.gib(top),
+        "ceiling_hit_ratio": curve.ceiling,
+        "rows": len(t),
+    }
+
+
+def _records(df: Any) -> list[dict[str, Any]]:
+    return list(json.loads(df.to_json(orient="records")))
+
+
+def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
+    lines = ["kvsim mrc (LRU stack distances)"]
+    for k, v in summary.items():
+        if v is None:  # the GiB figures without a model
+            continue
+        if k == "chunk_row_bytes":
+            v = f"{v:,} ({human_bytes(v)})"
+        elif isinstance(v, float) and k.endswith("_gib"):
+            v = f"{v:,.4f}"
+        elif isinstance(v, float) and k != "sample_rate":
+            v = f"{v:.4f}"
+        elif isinstance(v, int):
+            v = f"{v:,}"
+        lines.append(f"  {k:<20} {v}")
+    lines.append("")
+    lines.append(
+        f"  {'to reach':<16} {'hit ratio':>9}  {'CPU memory':>14}  {'chunks':>11}  {'tokens':>14}"
+    )
+    for r in curve.reach().itertuples(index=False):
+        label = f"{r.fraction_of_ceiling:.0%} of ceiling"
+        if r.capacity is None or (isinstance(r.capacity, float) and math.isnan(r.capacity)):
+            lines.append(f"  {label:<16} {'(no reuse: nothing can hit)':>9}")
+            continue
+        mark = "" if r.exact else "  ~"
+        lines.append(
+            f"  {label:<16} {r.hit_ratio:>9.4f}  {gib_text(curve.gib(int(r.capacity))):>14}  "
+            f"{int(r.capacity):>11,}  {int(r.capacity_tokens):>14,}{mark}"
+        )
+    if curve.points is not None:
+        lines.append("")
+        lines.append(
+            f"  {'--cpu-gib':<16} {'hit ratio':>9}  {'allocated':>14}  {'chunks':>11}  "
+            f"{'tokens':>14}"
+        )
+        for p in curve.points.itertuples(index=False):
+            mark = "" if p.exact else "  ~"
+            lines.append(
+                f"  {p.cpu_gib_asked:<16,g} {p.hit_ratio:>9.4f}  {p.cpu_gib:>10,.2f} GiB  "
+                f"{int(p.capacity):>11,}  {int(p.capacity_tokens):>14,}{mark}"
+            )
+    if any("~" in line for line in lines):
+        why = "below exact_from_chunks" if curve.sample_rate >= 1 else "sampled"
+        lines.append(f"  ~ {why}: the curve's estimate, not a replay's exact value")
+    return lines
 
 
 @click.command("mrc")
@@ -64,6 +164,22 @@ from kvsim.io import atomic_write, figure_format
     default=None,
     help="Write the curve plot (png, pdf or svg).",
 )
+@model_options
+@click.option(
+    "--gpu-block-tokens",
+    type=int,
+    default=16,
+    show_default=True,
+    help="vLLM GPU block size (--block-size): chunks are whole GPU blocks.",
+)
+@click.option(
+    "--cpu-gib",
+    "--kv-offloading-size",
+    "cpu_gib",
+    default=None,
+    metavar="GIB[,GIB...]",
+    help="Also give the hit ratio at these CPU sizes (needs --model), e.g. 16,64,256.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def mrc_command(
     trace: str,
@@ -78,13 +194,21 @@ def mrc_command(
     points: int,
     csv_path: str | None,
     plot_path: str | None,
+    model: str | None,
+    tp: int | None,
+    kv_cache_dtype: str | None,
+    gpu_block_tokens: int,
+    cpu_gib: str | None,
     as_json: bool,
 ) -> None:
-    """Hit ratio at every CPU capacity of TRACE, in one pass over it.
+    """Hit ratio at every CPU capacity of TRACE, in one pass over it: in chunks and tokens,
+    and with --model in GiB, with the infinite-cache ceiling and the CPU memory that reaches
+    50 / 90 / 99 % of it.
 
     \b
     Example:
-      kvsim mrc traces/mooncake_fast25_conversation_trace.jsonl --csv mrc.csv --plot mrc.png
+      kvsim mrc traces/mooncake_fast25_conversation_trace.jsonl --model llama-3.1-8b \\
+          --cpu-gib 16,64,256 --csv mrc.csv --plot mrc.png
     """
     check_output_path(csv_path, "--csv", trace)
     check_output_path(plot_path, "--plot", trace, csv_path)
@@ -101,38 +225,32 @@ def mrc_command(
         block_tokens=block_tokens,
         chunk_tokens=chunk_tokens,
         points=points,
+        model=model,
+        tp=1 if tp is None else tp,
+        kv_cache_dtype=kv_cache_dtype or "auto",
+        gpu_block_tokens=gpu_block_tokens,
+        cpu_gib=parse_sizes(cpu_gib),
     )
     if csv_path:
         with atomic_write(csv_path, newline="") as f:
             curve.table.to_csv(f, index=False)
     if plot_path:
+        import matplotlib
+
+        matplotlib.use("Agg")  # the CLI only writes files
         from kvsim import plots
 
-        plots.save_as(
-            plots.mrc_curve(curve, title=f"LRU ({protocol}) {os.path.basename(trace)}"), plot_path
-        )
-    t = curve.table
-    summary = {
-        "trace": trace,
-        "policy": "lru",
-        "protocol": protocol,
-        "sample_rate": sample_rate,
-        "chunk_accesses": curve.accesses,
-        "sampled_accesses": curve.sampled,
-        "exact_from_chunks": curve.exact_from,
-        "max_capacity": int(t["capacity"].max()),
-        "max_hit_ratio": float(t["hit_ratio"].max()),
-        "rows": len(t),
-    }
+        title = f"LRU ({protocol}) {os.path.basename(trace)}"
+        fig = plots.mrc(curve, title=title, ceiling=curve.ceiling)
+        plots.save_as(fig, plot_path, option="--plot")
+    summary = mrc_summary(trace, curve)
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        payload = {**summary, "reach": _records(curve.reach())}
+        if curve.points is not None:
+            payload["points"] = _records(curve.points)
+        click.echo(json.dumps(payload, indent=2))
         return
-    click.echo("kvsim mrc (LRU stack distances)")
-    for k, v in summary.items():
-        click.echo(f"  {k:<20} {v}")
-    for q in (0.25, 0.5, 0.75, 1.0):
-        row = t.iloc[min(len(t) - 1, int(q * (len(t) - 1)))]
-        click.echo(f"  capacity {int(row['capacity']):>10,}  hit ratio {row['hit_ratio']:.4f}")
+    click.echo("\n".join(_text(summary, curve)))
 
 
 COMMANDS = [mrc_command]

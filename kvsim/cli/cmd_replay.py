@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -14,8 +15,10 @@ from kvsim.cli.common import (
     note_missing_reuse,
     offload_options,
     pop_offload_kwargs,
-    progress_bar,
+    wants_progress,
 )
+from kvsim.cli.trace_cache_options import trace_cache_options
+from kvsim.errors import InputError
 from kvsim.traces import as_trace
 
 
@@ -41,6 +44,14 @@ from kvsim.traces import as_trace
     default=None,
     help="Write one row per request (trace order) to this CSV.",
 )
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write the requests table (Parquet + CSV), summary.json and config.json here, "
+    "as simulate --out does.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
     "--progress/--no-progress",
@@ -62,16 +73,25 @@ from kvsim.traces import as_trace
     help="lru, arc: the fused one-request-at-a-time tier, or the full manager protocol "
     "(the same decisions, several times slower; for cross-checking).",
 )
+@click.option(
+    "--no-enable-prefix-caching",
+    "no_prefix_caching",
+    is_flag=True,
+    help="vLLM's flag: no GPU prefix cache (cache mode's default; refuses --gpu-blocks > 0).",
+)
+@trace_cache_options
 def replay_command(
     trace: str,
     fmt: str | None,
     limit: int | None,
     requests_csv: str | None,
+    out_dir: str | None,
     as_json: bool,
     show_progress: bool | None,
     vllm_config: str | None,
     protocol: str = "prefix",
     fused: bool = True,
+    no_prefix_caching: bool = False,
     **kwargs: Any,
 ) -> None:
     """Replay TRACE in cache mode: requests one at a time, no timing.
@@ -85,23 +105,36 @@ def replay_command(
           --cpu-gib 64 --model llama-3.1-8b --policy arc
     """
     options = pop_offload_kwargs(kwargs)
+    if no_prefix_caching:
+        if options.get("gpu_blocks"):
+            raise InputError(
+                "--no-enable-prefix-caching turns the GPU prefix cache off; "
+                f"drop --gpu-blocks {options['gpu_blocks']}"
+            )
+        options["gpu_blocks"] = 0
     check_output_path(requests_csv, "--requests-csv", trace, vllm_config)
+    if out_dir is not None:
+        if requests_csv is not None:
+            raise InputError("--out writes requests.csv itself; drop --requests-csv")
+        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+            raise InputError(f"--out: {out_dir} is not a directory")
     info = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info
-    with progress_bar(show_progress, trace, limit, "replaying") as bar:
-        # other policies than kvsim's lru and arc always run the protocol, so --fused is a
-        # default, not a demand
-        result = replay(
-            trace,
-            fmt=fmt,
-            limit=limit,
-            per_request=False,
-            requests_csv=requests_csv,
-            vllm_config=vllm_config,
-            protocol=protocol,
-            fused=None if fused else False,
-            progress=bar,
-            **options,
-        )
+    # other policies than kvsim's lru and arc always run the protocol, so --fused is a
+    # default, not a demand
+    result = replay(
+        trace,
+        fmt=fmt,
+        limit=limit,
+        per_request=out_dir is not None,
+        requests_csv=requests_csv,
+        vllm_config=vllm_config,
+        protocol=protocol,
+        fused=None if fused else False,
+        progress=wants_progress(show_progress),
+        **options,
+    )
+    if out_dir is not None:
+        result.save(out_dir)
     title = (
         "kvsim replay (cache mode)" if protocol == "prefix" else "kvsim replay (object protocol)"
     )

@@ -8,11 +8,12 @@ import os
 import click
 import yaml
 
-from kvsim.cli.common import check_output_path
+from kvsim.cli.common import check_output_path, model_options
 from kvsim.errors import InputError
-from kvsim.results import format_table
+from kvsim.results import format_table, write_metadata
 from kvsim.traces.readers import write_native
 from kvsim.traces.synthetic import ARRIVALS, KINDS, KNOBS, generate, write_mooncake
+from kvsim.units import with_human_bytes
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -43,6 +44,7 @@ def trace_group() -> None:
     default=None,
     help="Write figures (PNG + SVG) into this folder.",
 )
+@model_options
 def stats_command(
     trace: str,
     limit: int | None,
@@ -50,9 +52,13 @@ def stats_command(
     bin_s: float | None,
     as_json: bool,
     plot_dir: str | None,
+    model: str | None,
+    tp: int | None,
+    kv_cache_dtype: str | None,
 ) -> None:
     """Requests, token and block counts, infinite-cache hit ratio, reuse distances and times,
-    popularity skew and arrival rate of TRACE.
+    popularity skew and arrival rate of TRACE. With --model, also the CPU memory (GiB) an
+    LRU tier needs to keep the median / p90 / p99 reuse.
 
     \b
     Example:
@@ -60,7 +66,15 @@ def stats_command(
     """
     from kvsim.traces.stats import trace_stats
 
-    st = trace_stats(trace, limit=limit, block_tokens=block_tokens, bin_s=bin_s)
+    st = trace_stats(
+        trace,
+        limit=limit,
+        block_tokens=block_tokens,
+        bin_s=bin_s,
+        model=model,
+        tp=1 if tp is None else tp,
+        kv_cache_dtype=kv_cache_dtype or "auto",
+    )
     if as_json:
         payload = {
             "summary": st.summary,
@@ -68,7 +82,7 @@ def stats_command(
         }
         click.echo(json.dumps(payload, indent=2, default=str))
     else:
-        click.echo(format_table(st.summary, "kvsim trace stats"))
+        click.echo(format_table(with_human_bytes(st.summary), "kvsim trace stats"))
         click.echo("")
         click.echo(st.distributions.to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
     if plot_dir:
@@ -78,6 +92,8 @@ def stats_command(
         from kvsim.plots import save_all, trace_figures
 
         paths = save_all(trace_figures(st), plot_dir)
+        options = {"limit": limit, "block_tokens": block_tokens, "bin_s": bin_s}
+        write_metadata(plot_dir, [trace], options, command="trace stats")
         click.echo(f"wrote {len(paths)} figure files to {plot_dir}", err=True)
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -16,39 +15,69 @@ from kvsim.errors import InputError
 from kvsim.io import refuse_overwriting_inputs
 from kvsim.results import format_table
 from kvsim.traces import TRACE_FORMATS
+from kvsim.units import with_human_bytes
 
 if TYPE_CHECKING:
-    from click._termui_impl import ProgressBar
-
     from kvsim.traces.model import TraceInfo
 
 #: a click command function, before or after other option decorators
 FC = TypeVar("FC", bound=Callable[..., Any])
 
 
-def offload_options(f: FC) -> FC:
-    """CPU tier, policy and key-layout options (the fields of ``OffloadOptions``)."""
-    options = [
-        click.option("--cpu-chunks", type=int, help="CPU tier capacity in chunks."),
-        click.option(
-            "--cpu-gib",
-            type=float,
-            help=(
-                "CPU tier size in GiB (vLLM cpu_bytes_to_use / 2**30), sized for --model "
-                f"(default {DEFAULT_MODEL})."
-            ),
-        ),
-        click.option(
-            "--model",
-            default=None,
-            help="Model preset for KV bytes (default llama-3.1-8b; see `kvsim models`).",
-        ),
+def _model_option_list(model_help: str) -> list[Callable[[FC], FC]]:
+    """``--model``, ``--tp`` and ``--kv-cache-dtype``: what sizes a chunk in bytes, under
+    kvsim's names and vLLM's (``--tensor-parallel-size``)."""
+    return [
+        click.option("--model", default=None, metavar="NAME|CONFIG.JSON", help=model_help),
         click.option(
             "--tp",
+            "--tensor-parallel-size",
+            "tp",
             type=int,
             default=None,
             help="Tensor-parallel world size for sizing (default 1).",
         ),
+        click.option(
+            "--kv-cache-dtype",
+            default=None,
+            metavar="DTYPE",
+            help=(
+                "vLLM's KV cache dtype: auto (the model's, default), bfloat16, float16, fp8, "
+                "fp8_e4m3, fp8_e5m2, fp8_inc; fp8 halves the KV bytes per token."
+            ),
+        ),
+    ]
+
+
+_MODEL_HELP = (
+    "Model preset (see `kvsim models`) or a Hugging Face config.json path, for the KV bytes "
+    "per token"
+)
+
+
+def model_options(f: FC) -> FC:
+    """``--model`` (optional: it adds GiB to chunk counts), ``--tp``, ``--kv-cache-dtype``."""
+    for option in reversed(_model_option_list(_MODEL_HELP + "; adds GiB to the output.")):
+        f = option(f)
+    return f
+
+
+def offload_options(f: FC) -> FC:
+    """CPU tier, policy and key-layout options (the fields of ``OffloadOptions``); vLLM's
+    names (``--kv-offloading-size``, ``--tensor-parallel-size``) are aliases."""
+    options = [
+        click.option("--cpu-chunks", type=int, help="CPU tier capacity in chunks."),
+        click.option(
+            "--cpu-gib",
+            "--kv-offloading-size",
+            "cpu_gib",
+            type=float,
+            help=(
+                "CPU tier size in GiB (vLLM's --kv-offloading-size: cpu_bytes_to_use / 2**30 "
+                f"over all TP workers), sized for --model (default {DEFAULT_MODEL})."
+            ),
+        ),
+        *_model_option_list(_MODEL_HELP + f" (default {DEFAULT_MODEL})."),
         click.option(
             "--policy",
             default=None,
@@ -133,6 +162,7 @@ OFFLOAD_KEYS = (
     "cpu_gib",
     "model",
     "tp",
+    "kv_cache_dtype",
     "policy",
     "admission",
     "store_threshold",
@@ -166,38 +196,18 @@ def check_output_path(path: str | None, option: str, *inputs: str | None) -> Non
 
 
 def echo_summary(summary: dict[str, Any], as_json: bool, title: str) -> None:
+    """The summary as JSON (numbers as they are), or as a table whose byte counts also read
+    in binary units (``67,108,864 (64.0 MiB)``)."""
     if as_json:
         click.echo(json.dumps(summary, indent=2, default=str))
     else:
-        click.echo(format_table(summary, title))
+        click.echo(format_table(with_human_bytes(summary), title))
 
 
-def count_lines(path: str, limit: int | None) -> int | None:
-    """Cheap length for a progress bar (uncompressed files only)."""
-    if path.endswith(".gz") or not os.path.isfile(path):
-        return limit
-    with open(path, "rb") as f:
-        n = sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
-    return min(n, limit) if limit is not None else n
-
-
-@contextlib.contextmanager
-def progress_bar(
-    enabled: bool | None, trace: str, limit: int | None, label: str, runs: int = 1
-) -> Iterator[Callable[[int], None] | None]:
-    """A progress bar on stderr over ``runs`` passes of ``trace``'s requests, as the API's
-    ``progress(n)`` callback (None when disabled; ``enabled=None``: when stderr is a terminal)."""
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        yield None
-        return
-    n = count_lines(trace, limit)
-    bar: ProgressBar[int]
-    with click.progressbar(
-        length=n * runs if n else None, label=label, file=sys.stderr, show_pos=True, show_eta=True
-    ) as bar:
-        yield bar.update
+def wants_progress(flag: bool | None) -> bool:
+    """``--progress/--no-progress``: a bar on stderr; by default only on a terminal (a log
+    file gets one only when asked, as a line every few seconds, see :mod:`kvsim.progress`)."""
+    return sys.stderr.isatty() if flag is None else flag
 
 
 def note_missing_reuse(info: TraceInfo) -> None:

@@ -133,7 +133,8 @@ class MRC:
                     "fraction_of_ceiling": q,
                     "hit_ratio": None if c is None else self.hit_ratio_at(c),
                     "capacity": c,
-                    "capacity_tokens": None if c is None or not self.chunk_tokens
+                    "capacity_tokens": None
+                    if c is None or not self.chunk_tokens
                     else c * self.chunk_tokens,
                     "cpu_gib": None if c is None else self.gib(c),
                     "exact": None if c is None else self.is_exact(c),

@@ -12,6 +12,10 @@ hand-computed traces):
   many blocks hits it. Reuse time: the arrival-time difference between the two requests.
 - ``reuse_share_top1pct`` / ``top10pct``: the share of all reuses (accesses after the first)
   that fall on the 1% / 10% most reused blocks.
+- with a model, ``reuse_distance_p50_gib`` (p90, p99): the CPU memory an LRU tier of
+  one-block chunks needs to keep that reuse, ``(distance + 1)`` chunks of vLLM's row bytes
+  (``kvsim replay --cpu-gib`` sizes the same way); ``unique_blocks_gib``: every block at once,
+  the size past which no cache gains anything.
 """
 
 from __future__ import annotations
@@ -91,6 +95,10 @@ def trace_stats(
     limit: int | None = None,
     block_tokens: int | None = None,
     bin_s: float | None = None,
+    model: str | None = None,
+    tp: int = 1,
+    kv_cache_dtype: str = "auto",
+    gpu_block_tokens: int = 16,
 ) -> Result:
     """Statistics of a trace: ``summary`` (flat numbers) and tables.
 
@@ -98,10 +106,13 @@ def trace_stats(
     ``hit_blocks``), ``reuses`` (one row per reuse: ``block``, ``distance``, ``time_s``),
     ``popularity`` (``block``, ``accesses``; most accessed first), ``arrivals`` (``start_s``,
     ``requests``, ``rate_rps`` per ``bin_s`` window) and ``distributions`` (mean and
-    percentiles of prompt/output tokens, reuse distance and reuse time).
+    percentiles of prompt/output tokens, reuse distance and reuse time; with a ``model``,
+    sized at ``tp`` with ``kv_cache_dtype`` as :func:`kvsim.replay` sizes it, also the LRU
+    size that keeps each reuse in GiB).
     """
     tr = as_trace(trace, block_tokens=block_tokens, limit=limit)
     bt = block_tokens or tr.block_tokens
+    row = _block_row_bytes(bt, model, tp, kv_cache_dtype, gpu_block_tokens)
     req_rows: list[tuple[int, float, int, int, int, int]] = []
     accesses: list[tuple[int, float]] = []  # (block, arrival_s) in access order
     seen: set[int] = set()
@@ -112,11 +123,11 @@ def trace_stats(
         while hit < n and ids[hit] in seen:
             hit += 1
         seen.update(ids)
-        req_rows.append((r.request_id, r.arrival_s, r.input_tokens, r.output_tokens, n, hit))
+        req_rows.append((r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, n, hit))
         accesses.extend((b, r.arrival_s) for b in ids)
     requests = pd.DataFrame.from_records(
         req_rows,
-        columns=["request", "arrival_s", "input_tokens", "output_tokens", "blocks", "hit_blocks"],
+        columns=["request", "arrival_s", "prompt_tokens", "output_tokens", "blocks", "hit_blocks"],
     )
 
     # reuse distance (distinct blocks in between) and reuse time, O(N log N)
@@ -179,12 +190,17 @@ def trace_stats(
 
     dist = pd.DataFrame(
         [
-            _describe("prompt_tokens", requests["input_tokens"].to_numpy(), "tokens"),
+            _describe("prompt_tokens", requests["prompt_tokens"].to_numpy(), "tokens"),
             _describe("output_tokens", requests["output_tokens"].to_numpy(), "tokens"),
             _describe("prompt_blocks", requests["blocks"].to_numpy(), "blocks"),
             _describe("reuse_distance", reuses["distance"].to_numpy(), "blocks"),
             _describe("reuse_time", reuses["time_s"].to_numpy(), "s"),
         ]
+        + (
+            [_describe("reuse_lru_size", _lru_gib(reuses["distance"].to_numpy(), row), "GiB")]
+            if row is not None
+            else []
+        )
     )
     d = dist.set_index("quantity")
     summary: dict[str, Any] = {
@@ -193,7 +209,7 @@ def trace_stats(
         "block_tokens": bt,
         "duration_s": duration,
         "mean_rate_rps": (len(requests) - 1) / duration if duration > 0 else math.nan,
-        "prompt_tokens": int(requests["input_tokens"].sum()),
+        "prompt_tokens": int(requests["prompt_tokens"].sum()),
         "prompt_tokens_mean": d.at["prompt_tokens", "mean"],
         "prompt_tokens_p50": d.at["prompt_tokens", "p50"],
         "prompt_tokens_p99": d.at["prompt_tokens", "p99"],
@@ -208,6 +224,7 @@ def trace_stats(
         "reuses": n_reuses,
         "reuse_distance_p50": d.at["reuse_distance", "p50"],
         "reuse_distance_p90": d.at["reuse_distance", "p90"],
+        **(_gib_summary(d, model, kv_cache_dtype, row, len(popularity)) if row else {}),
         "reuse_time_p50_s": d.at["reuse_time", "p50"],
         "reuse_time_p90_s": d.at["reuse_time", "p90"],
         "reuse_share_top1pct": top_share(0.01),
@@ -223,3 +240,45 @@ def trace_stats(
         "distributions": dist,
     }
     return Result(summary=summary, tables=tables, config={"block_tokens": bt, "limit": limit})
+
+
+def _block_row_bytes(
+    block_tokens: int, model: str | None, tp: int, kv_cache_dtype: str, gpu_block_tokens: int
+) -> int | None:
+    """Host bytes of one trace block as a CPU chunk, sized as the replay sizes it (None
+    without a model)."""
+    if model is None:
+        return None
+    from kvsim.config import OffloadOptions
+    from kvsim.sizing import row_bytes
+
+    config = OffloadOptions(
+        cpu_chunks=1,
+        model=model,
+        tp=tp,
+        kv_cache_dtype=kv_cache_dtype,
+        block_tokens=block_tokens,
+        gpu_block_tokens=gpu_block_tokens,
+    ).resolve(block_tokens)
+    assert config.chunk_bytes is not None  # a model was given
+    return row_bytes(config.chunk_bytes)
+
+
+def _lru_gib(distances: np.ndarray, row: int) -> np.ndarray:
+    """GiB of an LRU tier that keeps reuses at these distances: ``distance + 1`` chunks."""
+    gib: np.ndarray = (distances.astype(float) + 1.0) * row / 2**30
+    return gib
+
+
+def _gib_summary(
+    d: pd.DataFrame, model: str | None, kv_cache_dtype: str, row: int, unique_blocks: int
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "kv_cache_dtype": kv_cache_dtype,
+        "block_bytes": row,
+        **{
+            f"reuse_distance_p{q}_gib": float(d.at["reuse_lru_size", f"p{q}"]) for q in (50, 90, 99)
+        },
+        "unique_blocks_gib": unique_blocks * row / 2**30,
+    }
