@@ -106,3 +106,32 @@ def test_bad_requests_are_one_line_errors(requests):
         miniature_mrc(requests, config(requests, prefill_chunk_tokens=1024), [10])
     with pytest.raises(InputError, match="kept none"):
         miniature_mrc(requests[:1], cfg, [10], sample_rate=1e-6)
+
+
+def test_api_mrc_for_any_policy_matches_replays_at_rate_one():
+    """`kvsim.mrc(policy=...)` at sample rate 1 replays every capacity: each --cpu-gib point
+    is `kvsim.replay`'s own hit ratio at that size."""
+    import kvsim
+
+    curve = kvsim.mrc(
+        SYNTHETIC,
+        policy="s3fifo",
+        sample_rate=1.0,
+        limit=300,
+        model="llama-3.1-8b",
+        cpu_gib=[4, 32],
+    )
+    assert curve.info["method"] == "miniature" and curve.points is not None
+    for row in curve.points.itertuples(index=False):
+        s = kvsim.replay(
+            SYNTHETIC,
+            limit=300,
+            model="llama-3.1-8b",
+            cpu_gib=row.cpu_gib_asked,
+            policy="s3fifo",
+            per_request=False,
+        ).summary
+        assert row.hit_ratio == pytest.approx(s["cpu_hit_ratio"], abs=1e-12)
+        assert bool(row.exact)
+    sampled = kvsim.mrc(SYNTHETIC, policy="s3fifo", limit=300)
+    assert sampled.sample_rate == 0.1 and len(sampled.table) <= 24

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from support import SAMPLE, SYNTHETIC
@@ -76,7 +78,13 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
         "mrc.csv",
         "mrc.png",
     ]  # no temp files left
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
-        main(["mrc", SAMPLE, "--policy", "arc"])
+        main(["mrc", SAMPLE, "--policy", "arc", "--json"])
+    assert exc.value.code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["policy"], out["method"], out["sample_rate"]) == ("arc", "miniature", 0.1)
+    with pytest.raises(SystemExit) as exc:
+        main(["mrc", SAMPLE, "--policy", "no-such-policy"])
     assert exc.value.code == 2
-    assert "only lru" in capsys.readouterr().err
+    assert "no-such-policy" in capsys.readouterr().err

@@ -44,7 +44,8 @@ def mrc_summary(trace: str, curve: MRC) -> dict[str, Any]:
     top = int(t["capacity"].max())
     return {
         "trace": trace,
-        "policy": "lru",
+        "policy": curve.info.get("policy", "lru"),
+        "method": curve.info.get("method", "stack"),
         "protocol": curve.protocol,
         "sample_rate": curve.sample_rate,
         "chunk_accesses": curve.accesses,
@@ -66,8 +67,17 @@ def _records(df: Any) -> list[dict[str, Any]]:
     return list(json.loads(df.to_json(orient="records")))
 
 
+def _title(summary: dict[str, Any], curve: MRC) -> str:
+    if summary["method"] == "miniature":
+        return (
+            f"kvsim mrc ({summary['policy']}: miniature simulation at "
+            f"{curve.sample_rate:g} sampling, corrected by LRU's error on the same sample)"
+        )
+    return "kvsim mrc (LRU stack distances)"
+
+
 def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
-    lines = ["kvsim mrc (LRU stack distances)"]
+    lines = [_title(summary, curve)]
     for k, v in summary.items():
         if v is None:  # the GiB figures without a model
             continue
@@ -118,7 +128,8 @@ def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
     "--policy",
     default="lru",
     show_default=True,
-    help="Only lru has a one-pass curve (stack distances); replay other policies.",
+    help="Eviction policy: lru in one pass (stack distances); any other by miniature "
+    "simulation (replays of a sampled trace on scaled caches).",
 )
 @click.option(
     "--protocol",
@@ -130,9 +141,8 @@ def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
 @click.option(
     "--sample-rate",
     type=float,
-    default=1.0,
-    show_default=True,
-    help="SHARDS spatial sampling rate; 1 = exact.",
+    default=None,
+    help="Spatial sampling rate (SHARDS); 1 = exact. Default: 1 for lru, 0.1 for others.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Salt of the sampling hash.")
 @format_option
@@ -185,7 +195,7 @@ def mrc_command(
     trace: str,
     policy: str,
     protocol: str,
-    sample_rate: float,
+    sample_rate: float | None,
     seed: int,
     fmt: str | None,
     limit: int | None,

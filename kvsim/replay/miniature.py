@@ -45,11 +45,13 @@ def sample_requests(
     tpc = config.chunk_tokens
     out: list[Request] = []
     accesses = sampled = units = 0
+    distinct: set[ChunkKey] = set()
     for req in requests:
         unit_keys = layout.unit_keys(req.block_hashes, req.input_tokens)
         keys: list[ChunkKey] = layout.chunk_keys(unit_keys)
         units += len(unit_keys)
         accesses += len(keys)
+        distinct.update(keys)
         if keep is not None:
             keys = [k for k in keys if keep(k)]
         sampled += len(keys)
@@ -63,7 +65,12 @@ def sample_requests(
                 req.session_id,
             )
         )
-    counts = {"accesses": accesses, "sampled": sampled, "prompt_units": units}
+    counts = {
+        "accesses": accesses,
+        "sampled": sampled,
+        "prompt_units": units,
+        "distinct": len(distinct),
+    }
     return out, counts
 
 
@@ -131,21 +138,24 @@ def _control_ratios(
 def miniature_mrc(
     requests: Iterable[Request],
     config: CacheConfig,
-    capacities: Sequence[int],
+    capacities: Sequence[int] | None = None,
     *,
     sample_rate: float = 0.1,
     seed: int = 0,
     protocol: str = "prefix",
     control: bool = True,
+    points: int = 24,
+    extra: Sequence[int] = (),
     progress: Callable[[int], object] | None = None,
 ) -> MRC:
-    """The hit-ratio curve of ``config``'s policy at each capacity (in full-size chunks).
+    """The hit-ratio curve of ``config``'s policy at each capacity (in full-size chunks;
+    default: ``points`` of :func:`miniature_grid` and the ``extra`` ones).
 
     With ``control`` (the default) each estimate is corrected by LRU's error on the same
     sample (:func:`_control_ratios`); the table keeps the uncorrected estimate beside it.
     """
     _check(config, sample_rate, protocol)
-    if not capacities or min(capacities) < 1:
+    if capacities is not None and (not capacities or min(capacities) < 1):
         raise InputError("capacities must be a non-empty list of positive chunk counts")
     reqs = list(requests)
     sampled, counts = sample_requests(reqs, config, sample_rate, seed)
@@ -158,7 +168,11 @@ def miniature_mrc(
     scale = 1.0
     if protocol == "prefix" and counts["prompt_units"]:
         scale = counts["accesses"] * config.layout.units_per_chunk / counts["prompt_units"]
-    grid = sorted(set(int(c) for c in capacities))
+    grid = (
+        miniature_grid(counts["distinct"], sample_rate, points, extra)
+        if capacities is None
+        else sorted(set(int(c) for c in capacities))
+    )
     raw = []
     for capacity in grid:
         mini = miniature_config(config, capacity, sample_rate)
@@ -180,6 +194,15 @@ def miniature_mrc(
         "miniature_chunks": [max(1, round(c * sample_rate)) for c in grid],
     }
     return MRC(table, protocol, sample_rate, counts["accesses"], counts["sampled"], 1, info)
+
+
+def miniature_grid(distinct: int, rate: float, points: int, extra: Sequence[int] = ()) -> list[int]:
+    """Geometric capacities from the smallest whose miniature holds a chunk to one past the
+    trace's distinct chunks (every reuse hits there), plus ``extra``."""
+    low = max(1, int(np.ceil(1.0 / rate)))
+    top = max(low, distinct + 1)
+    grid = np.unique(np.geomspace(low, top, num=max(2, points)).astype(int))
+    return sorted(set(grid.tolist()) | {int(c) for c in extra})
 
 
 def miniature_error(
