@@ -31,7 +31,7 @@ import pandas as pd
 
 from kvsim.api import make_options
 from kvsim.engine.clock import MonotonicClock, VirtualClock
-from kvsim.engine.compute_model import ComputeParams, RooflineCompute
+from kvsim.engine.compute_model import default_compute_profile, make_compute
 from kvsim.engine.engine import Engine, gpu_kv_blocks
 from kvsim.engine.params import EngineParams
 from kvsim.engine.transfer_model import TransferModelParams, get_link
@@ -280,7 +280,7 @@ def run_validation(
             f"--max-gpu-kv-gib {spec.max_gpu_kv_gib} holds no {geometry.block_bytes}-byte block"
         )
     eparams = EngineParams(**{**base.as_dict(), "gpu_blocks": n_blocks})
-    roofline = RooflineCompute(model, ComputeParams.for_gpu(gpu))
+    forward = make_compute(model, default_compute_profile(gpu), tp=eparams.tp)
 
     # memory first: refuse (one line) before simulating what could not run for real
     host_layout = HostLayout(geometry, layout.units_per_chunk, spec.layout)
@@ -309,7 +309,7 @@ def run_validation(
             gpu=gpu,
             transfer=link,
             clock=VirtualClock(),
-            compute=EmulatedCompute(roofline, device, spec.compute_scale, enqueue=False),
+            compute=EmulatedCompute(forward, device, spec.compute_scale, enqueue=False),
         ).run(requests)
         sim_req, sim_tr = sim.recorder.request_table(), sim.recorder.transfer_table()
         if len(sim_req) and bool(sim_req.rejected.all()):
@@ -322,7 +322,7 @@ def run_validation(
         clock = MonotonicClock()
         device.set_clock(clock.now)
         backend = RealTransferBackend(device, gpu_cache, host, fault=fault)
-        compute = EmulatedCompute(roofline, device, spec.compute_scale, clock=clock.now)
+        compute = EmulatedCompute(forward, device, spec.compute_scale, clock=clock.now)
         real = Engine(
             config,
             eparams,

@@ -1,14 +1,13 @@
 """The ``kvsim`` command line: a thin layer that parses, calls the API and writes.
 
-Every module ``kvsim/cli/cmd_*.py`` contributes its click commands through a module-level
-``COMMANDS`` list, so each command lives in its own small file.
+Each command lives in its own small file, ``kvsim/cli/cmd_*.py``, named in
+:data:`COMMAND_TABLE` and imported only when it runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import pkgutil
 import signal
 import sys
 import warnings
@@ -18,25 +17,111 @@ import click
 
 from kvsim.errors import InputError, InputWarning
 
+#: command -> (module under kvsim.cli, attribute, its short help at HELP_LIMIT characters).
+#: Commands load on first use, so ``kvsim --help`` and ``kvsim policies`` never import
+#: pandas, matplotlib or torch; a test keeps each help line equal to its command's own.
+HELP_LIMIT = 80
+COMMAND_TABLE: dict[str, tuple[str, str, str]] = {
+    "bench": (
+        "cmd_bench",
+        "bench_command",
+        "Time cache-mode replay on TRACE (default: the bundled Mooncake conversation...",
+    ),
+    "calibrate": (
+        "cmd_real",
+        "calibrate_command",
+        "Measure host<->GPU copies (H2D, D2H, both at once; 4 KiB to 64 MiB) and write...",
+    ),
+    "calibrate-compute": (
+        "cmd_real",
+        "calibrate_compute_command",
+        "Time the model's GEMMs, LM head and attention with torch; write a compute...",
+    ),
+    "models": (
+        "cmd_policies",
+        "models_command",
+        "List the model presets and their KV bytes per token (bf16, TP=1).",
+    ),
+    "mrc": (
+        "cmd_mrc",
+        "mrc_command",
+        "Hit ratio at every CPU capacity of TRACE, in one pass over it: in chunks and...",
+    ),
+    "plot": (
+        "cmd_plot",
+        "plot_command",
+        "Draw a KIND figure from RESULTS (a Parquet/CSV table or a results folder).",
+    ),
+    "policies": (
+        "cmd_policies",
+        "policies_command",
+        "List every eviction and admission policy with a one-line description.",
+    ),
+    "replay": (
+        "cmd_replay",
+        "replay_command",
+        "Replay TRACE in cache mode: requests one at a time, no timing.",
+    ),
+    "simulate": (
+        "cmd_simulate",
+        "simulate_command",
+        "Replay TRACE's arrivals through a modelled vLLM engine with CPU KV offloading.",
+    ),
+    "sweep": (
+        "cmd_sweep",
+        "sweep_command",
+        "Run every combination of traces x grid values from SPEC (YAML) and/or the...",
+    ),
+    "trace": (
+        "cmd_trace",
+        "trace_group",
+        "Inspect traces (`stats`) and generate synthetic ones (`gen`).",
+    ),
+    "validate": (
+        "cmd_real",
+        "validate_command",
+        "Run TRACE twice through the same engine, manager and policies: simulated...",
+    ),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+def _shorten(text: str, limit: int) -> str:
+    """``text`` cut at a word to fit ``limit`` characters, as click shortens command help."""
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - 3)].rsplit(" ", 1)[0] + "..."
+
+
+class _LazyGroup(click.Group):
+    """A group whose commands are imported when run (or asked for), not at start-up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(COMMAND_TABLE))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_TABLE:
+            module, attribute, _ = COMMAND_TABLE[cmd_name]
+            command = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = formatter.width - 6 - max(map(len, COMMAND_TABLE))
+        rows = [(name, _shorten(COMMAND_TABLE[name][2], limit)) for name in sorted(COMMAND_TABLE)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(
+    cls=_LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="kvsim")
 def cli() -> None:
     """kvsim: simulate LLM KV-cache offloading to CPU memory (vLLM OffloadingConnector semantics).
 
     Start with `kvsim replay TRACE --cpu-gib 64 --model llama-3.1-8b`.
     """
-
-
-def _register_commands() -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("cmd_"):
-            module = importlib.import_module(f"{__name__}.{info.name}")
-            for command in getattr(module, "COMMANDS", ()):
-                cli.add_command(command)
-
-
-_register_commands()
 
 
 class Terminated(BaseException):

@@ -22,6 +22,18 @@ if TYPE_CHECKING:
     from real.device import Device
 
 
+def _need_torch(command: str) -> None:
+    """torch is an extra (``kvsim[real]``), needed by the real backend only: without it the
+    command stops with one line saying how to install it."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise InputError(
+            f"kvsim {command} runs the real backend, which needs torch ({exc}): "
+            "pip install 'kvsim[real]'"
+        ) from None
+
+
 def _device(kind: str) -> Device:
     from real.device import Device, cpu_stand_in, cuda_available
 
@@ -90,11 +102,13 @@ def calibrate_command(
 ) -> None:
     """Measure host<->GPU copies (H2D, D2H, both at once; 4 KiB to 64 MiB) and write the
     profile that `kvsim simulate --link PROFILE` and `kvsim validate --profile` load.
+    (`kvsim calibrate-compute` measures the forward pass instead.)
 
     \b
     Example:
       kvsim calibrate --out profile.json
     """
+    _need_torch("calibrate")
     from real.calibrate import CPU_COLD_SPAN_FACTOR, MIB, calibrate
     from real.host_pool import PinError
 
@@ -235,6 +249,7 @@ def validate_command(
       kvsim validate traces/mooncake_fast25_conversation_trace.jsonl \\
           --model llama-3.1-8b --cpu-gib 16 --limit 500 --profile profile.json
     """
+    _need_torch("validate")
     from kvsim.engine.transfer_model import get_link
     from real.host_pool import PinError
     from real.machine import CpuDefaults, available_memory
@@ -281,4 +296,136 @@ def validate_command(
         click.echo(format_table(summary, "kvsim validate (simulated vs real)"))
 
 
-COMMANDS = [calibrate_command, validate_command]
+def _int_list(option: str, text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise InputError(f"{option}: expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+@click.command("calibrate-compute")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help='Write the "kind": "phases" profile here (for `kvsim simulate --compute-profile`).',
+)
+@click.option(
+    "--model",
+    default="llama-3.1-8b",
+    show_default=True,
+    help="Model preset or config.json whose shapes are timed.",
+)
+@click.option(
+    "--tp",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Time one TP worker's shard.",
+)
+@click.option(
+    "--device",
+    "device_kind",
+    type=click.Choice(["auto", "cuda", "cpu"]),
+    default="auto",
+    help="Where to measure (default: CUDA when available, else CPU tensors).",
+)
+@click.option(
+    "--gpu",
+    "gpu_name",
+    default=None,
+    help="GPU preset whose data-sheet peaks the efficiencies are relative to, and the profile's "
+    "name (default: the CUDA device's name; on CPU the best rates measured).",
+)
+@click.option(
+    "--tokens",
+    default=None,
+    help="GEMM token counts, e.g. 1,32,512 (default 1..8192 on CUDA, 1,16,128 on CPU).",
+)
+@click.option(
+    "--contexts",
+    default=None,
+    help="Attention context lengths (default 1024,4096,16384 on CUDA, 128,512 on CPU).",
+)
+@click.option(
+    "--decode-batch",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests in the decode-attention and LM-head batch (default 32 on CUDA, 4 on CPU).",
+)
+@click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Timed runs per point, median kept (default 10 on CUDA, 2 on CPU).",
+)
+@click.option(
+    "--max-weight-mib",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cap on one weight matrix (default: none on CUDA, 32 on CPU).",
+)
+def calibrate_compute_command(
+    out: str,
+    model: str,
+    tp: int,
+    device_kind: str,
+    gpu_name: str | None,
+    tokens: str | None,
+    contexts: str | None,
+    decode_batch: int | None,
+    trials: int | None,
+    max_weight_mib: int | None,
+) -> None:
+    """Time the model's GEMMs, LM head and attention with torch; write a compute profile.
+
+    Times one layer's GEMMs at a few token counts, the LM head, causal prefill attention
+    and decode attention (torch's scaled_dot_product_attention), fits the per-phase
+    compute model's efficiencies and writes the profile that `kvsim simulate
+    --compute-profile` loads.
+
+    \b
+    Example:
+      kvsim calibrate-compute --model llama-3.1-8b --out h200-compute.json
+    """
+    _need_torch("calibrate-compute")
+    from dataclasses import replace
+
+    from kvsim.hardware import get_gpu
+    from kvsim.models import get_model
+    from real.calibrate_compute import (
+        MIB,
+        ComputeCalibration,
+        calibrate_compute,
+        resolve_device,
+    )
+
+    check_output_path(out, "--out")
+    spec = get_model(model)
+    gpu = get_gpu(gpu_name) if gpu_name else None
+    device = resolve_device(device_kind)
+    plan = ComputeCalibration.for_device(device)
+    plan = replace(
+        plan,
+        tokens=_int_list("--tokens", tokens) or plan.tokens,
+        contexts=_int_list("--contexts", contexts) or plan.contexts,
+        decode_batch=decode_batch or plan.decode_batch,
+        trials=trials or plan.trials,
+        max_weight_bytes=max_weight_mib * MIB if max_weight_mib else plan.max_weight_bytes,
+    )
+    profile, points = calibrate_compute(spec, device, plan, tp=tp, gpu=gpu)
+    with atomic_write(out) as f:
+        f.write(profile.to_json(measurements=[p.as_dict() for p in points]))
+    rows: list[tuple[str, object]] = [("device", str(device)), ("gpu", profile.gpu)]
+    rows += [(k, v) for k, v in profile.to_dict().items() if k not in ("kind", "gpu", "sources")]
+    rows.append(("profile", out))
+    click.echo(format_table(rows, "kvsim calibrate-compute"))
+
+
+COMMANDS = [calibrate_command, calibrate_compute_command, validate_command]

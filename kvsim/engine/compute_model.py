@@ -1,4 +1,8 @@
-"""Step time of one forward pass: a roofline of the model on the GPU plus a fixed overhead.
+"""Step time of one forward pass: which model, and the single-roofline one.
+
+On GPUs with a shipped phases profile (H100, H200) the default is the per-phase model of
+:mod:`kvsim.engine.phase_compute`; elsewhere, or with a ``"kind": "roofline"`` profile,
+it is this roofline of the model on the GPU plus a fixed overhead.
 
 ::
 
@@ -11,10 +15,13 @@ all divided across ``tp`` GPUs. ``attention_pairs`` counts (query, key) pairs of
 a request computing n new tokens after c cached ones contributes ``n * c + n * (n + 1) / 2``.
 An empty step (no tokens) takes no time.
 
-Compute profile JSON (all keys optional; they replace the preset's values)::
+Roofline profile JSON (``"kind": "roofline"`` or no kind; all keys optional, they replace
+the preset's values)::
 
     {"peak_flops": 9.89e14, "hbm_bytes_per_s": 4.8e12, "flops_efficiency": 0.6,
      "bandwidth_efficiency": 0.8, "step_overhead_s": 0.002}
+
+A per-phase profile is ``{"kind": "phases", "gpu": ..., ...}`` (:mod:`.phase_compute`).
 
 The simplest model, for setting a run side by side with another simulator or with vLLM's
 own scheduler: a step takes ``step_s + per_token_s * tokens``, nothing else::
@@ -28,9 +35,12 @@ backend sleeps that long to emulate the forward pass.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from kvsim.engine.phase_compute import KIND as PHASES_KIND
+from kvsim.engine.phase_compute import PhaseCompute, PhaseProfile, shipped_profile
 from kvsim.errors import InputError
 from kvsim.hardware import GpuSpec
 from kvsim.io import read_json
@@ -47,10 +57,19 @@ class StepBatch:
     decode_tokens: int
     context_tokens: int  # cached tokens read by attention (sum over the batch)
     attention_pairs: float  # (query, key) pairs
+    # the part of context_tokens that decoding requests read; None (callers that predate
+    # it): all of it in a batch without prefills, none otherwise
+    decode_context_tokens: int | None = None
 
     @property
     def tokens(self) -> int:
         return self.prefill_tokens + self.decode_tokens
+
+    @property
+    def decode_context(self) -> int:
+        if self.decode_context_tokens is not None:
+            return self.decode_context_tokens
+        return self.context_tokens if self.num_prefill_seqs == 0 else 0
 
 
 @dataclass(frozen=True)
@@ -110,10 +129,12 @@ class LinearCompute:
         return self.step_s + self.per_token_s * tokens if tokens > 0 else 0.0
 
 
-def load_compute_profile(
-    path: str | os.PathLike[str], base: ComputeParams
-) -> ComputeParams | LinearCompute:
-    """A roofline profile (coefficients replacing ``base``'s) or a ``"kind": "linear"`` one."""
+ComputeProfile = ComputeParams | LinearCompute | PhaseProfile
+
+
+def load_compute_profile(path: str | os.PathLike[str], base: ComputeParams) -> ComputeProfile:
+    """A roofline profile (coefficients replacing ``base``'s), a ``"kind": "linear"`` one
+    or a ``"kind": "phases"`` one."""
     path = os.fspath(path)
     data = read_json(path)
     if not isinstance(data, dict):
@@ -121,9 +142,49 @@ def load_compute_profile(
     kind = data.get("kind", "roofline")
     if kind == "linear":
         return LinearCompute.from_dict(data, source=path)
+    if kind == PHASES_KIND:
+        return PhaseProfile.from_dict(data, source=path)
     if kind != "roofline":
-        raise InputError(f"unknown kind {kind!r}; known: roofline, linear", source=path)
+        raise InputError(f"unknown kind {kind!r}; known: roofline, linear, phases", source=path)
     return base.with_profile({k: v for k, v in data.items() if k != "kind"}, source=path)
+
+
+def default_compute_profile(gpu: GpuSpec) -> ComputeParams | PhaseProfile:
+    """The phases profile shipped for ``gpu`` (H100, H200), else its preset's roofline. A
+    GPU spec named like a shipped profile with other peak figures keeps that profile's
+    efficiencies with its own peaks."""
+    profile = shipped_profile(gpu.name)
+    if profile is None:
+        return ComputeParams.for_gpu(gpu)
+    if (profile.peak_flops, profile.hbm_bytes_per_s) == (gpu.peak_flops, gpu.hbm_bytes_per_s):
+        return profile
+    spec = f"the {gpu.name} GPU spec's figure"
+    return replace(
+        profile,
+        peak_flops=gpu.peak_flops,
+        hbm_bytes_per_s=gpu.hbm_bytes_per_s,
+        sources={**profile.sources, "peak_flops": spec, "hbm_bytes_per_s": spec},
+    )
+
+
+def make_compute(
+    model: ModelSpec, profile: ComputeProfile, tp: int = 1
+) -> Callable[[StepBatch], float]:
+    """The step-time model a profile describes, for ``model`` at tensor parallel ``tp``."""
+    if isinstance(profile, LinearCompute):
+        return profile
+    if isinstance(profile, PhaseProfile):
+        return PhaseCompute(model, profile, tp=tp)
+    return RooflineCompute(model, profile, tp=tp)
+
+
+def describe_compute(profile: ComputeProfile) -> dict[str, Any]:
+    """What a run's config records of its compute model."""
+    if isinstance(profile, LinearCompute):
+        return {"step_s": profile.step_s, "per_token_s": profile.per_token_s}
+    if isinstance(profile, PhaseProfile):
+        return {k: v for k, v in profile.to_dict().items() if k != "sources"}
+    return {"kind": "roofline", **profile.__dict__}
 
 
 class RooflineCompute:

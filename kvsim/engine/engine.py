@@ -3,7 +3,8 @@
 Time comes from the injected clock; copies go through the injected transfer backend (the
 protocol of :mod:`kvsim.engine.transfer_protocol`); the forward pass takes what the
 injected compute model says. Defaults: virtual clock, :class:`SimulatedTransferBackend`
-on the GPU's link, :class:`RooflineCompute` of the model on the GPU. The CPU tier is the
+on the GPU's link, the per-phase compute model of the GPU's shipped profile (H100, H200)
+or else :class:`RooflineCompute` of the model on the GPU. The CPU tier is the
 same :class:`kvsim.offload.OffloadManager` and policies as cache mode
 (:meth:`kvsim.offload.OffloadManager.from_config`).
 
@@ -33,7 +34,13 @@ from kvsim.config import CacheConfig
 from kvsim.context import RequestContext, chunk_positions
 from kvsim.engine.arrivals import arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
-from kvsim.engine.compute_model import ComputeParams, RooflineCompute, StepBatch
+from kvsim.engine.compute_model import (
+    ComputeParams,
+    PhaseProfile,
+    StepBatch,
+    default_compute_profile,
+    make_compute,
+)
 from kvsim.engine.connector import OffloadConnector
 from kvsim.engine.events import PHASE_ARRIVAL, PHASE_STEP, PHASE_TRANSFER, EventQueue
 from kvsim.engine.params import EngineParams
@@ -105,7 +112,7 @@ class Engine:
         model: ModelSpec,
         gpu: GpuSpec,
         compute: Callable[[StepBatch], float] | None = None,
-        compute_params: ComputeParams | None = None,
+        compute_params: ComputeParams | PhaseProfile | None = None,
         transfer: TransferModelParams | None = None,
         backend: TransferBackend | None = None,
         clock: Clock | None = None,
@@ -123,8 +130,8 @@ class Engine:
         self.compute = (
             compute
             if compute is not None
-            else RooflineCompute(
-                self.model, compute_params or ComputeParams.for_gpu(self.gpu), tp=params.tp
+            else make_compute(
+                self.model, compute_params or default_compute_profile(self.gpu), tp=params.tp
             )
         )
         self.transfer = transfer or get_link(self.gpu.link)

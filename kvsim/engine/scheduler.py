@@ -72,7 +72,15 @@ def clamp_new_tokens(n: int, budget: int, threshold: int) -> int:
 class _BatchTally:
     """The step's scheduled requests and forward shape, summed as each one is scheduled."""
 
-    __slots__ = ("context", "decode", "n_prefill_seqs", "pairs", "prefill", "reqs")
+    __slots__ = (
+        "context",
+        "decode",
+        "decode_context",
+        "n_prefill_seqs",
+        "pairs",
+        "prefill",
+        "reqs",
+    )
 
     def __init__(self) -> None:
         self.reqs: list[SimRequest] = []
@@ -80,6 +88,7 @@ class _BatchTally:
         self.prefill = 0
         self.decode = 0
         self.context = 0
+        self.decode_context = 0
         self.pairs = 0.0
 
     def add(self, req: SimRequest, n: int, computed: int, is_decode: bool) -> None:
@@ -88,6 +97,7 @@ class _BatchTally:
         self.reqs.append(req)
         if is_decode:
             self.decode += 1
+            self.decode_context += computed
         else:
             self.prefill += n
             self.n_prefill_seqs += 1
@@ -102,6 +112,7 @@ class _BatchTally:
             self.decode,
             self.context,
             self.pairs,
+            self.decode_context,
         )
 
 
@@ -566,6 +577,9 @@ class Scheduler:
             req.num_output += 1
             if req.first_token is None:
                 req.first_token = t_end
+            else:
+                req.token_gaps.append(t_end - req.last_token)
+            req.last_token = t_end
             if req.placeholders and not stale:
                 self._confirm_placeholder(req)
             if req.num_output >= req.output:

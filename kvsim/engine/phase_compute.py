@@ -1,0 +1,279 @@
+"""Step time as a sum of phases, each its own roofline: the default on H100 and H200.
+
+One roofline for the whole forward pass (:class:`kvsim.engine.compute_model.RooflineCompute`)
+lets a long prefill's attention hide the weight reads, and charges the LM head for every
+prompt token. A forward pass is a sequence of kernels that do not overlap, so here each
+phase is a ``max(flops / rate, bytes / bandwidth)`` of its own and the step is their sum,
+per tensor-parallel worker (``T`` tokens scheduled, ``S`` requests scheduled, ``d`` bytes
+per weight or activation element, ``L`` layers, ``H`` hidden size, ``V`` vocabulary;
+``kv_bytes_per_token`` in the KV cache's own dtype)::
+
+    gemm       max(2 * P * T / (peak * gemm_eff),  W(T) * d / (hbm * weight_bw_eff))
+    attention  prefill rows: max(4 * L * heads * dim * pairs / (peak * prefill_attn_eff),
+                                 kv_bytes_per_token * (context + T) / (hbm * decode_attn_eff))
+               + decode rows: the same over their own pairs and context
+    lm_head    max(2 * V * H * S / (peak * gemm_eff),  V * H * d / (hbm * weight_bw_eff))
+    all_reduce 2 * L * (latency + 2 * (tp - 1) / tp * T * H * d / allreduce_bw)   (tp > 1)
+    overhead   step_overhead_s
+
+``P`` is the non-embedding parameters a token goes through (the MoE active ones) and
+``W(T)`` the non-embedding weights read: all dense ones and, of ``N`` routed experts with
+``k`` per token, the expected share ``1 - (1 - k/N)^T`` that ``T`` tokens activate. The LM
+head runs on one row per scheduled request, finished prompt or not: vLLM 0.33 computes
+logits at ``query_start_loc[1:] - 1`` for every request and drops the partial prefills'
+samples (``v1/worker/gpu_model_runner.py``), so it grows with requests, not prompt tokens.
+Decode attention reads the KV of each decoding request's context; prefill attention
+computes its (query, key) pairs. An empty step takes no time.
+
+The coefficients come from a profile, ``{"kind": "phases", "gpu": NAME, ...}``: the shipped
+ones (``kvsim/data/compute_phases_<gpu>.json``, every number with its ``sources`` entry)
+or one ``kvsim calibrate-compute`` measured. A profile naming a shipped GPU may give only
+the numbers it changes; the rest come from the shipped profile.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from kvsim.errors import InputError
+from kvsim.models import ModelSpec
+
+if TYPE_CHECKING:
+    from kvsim.engine.compute_model import StepBatch
+
+KIND = "phases"
+# the coefficients, in profile order; all > 0 except these two, which may be 0
+NUMBERS = (
+    "peak_flops",
+    "hbm_bytes_per_s",
+    "gemm_efficiency",
+    "weight_bandwidth_efficiency",
+    "prefill_attention_efficiency",
+    "decode_attention_efficiency",
+    "allreduce_bytes_per_s",
+    "allreduce_latency_s",
+    "step_overhead_s",
+)
+MAY_BE_ZERO = frozenset({"allreduce_latency_s", "step_overhead_s"})
+OTHER_KEYS = frozenset({"kind", "gpu", "sources", "measurements", "note"})
+PHASES = ("gemm", "attention_prefill", "attention_decode", "lm_head", "all_reduce", "overhead")
+
+
+@dataclass(frozen=True)
+class PhaseProfile:
+    """The coefficients of the per-phase model on one GPU type, with where each comes from."""
+
+    gpu: str
+    peak_flops: float  # dense BF16 FLOP/s
+    hbm_bytes_per_s: float
+    gemm_efficiency: float  # of peak_flops: GEMMs (and the LM head) when compute-bound
+    weight_bandwidth_efficiency: float  # of hbm: GEMMs reading their weights when memory-bound
+    prefill_attention_efficiency: float  # of peak_flops: attention over (query, key) pairs
+    decode_attention_efficiency: float  # of hbm: attention reading the KV cache
+    allreduce_bytes_per_s: float  # NCCL bus bandwidth of one all-reduce between TP workers
+    allreduce_latency_s: float  # fixed cost of one all-reduce
+    step_overhead_s: float  # fixed cost of one forward pass (launches, sampling)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "compute profile") -> PhaseProfile:
+        """Validate a ``"kind": "phases"`` profile; numbers it leaves out come from the
+        shipped profile of the GPU it names (an error when there is none)."""
+        unknown = sorted(set(data) - set(NUMBERS) - OTHER_KEYS)
+        if unknown:
+            raise InputError(
+                f"unknown key(s) {', '.join(unknown)} for a phases profile; known: "
+                f"{', '.join(sorted(set(NUMBERS) | OTHER_KEYS))}",
+                source=source,
+            )
+        gpu = data.get("gpu")
+        if not isinstance(gpu, str) or not gpu.strip():
+            raise InputError('"gpu" must name the GPU the profile is for', source=source)
+        gpu = gpu.strip().lower()
+        values = {k: _number(data, k, source) for k in NUMBERS if k in data}
+        sources = _sources(data.get("sources", {}), source)
+        if "measurements" in data and not isinstance(data["measurements"], list):
+            raise InputError('"measurements" must be a list', source=source)
+        missing = [k for k in NUMBERS if k not in values]
+        if missing:
+            base = shipped_profile(gpu)
+            if base is None:
+                raise InputError(
+                    f"missing {', '.join(missing)} (no profile ships for gpu {gpu!r} to "
+                    f"take them from; shipped: {', '.join(shipped_gpus())})",
+                    source=source,
+                )
+            values = {**{k: getattr(base, k) for k in missing}, **values}
+            sources = {**{k: base.sources.get(k, "") for k in missing}, **sources}
+        return cls(gpu=gpu, sources=sources, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile JSON: what :meth:`from_dict` reads back."""
+        out: dict[str, Any] = {"kind": KIND, "gpu": self.gpu}
+        out.update({k: getattr(self, k) for k in NUMBERS})
+        out["sources"] = dict(self.sources)
+        return out
+
+    def to_json(self, **extra: Any) -> str:
+        return json.dumps({**self.to_dict(), **extra}, indent=2) + "\n"
+
+
+def _number(data: Mapping[str, Any], key: str, source: str) -> float:
+    v = data[key]
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    if not ok or v < 0 or (v == 0 and key not in MAY_BE_ZERO):
+        need = ">= 0" if key in MAY_BE_ZERO else "> 0"
+        raise InputError(f"{key} must be a finite number {need}, got {v!r}", source=source)
+    return float(v)
+
+
+def _sources(value: Any, source: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise InputError('"sources" must map coefficient names to text', source=source)
+    unknown = sorted(set(value) - set(NUMBERS))
+    if unknown:
+        raise InputError(f"sources for unknown coefficient(s) {', '.join(unknown)}", source=source)
+    return dict(value)
+
+
+_DATA = "data"
+_PREFIX, _SUFFIX = "compute_phases_", ".json"
+
+
+def shipped_gpus() -> list[str]:
+    """GPU presets that ship a phases profile (``kvsim/data/compute_phases_<gpu>.json``)."""
+    folder = resources.files("kvsim").joinpath(_DATA)
+    names = (p.name for p in folder.iterdir() if p.is_file())
+    return sorted(
+        n[len(_PREFIX) : -len(_SUFFIX)]
+        for n in names
+        if n.startswith(_PREFIX) and n.endswith(_SUFFIX)
+    )
+
+
+@functools.cache
+def shipped_profile(gpu: str) -> PhaseProfile | None:
+    """The phases profile kvsim ships for ``gpu``, or None."""
+    name = f"{_PREFIX}{gpu.strip().lower()}{_SUFFIX}"
+    path = resources.files("kvsim").joinpath(_DATA).joinpath(name)
+    if not path.is_file():
+        return None
+    from kvsim.io import parse_json
+
+    where = f"kvsim/{_DATA}/{name}"
+    data = parse_json(path.read_text(encoding="utf-8"), where)
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise InputError('expected a {"kind": "phases"} object', source=where)
+    return PhaseProfile.from_dict(data, source=where)
+
+
+class PhaseCompute:
+    """Callable step-time model: one model on one GPU type at tensor parallel ``tp``."""
+
+    def __init__(
+        self, model: ModelSpec, profile: PhaseProfile, tp: int = 1, dtype_bytes: int | None = None
+    ) -> None:
+        if tp < 1:
+            raise InputError(f"--tp must be positive, got {tp}")
+        self.model, self.profile, self.tp = model, profile, tp
+        d = model.default_dtype_bytes if dtype_bytes is None else dtype_bytes
+        hidden = model.hidden_size or model.num_attention_heads * model.head_dim
+        lm_params = float(model.vocab_size * hidden)  # 0 when the vocabulary is unknown
+        embeddings = lm_params if model.tie_word_embeddings else 2 * lm_params
+        total = model.num_params - embeddings
+        active = model.active_params - embeddings
+        if active <= 0:
+            raise InputError(
+                f"{model.name}: its active parameters ({model.active_params:g}) must exceed "
+                f"its embeddings ({embeddings:g})"
+            )
+        if total < active:
+            raise InputError(f"{model.name}: active parameters exceed the total")
+        k, n = model.experts_per_token, model.num_experts
+        self._share = k / n if 0 < k < n and active < total else 0.0
+        self._experts = (total - active) / (1 - self._share) if self._share else 0.0
+        self._dense = total - self._experts
+        self._total, self._active = total, active
+        p = profile
+        flops = p.peak_flops
+        hbm = p.hbm_bytes_per_s
+        self._d, self._hidden = d, hidden
+        self._gemm_flops = flops * p.gemm_efficiency
+        self._weight_bw = hbm * p.weight_bandwidth_efficiency
+        self._attn_flops = flops * p.prefill_attention_efficiency
+        self._kv_bw = hbm * p.decode_attention_efficiency
+        dim = model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim
+        self._flops_per_pair = 4.0 * model.num_layers * model.num_attention_heads * dim / tp
+        self._kv_bytes_per_token = model.kv_bytes_per_token(tp=tp)  # the KV cache's dtype
+        self._lm_params = lm_params / tp
+
+    def weight_bytes(self, tokens: int) -> float:
+        """Non-embedding weight bytes one worker reads for ``tokens`` tokens: all dense
+        weights and the expected share of routed experts the tokens activate (uniform
+        routing); an MoE without expert counts reads at most ``active x tokens``."""
+        if self._share:
+            hit = 1.0 - (1.0 - self._share) ** tokens
+            params = self._dense + self._experts * hit
+        elif self._active < self._total:
+            params = min(self._total, self._active * max(1, tokens))
+        else:
+            params = self._total
+        return params * self._d / self.tp
+
+    def phases(self, batch: StepBatch) -> dict[str, float]:
+        """Seconds of each phase of ``batch`` (all zero for an empty step)."""
+        tokens = batch.prefill_tokens + batch.decode_tokens
+        if tokens <= 0:
+            return dict.fromkeys(PHASES, 0.0)
+        p = self.profile
+        gemm = max(
+            2.0 * self._active * tokens / self.tp / self._gemm_flops,
+            self.weight_bytes(tokens) / self._weight_bw,
+        )
+        decode_ctx = batch.decode_context
+        decode_pairs = decode_ctx + batch.decode_tokens
+        prefill_pairs = max(0.0, batch.attention_pairs - decode_pairs)
+        prefill_read = max(0, batch.context_tokens - decode_ctx) + batch.prefill_tokens
+        rows = batch.num_seqs
+        lm_head = (
+            max(
+                2.0 * self._lm_params * rows / self._gemm_flops,
+                self._lm_params * self._d / self._weight_bw,
+            )
+            if rows > 0 and self._lm_params > 0
+            else 0.0
+        )
+        all_reduce = 0.0
+        if self.tp > 1:
+            wire = 2.0 * (self.tp - 1) / self.tp * tokens * self._hidden * self._d
+            all_reduce = (
+                2 * self.model.num_layers * (p.allreduce_latency_s + wire / p.allreduce_bytes_per_s)
+            )
+        return {
+            "gemm": gemm,
+            "attention_prefill": self._attention(prefill_pairs, prefill_read),
+            "attention_decode": self._attention(decode_pairs, decode_pairs),
+            "lm_head": lm_head,
+            "all_reduce": all_reduce,
+            "overhead": p.step_overhead_s,
+        }
+
+    def _attention(self, pairs: float, kv_tokens: float) -> float:
+        """Attention over ``pairs`` (query, key) pairs reading ``kv_tokens`` tokens' KV."""
+        if pairs <= 0:
+            return 0.0
+        return max(
+            self._flops_per_pair * pairs / self._attn_flops,
+            self._kv_bytes_per_token * kv_tokens / self._kv_bw,
+        )
+
+    def __call__(self, batch: StepBatch) -> float:
+        return sum(self.phases(batch).values())

@@ -1,0 +1,65 @@
+"""Start-up: commands load when run, so `kvsim --help` and `kvsim policies` stay light."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+
+import click
+import pytest
+
+import kvsim.cli
+from kvsim.cli import COMMAND_TABLE, HELP_LIMIT, cli
+
+HEAVY = ("pandas", "matplotlib", "torch", "pyarrow")
+
+
+def test_table_names_every_command_with_its_own_help():
+    """The table is the only list of commands: each cmd_* module's COMMANDS are in it, and its
+    help line is the command's own (so `kvsim --help` cannot drift from `kvsim X --help`)."""
+    found = {}
+    for info in pkgutil.iter_modules(kvsim.cli.__path__):
+        if info.name.startswith("cmd_"):
+            module = importlib.import_module(f"kvsim.cli.{info.name}")
+            for command in getattr(module, "COMMANDS", ()):
+                found[command.name] = (info.name, command)
+    assert set(found) == set(COMMAND_TABLE)
+    for name, (module, attribute, short_help) in COMMAND_TABLE.items():
+        command = getattr(importlib.import_module(f"kvsim.cli.{module}"), attribute)
+        assert command is found[name][1]
+        assert short_help == command.get_short_help_str(limit=HELP_LIMIT), name
+
+
+def test_group_resolves_every_command_and_unknown_ones_fail():
+    ctx = click.Context(cli)
+    for name in COMMAND_TABLE:
+        assert cli.get_command(ctx, name).name == name
+    assert cli.get_command(ctx, "no-such-command") is None
+    assert cli.list_commands(ctx) == sorted(COMMAND_TABLE)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["policies"], ["models"], ["--version"]])
+def test_light_commands_import_no_heavy_module(argv):
+    code = (
+        "import sys\n"
+        "from kvsim.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_help_lists_every_command_once():
+    from click.testing import CliRunner
+
+    out = CliRunner().invoke(cli, ["--help"]).output
+    listed = [line.split()[0] for line in out.split("Commands:")[1].splitlines() if line.strip()]
+    assert listed == sorted(COMMAND_TABLE)
