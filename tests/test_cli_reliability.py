@@ -247,9 +247,9 @@ def test_api_rejects_what_is_not_a_trace():
 @pytest.mark.parametrize(
     ("row", "phrase"),
     [
-        ({"input_tokens": -512, "block_hashes": [1]}, "non-negative integer"),
-        ({"input_tokens": 5120, "block_hashes": [1]}, "needs 10"),
-        ({"input_tokens": 1024, "block_hashes": [1.7, 2]}, "element 0 is 1.7"),
+        ({"prompt_tokens": -512, "block_hashes": [1]}, "non-negative integer"),
+        ({"prompt_tokens": 5120, "block_hashes": [1]}, "needs 10"),
+        ({"prompt_tokens": 1024, "block_hashes": [1.7, 2]}, "element 0 is 1.7"),
     ],
 )
 def test_dataframe_traces_are_checked_like_files(row, phrase):
@@ -462,7 +462,7 @@ def test_out_of_order_arrivals_are_sorted_with_a_warning(tmp_path, capsys):
     assert code == 0, err
     assert err.count("kvsim: warning:") == 1 and "2 request(s)" in err
     summary = json.loads(out)
-    assert summary["ttft_p99_s"] < 0.1  # measured from each request's own arrival
+    assert summary["p99_ttft_ms"] < 100  # measured from each request's own arrival
 
 
 def test_an_error_on_a_trace_without_reuse_is_still_one_line(capsys):

@@ -116,7 +116,7 @@ def test_async_scheduling_is_the_default_and_can_be_turned_off():
     on = simulate(SAMPLE, limit=10, record_steps=False)
     off = simulate(SAMPLE, limit=10, record_steps=False, async_scheduling=False)
     assert on.config["async_scheduling"] is True and off.config["async_scheduling"] is False
-    assert on.summary["finished"] == off.summary["finished"] == 10
+    assert on.summary["completed"] == off.summary["completed"] == 10
     res = CliRunner().invoke(
         cli, ["simulate", SAMPLE, "--limit", "5", "--no-async-scheduling", "--json"]
     )

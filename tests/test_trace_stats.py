@@ -95,8 +95,9 @@ def test_cli_json_and_plots(tmp_path):
     assert payload["summary"]["requests"] == 50
     assert {d["quantity"] for d in payload["distributions"]} >= {"prompt_tokens", "reuse_time"}
     files = sorted(p.name for p in (tmp_path / "figs").iterdir())
-    assert "reuse_cdfs.png" in files and "arrival_rate.svg" in files and len(files) == 8
-    assert all((tmp_path / "figs" / f).stat().st_size > 1000 for f in files)
+    assert "reuse_cdfs.png" in files and "arrival_rate.svg" in files and len(files) == 9
+    figures = [f for f in files if f != "metadata.json"]  # what made them: see test_bench_metrics
+    assert all((tmp_path / "figs" / f).stat().st_size > 1000 for f in figures)
 
 
 def test_cli_table():

@@ -2,39 +2,49 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
+import math
 import os
 from typing import Any
 
 import click
 
 from kvsim.api import BASELINE_PREFIX, simulate
+from kvsim.bench_metrics import METRICS, metric_keys
 from kvsim.cli.common import (
     check_output_path,
     note_missing_reuse,
     offload_options,
     pop_offload_kwargs,
-    progress_bar,
+    wants_progress,
 )
+from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.errors import InputError
-from kvsim.io import atomic_path, atomic_write
-from kvsim.results import RUN_MARKER, Result, format_value
+from kvsim.results import Result, format_value
 from kvsim.traces import as_trace
 
-SHOWN = (
+#: rows before the latency metrics
+RUN_ROWS = (
     ("requests", "requests"),
-    ("finished", "finished"),
-    ("rejected", "rejected (too long for GPU KV)"),
-    ("duration_s", "duration (s)"),
-    ("ttft_p50_s", "TTFT p50 (s)"),
-    ("ttft_p90_s", "TTFT p90 (s)"),
-    ("ttft_p99_s", "TTFT p99 (s)"),
-    ("tpot_p50_s", "TPOT p50 (s)"),
-    ("tpot_mean_s", "TPOT mean (s)"),
-    ("output_throughput_tok_s", "output throughput (tok/s)"),
-    ("total_throughput_tok_s", "total throughput (tok/s)"),
+    ("completed", "completed"),
+    ("failed", "failed (too long for GPU KV)"),
+    ("duration", "duration (s)"),
+    ("request_throughput", "request throughput (req/s)"),
+    ("request_goodput", "request goodput (req/s)"),
+    ("output_throughput", "output token throughput (tok/s)"),
+    ("total_token_throughput", "total token throughput (tok/s)"),
+    ("max_output_tokens_per_s", "peak output token throughput (tok/s)"),
+    ("max_concurrent_requests", "peak concurrent requests"),
+)
+#: rows after them: the load, then the cache and the link
+LOAD_ROWS = (
+    ("gpu_busy_frac", "GPU busy (fraction of the run)"),
+    ("offered_prompt_tok_s", "offered prompt tokens/s"),
+    ("sustainable_prompt_tok_s", "sustainable prompt tokens/s"),
+    ("queue_share_of_ttft", "queueing share of TTFT"),
+)
+CACHE_ROWS = (
     ("gpu_hit_tokens", "GPU hit tokens"),
     ("cpu_hit_tokens", "CPU hit tokens"),
     ("computed_prompt_tokens", "computed prompt tokens"),
@@ -50,72 +60,85 @@ SHOWN = (
     ("kv_wait_total_s", "waiting for KV (s, total)"),
     ("steps", "engine steps"),
 )
+METRIC_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL", "queue": "queue"}
+#: values shown with two decimals (milliseconds and rates), as vllm bench serve prints them
+_TWO_DECIMALS = ("_ms", "throughput", "goodput", "_per_s", "_tok_s")
 
 
-def format_comparison(summary: dict[str, Any], baseline: bool) -> str:
+def metric_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """``mean_ttft_ms`` -> ``mean TTFT (ms)``, ``p99_itl_ms`` -> ``P99 ITL (ms)``, in order."""
+    rows = []
+    for key in metric_keys(summary):
+        stat, name = key[: -len("_ms")].rsplit("_", 1)
+        stat = stat.upper() if stat.startswith("p") else stat
+        rows.append((key, f"{stat} {METRIC_LABELS[name]} (ms)"))
+    return rows
+
+
+def show(key: str, value: Any, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float) and key.endswith(_TWO_DECIMALS):
+        return f"{value:{'+' if signed else ''},.2f}"
+    if signed and isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = format_value(value)
+        return text if text.startswith("-") else "+" + text
+    return format_value(value)
+
+
+def format_comparison(result: Result, baseline: bool) -> str:
+    """The run as a table (one value column; with ``--baseline`` the run without offloading,
+    the difference and the difference in % of it too)."""
+    summary = result.summary
     head = (
         f"kvsim simulate: {summary['trace']} "
         f"({summary['model']} on {summary['gpu']}, link {summary['link']})"
     )
-    rows = [
-        (
-            label,
-            format_value(summary.get(key)),
-            format_value(summary.get(BASELINE_PREFIX + key)) if baseline else None,
-        )
-        for key, label in SHOWN
-        if key in summary
-    ]
-    w = max(len(r[0]) for r in rows)
-    w1 = max(len("offload"), *(len(r[1]) for r in rows))
+    keyed = [*RUN_ROWS, *metric_rows(summary), *LOAD_ROWS, *CACHE_ROWS]
+    rows = [(key, label) for key, label in keyed if summary.get(key) is not None]
+    diff = result.compare() if baseline else None
+    table = []
+    for key, label in rows:
+        cells = [show(key, summary[key])]
+        if diff is not None:
+            cells.append(show(key, summary.get(BASELINE_PREFIX + key)))
+            if key in diff.index:
+                d, ratio = diff.loc[key, "difference"], diff.loc[key, "ratio"]
+                pct = (ratio - 1) * 100 if not math.isnan(ratio) else None
+                if isinstance(summary[key], int) and not isinstance(summary[key], bool):
+                    d = int(d)
+                cells += [show(key, d, signed=True), "-" if pct is None else f"{pct:+.1f}%"]
+            else:
+                cells += ["-", "-"]
+        table.append((label, cells))
+    names = [("offload" if summary.get("offload") else "no offload")]
+    if baseline:
+        names += ["no offload", "delta", "delta %"]
+    w = max(len(label) for label, _ in table)
+    widths = [max(len(n), *(len(c[i]) for _, c in table)) for i, n in enumerate(names)]
     lines = [head, "-" * len(head)]
     if baseline:
-        lines.append(f"{'':<{w}}  {'offload':>{w1}}  {'no offload':>12}")
-    for label, v, b in rows:
-        lines.append(
-            f"{label:<{w}}  {v:>{w1}}"
-            + (f"  {(b if b != 'None' else '-'):>12}" if baseline else "")
-        )
+        lines.append(f"{'':<{w}}" + "".join(f"  {n:>{cw}}" for n, cw in zip(names, widths)))
+    for label, cells in table:
+        lines.append(f"{label:<{w}}" + "".join(f"  {c:>{cw}}" for c, cw in zip(cells, widths)))
     return "\n".join(lines)
 
 
 def write_tables(result: Result, out: str) -> list[str]:
-    """Each table as Parquet and CSV, plus summary.json and config.json, each file atomically,
-    as one set: the completion marker goes first (readers then know the set is being
-    replaced), every file is written, an earlier run's files this one does not write are
-    removed, and the marker listing the new set is written last."""
-    os.makedirs(out, exist_ok=True)
-    marker = os.path.join(out, RUN_MARKER)
-    previous: list[str] = []
-    if os.path.exists(marker):
-        with contextlib.suppress(OSError, ValueError), open(marker, encoding="utf-8") as f:
-            previous = list(json.load(f).get("files", []))
-        os.unlink(marker)
-    written = []
-    for name, df in result.tables.items():
-        with atomic_path(os.path.join(out, f"{name}.parquet")) as tmp:
-            df.to_parquet(tmp, engine="pyarrow", index=False)
-        with atomic_write(os.path.join(out, f"{name}.csv"), newline="") as f:
-            df.to_csv(f, index=False)
-        written += [f"{name}.parquet", f"{name}.csv"]
-    for name, data in (("summary", result.summary), ("config", result.config)):
-        with atomic_write(os.path.join(out, f"{name}.json")) as f:
-            json.dump(data, f, indent=2, default=str)
-        written.append(f"{name}.json")
-    for stale in set(previous) - set(written):
-        if os.path.basename(stale) == stale:  # only plain names the marker listed
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(out, stale))
-    with atomic_write(marker) as f:
-        json.dump({"complete": True, "files": written}, f, indent=2)
-    return written
+    """The run's files into ``out`` as one set (see :meth:`kvsim.results.Result.save`)."""
+    return result.save(out)
 
 
 @click.command("simulate")
 @click.argument("trace", type=click.Path(dir_okay=False))
 @offload_options
 @click.option(
-    "--gpu", default="h200", show_default=True, help="GPU preset: h100, h200, a100, l40s, gh200."
+    "--gpu",
+    "--gpu-spec",
+    "gpu",
+    default="h200",
+    show_default=True,
+    help="GPU preset (h100, h200, a100, l40s, gh200, b200) or a GPU spec JSON file.",
 )
 @click.option(
     "--baseline", is_flag=True, help="Also run without offloading and print both side by side."
@@ -149,7 +172,13 @@ def write_tables(result: Result, out: str) -> list[str]:
     help="Running requests per step (default: vllm serve's for the GPU; H100/H200: 1024).",
 )
 @click.option("--gpu-memory-utilization", type=float, default=0.92, show_default=True)
-@click.option("--no-prefix-caching", is_flag=True, help="Disable the GPU prefix cache.")
+@click.option(
+    "--no-prefix-caching",
+    "--no-enable-prefix-caching",
+    "no_prefix_caching",
+    is_flag=True,
+    help="Disable the GPU prefix cache.",
+)
 @click.option(
     "--offload-all-tokens",
     is_flag=True,
@@ -183,8 +212,9 @@ def write_tables(result: Result, out: str) -> list[str]:
     type=click.Path(dir_okay=False, exists=True),
     default=None,
     help=(
-        "JSON of roofline coefficients replacing the GPU preset's, or a linear step time "
-        '{"kind": "linear", "step_s": A, "per_token_s": B}.'
+        'Step-time model: a {"kind": "phases"} profile (`kvsim calibrate-compute`; default: '
+        "the shipped one on h100/h200), roofline coefficients replacing the GPU preset's, or "
+        'a linear step time {"kind": "linear", "step_s": A, "per_token_s": B}.'
     ),
 )
 @click.option(
@@ -200,6 +230,33 @@ def write_tables(result: Result, out: str) -> list[str]:
     default=None,
     help="Write a Perfetto / Chrome trace of steps and transfers.",
 )
+@click.option(
+    "--percentile-metrics",
+    default=None,
+    metavar="M1,M2,...",
+    help=f"Metrics to report mean/median/std/percentiles of (ms): {', '.join(METRICS)} "
+    "(default: all; queue is arrival to first scheduling).",
+)
+@click.option(
+    "--metric-percentiles",
+    default="99",
+    show_default=True,
+    metavar="P1,P2,...",
+    help="Percentiles of each metric, as vllm bench serve's (e.g. 50,90,99).",
+)
+@click.option(
+    "--goodput",
+    multiple=True,
+    metavar="METRIC:MS",
+    help='SLOs for request goodput, e.g. --goodput "ttft:2000 tpot:50" (ttft, tpot, e2el in '
+    "ms; repeatable): completed requests meeting all of them, per second.",
+)
+@click.option(
+    "--save-detailed",
+    is_flag=True,
+    help="With --out: bench.json gets vLLM's per-request lists (ttfts, itls, ...) and the "
+    "folder a tokens table (one row per output token).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
     "--progress/--no-progress",
@@ -207,6 +264,7 @@ def write_tables(result: Result, out: str) -> list[str]:
     default=None,
     help="Progress bar on stderr (default: when stderr is a terminal).",
 )
+@trace_cache_options
 def simulate_command(
     trace: str,
     gpu: str,
@@ -225,6 +283,10 @@ def simulate_command(
     compute_profile: str | None,
     out_dir: str | None,
     chrome_trace: str | None,
+    percentile_metrics: str | None,
+    metric_percentiles: str,
+    goodput: tuple[str, ...],
+    save_detailed: bool,
     as_json: bool,
     show_progress: bool | None,
     vllm_config: str | None,
@@ -232,8 +294,12 @@ def simulate_command(
 ) -> None:
     """Replay TRACE's arrivals through a modelled vLLM engine with CPU KV offloading.
 
-    Prints TTFT / TPOT percentiles, throughput, GPU and CPU hit tokens, recomputed
-    tokens, bytes loaded and stored and PCIe utilisation. --gpu-blocks here sets the GPU
+    Prints what vllm bench serve does (TTFT, TPOT, ITL, E2EL and queue time in ms: mean,
+    median, std, percentiles; request and token throughput; goodput under --goodput), the
+    load (an overloaded run warns on stderr), GPU and CPU hit tokens, recomputed tokens,
+    bytes loaded and stored and PCIe utilisation. --out DIR also gets bench.json under
+    vllm bench serve's field names, a long metrics table (run, metric, value) and
+    metadata.json. --gpu-blocks here sets the GPU
     KV capacity in vLLM blocks of --gpu-block-tokens tokens (default: from GPU memory).
     Without a CPU size the run has no offloading.
 
@@ -249,31 +315,35 @@ def simulate_command(
             raise InputError(f"--out: {out_dir} is not a directory")
         os.makedirs(out_dir, exist_ok=True)
     check_output_path(chrome_trace, "--chrome-trace", trace, vllm_config, compute_profile, link)
+    if save_detailed and not out_dir:
+        raise InputError("--save-detailed writes into --out; give --out DIR")
     info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info
-    runs = 2 if baseline else 1
-    with progress_bar(show_progress, trace, limit, "simulating", runs) as bar:
-        result = simulate(
-            trace,
-            gpu=gpu,
-            baseline=baseline,
-            limit=limit,
-            time_scale=time_scale,
-            poisson_rate=poisson_rate,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            gpu_kv_blocks=gpu_blocks,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=not no_prefix_caching,
-            offload_prompt_only=False if offload_all_tokens else None,
-            sync_load_budget_bytes=sync_load_budget_bytes,
-            async_scheduling=async_scheduling,
-            link=link,
-            compute_profile=compute_profile,
-            record_steps=bool(out_dir or chrome_trace),
-            vllm_config=vllm_config,
-            progress=bar,
-            **{k: v for k, v in options.items() if v is not None},
-        )
+    result = simulate(
+        trace,
+        gpu=gpu,
+        baseline=baseline,
+        limit=limit,
+        time_scale=time_scale,
+        poisson_rate=poisson_rate,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        gpu_kv_blocks=gpu_blocks,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_prefix_caching=not no_prefix_caching,
+        offload_prompt_only=False if offload_all_tokens else None,
+        sync_load_budget_bytes=sync_load_budget_bytes,
+        async_scheduling=async_scheduling,
+        link=link,
+        compute_profile=compute_profile,
+        record_steps=bool(out_dir or chrome_trace),
+        record_tokens=save_detailed,
+        percentile_metrics=percentile_metrics,
+        metric_percentiles=metric_percentiles,
+        goodput=" ".join(goodput) if goodput else None,
+        vllm_config=vllm_config,
+        progress=wants_progress(show_progress),
+        **{k: v for k, v in options.items() if v is not None},
+    )
     if out_dir:
         write_tables(result, out_dir)
     if chrome_trace:
@@ -281,7 +351,7 @@ def simulate_command(
     if as_json:
         click.echo(json.dumps(result.summary, indent=2, default=str))
     else:
-        click.echo(format_comparison(result.summary, baseline))
+        click.echo(format_comparison(result, baseline))
     note_missing_reuse(info)  # after the run: an error stays the only line on stderr
 
 

@@ -6,6 +6,7 @@ Columns are kept in compact arrays while the run goes, and become pandas tables 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -189,6 +190,47 @@ class Recorder:
             )
         return pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
 
+    def token_gaps(self) -> list[np.ndarray]:
+        """Each request's inter-token latencies (s, float32 views, no copy); requests with
+        more than one output token."""
+        return [
+            np.frombuffer(r.token_gaps, dtype=np.float32) for r in self.requests if r.token_gaps
+        ]
+
+    def token_times(self) -> Iterator[np.ndarray]:
+        """Each request's output-token times (s), one request at a time, requests that got any."""
+        for r in self.requests:
+            if r.first_token is not None:
+                yield _times(r.token_gaps, r.first_token)
+
+    def token_table(self) -> pd.DataFrame:
+        """One row per output token: ``request``, ``token`` (0 = the first) and ``time_s``, in
+        request order (long; built only when asked for, e.g. vLLM's per-request ``itls``)."""
+        rids: list[np.ndarray] = []
+        index: list[np.ndarray] = []
+        times: list[np.ndarray] = []
+        for r in self.requests:
+            if r.first_token is not None:
+                t = _times(r.token_gaps, r.first_token)
+                rids.append(np.full(len(t), r.rid, dtype=np.int64))
+                index.append(np.arange(len(t), dtype=np.int64))
+                times.append(t)
+        if not times:
+            return pd.DataFrame(
+                {
+                    "request": np.zeros(0, np.int64),
+                    "token": np.zeros(0, np.int64),
+                    "time_s": np.zeros(0),
+                }
+            )
+        return pd.DataFrame(
+            {
+                "request": np.concatenate(rids),
+                "token": np.concatenate(index),
+                "time_s": np.concatenate(times),
+            }
+        )
+
     def transfer_table(self) -> pd.DataFrame:
         return pd.DataFrame.from_records(self.transfers, columns=list(TRANSFER_COLUMNS))
 
@@ -199,6 +241,14 @@ class Recorder:
         for c in STEP_INT[1:] + STEP_STATS:
             data[c] = np.asarray(self.steps_i[c], dtype=np.int64)
         return pd.DataFrame(data)
+
+
+def _times(gaps: array[float], first: float) -> np.ndarray:
+    """A request's output-token times: its first token's, then each gap added on."""
+    t = np.empty(len(gaps) + 1)
+    t[0] = 0.0
+    np.cumsum(np.frombuffer(gaps, dtype=np.float32), dtype=np.float64, out=t[1:])
+    return t + first
 
 
 def _nan(x: float | None) -> float:

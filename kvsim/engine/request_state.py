@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable
 
 from kvsim.context import RequestContext
@@ -36,6 +37,7 @@ class SimRequest:
         "kv_wait",
         "kv_wait_start",
         "last_seq",
+        "last_token",
         "load_done",
         "n_cached",
         "n_prompt_chunks",
@@ -51,6 +53,7 @@ class SimRequest:
         "sched",
         "stale",
         "status",
+        "token_gaps",
         "unit_keys",
     )
 
@@ -91,6 +94,10 @@ class SimRequest:
         self.pending_ext = 0  # external tokens of the in-flight async load
         self.first_scheduled: float | None = None
         self.first_token: float | None = None
+        # the gap before each output token but the first (vLLM's itls; 4 bytes a token, exact
+        # to nanoseconds for gaps of seconds) and the latest token's time
+        self.token_gaps = array("f")
+        self.last_token = 0.0
         self.finish: float | None = None
         self.gpu_hit = 0
         self.cpu_hit = 0

@@ -1,12 +1,20 @@
-"""The summary of a timed run: latency percentiles, throughput, hits, traffic, link use."""
+"""The summary of a timed run: vLLM-style latency metrics, load, hits, traffic, link use."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kvsim.bench_metrics import (
+    BenchSettings,
+    Load,
+    OverloadWarning,
+    bench_fields,
+    inter_token_latencies,
+)
 from kvsim.engine.transfer_protocol import STORE
 
 
@@ -26,40 +34,35 @@ def busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(total + cur_e - cur_s)
 
 
-def _pct(x: pd.Series, q: float) -> float:
-    x = x.dropna()
-    return float(np.percentile(x, q)) if len(x) else float("nan")
-
-
-def summarize(engine: Any, requests: pd.DataFrame, transfers: pd.DataFrame) -> dict[str, Any]:
+def summarize(
+    engine: Any,
+    requests: pd.DataFrame,
+    transfers: pd.DataFrame,
+    bench: BenchSettings | None = None,
+) -> dict[str, Any]:
+    """The run's summary: vLLM ``bench serve``'s metrics (:mod:`kvsim.bench_metrics`, per
+    ``bench``), the load (an overloaded run warns, :class:`OverloadWarning`), then kvsim's
+    cache, traffic and link counters."""
+    bench = bench or BenchSettings()
     done = requests[~requests["rejected"]]
     first_arrival = float(requests["arrival_s"].min()) if len(requests) else 0.0
     end = float(done["finish_s"].max()) if len(done) else first_arrival
     span = max(end - first_arrival, 1e-12)
     tp = engine.params.tp
+    rec = engine.recorder
+    itls = inter_token_latencies(rec.token_gaps())
     out: dict[str, Any] = {
         "requests": len(requests),
-        "finished": int(done["finish_s"].notna().sum()),
-        "rejected": int(requests["rejected"].sum()),
         "offload": engine.offload,
-        "duration_s": span,
         "steps": engine.steps,
-        "gpu_busy_frac": engine.busy_s / span,
     }
-    for q in (50, 90, 99):
-        out[f"ttft_p{q}_s"] = _pct(done["ttft_s"], q)
-    out["ttft_mean_s"] = float(done["ttft_s"].mean()) if len(done) else float("nan")
-    out["tpot_p50_s"] = _pct(done["tpot_s"], 50)
-    out["tpot_p90_s"] = _pct(done["tpot_s"], 90)
-    out["tpot_mean_s"] = float(done["tpot_s"].mean()) if len(done) else float("nan")
-    out["e2e_p50_s"] = _pct(done["e2e_s"], 50)
-    out["queue_p50_s"] = _pct(done["queue_s"], 50)
+    out.update(bench_fields(requests, itls, rec.token_times(), span, bench))
+    load = Load.of(requests, itls, engine.busy_s, engine.steps, span)
+    out.update(load.fields())
+    if out["overloaded"]:
+        run = "with offloading" if engine.offload else "without offloading"
+        warnings.warn(load.message(run), OverloadWarning, stacklevel=2)
     out["kv_wait_total_s"] = float(done["kv_wait_s"].sum())
-    out["output_tokens"] = int(done["output_tokens"].sum())
-    out["prompt_tokens"] = int(done["prompt_tokens"].sum())
-    out["output_throughput_tok_s"] = out["output_tokens"] / span
-    out["total_throughput_tok_s"] = (out["output_tokens"] + out["prompt_tokens"]) / span
-    out["request_throughput_s"] = out["finished"] / span
     out["gpu_hit_tokens"] = int(done["gpu_hit_tokens"].sum())
     out["cpu_hit_tokens"] = int(done["cpu_hit_tokens"].sum())
     out["computed_prompt_tokens"] = int(done["computed_prompt_tokens"].sum())
