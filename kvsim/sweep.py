@@ -50,6 +50,8 @@ import pandas as pd
 
 from kvsim.errors import InputError
 from kvsim.io import atomic_path
+from kvsim.progress import Progress, ProgressArg
+from kvsim.results import write_metadata
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -147,6 +149,7 @@ _KINDS: dict[str, _Kind] = {
             "policy_module",
             "admission",
             "model",
+            "kv_cache_dtype",
             "gpu",
             "link",
             "protocol",
@@ -466,27 +469,148 @@ def _trace_label(trace: Any) -> str:
     return str(trace)
 
 
+#: the last generated trace (its mapping as JSON -> requests): cells that share a generator
+#: in one process generate it once
+_generated: dict[str, Any] = {}
+
+
 def _resolve_trace(trace: Any, base_dir: str | None) -> Any:
     if isinstance(trace, Mapping):
         from kvsim.traces.synthetic import WorkloadSpec
 
-        return WorkloadSpec.from_mapping(trace).requests()
+        label = json.dumps(trace, sort_keys=True, default=str)
+        if label not in _generated:
+            _generated.clear()
+            _generated[label] = WorkloadSpec.from_mapping(trace).requests()
+        return _generated[label]
     path = os.fspath(trace)
     if base_dir and not os.path.isabs(path):
         path = os.path.join(base_dir, path)
     return path
 
 
-def _metrics(mode: str, trace: Any, limit: int | None, options: dict[str, Any]) -> dict[str, Any]:
+def _metrics(
+    mode: str,
+    trace: Any,
+    limit: int | None,
+    options: dict[str, Any],
+    baseline_key: Callable[[], str],
+) -> dict[str, Any]:
     if mode == "cache":
         from kvsim.api import replay
 
         return dict(replay(trace, limit=limit, per_request=False, **options).summary)
     try:
-        from kvsim.api import simulate
+        from kvsim.api import BASELINE_PREFIX, simulate
     except ImportError as e:
         raise RuntimeError(f"timed mode is not available in this kvsim build ({e})") from None
-    return dict(simulate(trace, limit=limit, **options).summary)
+    folder = os.environ.get(_BASELINES_ENV)
+    if not options.get("baseline") or folder is None or not _can_lock():
+        return dict(simulate(trace, limit=limit, **options).summary)
+    # the first cell of a (trace, engine configuration) runs the baseline; the others wait
+    # for it and run only their own offloading run
+    path = os.path.join(folder, f"{baseline_key()}.json")
+    with _locked(path + ".lock"):
+        shared = _read_baseline(path)
+        if shared is None:
+            summary = dict(simulate(trace, limit=limit, **options).summary)
+            base = {k: v for k, v in summary.items() if k.startswith(BASELINE_PREFIX)}
+            with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+                json.dump(base, f, default=_json_default, allow_nan=True)
+            return summary
+    summary = dict(simulate(trace, limit=limit, **{**options, "baseline": False}).summary)
+    summary.update(shared)
+    return summary
+
+
+# --------------------------------------------------------------------------- shared baselines
+
+#: names the folder a sweep's processes share while it runs: one offload-free baseline per
+#: (trace, engine configuration), run by the first timed cell that needs it
+_BASELINES_ENV = "KVSIM_SWEEP_BASELINES"
+#: options that shape only the CPU tier, which a run without offloading never reads
+_CPU_TIER_OPTIONS = frozenset(
+    {
+        "cpu_chunks",
+        "cpu_gib",
+        "cpu_bytes",
+        "policy",
+        "policy_module",
+        "admission",
+        "store_threshold",
+        "max_tracker_size",
+    }
+)
+
+
+@contextlib.contextmanager
+def _shared_baselines() -> Iterator[None]:
+    """A folder for this sweep's baselines, named in the environment so that every worker
+    it starts on this machine finds it; removed afterwards."""
+    import tempfile
+
+    saved = os.environ.get(_BASELINES_ENV)
+    with tempfile.TemporaryDirectory(prefix="kvsim-sweep-baselines-") as folder:
+        os.environ[_BASELINES_ENV] = folder
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop(_BASELINES_ENV, None)
+            else:
+                os.environ[_BASELINES_ENV] = saved
+
+
+def _sharing_baselines(
+    cells: list[dict[str, Any]], rows: Iterator[dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """The executor's rows, its cells run with a shared baselines folder (when a timed
+    cell runs a baseline)."""
+    if not any(c.get("mode") == "timed" and c.get("baseline") for c in cells):
+        yield from rows
+        return
+    with _shared_baselines():
+        yield from rows
+
+
+def _baseline_key(cell: Mapping[str, Any], base_dir: str | None) -> str:
+    """What a timed run without offloading depends on: the trace (and its content), the
+    limit, and every option but the CPU tier's."""
+    engine = {k: v for k, v in cell.items() if k not in _CPU_TIER_OPTIONS}
+    engine["fingerprint"] = trace_fingerprint(cell["trace"], base_dir)
+    text = json.dumps(engine, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _can_lock() -> bool:
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:  # no flock (Windows): each cell runs its own baseline
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (waiting for it); released when this process
+    ends, however it ends."""
+    import fcntl
+
+    with open(path, "a+", encoding="utf-8") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _read_baseline(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, Any]:
@@ -505,6 +629,7 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
             _resolve_trace(cell["trace"], base_dir),
             cell.get("limit"),
             options,
+            lambda: _baseline_key(cell, base_dir),
         )
         metrics.pop("trace", None)
         for k, v in metrics.items():
@@ -958,6 +1083,7 @@ def sweep(
     retry_failed: bool = False,
     on_row: Callable[[dict[str, Any], int, int], None] | None = None,
     on_warning: Warn | None = None,
+    progress: ProgressArg = None,
 ) -> pd.DataFrame:
     """Run every cell of ``spec`` and return the results table (one row per cell).
 
@@ -967,6 +1093,8 @@ def sweep(
     are not run again (``retry_failed`` re-runs the failed ones); a second sweep into a folder
     in use is refused. ``on_row(row, done, total)`` is called after each finished cell;
     ``on_warning(message)`` gets skipped journal lines (default: :mod:`warnings`).
+    ``progress=True`` shows a bar counting finished cells (a widget in a notebook, lines in
+    a log file); a callable is called as ``progress(n)`` as cells finish.
     """
     s = SweepSpec.load(spec)
     workers = _check_run(executor, workers)
@@ -976,17 +1104,40 @@ def sweep(
         raise InputError("the sweep has duplicate cells (repeated trace or grid values)")
     base_dir = os.getcwd()
     plan = _Plan(cells, ids, _run_keys(cells, ids, base_dir), base_dir, executor, workers, address)
-    if out is None:
-        return _execute(plan, {}, None, on_row)
-    folder = os.fspath(out)
-    with _folder_lock(folder):
-        journal_rows = read_journal(folder, on_warning)
-        done = {
-            i: r
-            for i, r in journal_rows.items()
-            if i in plan.keys and _reusable(r, plan.keys[i], retry_failed)
-        }
-        return _execute(plan, done, folder, on_row)
+    with Progress(progress, len(cells), "sweep", unit="cell") as bar:
+        on_row = _with_progress(on_row, bar.callback)
+        if out is None:
+            return _execute(plan, {}, None, on_row)
+        folder = os.fspath(out)
+        with _folder_lock(folder):
+            write_metadata(folder, s.traces, dataclasses.asdict(s), command="sweep")
+            journal_rows = read_journal(folder, on_warning)
+            done = {
+                i: r
+                for i, r in journal_rows.items()
+                if i in plan.keys and _reusable(r, plan.keys[i], retry_failed)
+            }
+            return _execute(plan, done, folder, on_row)
+
+
+def _with_progress(
+    on_row: Callable[[dict[str, Any], int, int], None] | None,
+    tick: Callable[[int], None] | None,
+) -> Callable[[dict[str, Any], int, int], None] | None:
+    """``on_row`` that also moves a progress bar up to the number of finished cells
+    (resumed cells included)."""
+    if tick is None:
+        return on_row
+    shown = 0
+
+    def counted(row: dict[str, Any], done: int, total: int) -> None:
+        nonlocal shown
+        tick(done - shown)
+        shown = done
+        if on_row is not None:
+            on_row(row, done, total)
+
+    return counted
 
 
 @dataclass
@@ -1019,7 +1170,7 @@ def _execute(
     try:
         if todo:
             workers = min(plan.workers, len(todo))
-            for row in run(todo, plan.base_dir, workers, plan.address):
+            for row in _sharing_baselines(todo, run(todo, plan.base_dir, workers, plan.address)):
                 row = _table_row(row, index[row["cell_id"]])
                 if journal is not None:
                     journal.append({**row, "run_key": plan.keys[row["cell_id"]]})

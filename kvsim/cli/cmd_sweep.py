@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
 
+from kvsim.cli.common import wants_progress
+from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.errors import InputError
 from kvsim.sweep import EXECUTORS, MODES, SweepSpec, check_value, sweep
 
@@ -135,8 +135,9 @@ def _warn(message: str) -> None:
     "--progress/--no-progress",
     "show_progress",
     default=None,
-    help="Progress bar with ETA on stderr (default: when stderr is a terminal).",
+    help="Progress bar on stderr, counting cells (default: when stderr is a terminal).",
 )
+@trace_cache_options
 def sweep_command(
     spec: str | None,
     traces: tuple[str, ...],
@@ -171,38 +172,23 @@ def sweep_command(
     if address and executor != "ray":
         raise InputError("--address is for --executor ray")
     out = out or f"sweep-{s.name}"
-    total = len(s.cells())
-    if show_progress is None:
-        show_progress = sys.stderr.isatty()
     failed: list[str] = []
 
-    bar_cm = (
-        click.progressbar(
-            length=total, label="sweep", show_eta=True, show_pos=True, file=sys.stderr
-        )
-        if show_progress
-        else contextlib.nullcontext(None)
+    def on_row(row: dict[str, Any], done: int, n: int) -> None:
+        if row["status"] != "ok":
+            failed.append(f"cell {row['cell']}: {row['error']}")
+
+    df = sweep(
+        s,
+        out=out,
+        executor=executor,
+        workers=workers,
+        address=address,
+        retry_failed=retry_failed,
+        on_row=on_row,
+        on_warning=_warn,
+        progress=wants_progress(show_progress),
     )
-    with bar_cm as bar:
-        already = [0]
-
-        def on_row(row: dict[str, Any], done: int, n: int) -> None:
-            if row["status"] != "ok":
-                failed.append(f"cell {row['cell']}: {row['error']}")
-            if bar is not None:
-                bar.update(done - already[0])
-            already[0] = done
-
-        df = sweep(
-            s,
-            out=out,
-            executor=executor,
-            workers=workers,
-            address=address,
-            retry_failed=retry_failed,
-            on_row=on_row,
-            on_warning=_warn,
-        )
     n_err = int((df["status"] != "ok").sum()) if len(df) else 0
     for line in failed:
         click.echo(f"kvsim: failed {line}", err=True)

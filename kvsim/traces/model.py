@@ -1,7 +1,8 @@
 """Trace data model: one :class:`Request` per trace record, and a re-iterable :class:`Trace`.
 
-A :class:`Trace` never holds a file's records in memory: every ``iter(trace)`` re-opens the
-file and streams :class:`Request` objects from it (see :mod:`kvsim.traces.readers`).
+A file-backed :class:`Trace` streams :class:`Request` objects on every ``iter(trace)``; its
+file is parsed once (or loaded from the trace cache) and kept as compact columns, never as
+a list of requests (see :mod:`kvsim.traces.source`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,21 @@ class Request:
 
     request_id: int  # 0-based index in trace order
     arrival_s: float  # seconds since trace start
-    input_tokens: int
+    prompt_tokens: int  # the prompt's length (Mooncake's input_length, Azure's ContextTokens)
     output_tokens: int
     block_hashes: tuple[int, ...]
     session_id: int | None = None  # e.g. Bailian chat_id; None when unknown
 
+    @property
+    def input_tokens(self) -> int:
+        """``prompt_tokens`` by its earlier name, for code written before the rename."""
+        return self.prompt_tokens
+
     def complete_blocks(self, block_tokens: int) -> int:
         """Number of complete (cacheable) blocks.
 
-        ``min(input_tokens // block_tokens, len(block_hashes))``."""
-        n = self.input_tokens // block_tokens
+        ``min(prompt_tokens // block_tokens, len(block_hashes))``."""
+        n = self.prompt_tokens // block_tokens
         m = len(self.block_hashes)
         return n if n < m else m
 

@@ -1,18 +1,22 @@
-"""Streaming trace readers.
+"""Trace readers: Mooncake JSONL, Alibaba Bailian JSONL, Azure LLM 2023 CSV, native kvsim JSONL.
 
-Mooncake JSONL, Alibaba Bailian JSONL, Azure LLM 2023 CSV, native kvsim JSONL.
-
-Every reader streams one record at a time (``json.loads`` per line), validates it and raises
-:class:`kvsim.errors.InputError` naming ``file:line`` (1-based; the CSV header is line 1) on the
-first bad record. Records are kept in file order (timestamps going backwards are kept as given).
-Files ending in ``.gz`` are read (and written) through :mod:`gzip` transparently.
+A JSONL trace is read in blocks of whole lines. A block that is plainly valid is decoded in
+one call (:mod:`kvsim.traces.fast_jsonl`); any other block is read line by line, one
+``json.loads`` and the record checks per line, which raise :class:`kvsim.errors.InputError`
+naming ``file:line`` (1-based; the CSV header is line 1) at the first bad record, after the
+records before it. Records are kept in file order (timestamps going backwards are kept as
+given). Files ending in ``.gz`` are read (and written) through :mod:`gzip` transparently.
+A file read whole and without error is kept in the trace cache (:mod:`kvsim.traces.cache`),
+so reading it again loads its columns instead of parsing it.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import csv
+import dataclasses
 import datetime as _dt
 import gzip
 import io
@@ -25,11 +29,14 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..io import atomic_text
 from .model import Request, Trace, TraceInfo, repeated_block_id
+
+if TYPE_CHECKING:
+    from .columns import Row, TraceColumns
 
 TRACE_FORMATS: tuple[str, ...] = ("mooncake", "bailian", "azure", "native")
 
@@ -223,23 +230,23 @@ def _shared_fields_ok(
     return all(type(h) is int for h in ids) and len(set(ids)) == n
 
 
-def _iter_jsonl(
-    path: str, limit: int | None, parse: RecordParser, *, header: bool = False
-) -> Iterator[Request]:
-    """The JSONL loop every format shares: decode, skip blank lines, number the requests,
-    stop at ``limit``, and reject a file with no request. ``header`` skips (after
-    validating) a native header line."""
+#: bytes of whole lines decoded at once
+_BLOCK_BYTES = 1 << 21
+#: rows per batch of the line-by-line reader
+_LINE_BATCH = 4096
+
+
+def _line_batches(
+    lines: Iterable[tuple[int, bytes]], parse: RecordParser, path: str, first_id: int
+) -> Iterator[TraceColumns]:
+    """The reference reader: ``json.loads`` and the record checks per line, blank lines
+    skipped; the rows in batches numbered from ``first_id``. At a bad line the rows before
+    it come first, then the error naming it."""
+    from .columns import from_rows
+
     loads = json.loads
-    rid = 0
-    if limit == 0:
-        return
-    with _open_bin(path) as f:
-        lines = _lines(f, path)
-        if header:
-            for _lineno, line in lines:
-                if line.strip():
-                    _read_native_header(line, path)  # block_tokens already taken by open_trace
-                    break
+    rows: list[Row] = []
+    try:
         for lineno, line in lines:
             try:
                 d = loads(line)
@@ -247,12 +254,161 @@ def _iter_jsonl(
                 if not line.strip():
                     continue
                 raise _bad_line(line, e, path, lineno) from None
-            ts, inp, out, ids, sid = parse(d, path, lineno)
-            yield Request(rid, ts, inp, out, ids, sid)
-            rid += 1
-            if rid == limit:
+            rows.append(parse(d, path, lineno))
+            if len(rows) == _LINE_BATCH:
+                yield from_rows(rows, first_id)
+                first_id += len(rows)
+                rows = []
+    except InputError:
+        if rows:
+            yield from_rows(rows, first_id)
+        raise
+    if rows:
+        yield from_rows(rows, first_id)
+
+
+def _blocks(f: io.BufferedIOBase) -> Iterator[bytes]:
+    """``f``'s bytes in pieces of about :data:`_BLOCK_BYTES`, each ending at a line end
+    (the last one may not)."""
+    rest = b""
+    while True:
+        data = f.read(_BLOCK_BYTES)
+        if not data:
+            if rest:
+                yield rest
+            return
+        if rest:
+            data = rest + data
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:  # a line longer than a block: read on
+            rest = data
+            continue
+        yield data[:cut]
+        rest = data[cut:]
+
+
+def _numbered(block: bytes, start: int) -> Iterator[tuple[int, bytes]]:
+    """The lines of ``block`` as a binary file yields them (newline kept), numbered from
+    ``start + 1``."""
+    parts = block.split(b"\n")
+    last = parts.pop()  # after the final newline: empty, or a last line without one
+    for lineno, part in enumerate(parts, start + 1):
+        yield lineno, part + b"\n"
+    if last:
+        yield start + len(parts) + 1, last
+
+
+def _cut_header(block: bytes, start: int, path: str) -> tuple[bytes, int] | None:
+    """``block`` after its first non-blank line, the native header (validated), and the
+    number of the header's line; None when the block is blank."""
+    pos = 0
+    for lineno, line in _numbered(block, start):
+        pos += len(line)
+        if line.strip():
+            _read_native_header(line, path)  # block_tokens already taken by open_trace
+            return block[pos:], lineno
+    return None
+
+
+def _reread(
+    path: str, parse: RecordParser, skip: int, header: bool, first_id: int
+) -> Iterator[TraceColumns]:
+    """Line by line from line ``skip + 1`` of a fresh read: a read error (a corrupt
+    ``.gz``) is reported as the line reader reports it, with the line it stopped at."""
+    with _open_bin(path) as f:
+        lines = _lines(f, path)
+        for _ in zip(range(skip), lines):
+            pass
+        if header:
+            for _lineno, line in lines:
+                if line.strip():
+                    _read_native_header(line, path)
+                    break
+        yield from _line_batches(lines, parse, path, first_id)
+
+
+#: blocks read ahead and decoding while the caller works on the one before
+_AHEAD = 2
+
+
+def _pieces(path: str, header: bool) -> Iterator[tuple[int, bytes | None, bool]]:
+    """``(lines before it, block)`` per block of whole lines, the native header cut off
+    (and checked); after a read error (a corrupt ``.gz``) a last ``(lines read, None,
+    whether the header is still to come)``."""
+    done = 0
+    with _open_bin(path) as f:
+        blocks = _blocks(f)
+        while True:
+            try:
+                block = next(blocks, None)
+            except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
+                yield done, None, header
                 return
-    if rid == 0:
+            if block is None:
+                return
+            start = done
+            done += block.count(b"\n") + (not block.endswith(b"\n"))
+            if header:
+                cut = _cut_header(block, start, path)
+                if cut is None:
+                    continue
+                block, start = cut
+                header = False
+            if block and not block.isspace():
+                yield start, block, False
+
+
+def _jsonl_blocks(path: str, fmt: str, bt: int) -> Iterator[TraceColumns]:
+    """Each block decoded in one call on a helper thread (Arrow's parser lets go of the
+    GIL, so the next block decodes while the caller replays this one), or read line by
+    line when the fast path declines it."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from .fast_jsonl import decode_block
+
+    parse = _PARSERS[fmt](bt)
+    pieces = _pieces(path, fmt == "native")
+    ahead: collections.deque[tuple[int, bytes | None, bool, Future[Any] | None]]
+    ahead = collections.deque()
+    rid = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvsim-decode") as decoder:
+
+        def read_ahead() -> None:
+            while len(ahead) < _AHEAD:
+                piece = next(pieces, None)
+                if piece is None:
+                    return
+                start, block, header = piece
+                job = decoder.submit(decode_block, block, fmt, bt) if block else None
+                ahead.append((start, block, header, job))
+                if block is None:
+                    return
+
+        read_ahead()
+        while ahead:
+            start, block, header, job = ahead.popleft()
+            read_ahead()
+            if block is None or job is None:  # the file could not be read on
+                yield from _reread(path, parse, start, header, rid)
+                return
+            batch = job.result()
+            if batch is not None:
+                yield dataclasses.replace(batch, first_id=rid)
+                rid += len(batch)
+                continue
+            for batch in _line_batches(_numbered(block, start), parse, path, rid):
+                rid += len(batch)
+                yield batch
+
+
+def _jsonl_batches(path: str, fmt: str, bt: int) -> Iterator[TraceColumns]:
+    """A JSONL trace as batches: each block of lines decoded in one call when it is plainly
+    valid, else line by line; a file without a request is an error."""
+    n = 0
+    for batch in _jsonl_blocks(path, fmt, bt):
+        n += len(batch)
+        yield batch
+    if n == 0:
         raise InputError("no requests in trace file", source=path)
 
 
@@ -344,11 +500,14 @@ def _read_native_header(line: bytes, path: str) -> int:
     return bt
 
 
-def _native_parser(bt: int) -> RecordParser:
+def _native_parser(bt: int, prompt: str = "input_tokens") -> RecordParser:
+    """Native records; ``prompt`` names the prompt-length field (a DataFrame's column is
+    ``prompt_tokens``, the file format's field ``input_tokens``)."""
+
     def parse(d: Any, path: str, lineno: int) -> RecordFields:
         try:
             ts = d["arrival_s"]
-            inp = d["input_tokens"]
+            inp = d[prompt]
             out = d["output_tokens"]
             ids = d["block_hashes"]
             sid = d.get("session_id")
@@ -361,7 +520,7 @@ def _native_parser(bt: int) -> RecordParser:
         if type(d) is not dict:
             raise _not_object(d, path, lineno)
         ts = _check_time(d, "arrival_s", path, lineno)
-        inp = _check_nonneg_int(d, "input_tokens", path, lineno)
+        inp = _check_nonneg_int(d, prompt, path, lineno)
         out = _check_nonneg_int(d, "output_tokens", path, lineno)
         sid = d.get("session_id")
         if sid is not None and type(sid) is not int:
@@ -370,28 +529,23 @@ def _native_parser(bt: int) -> RecordParser:
                 source=path,
                 line=lineno,
             )
-        ids = _check_ids(d, "block_hashes", inp, "input_tokens", bt, path, lineno, True)
+        ids = _check_ids(d, "block_hashes", inp, prompt, bt, path, lineno, True)
         return float(ts), inp, out, ids, sid
 
     return parse
 
 
-def native_record_parser(block_tokens: int) -> RecordParser:
+def native_record_parser(block_tokens: int, prompt: str = "input_tokens") -> RecordParser:
     """The checks of the native format's records, for requests that come from elsewhere (a
-    DataFrame): same fields, same one-line errors."""
-    return _native_parser(block_tokens)
+    DataFrame, whose prompt column is named ``prompt``): same fields, same one-line errors."""
+    return _native_parser(block_tokens, prompt)
 
 
-def _iter_mooncake(path: str, bt: int, limit: int | None) -> Iterator[Request]:
-    return _iter_jsonl(path, limit, _mooncake_parser(bt))
-
-
-def _iter_bailian(path: str, bt: int, limit: int | None) -> Iterator[Request]:
-    return _iter_jsonl(path, limit, _bailian_parser(bt))
-
-
-def _iter_native(path: str, bt: int, limit: int | None) -> Iterator[Request]:
-    return _iter_jsonl(path, limit, _native_parser(bt), header=True)
+_PARSERS: dict[str, Callable[[int], RecordParser]] = {
+    "mooncake": _mooncake_parser,
+    "bailian": _bailian_parser,
+    "native": _native_parser,
+}
 
 
 # --------------------------------------------------------------------------- Azure CSV
@@ -483,17 +637,34 @@ def _iter_azure(path: str, bt: int, limit: int | None) -> Iterator[Request]:
         raise InputError("no requests in trace file", source=path)
 
 
-_READERS = {
-    "mooncake": _iter_mooncake,
-    "bailian": _iter_bailian,
-    "azure": _iter_azure,
-    "native": _iter_native,
-}
+def _request_batches(requests: Iterator[Request]) -> Iterator[TraceColumns]:
+    """Requests in column batches; at an error, the batch before it first."""
+    from .columns import from_requests
+
+    rows: list[Request] = []
+    try:
+        for r in requests:
+            rows.append(r)
+            if len(rows) == _LINE_BATCH:
+                yield from_requests(rows)
+                rows = []
+    except InputError:
+        if rows:
+            yield from_requests(rows)
+        raise
+    if rows:
+        yield from_requests(rows)
 
 
-def iter_file(info: TraceInfo, limit: int | None = None) -> Iterator[Request]:
-    """Stream the requests of the file described by ``info`` (used by ``iter(Trace)``)."""
-    return _READERS[info.format](info.path, info.block_tokens, limit)
+def _azure_batches(path: str, fmt: str, bt: int) -> Iterator[TraceColumns]:
+    return _request_batches(_iter_azure(path, bt, None))
+
+
+def read_batches(path: str, fmt: str, block_tokens: int) -> Iterator[TraceColumns]:
+    """Parse the ``fmt`` trace file at ``path`` whole, as column batches (no cache)."""
+    if fmt == "azure":
+        return _azure_batches(path, fmt, block_tokens)
+    return _jsonl_batches(path, fmt, block_tokens)
 
 
 # --------------------------------------------------------------------------- sniffing / open
@@ -597,8 +768,9 @@ def open_trace(
     ``{"kvsim_trace": 1, ...}`` header -> native, ``chat_id`` -> bailian, ``hash_ids`` +
     ``input_length`` -> mooncake). ``block_tokens`` overrides the format's block size (Mooncake
     512, Bailian 16, native: from the header, Azure: 512). ``limit`` caps the number of requests.
-    Only the first line is read here; records are validated as they are iterated. ``-`` reads
-    standard input; a FIFO or ``<(...)`` works too.
+    Only the first line is read here; records are validated as they are iterated, or loaded
+    from the trace cache when this content was read before (:mod:`kvsim.traces.cache`).
+    ``-`` reads standard input; a FIFO or ``<(...)`` works too (cached by content alike).
     """
     shown = os.fspath(path)
     p = _spool_stream(shown)
@@ -630,13 +802,9 @@ def open_trace(
     if block_tokens is not None:
         bt = block_tokens
     info = TraceInfo(path=shown, format=fmt, block_tokens=bt, has_reuse_info=fmt != "azure")
-    if p == shown:
-        return Trace(info, limit, iter_file)
+    from .source import FileSource
 
-    def iter_spooled(info: TraceInfo, limit: int | None = None) -> Iterator[Request]:
-        return _READERS[info.format](p, info.block_tokens, limit)
-
-    return Trace(info, limit, iter_spooled)
+    return Trace(info, limit, FileSource(p, fmt, bt, read_batches))
 
 
 # --------------------------------------------------------------------------- writer
@@ -660,7 +828,7 @@ def write_native(
         for r in requests:
             rec = {
                 "arrival_s": r.arrival_s,
-                "input_tokens": r.input_tokens,
+                "input_tokens": r.prompt_tokens,
                 "output_tokens": r.output_tokens,
                 "block_hashes": list(r.block_hashes),
             }

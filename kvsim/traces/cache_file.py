@@ -1,0 +1,146 @@
+"""One trace cache entry on disk: a trace's columns in one file, written batch by batch.
+
+Layout: a magic line, the header length (4 bytes, little-endian), a JSON header (the entry's
+key, the row count, and each array's name, dtype and length), the arrays one after the other
+(each padded to 8 bytes), and a trailer: the CRC-32 of everything before it and ``b"done"``.
+A reader checks the magic, the key, the exact file size and the CRC before it uses one value,
+so a truncated, corrupt or foreign file is refused (:class:`BadEntry`), never half read. Row
+``i``'s block ids are counted in ``lengths`` (offsets are their running sum), and ``hashes``
+is 32-bit when every id fits, halving what is written and read for most traces.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+import numpy as np
+
+from .columns import TraceColumns
+
+MAGIC = b"kvsim trace columns\n"
+TRAILER = b"done"
+
+
+class BadEntry(ValueError):
+    """The file is not a sound entry for the key asked for."""
+
+
+def _lengths(c: TraceColumns) -> np.ndarray:
+    return np.diff(c.offsets)
+
+
+#: stored array -> (dtypes it may have, how to get it from a batch)
+_ARRAYS: dict[str, tuple[tuple[str, ...], Callable[[TraceColumns], np.ndarray]]] = {
+    "arrival_s": (("<f8",), lambda c: c.arrival_s),
+    "prompt_tokens": (("<i8",), lambda c: c.prompt_tokens),
+    "output_tokens": (("<i8",), lambda c: c.output_tokens),
+    "lengths": (("<i8",), _lengths),
+    "hashes": (("<i4", "<i8"), lambda c: c.hashes),
+    "session_id": (("<i8",), lambda c: c.session_id),
+    "has_session": (("|b1",), lambda c: c.has_session),
+}
+
+
+def _pad(n: int) -> int:
+    return -n % 8
+
+
+def _hash_dtype(parts: Sequence[TraceColumns]) -> str:
+    """``<i4`` when every id fits 32 bits, else ``<i8``."""
+    filled = [p.hashes for p in parts if len(p.hashes)]
+    if not filled:
+        return "<i4"
+    lo = min(int(h.min()) for h in filled)
+    hi = max(int(h.max()) for h in filled)
+    return "<i4" if lo >= -(2**31) and hi < 2**31 else "<i8"
+
+
+def write(f: IO[bytes], key: dict[str, Any], parts: Sequence[TraceColumns]) -> None:
+    """Write ``parts`` (consecutive batches of one trace, 64-bit columns) as one entry."""
+    rows = sum(len(p) for p in parts)
+    dtypes = {name: kinds[0] for name, (kinds, _) in _ARRAYS.items()}
+    dtypes["hashes"] = _hash_dtype(parts)
+    counts = {name: rows for name in _ARRAYS}
+    counts["hashes"] = sum(len(p.hashes) for p in parts)
+    header = json.dumps(
+        {
+            "key": key,
+            "rows": rows,
+            "arrays": [[name, dtypes[name], counts[name]] for name in _ARRAYS],
+        },
+        sort_keys=True,
+    ).encode()
+    crc = 0
+
+    def put(data: Any) -> None:
+        nonlocal crc
+        f.write(data)
+        crc = zlib.crc32(data, crc)
+
+    put(MAGIC + len(header).to_bytes(4, "little") + header)
+    put(b"\0" * _pad(len(MAGIC) + 4 + len(header)))
+    for name, (_, get) in _ARRAYS.items():
+        nbytes = 0
+        for part in parts:
+            array = np.ascontiguousarray(get(part), dtype=dtypes[name])
+            put(array)
+            nbytes += array.nbytes
+        put(b"\0" * _pad(nbytes))
+    f.write(crc.to_bytes(4, "little") + TRAILER)
+
+
+def read(path: str, key: dict[str, Any]) -> TraceColumns:
+    """The entry at ``path`` for ``key``; FileNotFoundError when there is none, BadEntry
+    when the file is anything but a sound entry for that key."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 12:
+        raise BadEntry("not an entry")
+    start = len(MAGIC) + 4
+    size = int.from_bytes(raw[len(MAGIC) : start], "little")
+    try:
+        header = json.loads(raw[start : start + size])
+        if header["key"] != key:
+            raise BadEntry("an entry for another key")
+        specs = [(str(n), str(d), int(c)) for n, d, c in header["arrays"]]
+        rows = int(header["rows"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadEntry(f"bad header ({e})") from None
+    if [n for n, _, _ in specs] != list(_ARRAYS) or any(
+        d not in _ARRAYS[n][0] for n, d, _ in specs
+    ):
+        raise BadEntry("unexpected arrays")
+    at = start + size + _pad(start + size)
+    places = []
+    for _, dtype, count in specs:
+        nbytes = count * np.dtype(dtype).itemsize
+        places.append(at)
+        at += nbytes + _pad(nbytes)
+    if len(raw) != at + 4 + len(TRAILER) or raw[at + 4 :] != TRAILER:
+        raise BadEntry("wrong size")
+    if zlib.crc32(memoryview(raw)[:at]) != int.from_bytes(raw[at : at + 4], "little"):
+        raise BadEntry("checksum mismatch")
+    arrays = {
+        name: np.frombuffer(raw, dtype=dtype, count=count, offset=place)
+        for (name, dtype, count), place in zip(specs, places)
+    }
+    lengths = arrays.pop("lengths")
+    if len(lengths) != rows or (len(lengths) and int(lengths.min()) < 0):
+        raise BadEntry("bad lengths")
+    offsets = np.zeros(rows + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    columns = TraceColumns(
+        arrival_s=arrays["arrival_s"],
+        prompt_tokens=arrays["prompt_tokens"],
+        output_tokens=arrays["output_tokens"],
+        offsets=offsets,
+        hashes=arrays["hashes"],
+        session_id=arrays["session_id"],
+        has_session=arrays["has_session"],
+    )
+    if not columns.check():
+        raise BadEntry("inconsistent arrays")
+    return columns
