@@ -44,6 +44,12 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
     help="Also drive vLLM 0.33's CPUOffloadingManager (default: when importable).",
 )
 @click.option(
+    "--stages",
+    is_flag=True,
+    help="Time each stage a user waits for (start-up, read, replay, write, the whole "
+    "command) instead of the policies, against vLLM's manager loop when importable.",
+)
+@click.option(
     "--csv",
     "csv_path",
     type=click.Path(dir_okay=False),
@@ -57,6 +63,7 @@ def bench_command(
     repeat: int,
     limit: int | None,
     with_vllm: bool | None,
+    stages: bool,
     csv_path: str | None,
 ) -> None:
     """Time cache-mode replay on TRACE (default: the bundled Mooncake conversation trace).
@@ -68,6 +75,9 @@ def bench_command(
     trace = trace or DEFAULT_TRACE
     if not os.path.exists(trace):
         raise InputError(f"trace {trace} not found (give a TRACE argument)")
+    if stages:
+        _stages(trace, cpu_chunks, policies, repeat, limit, with_vllm, csv_path)
+        return
     tr = as_trace(trace, limit=limit)
     start = time.perf_counter()
     requests = list(tr)
@@ -101,6 +111,34 @@ def bench_command(
         if col in shown:
             shown[col] = shown[col].map(lambda v: "" if v != v or v is None else f"{v:.3f}")
     click.echo(shown.fillna("").to_string(index=False))
+    if csv_path:
+        with atomic_write(csv_path, newline="") as f:
+            table.to_csv(f, index=False)
+
+
+def _stages(
+    trace: str,
+    cpu_chunks: int,
+    policies: str,
+    repeat: int,
+    limit: int | None,
+    with_vllm: bool | None,
+    csv_path: str | None,
+) -> None:
+    from kvsim.replay.stages import bench_stages
+
+    if limit is not None:
+        raise InputError("--stages times the whole trace, as kvsim replay reads it; drop --limit")
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if len(names) != 1:
+        raise InputError(f"--stages times one policy; got --policies {policies!r}")
+    table = bench_stages(
+        trace, cpu_chunks=cpu_chunks, policy=names[0], repeat=repeat, with_vllm=with_vllm
+    )
+    shown = table.copy()
+    shown["seconds"] = shown["seconds"].map(lambda v: f"{v:.3f}")
+    click.echo(f"trace {trace}")
+    click.echo(shown.to_string(index=False))
     if csv_path:
         with atomic_write(csv_path, newline="") as f:
             table.to_csv(f, index=False)

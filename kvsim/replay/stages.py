@@ -1,0 +1,133 @@
+"""``kvsim bench --stages``: where a user's wait for ``kvsim replay`` goes, stage by stage.
+
+The replay loop is a fraction of what a user waits for; start-up, reading the trace and
+writing per-request rows count as much. Each stage is timed on its own (best of
+``repeat``), and the whole command is timed as a user runs it, in a fresh process, minus
+the interpreter's own start-up (``python -c pass``), against vLLM 0.33's manager loop alone
+on the same requests when vLLM is importable (which excludes vLLM's parsing entirely).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pandas as pd
+
+from kvsim.config import OffloadOptions
+from kvsim.replay.bench import bench_replay
+from kvsim.replay.driver import CacheReplay, write_requests_csv
+from kvsim.traces import as_trace
+from kvsim.traces import cache as trace_cache
+
+_T = TypeVar("_T")
+
+
+def _best(run: Callable[[], _T], repeat: int) -> tuple[float, _T]:
+    best, value = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        value = run()
+        best = min(best, time.perf_counter() - start)
+    assert value is not None
+    return best, value
+
+
+def _process_seconds(argv: list[str], repeat: int, env: dict[str, str]) -> float:
+    """Best wall time of a fresh process running ``argv`` (output discarded)."""
+
+    def run() -> bool:
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env)
+        return True
+
+    return _best(run, repeat)[0]
+
+
+@contextlib.contextmanager
+def _cache_env(**values: str | None) -> Iterator[None]:
+    """The trace cache's environment switched for a block (and the in-memory copy dropped)."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        trace_cache.forget()
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        trace_cache.forget()
+
+
+def bench_stages(
+    trace: str,
+    *,
+    cpu_chunks: int,
+    policy: str = "lru",
+    repeat: int = 3,
+    with_vllm: bool | None = None,
+) -> pd.DataFrame:
+    """One row per stage: ``stage``, ``seconds`` and what it covers (``note``)."""
+    rows: list[dict[str, Any]] = []
+
+    def add(stage: str, seconds: float, note: str) -> None:
+        rows.append({"stage": stage, "seconds": seconds, "note": note})
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
+        env = {**os.environ, trace_cache.ENV_FOLDER: os.path.join(tmp, "cache")}
+        env.pop(trace_cache.ENV_OFF, None)
+        python = _process_seconds([sys.executable, "-c", "pass"], repeat, env)
+        add("python", python, "interpreter start-up (subtracted below)")
+        help_s = _process_seconds([sys.executable, "-m", "kvsim", "--help"], repeat, env)
+        add("start-up", help_s - python, "kvsim --help")
+
+        with _cache_env(**{trace_cache.ENV_OFF: "1"}):
+            cold, requests = _best(lambda: list(as_trace(trace)), repeat)
+        add("read (parse)", cold, f"{len(requests):,} requests, no cache")
+        with _cache_env(**{trace_cache.ENV_FOLDER: env[trace_cache.ENV_FOLDER]}):
+            list(as_trace(trace))  # fills the cache
+
+            def warm_read() -> list[Any]:
+                trace_cache.forget()
+                return list(as_trace(trace))
+
+            warm, _ = _best(warm_read, repeat)
+        add("read (cached)", warm, "second read of the same file")
+
+        block_tokens = as_trace(trace, limit=1).block_tokens
+        config = OffloadOptions(cpu_chunks=cpu_chunks, policy=policy).resolve(block_tokens)
+        loop, _ = _best(lambda: CacheReplay(config).run(requests, lambda row: None), repeat)
+        add("replay", loop, f"{policy} at {cpu_chunks:,} chunks, rows discarded")
+        csv_path = os.path.join(tmp, "requests.csv")
+        both, _ = _best(lambda: write_requests_csv(csv_path, CacheReplay(config), requests), repeat)
+        add("write", max(0.0, both - loop), "per-request CSV rows (replay+write minus replay)")
+
+        argv = [sys.executable, "-m", "kvsim", "replay", trace, "--cpu-chunks", str(cpu_chunks)]
+        argv += ["--policy", policy, "--requests-csv", csv_path, "--no-progress"]
+        end_to_end = _process_seconds(argv, repeat, env) - python
+        add("kvsim replay", end_to_end, "whole command, cached trace, minus interpreter start-up")
+
+        table = bench_replay(
+            requests,
+            block_tokens,
+            cpu_chunks=cpu_chunks,
+            policies=[policy],
+            repeat=1,
+            with_vllm=with_vllm,
+        )
+        vllm = table[table["engine"] == "vllm-0.33"]
+        if len(vllm):
+            seconds = float(vllm["seconds"].iloc[0])
+            add("vllm manager loop", seconds, f"kvsim replay is {seconds / end_to_end:.1f}x faster")
+    return pd.DataFrame(rows)

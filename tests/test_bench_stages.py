@@ -1,0 +1,48 @@
+"""`kvsim bench --stages`: every stage a user waits for, timed (not asserted on: speed is
+measured by benchmarks, never by tests)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from support import SAMPLE, run_main
+
+
+def test_stages_table_names_every_stage(tmp_path, capsys):
+    out = tmp_path / "stages.csv"
+    code, _, err = run_main(
+        [
+            "bench",
+            SAMPLE,
+            "--stages",
+            "--policies",
+            "s3fifo",
+            "--repeat",
+            "1",
+            "--no-vllm",
+            "--cpu-chunks",
+            "50",
+            "--csv",
+            str(out),
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert table["stage"].tolist() == [
+        "python",
+        "start-up",
+        "read (parse)",
+        "read (cached)",
+        "replay",
+        "write",
+        "kvsim replay",
+    ]
+    assert (table["seconds"] >= 0).all()
+    assert "s3fifo at 50 chunks" in table.set_index("stage").loc["replay", "note"]
+
+
+def test_stages_refuse_what_they_cannot_time(capsys):
+    code, _, err = run_main(["bench", SAMPLE, "--stages", "--policies", "lru,arc"], capsys)
+    assert code == 2 and "one policy" in err
+    code, _, err = run_main(["bench", SAMPLE, "--stages", "--limit", "10"], capsys)
+    assert code == 2 and "--limit" in err
