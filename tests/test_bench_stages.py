@@ -46,3 +46,21 @@ def test_stages_refuse_what_they_cannot_time(capsys):
     assert code == 2 and "one policy" in err
     code, _, err = run_main(["bench", SAMPLE, "--stages", "--limit", "10"], capsys)
     assert code == 2 and "--limit" in err
+
+
+def test_miniature_error_table_covers_each_policy_and_protocol(tmp_path, capsys):
+    out = tmp_path / "err.csv"
+    code, _, err = run_main(
+        ["bench", SAMPLE, "--miniature-error", "0.5", "--policies", "lru,fifo", "--csv", str(out)],
+        capsys,
+    )
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert sorted(zip(table["policy"], table["protocol"])) == [
+        ("fifo", "object"),
+        ("fifo", "prefix"),
+        ("lru", "object"),
+        ("lru", "prefix"),
+    ]
+    # LRU is its own control variate: corrected, its miniature is exact
+    assert (table.loc[table["policy"] == "lru", "max_abs_error"] < 1e-12).all()

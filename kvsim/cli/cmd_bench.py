@@ -50,6 +50,16 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
     "command) instead of the policies, against vLLM's manager loop when importable.",
 )
 @click.option(
+    "--miniature-error",
+    "miniature_rate",
+    type=click.FloatRange(min=0, min_open=True, max=1),
+    default=None,
+    metavar="RATE",
+    help="Instead of timing: each policy's miniature-simulation curve (kvsim mrc --policy) "
+    "at sampling RATE against full replays, at 1-100% of the trace's distinct chunks, "
+    "both protocols.",
+)
+@click.option(
     "--csv",
     "csv_path",
     type=click.Path(dir_okay=False),
@@ -64,6 +74,7 @@ def bench_command(
     limit: int | None,
     with_vllm: bool | None,
     stages: bool,
+    miniature_rate: float | None,
     csv_path: str | None,
 ) -> None:
     """Time cache-mode replay on TRACE (default: the bundled Mooncake conversation trace).
@@ -75,6 +86,9 @@ def bench_command(
     trace = trace or DEFAULT_TRACE
     if not os.path.exists(trace):
         raise InputError(f"trace {trace} not found (give a TRACE argument)")
+    if miniature_rate is not None:
+        _miniature_error(trace, policies, miniature_rate, limit, csv_path)
+        return
     if stages:
         _stages(trace, cpu_chunks, policies, repeat, limit, with_vllm, csv_path)
         return
@@ -82,13 +96,8 @@ def bench_command(
     start = time.perf_counter()
     requests = list(tr)
     read_s = time.perf_counter() - start
-    from kvsim.policies.registry import EVICTION_POLICIES
 
-    names = (
-        sorted(EVICTION_POLICIES)
-        if policies == "all"
-        else list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
-    )
+    names = _policy_names(policies)
     if "lru" in names:
         names.remove("lru")
     names.insert(0, "lru")
@@ -116,6 +125,15 @@ def bench_command(
             table.to_csv(f, index=False)
 
 
+def _policy_names(policies: str) -> list[str]:
+    """``--policies``: a comma-separated list, or ``all`` registered eviction policies."""
+    from kvsim.policies.registry import EVICTION_POLICIES
+
+    if policies == "all":
+        return sorted(EVICTION_POLICIES)
+    return list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+
+
 def _stages(
     trace: str,
     cpu_chunks: int,
@@ -139,6 +157,19 @@ def _stages(
     shown["seconds"] = shown["seconds"].map(lambda v: f"{v:.3f}")
     click.echo(f"trace {trace}")
     click.echo(shown.to_string(index=False))
+    if csv_path:
+        with atomic_write(csv_path, newline="") as f:
+            table.to_csv(f, index=False)
+
+
+def _miniature_error(
+    trace: str, policies: str, rate: float, limit: int | None, csv_path: str | None
+) -> None:
+    from kvsim.replay.miniature import error_table
+
+    table = error_table(trace, _policy_names(policies), rate, limit)
+    click.echo(f"trace {trace}: miniature simulation at {rate:g} vs full replays")
+    click.echo(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if csv_path:
         with atomic_write(csv_path, newline="") as f:
             table.to_csv(f, index=False)

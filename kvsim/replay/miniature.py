@@ -231,3 +231,36 @@ def miniature_error(
         exact = replay_hit_ratio(reqs, replace(config, num_chunks=int(capacity)), protocol)
         rows.append((int(capacity), float(estimate), exact, float(estimate) - exact))
     return pd.DataFrame(rows, columns=["capacity", "miniature", "full", "error"])
+
+
+def error_table(
+    trace: str, policies: Sequence[str], rate: float, limit: int | None = None
+) -> pd.DataFrame:
+    """Each policy's largest miniature error (both protocols) at 1, 3, 10, 30 and 100% of
+    the trace's distinct chunks: what ``kvsim bench --miniature-error`` prints."""
+    from kvsim.config import OffloadOptions
+    from kvsim.traces import as_trace
+
+    tr = as_trace(trace, limit=limit)
+    requests = list(tr)
+    base = OffloadOptions(cpu_chunks=1).resolve(tr.block_tokens)
+    distinct = len(
+        {k for r in requests for k in base.layout.unit_keys(r.block_hashes, r.input_tokens)}
+    )
+    capacities = sorted({max(1, int(distinct * f)) for f in (0.01, 0.03, 0.1, 0.3, 1.0)})
+    rows = []
+    for policy in policies:
+        config = replace(base, policy=policy)
+        for protocol in PROTOCOLS:
+            err = miniature_error(requests, config, capacities, sample_rate=rate, protocol=protocol)
+            worst = err.loc[err["error"].abs().idxmax()]
+            rows.append(
+                {
+                    "policy": policy,
+                    "protocol": protocol,
+                    "max_abs_error": abs(float(worst["error"])),
+                    "at_capacity": int(worst["capacity"]),
+                    "mean_abs_error": float(err["error"].abs().mean()),
+                }
+            )
+    return pd.DataFrame(rows)
