@@ -6,15 +6,20 @@ shell go through the same code.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
+import difflib
+import functools
+import gzip
+import inspect
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.config import (
+    DEFAULT_MODEL,
+    CacheConfig,
     OffloadOptions,
     engine_knobs_from_vllm_config,
     load_vllm_config,
@@ -22,10 +27,12 @@ from kvsim.config import (
     refuse_engine_knobs_in_cache_mode,
 )
 from kvsim.errors import InputError, InputWarning
-from kvsim.io import atomic_write
+from kvsim.progress import Progress, ProgressArg
 from kvsim.replay import REQUEST_COLUMNS, CacheReplay
+from kvsim.replay.driver import write_requests_csv
 from kvsim.replay.object_protocol import replay_config
 from kvsim.results import Result
+from kvsim.sizing import tier_capacity
 from kvsim.traces import Request, Trace, as_trace, requests_frame
 
 if TYPE_CHECKING:
@@ -34,10 +41,32 @@ if TYPE_CHECKING:
     from kvsim.replay.mrc import MRC
     from kvsim.traces.coerce import TraceLike
 
-__all__ = ["generate", "make_options", "mrc", "replay", "requests_frame", "simulate"]
+__all__ = [
+    "bundled_trace",
+    "generate",
+    "make_options",
+    "mrc",
+    "replay",
+    "requests_frame",
+    "simulate",
+]
 
 #: summary keys of a ``simulate(..., baseline=True)`` run's offload-free twin start with this
-BASELINE_PREFIX = "baseline_"
+BASELINE_PREFIX = Result.BASELINE_PREFIX
+
+
+#: the trace shipped inside the package (``kvsim/data``): Mooncake's FAST'25 conversation trace
+BUNDLED_TRACE = "mooncake_fast25_conversation_trace.jsonl.gz"
+
+
+def bundled_trace() -> str:
+    """The path of the trace shipped inside the package, Mooncake's FAST'25 conversation
+    trace (12,031 requests, the file ``traces/`` holds, gzipped), found through
+    :mod:`importlib.resources`: examples and notebooks run after ``pip install``, without a
+    checkout."""
+    from importlib.resources import files
+
+    return str(files("kvsim") / "data" / BUNDLED_TRACE)
 
 
 def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> pd.DataFrame:
@@ -79,47 +108,186 @@ def make_options(vllm_config: str | dict[str, Any] | None = None, **options: Any
     return base.with_(**explicit)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def named_options(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` with its explicit signature (``help()`` and IDEs show it) and an unknown keyword
+    reported as bad input, an :class:`InputError` naming it and the closest option, not
+    Python's bare ``TypeError``."""
+    known = sorted(
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
+
+    @functools.wraps(fn)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        for name in kwargs:
+            if name not in known:
+                guess = difflib.get_close_matches(name, known, n=1)
+                hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+                raise InputError(
+                    f"{fn.__name__}(): unknown option {name!r}{hint}; see help(kvsim.{fn.__name__})"
+                )
+        return fn(*args, **kwargs)
+
+    return checked
+
+
 def _counted(requests: Iterable[Request], progress: Callable[[int], None]) -> Iterable[Request]:
     for req in requests:
         yield req
         progress(1)
 
 
+def _request_total(tr: Trace) -> int | None:
+    """How many requests a replay of ``tr`` reads, for the progress bar: a file's lines are
+    counted, not parsed (a header line aside), so the bar costs a fraction of the run."""
+    path = tr.path
+    if os.path.isfile(path):
+        opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            n = sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
+        n -= tr.format in ("azure", "native")  # a CSV header, a native trace's header line
+    elif path.startswith("<"):  # in memory: counting is cheap
+        n = sum(1 for _ in tr)
+    else:  # a stream: unknown until read
+        return None
+    return n if tr.limit is None else min(n, tr.limit)
+
+
+@named_options
 def replay(
     trace: TraceLike,
     *,
+    cpu_gib: float | None = None,
+    cpu_chunks: int | None = None,
+    cpu_bytes: int | None = None,
+    model: str = DEFAULT_MODEL,
+    policy: str | None = None,
+    policy_module: str | None = None,
+    admission: str = "always",
+    store_threshold: int | None = None,
+    max_tracker_size: int | None = None,
+    block_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+    gpu_block_tokens: int = 16,
+    gpu_blocks: int = 0,
+    tp: int = 1,
+    kv_cache_dtype: str = "auto",
+    seed: int = 0,
+    prefill_chunk_tokens: int | None = None,
+    vllm_config: str | dict[str, Any] | None = None,
+    secondary_tiers: list[dict[str, Any]] | None = None,
+    protocol: str = "prefix",
+    fused: bool | None = None,
     limit: int | None = None,
     fmt: str | None = None,
     per_request: bool = True,
     requests_csv: str | os.PathLike[str] | None = None,
-    vllm_config: str | dict[str, Any] | None = None,
-    protocol: str = "prefix",
-    fused: bool | None = None,
-    progress: Callable[[int], None] | None = None,
-    **options: Any,
+    progress: ProgressArg = None,
 ) -> Result:
-    """Cache-mode replay (``protocol="object"``: every chunk key is a get, see
-    :mod:`kvsim.replay.object_protocol`). Keywords are :class:`kvsim.config.OffloadOptions`
-    fields, e.g. ``replay(path, cpu_gib=64, model="llama-3.1-8b", policy="arc", gpu_blocks=2000)``.
-    ``fused=False`` runs ``lru`` and ``arc`` through the full manager protocol instead of their
-    fused tiers (same decisions, slower); see :class:`kvsim.replay.CacheReplay`.
+    """Cache-mode replay of ``trace``: requests one at a time in trace order, no timing.
 
-    Returns a Result whose ``summary`` holds the totals and ratios and whose ``requests``
-    table has one row per request (when ``per_request``). ``requests_csv`` streams the same
-    rows to a CSV file instead (written whole or not at all), so memory stays bounded by the
-    cache state. ``progress(n)`` is called as requests are replayed.
+    ``trace`` is a file path (Mooncake, Bailian, Azure or native JSONL/CSV, ``.gz`` too), a
+    :class:`kvsim.Trace`, a list of :class:`kvsim.Request` or a requests DataFrame (as
+    :func:`kvsim.generate` returns). For example
+    ``replay(path, cpu_gib=64, model="llama-3.1-8b", policy="arc", gpu_blocks=2000)``.
+
+    The CPU tier (give one size; ``vllm_config`` can give it too):
+
+    - ``cpu_gib``: size in GiB (vLLM ``cpu_bytes_to_use / 2**30``), sized for ``model``;
+    - ``cpu_chunks``: size in chunks; ``cpu_bytes``: size in bytes;
+    - ``model``: model preset for KV bytes per token (``kvsim models``), default llama-3.1-8b,
+      or the path of a Hugging Face ``config.json`` (or its folder);
+    - ``tp``: tensor-parallel world size for sizing (default 1);
+    - ``kv_cache_dtype``: vLLM's ``--kv-cache-dtype`` (default ``auto``: the model's dtype;
+      ``fp8`` halves the KV bytes per token, so the same GiB hold twice the chunks);
+    - ``policy``: eviction policy, ``lru`` (default), ``arc``, ... (``kvsim policies``) or
+      ``module:Class``; ``policy_module``: the module vLLM loads a policy from;
+    - ``admission``: admission policy (default ``always``); ``store_threshold``: offers
+      before a chunk is stored (vLLM's, default 0: every chunk; >= 2 enables);
+      ``max_tracker_size``: entries of the threshold's counter table (default 64000);
+    - ``block_tokens``: tokens per trace hash block (default: the trace format's, 512 for
+      Mooncake); ``chunk_tokens``: tokens per CPU chunk (default one trace block);
+      ``gpu_block_tokens``: vLLM's GPU block size (default 16), which sizes CPU chunks;
+    - ``gpu_blocks``: GPU prefix-cache size in key-unit blocks (default 0: none);
+    - ``seed``: for randomised policies (default 0);
+    - ``prefill_chunk_tokens``: chunked prefill, tokens per step (default: the whole prompt);
+    - ``vllm_config``: vLLM's ``kv_connector_extra_config`` as a dict, inline JSON or a file;
+      the keywords above that are given win over it;
+    - ``secondary_tiers``: tiers behind the CPU tier, as vLLM's ``TieringOffloadingSpec``
+      ``secondary_tiers`` (e.g. ``[{"type": "fs"}]``, see :mod:`kvsim.tier_spec`); wins over
+      those of ``vllm_config``.
+
+    The run:
+
+    - ``protocol``: ``prefix`` (vLLM's connector, default) or ``object`` (every chunk key is a
+      get, see :mod:`kvsim.replay.object_protocol`);
+    - ``fused``: ``False`` runs ``lru`` and ``arc`` through the full manager protocol instead
+      of their fused tiers (same decisions, slower; see :class:`kvsim.replay.CacheReplay`);
+    - ``limit``: replay only the first N requests; ``fmt``: the trace format (default:
+      detected from the file);
+    - ``per_request``: keep the ``requests`` table (one row per request; default True);
+      ``requests_csv``: stream those rows to a CSV file instead (written whole or not at
+      all), so memory stays bounded by the cache state;
+    - ``progress``: ``True`` shows a bar counting requests (a widget in a notebook, lines
+      in a log file); a callable is called as ``progress(n)`` as requests are replayed.
+
+    An unknown keyword or a bad value is an :class:`kvsim.InputError` naming it. Returns a
+    :class:`kvsim.Result` whose ``summary`` holds the totals and ratios and whose
+    ``requests`` table has one row per request.
     """
-    tr = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens"), limit=limit)
+    tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
     extra = vllm_extra(vllm_config)
     if extra is not None:
         refuse_engine_knobs_in_cache_mode(extra)
-    config = make_options(extra, **options).resolve(tr.block_tokens)
+    config = make_options(
+        extra,
+        cpu_gib=cpu_gib,
+        cpu_chunks=cpu_chunks,
+        cpu_bytes=cpu_bytes,
+        model=model,
+        policy=policy,
+        policy_module=policy_module,
+        admission=admission,
+        store_threshold=store_threshold,
+        max_tracker_size=max_tracker_size,
+        block_tokens=block_tokens,
+        chunk_tokens=chunk_tokens,
+        gpu_block_tokens=gpu_block_tokens,
+        gpu_blocks=gpu_blocks,
+        tp=tp,
+        kv_cache_dtype=kv_cache_dtype,
+        seed=seed,
+        prefill_chunk_tokens=prefill_chunk_tokens,
+        secondary_tiers=secondary_tiers,
+    ).resolve(tr.block_tokens)
+    with Progress(progress, _request_total(tr) if progress is True else None, "replaying") as bar:
+        return _replay(tr, config, protocol, fused, per_request, requests_csv, bar.callback)
+
+
+def _replay(
+    tr: Trace,
+    config: CacheConfig,
+    protocol: str,
+    fused: bool | None,
+    per_request: bool,
+    requests_csv: str | os.PathLike[str] | None,
+    progress: Callable[[int], None] | None,
+) -> Result:
     requests: Iterable[Request] = tr if progress is None else _counted(tr, progress)
     if protocol != "prefix":
         if requests_csv is not None:
             raise InputError("--requests-csv is for --protocol prefix only")
         return Result(
-            summary={"trace": str(tr.path), **replay_config(requests, config, protocol)},
+            summary={
+                "trace": str(tr.path),
+                **replay_config(requests, config, protocol),
+                **tier_capacity(config),
+            },
             tables={},
             config=config.as_dict(),
         )
@@ -127,10 +295,7 @@ def replay(
     run = CacheReplay(config, requests_for_future=tr, fused=fused)
     tables = {}
     if requests_csv is not None:
-        with atomic_write(requests_csv, newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(REQUEST_COLUMNS)
-            summary = run.run(requests, writer.writerow)
+        summary = write_requests_csv(requests_csv, run, requests)
     elif per_request:
         import pandas as pd
 
@@ -140,7 +305,9 @@ def replay(
     else:
         summary = run.run(requests)
     return Result(
-        summary={"trace": str(tr.path), **summary}, tables=tables, config=config.as_dict()
+        summary={"trace": str(tr.path), **summary, **tier_capacity(config)},
+        tables=tables,
+        config=config.as_dict(),
     )
 
 
@@ -149,32 +316,85 @@ def mrc(
     *,
     policy: str = "lru",
     protocol: str = "prefix",
-    sample_rate: float = 1.0,
+    sample_rate: float | None = None,
     seed: int = 0,
     limit: int | None = None,
     fmt: str | None = None,
     block_tokens: int | None = None,
     chunk_tokens: int | None = None,
     points: int = 200,
+    model: str | None = None,
+    tp: int = 1,
+    kv_cache_dtype: str = "auto",
+    gpu_block_tokens: int = 16,
+    cpu_gib: Iterable[float] | None = None,
 ) -> MRC:
-    """The hit ratio at every CPU capacity in one pass (LRU stack distances; see
-    :mod:`kvsim.replay.mrc`); ``sample_rate < 1`` samples keys spatially (SHARDS)."""
-    from kvsim.keys import KeyLayout
-    from kvsim.replay.mrc import lru_mrc
+    """The hit ratio at every CPU capacity: for ``lru`` in one pass (stack distances, exact
+    at ``sample_rate`` 1, the default; see :mod:`kvsim.replay.mrc`), for any other policy by
+    miniature simulation (replays of a trace sampled at ``sample_rate``, default 0.1, on
+    caches scaled alike, corrected by LRU's error on the same sample; at most 24
+    capacities; see :mod:`kvsim.replay.miniature`).
 
-    if policy.lower() != "lru":
-        raise InputError(
-            f"--policy: a one-pass curve needs a stack policy; only lru has one "
-            f"(got {policy!r}); sweep capacities with kvsim replay for others"
-        )
+    The table's capacities are in chunks (``capacity``) and tokens (``capacity_tokens``);
+    with a ``model`` (a preset or a ``config.json`` path, sized at ``tp`` with
+    ``kv_cache_dtype`` and ``gpu_block_tokens`` as :func:`replay` sizes it) also in GiB
+    (``cpu_gib``: what ``--cpu-gib`` must be for that many chunks). ``curve.ceiling`` is the
+    infinite cache's hit ratio and ``curve.reach()`` the capacity that reaches 50 / 90 / 99 %
+    of it. ``cpu_gib`` (needs ``model``) evaluates the curve at those sizes into
+    ``curve.points``: each is ``replay(..., cpu_gib=x, policy="lru")``'s CPU hit ratio.
+    """
+    from kvsim.replay.miniature import miniature_mrc
+    from kvsim.replay.mrc import at_sizes, in_capacity_units, lru_mrc
+    from kvsim.sizing import row_bytes
+
     tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
-    bt = block_tokens or tr.block_tokens
-    layout = KeyLayout(bt, chunk_tokens or bt)
-    return lru_mrc(tr, layout, protocol=protocol, sample_rate=sample_rate, seed=seed, points=points)
+    sizing = OffloadOptions(
+        cpu_chunks=1,
+        model=model,
+        tp=tp,
+        kv_cache_dtype=kv_cache_dtype,
+        block_tokens=block_tokens,
+        chunk_tokens=chunk_tokens,
+        gpu_block_tokens=gpu_block_tokens,
+    )
+    config = sizing.resolve(tr.block_tokens)  # the replay's chunk, and its bytes
+    asked = None if cpu_gib is None else [float(x) for x in cpu_gib]
+    if asked and model is None:
+        raise InputError("--cpu-gib needs --model to know the bytes per chunk")
+    asked_chunks = [
+        sizing.with_(cpu_chunks=None, cpu_gib=x).resolve(tr.block_tokens).num_chunks
+        for x in asked or ()
+    ]
+    if policy.lower() == "lru":
+        rate = 1.0 if sample_rate is None else sample_rate
+        curve = lru_mrc(
+            tr, config.layout, protocol=protocol, sample_rate=rate, seed=seed, points=points
+        )
+    else:  # no stack: replay miniatures of the sampled trace (kvsim.replay.miniature)
+        curve = miniature_mrc(
+            tr,
+            dataclasses.replace(config, policy=policy),
+            sample_rate=0.1 if sample_rate is None else sample_rate,
+            seed=seed,
+            protocol=protocol,
+            points=min(points, 24),
+            extra=asked_chunks,
+        )
+    row = None if config.chunk_bytes is None else row_bytes(config.chunk_bytes)
+    curve = in_capacity_units(
+        curve, config.chunk_tokens, row, model=model, kv_cache_dtype=config.kv_cache_dtype
+    )
+    if asked:
+        curve.points = at_sizes(
+            curve,
+            asked,
+            lambda x: sizing.with_(cpu_chunks=None, cpu_gib=x).resolve(tr.block_tokens).num_chunks,
+        )
+    return curve
 
 
-def in_arrival_order(tr: Trace) -> Trace:
-    """``tr`` with its requests in arrival order, for the timed engine.
+def in_arrival_order(tr: Trace) -> tuple[Trace, int]:
+    """``tr`` with its requests in arrival order, for the timed engine, and their number.
 
     The engine admits requests as it reads them; one stamped earlier than a request before
     it would be measured from a time the engine has already passed (a TTFT of hours for one
@@ -182,14 +402,16 @@ def in_arrival_order(tr: Trace) -> Trace:
     timestamps); otherwise it is sorted stably, with a warning saying how many moved.
     """
     late = 0
+    count = 0
     latest = -math.inf
     for req in tr:
+        count += 1
         if req.arrival_s < latest:
             late += 1
         else:
             latest = req.arrival_s
     if not late:
-        return tr
+        return tr, count
     warnings.warn(
         f"{tr.path}: {late:,} request(s) arrive earlier than a request before them; "
         "the timed run sorts the trace by arrival time (stable)",
@@ -197,24 +419,39 @@ def in_arrival_order(tr: Trace) -> Trace:
         stacklevel=3,
     )
     ordered = sorted(tr, key=lambda r: r.arrival_s)
-    return Trace.from_requests(ordered, tr.block_tokens, name=str(tr.path))
+    return Trace.from_requests(ordered, tr.block_tokens, name=str(tr.path)), count
 
 
+@named_options
 def simulate(
     trace: TraceLike,
     *,
     gpu: str = "h200",
-    model: str | None = None,
+    model: str = DEFAULT_MODEL,
     cpu_gib: float | None = None,
     cpu_chunks: int | None = None,
+    cpu_bytes: int | None = None,
     policy: str | None = None,
-    baseline: bool = False,
+    policy_module: str | None = None,
+    admission: str = "always",
+    store_threshold: int | None = None,
+    max_tracker_size: int | None = None,
+    block_tokens: int | None = None,
+    chunk_tokens: int | None = None,
+    gpu_block_tokens: int = 16,
+    tp: int = 1,
+    kv_cache_dtype: str = "auto",
     seed: int = 0,
+    prefill_chunk_tokens: int | None = None,
+    vllm_config: str | dict[str, Any] | None = None,
+    secondary_tiers: list[dict[str, Any]] | None = None,
+    baseline: bool = False,
     limit: int | None = None,
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     long_prefill_token_threshold: int = 0,
     gpu_kv_blocks: int | None = None,
+    gpu_blocks: int | None = None,
     gpu_memory_utilization: float = 0.92,
     enable_prefix_caching: bool = True,
     offload_prompt_only: bool | None = None,
@@ -224,44 +461,98 @@ def simulate(
     poisson_rate: float | None = None,
     link: str | os.PathLike[str] | None = None,
     compute_profile: str | os.PathLike[str] | None = None,
-    tp: int | None = None,
     record_steps: bool = True,
-    vllm_config: str | dict[str, Any] | None = None,
-    progress: Callable[[int], None] | None = None,
-    **options: Any,
+    record_tokens: bool = False,
+    percentile_metrics: str | Iterable[str] | None = None,
+    metric_percentiles: str | Iterable[float] | None = None,
+    goodput: str | Iterable[str] | Mapping[str, float] | None = None,
+    progress: ProgressArg = None,
 ) -> Result:
     """Timed replay of ``trace`` on one modelled GPU running a vLLM v1-like engine.
 
-    With no CPU size (``cpu_gib`` / ``cpu_chunks`` / ``vllm_config``) the run has no
-    offloading. ``baseline=True`` adds the same run without offloading: its tables are
+    ``trace`` is what :func:`replay` takes. For example
+    ``simulate(path, gpu="h100", cpu_gib=64, policy="arc", baseline=True)``.
+
+    The CPU tier: with no size (``cpu_gib``, ``cpu_chunks``, ``cpu_bytes`` or
+    ``vllm_config``) the run has no offloading. ``model`` (default llama-3.1-8b), ``tp``,
+    ``policy``, ``policy_module``, ``admission``, ``store_threshold``,
+    ``max_tracker_size``, ``block_tokens``, ``chunk_tokens``, ``gpu_block_tokens``
+    (vLLM's ``--block-size``, default 16: the GPU KV blocks too), ``kv_cache_dtype`` (the
+    GPU KV blocks and the transfer bytes too), ``seed``,
+    ``prefill_chunk_tokens`` and ``vllm_config`` mean what they mean in :func:`replay`;
+    ``secondary_tiers`` is refused (the timed engine does not model them yet).
+    ``baseline=True`` adds the same run without offloading: its tables are
     ``baseline_requests`` and ``baseline_steps`` and its summary keys start ``baseline_``.
-    Other keywords are :class:`kvsim.config.OffloadOptions` fields (``chunk_tokens``,
-    ``admission``, ``store_threshold``, ...). ``link`` is a preset (pcie5, pcie4, gh200) or a
-    calibration profile path; ``compute_profile`` a JSON of roofline coefficients.
 
-    ``max_num_batched_tokens`` and ``max_num_seqs`` default to what ``vllm serve`` picks on
-    ``gpu`` (:func:`kvsim.hardware.vllm_batch_defaults`). ``async_scheduling`` (default
-    True, as vLLM 0.33) schedules the next step while the current forward runs;
-    ``False`` models vLLM's synchronous loop (``--no-async-scheduling``).
+    The engine (vLLM's flags):
 
-    Returns a Result with tables ``requests``, ``transfers``, ``steps`` and a flat summary.
+    - ``gpu``: GPU preset, h100, h200 (default), a100, l40s, gh200, b200, or the path of a
+      GPU spec JSON (:func:`kvsim.hardware.load_gpu_spec`);
+    - ``max_num_batched_tokens`` and ``max_num_seqs``: default to what ``vllm serve`` picks
+      on ``gpu`` (:func:`kvsim.hardware.vllm_batch_defaults`);
+    - ``long_prefill_token_threshold``: vLLM's (default 0: off);
+    - ``gpu_kv_blocks``: GPU KV capacity in ``gpu_block_tokens`` blocks (vLLM
+      ``num_gpu_blocks_override``; default from GPU memory); ``gpu_blocks`` is the command
+      line's name for it; ``gpu_memory_utilization``: default 0.92;
+    - ``enable_prefix_caching``: the GPU prefix cache (default True);
+    - ``offload_prompt_only``: store prompt chunks only (vLLM's default, True);
+      ``sync_load_budget_bytes``: small CPU hits load in the same step (default 0); both
+      default to ``vllm_config``'s values when it has them;
+    - ``async_scheduling``: schedule the next step while the current forward runs (default
+      True, as vLLM 0.33); ``False`` models ``--no-async-scheduling``.
+
+    The workload and the hardware model:
+
+    - ``limit``: the first N requests; ``time_scale``: multiply the trace's timestamps (0.5 =
+      twice the request rate); ``poisson_rate``: re-time arrivals as Poisson at this many
+      requests per second (seeded);
+    - ``link``: a preset (pcie5, pcie4, gh200) or a calibration profile path (default: the
+      GPU's); ``compute_profile``: a JSON of per-phase or roofline coefficients or a
+      linear step time (default: the per-phase model on H100/H200, a roofline elsewhere);
+    - ``record_steps``: keep the per-step table (default True); ``record_tokens``: add a
+      ``tokens`` table, one row per output token (``request``, ``token``, ``time_s``);
+    - ``percentile_metrics``, ``metric_percentiles``, ``goodput``: what the summary reports,
+      as ``vllm bench serve``'s flags (:mod:`kvsim.bench_metrics`): metrics among ttft, tpot,
+      itl, e2el, queue (default all), percentiles (default 99) and SLOs in ms for
+      ``request_goodput`` (e.g. ``{"ttft": 2000, "tpot": 50}``);
+    - ``progress``: ``True`` shows a bar counting requests (with ``baseline``, a second bar
+      for the run without offloading); a callable is called as ``progress(n)`` as requests
+      finish, in both runs.
+
+    An unknown keyword or a bad value is an :class:`kvsim.InputError` naming it. Returns a
+    :class:`kvsim.Result` with tables ``requests``, ``transfers``, ``steps``, ``metrics``
+    (every numeric summary value as ``run, metric, value`` rows) and a flat summary.
     """
     # The timed engine loads on first use, so `import kvsim` and the CLI stay quick.
-    from kvsim.engine.compute_model import ComputeParams, LinearCompute, load_compute_profile
+    from kvsim.bench_metrics import BenchSettings, long_table
+    from kvsim.engine.compute_model import (
+        ComputeParams,
+        ComputeProfile,
+        PhaseProfile,
+        default_compute_profile,
+        describe_compute,
+        load_compute_profile,
+        make_compute,
+    )
     from kvsim.engine.engine import Engine
     from kvsim.engine.params import EngineParams
     from kvsim.engine.summary import summarize
     from kvsim.engine.transfer_model import get_link
     from kvsim.hardware import get_gpu, vllm_batch_defaults
-    from kvsim.models import get_model
+    from kvsim.models import resolve_model
 
-    model = model or "llama-3.1-8b"
-    if "gpu_blocks" in options:  # the CLI's name for the GPU KV capacity, here too
+    if secondary_tiers:
+        raise InputError(
+            "secondary_tiers run in cache mode (replay); simulate does not model them yet"
+        )
+    model = model or DEFAULT_MODEL
+    if gpu_blocks is not None:  # the CLI's name for the GPU KV capacity, here too
         if gpu_kv_blocks is not None:
             raise InputError("give gpu_blocks or gpu_kv_blocks, not both (the same capacity)")
-        gpu_kv_blocks = options.pop("gpu_blocks")
-    tr = in_arrival_order(as_trace(trace, block_tokens=options.get("block_tokens"), limit=limit))
-    sized = cpu_gib is not None or cpu_chunks is not None or vllm_config is not None
+        gpu_kv_blocks = gpu_blocks
+    bench = BenchSettings.make(percentile_metrics, metric_percentiles, goodput)
+    tr, n_requests = in_arrival_order(as_trace(trace, block_tokens=block_tokens, limit=limit))
+    sized = any(v is not None for v in (cpu_gib, cpu_chunks, cpu_bytes, vllm_config))
     extra = vllm_extra(vllm_config)
     knobs = engine_knobs_from_vllm_config(extra) if extra is not None else {}
     if offload_prompt_only is None:  # an explicit argument wins over --vllm-config
@@ -273,14 +564,23 @@ def simulate(
         model=model,
         cpu_gib=cpu_gib,
         cpu_chunks=cpu_chunks if sized else 1,
+        cpu_bytes=cpu_bytes,
         policy=policy,
-        seed=seed,
+        policy_module=policy_module,
+        admission=admission,
+        store_threshold=store_threshold,
+        max_tracker_size=max_tracker_size,
+        block_tokens=block_tokens,
+        chunk_tokens=chunk_tokens,
+        gpu_block_tokens=gpu_block_tokens,
         tp=tp,
-        **options,
+        kv_cache_dtype=kv_cache_dtype,
+        seed=seed,
+        prefill_chunk_tokens=prefill_chunk_tokens,
     )
     config = opts.resolve(tr.block_tokens)
     # every name resolves here, once: the engine takes the spec objects
-    model_spec = get_model(model)
+    model_spec = resolve_model(model, kv_cache_dtype)
     gpu_spec = get_gpu(gpu)
     default_tokens, default_seqs = vllm_batch_defaults(gpu_spec)
     params = EngineParams(
@@ -301,28 +601,32 @@ def simulate(
         record_steps=record_steps,
     )
     transfer = get_link(link) if link else get_link(gpu_spec.link)
-    compute_params = ComputeParams.for_gpu(gpu_spec)
-    linear: LinearCompute | None = None
+    profile: ComputeProfile = default_compute_profile(gpu_spec)  # phases on H100/H200
     if compute_profile is not None:
-        loaded = load_compute_profile(compute_profile, compute_params)
-        if isinstance(loaded, LinearCompute):
-            linear = loaded
-        else:
-            compute_params = loaded
+        profile = load_compute_profile(compute_profile, ComputeParams.for_gpu(gpu_spec))
+        if isinstance(profile, PhaseProfile) and profile.gpu != gpu_spec.name:
+            warnings.warn(
+                f"{compute_profile}: a profile for {profile.gpu} on --gpu {gpu_spec.name}: its "
+                "numbers are used as they are",
+                InputWarning,
+                stacklevel=2,
+            )
+    compute = make_compute(model_spec, profile, opts.tp)
     future = tr if sized else None  # read only by policies that need the future
 
-    def run(offload: bool) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    def run(
+        offload: bool, counted: Callable[[int], None] | None
+    ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
         engine = Engine(
             config,
             params,
             model=model_spec,
             gpu=gpu_spec,
-            compute=linear,
-            compute_params=compute_params,
+            compute=compute,
             transfer=transfer,
             offload=offload,
             requests_for_future=future if offload else None,
-            progress=progress,
+            progress=counted,
         ).run(tr)
         rec = engine.recorder
         tables = {
@@ -330,27 +634,39 @@ def simulate(
             "transfers": rec.transfer_table(),
             "steps": rec.step_table(),
         }
-        return summarize(engine, tables["requests"], tables["transfers"]), tables
+        if record_tokens:
+            tables["tokens"] = rec.token_table()
+        return summarize(engine, tables["requests"], tables["transfers"], bench), tables
 
-    summary, tables = run(offload=sized)
-    summary = {
-        "trace": str(tr.path),
-        "gpu": gpu_spec.name,
-        "model": model,
-        "link": transfer.link,
-        **summary,
-    }
-    if baseline:
-        base_summary, base_tables = run(offload=False)
-        summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
-        tables[BASELINE_PREFIX + "requests"] = base_tables["requests"]
-        tables[BASELINE_PREFIX + "steps"] = base_tables["steps"]
+    label = "simulating (offload)" if baseline and sized else "simulating"
+    with Progress(progress, n_requests, label) as bar:
+        summary, tables = run(sized, bar.callback)
+        summary = {
+            "trace": str(tr.path),
+            "gpu": gpu_spec.name,
+            "model": model,
+            "link": transfer.link,
+            **tier_capacity(config, offload=sized),
+            **summary,
+        }
+        if baseline:
+            bar.next_pass("baseline (no offload)")
+            base_summary, base_tables = run(False, bar.callback)
+            summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
+            tables[BASELINE_PREFIX + "requests"] = base_tables["requests"]
+            tables[BASELINE_PREFIX + "steps"] = base_tables["steps"]
+            if record_tokens:
+                tables[BASELINE_PREFIX + "tokens"] = base_tables["tokens"]
+    tables["metrics"] = long_table(summary, BASELINE_PREFIX)  # run, metric, value
     config_out = {
         **config.as_dict(),
         **params.as_dict(),
         "gpu": gpu_spec.name,
         "link": transfer.to_dict(),
-        "compute": dataclasses.asdict(linear) if linear else compute_params.__dict__,
+        "compute": describe_compute(profile),
         "offload": sized,
+        "limit": limit,
+        "baseline": baseline,
+        "bench": bench.as_dict(),
     }
     return Result(summary=summary, tables=tables, config=config_out)

@@ -26,7 +26,7 @@ def test_generate_returns_a_frame_that_replays_like_its_requests():
 def test_requests_frame_round_trip_of_a_file_trace():
     trace = open_trace(SAMPLE, limit=30)
     frame = kvsim.requests_frame(trace, trace.block_tokens)
-    assert list(frame["input_tokens"]) == [r.input_tokens for r in trace]
+    assert list(frame["prompt_tokens"]) == [r.prompt_tokens for r in trace]
     a = kvsim.replay(frame, cpu_chunks=50).requests
     b = kvsim.replay(SAMPLE, limit=30, cpu_chunks=50).requests
     assert a.equals(b)
@@ -35,7 +35,7 @@ def test_requests_frame_round_trip_of_a_file_trace():
 def test_a_frame_without_the_request_columns_is_rejected():
     with pytest.raises(kvsim.InputError, match="block_hashes"):
         kvsim.replay(
-            pd.DataFrame({"arrival_s": [0.0], "input_tokens": [10], "output_tokens": [1]}),
+            pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [10], "output_tokens": [1]}),
             cpu_chunks=4,
         )
 

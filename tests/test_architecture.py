@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "units": 0,
     "progress": 0,
     "hf_config": 0,
+    "tier_spec": 0,
     # 1: workloads and rules
     "traces": 1,
     "policies": 1,
@@ -35,6 +36,7 @@ LAYERS: dict[str, int] = {
     "offload": 2,
     "gpu_cache": 2,
     "integrations": 2,
+    "tiering": 2,
     # 3: the two modes, siblings
     "replay": 3,
     "engine": 3,

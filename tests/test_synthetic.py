@@ -157,7 +157,7 @@ def test_mix_weights():
     _check_prefix_chained(reqs)
     frame = to_frame(reqs)
     assert (
-        list(frame.columns)[:3] == ["request", "arrival_s", "input_tokens"] and len(frame) == 2000
+        list(frame.columns)[:3] == ["request", "arrival_s", "prompt_tokens"] and len(frame) == 2000
     )
 
 

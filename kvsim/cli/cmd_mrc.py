@@ -12,6 +12,7 @@ import click
 
 from kvsim.api import mrc
 from kvsim.cli.common import check_output_path, format_option, model_options
+from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.errors import InputError
 from kvsim.io import atomic_write, figure_format
 from kvsim.units import human_bytes
@@ -191,6 +192,7 @@ def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
     help="Also give the hit ratio at these CPU sizes (needs --model), e.g. 16,64,256.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@trace_cache_options
 def mrc_command(
     trace: str,
     policy: str,

@@ -4,6 +4,7 @@ from kvsim.engine.clock import MonotonicClock, VirtualClock
 from kvsim.engine.compute_model import ComputeParams, RooflineCompute, StepBatch
 from kvsim.engine.engine import Engine, gpu_kv_blocks
 from kvsim.engine.params import EngineParams
+from kvsim.engine.phase_compute import PhaseCompute, PhaseProfile
 from kvsim.engine.sim_backend import SimulatedTransferBackend
 from kvsim.engine.transfer_model import (
     LINK_PRESETS,
@@ -20,6 +21,8 @@ __all__ = [
     "Engine",
     "EngineParams",
     "MonotonicClock",
+    "PhaseCompute",
+    "PhaseProfile",
     "RooflineCompute",
     "SimulatedTransferBackend",
     "StepBatch",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 REQUEST_FIELDS = (
     "request_id",
     "arrival_s",
-    "input_tokens",
+    "prompt_tokens",
     "output_tokens",
     "block_hashes",
     "session_id",
@@ -44,7 +44,7 @@ def requests_frame(requests: Iterable[Request], block_tokens: int) -> pd.DataFra
             (
                 r.request_id,
                 r.arrival_s,
-                r.input_tokens,
+                r.prompt_tokens,
                 r.output_tokens,
                 r.block_hashes,
                 r.session_id,
@@ -66,28 +66,35 @@ def _plain(value: Any) -> Any:
 def frame_requests(frame: pd.DataFrame, block_tokens: int = 512) -> list[Request]:
     """The requests of a DataFrame shaped like :func:`requests_frame`'s, each row checked as
     a trace file's line is (negative tokens, a hash list that does not fit the prompt, a
-    fractional id are one-line errors naming the row, never silently truncated)."""
-    missing = [c for c in REQUEST_FIELDS[1:5] if c not in frame.columns]
+    fractional id are one-line errors naming the row, never silently truncated). A frame
+    from before the rename, with ``input_tokens`` for ``prompt_tokens``, is read too."""
+    old_name = "prompt_tokens" not in frame and "input_tokens" in frame
+    prompt = "input_tokens" if old_name else "prompt_tokens"
+    missing = [
+        c for c in ("arrival_s", prompt, "output_tokens", "block_hashes") if c not in frame.columns
+    ]
     if missing:
         raise InputError(f"a requests DataFrame needs the columns {', '.join(missing)}")
     ids = frame["request_id"] if "request_id" in frame else range(len(frame))
     sessions = frame["session_id"] if "session_id" in frame else [None] * len(frame)
-    parse = native_record_parser(block_tokens)
+    parse = native_record_parser(block_tokens, prompt)
     out = []
     for row, (i, t, n_in, n_out, hashes, s) in enumerate(
         zip(
             ids,
             frame["arrival_s"],
-            frame["input_tokens"],
+            frame[prompt],
             frame["output_tokens"],
             frame["block_hashes"],
             sessions,
         )
     ):
         s = _plain(s)
+        if isinstance(s, float) and s.is_integer():  # ints beside None: pandas made them floats
+            s = int(s)
         record = {
             "arrival_s": _plain(t),
-            "input_tokens": _plain(n_in),
+            prompt: _plain(n_in),
             "output_tokens": _plain(n_out),
             "block_hashes": [_plain(h) for h in hashes] if hashes is not None else None,
             "session_id": None if s is None or s != s else s,

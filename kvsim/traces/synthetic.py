@@ -424,7 +424,7 @@ def to_mooncake_records(requests: Iterable[Request]) -> Iterable[dict[str, Any]]
     for r in requests:
         yield {
             "timestamp": round(r.arrival_s * 1000),
-            "input_length": r.input_tokens,
+            "input_length": r.prompt_tokens,
             "output_length": r.output_tokens,
             "hash_ids": list(r.block_hashes),
         }
@@ -448,14 +448,14 @@ def to_frame(requests: Iterable[Request]) -> pd.DataFrame:
             (
                 r.request_id,
                 r.arrival_s,
-                r.input_tokens,
+                r.prompt_tokens,
                 r.output_tokens,
                 len(r.block_hashes),
                 r.session_id,
             )
             for r in requests
         ],
-        columns=["request", "arrival_s", "input_tokens", "output_tokens", "blocks", "session"],
+        columns=["request", "arrival_s", "prompt_tokens", "output_tokens", "blocks", "session"],
     )
 
 
