@@ -266,14 +266,23 @@ def trace_identity(trace: Any) -> dict[str, Any]:
     return {"in_memory": type(trace).__name__}
 
 
+def kvsim_version() -> str:
+    """The installed kvsim's version (a new version may change results: it is in run
+    metadata and in sweep cache keys)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvsim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def run_metadata(
     traces: Iterable[Any], config: Mapping[str, Any], command: str | None = None
 ) -> dict[str, Any]:
     """What makes a run reproducible: kvsim's version, what made it (``command``), each
     trace's content hash, the whole resolved configuration (every option, defaults too)."""
-    from kvsim import __version__
-
-    out: dict[str, Any] = {"kvsim_version": __version__}
+    out: dict[str, Any] = {"kvsim_version": kvsim_version()}
     if command is not None:
         out["command"] = command
     out["traces"] = [trace_identity(t) for t in traces]

@@ -51,7 +51,7 @@ import pandas as pd
 from kvsim.errors import InputError
 from kvsim.io import atomic_path
 from kvsim.progress import Progress, ProgressArg
-from kvsim.results import write_metadata
+from kvsim.results import kvsim_version, write_metadata
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -403,16 +403,6 @@ def cell_id(cell: Mapping[str, Any]) -> str:
 
 #: bytes hashed at each end of a trace file: enough to tell a regenerated trace apart
 _FINGERPRINT_BYTES = 1 << 20
-
-
-def kvsim_version() -> str:
-    """The installed kvsim's version (a new version may change results, so it is in the key)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("kvsim")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def trace_fingerprint(trace: Any, base_dir: str | None = None) -> str:
