@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kvsim.errors import InputError
 from kvsim.io import parse_json, read_json
 from kvsim.keys import KeyLayout
+from kvsim.tier_spec import TIERING_SPEC_NAME, TierSpec, as_tier_specs, parse_secondary_tiers
 
 if TYPE_CHECKING:
     from kvsim.models import ModelSpec
@@ -36,8 +37,11 @@ _VLLM_USED = {
     "cache_policy_module_path",
     "store_threshold",
     "max_tracker_size",
+    "secondary_tiers",  # TieringOffloadingSpec (kvsim.tier_spec)
+    "backpressure",
 }
 _VLLM_IGNORED = {
+    "tier_poll_interval_s",  # a thread for peer tiers, which kvsim does not run
     "spec_name",
     "spec_module_path",
     "offload_prompt_only",
@@ -73,6 +77,7 @@ class CacheConfig:
     seed: int = 0
     prefill_chunk_tokens: int | None = None
     kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype the chunk bytes were sized with
+    secondary_tiers: tuple[TierSpec, ...] = ()  # behind the CPU tier (kvsim.tiering)
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -157,9 +162,11 @@ class OffloadOptions:
     seed: int = 0
     prefill_chunk_tokens: int | None = None
     kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype: fp8 halves the KV bytes per token
+    secondary_tiers: tuple[TierSpec, ...] = ()  # vLLM's TieringOffloadingSpec tiers
 
     def __post_init__(self) -> None:
         _check_option_types(self)
+        object.__setattr__(self, "secondary_tiers", as_tier_specs(self.secondary_tiers))
 
     def with_(self, **changes: Any) -> OffloadOptions:
         return replace(self, **changes)
@@ -189,6 +196,7 @@ class OffloadOptions:
             seed=self.seed,
             prefill_chunk_tokens=self.prefill_chunk_tokens,
             kv_cache_dtype=self.kv_cache_dtype.strip().lower(),
+            secondary_tiers=self.secondary_tiers,
         )
 
     # --- resolve's steps, in the order their errors are reported ---
@@ -204,6 +212,12 @@ class OffloadOptions:
             raise InputError(f"--store-threshold must be >= 0, got {self.store_threshold}")
         if self.max_tracker_size < 1:
             raise InputError(f"--max-tracker-size must be >= 1, got {self.max_tracker_size}")
+        admission = resolve_admission(self.admission, self.store_threshold)
+        if self.secondary_tiers and admission != "always":
+            raise InputError(
+                "secondary tiers admit every chunk: drop --admission / --store-threshold "
+                "(vLLM's TieringOffloadingSpec refuses store_threshold)"
+            )
 
     def _check_one_size(self) -> None:
         """Exactly one of the three ways to size the CPU tier."""
@@ -328,12 +342,25 @@ def options_from_vllm_config(
     for key in ("store_threshold", "max_tracker_size"):
         if key in extra:
             changes[key] = _vllm_number(extra, key, int)
+    if extra.get("spec_name") == TIERING_SPEC_NAME and changes.get("store_threshold", 0) >= 2:
+        raise InputError(f"--vllm-config: store_threshold is not supported for {TIERING_SPEC_NAME}")
+    changes["secondary_tiers"] = parse_secondary_tiers(extra)
     return opts.with_(**changes)
 
 
 def engine_knobs_from_vllm_config(extra: dict[str, Any]) -> dict[str, Any]:
     """The connector knobs of ``kv_connector_extra_config`` that only the timed engine
-    models (``offload_prompt_only``, ``sync_load_budget_bytes``), checked."""
+    models (``offload_prompt_only``, ``sync_load_budget_bytes``), checked; secondary tiers
+    are refused (cache mode runs them, the timed engine does not yet)."""
+    if extra.get("secondary_tiers"):
+        raise InputError(
+            "--vllm-config: secondary_tiers run in cache mode (kvsim replay); "
+            "the timed engine does not model them yet"
+        )
+    return _connector_knobs(extra)
+
+
+def _connector_knobs(extra: dict[str, Any]) -> dict[str, Any]:
     knobs: dict[str, Any] = {}
     if "offload_prompt_only" in extra:
         value = extra["offload_prompt_only"]
@@ -353,7 +380,7 @@ def engine_knobs_from_vllm_config(extra: dict[str, Any]) -> dict[str, Any]:
 def refuse_engine_knobs_in_cache_mode(extra: dict[str, Any]) -> None:
     """Cache mode has no steps and no decode: a connector knob that would change what vLLM
     does there is an error, not a silent no-op (their defaults are accepted)."""
-    knobs = engine_knobs_from_vllm_config(extra)
+    knobs = _connector_knobs(extra)
     if knobs.get("sync_load_budget_bytes", 0) > 0:
         raise InputError(
             "--vllm-config: sync_load_budget_bytes is about timing, which cache mode does not "

@@ -49,6 +49,7 @@ class LookupResult(IntEnum):
     MISS = 0
     HIT = 1
     HIT_PENDING = 2
+    RETRY = 3  # a secondary tier cannot tell yet (kvsim.tiering); the CPU tier never says it
 
 
 class ProtocolError(RuntimeError):

@@ -19,6 +19,7 @@ from kvsim.cli.common import (
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.errors import InputError
+from kvsim.tier_spec import tier_from_shorthand
 from kvsim.traces import as_trace
 
 
@@ -79,6 +80,16 @@ from kvsim.traces import as_trace
     is_flag=True,
     help="vLLM's flag: no GPU prefix cache (cache mode's default; refuses --gpu-blocks > 0).",
 )
+@click.option(
+    "--tier",
+    "tiers",
+    multiple=True,
+    metavar="TYPE[:KEY=VALUE,...]",
+    help="A secondary tier behind the CPU tier, as vLLM's TieringOffloadingSpec "
+    "(repeatable, in order; replaces --vllm-config's secondary_tiers): fs, obj or example, "
+    "e.g. fs, or fs:capacity=2TiB,policy=arc (a capacity is beyond vLLM, whose tiers "
+    "never evict).",
+)
 @trace_cache_options
 def replay_command(
     trace: str,
@@ -92,12 +103,15 @@ def replay_command(
     protocol: str = "prefix",
     fused: bool = True,
     no_prefix_caching: bool = False,
+    tiers: tuple[str, ...] = (),
     **kwargs: Any,
 ) -> None:
     """Replay TRACE in cache mode: requests one at a time, no timing.
 
     Prints prompt blocks, GPU / CPU / combined hit ratios, chunks stored, evicted and
-    skipped by the store threshold, allocation failures and bytes moved.
+    skipped by the store threshold, allocation failures and bytes moved; with secondary
+    tiers (--tier, or vLLM's secondary_tiers) also the hits of each tier and the chunks
+    promoted, cascaded and dropped.
 
     \b
     Example:
@@ -118,6 +132,10 @@ def replay_command(
             raise InputError("--out writes requests.csv itself; drop --requests-csv")
         if os.path.exists(out_dir) and not os.path.isdir(out_dir):
             raise InputError(f"--out: {out_dir} is not a directory")
+    if tiers:  # vLLM's secondary_tiers objects, in order
+        if protocol != "prefix":
+            raise InputError("--tier is for --protocol prefix (vLLM's connector)")
+        options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
     info = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info
     # other policies than kvsim's lru and arc always run the protocol, so --fused is a
     # default, not a demand

@@ -10,17 +10,21 @@ Per request, as vLLM's connector does it with both tiers:
    load every chunk from chunk 0 is offered, so GPU hits reach the CPU tier;
 5. the store completes, then ``on_request_finished`` commits the request's accesses.
 
-Memory is bounded by the cache state: rows stream to ``row_sink`` and are not kept
-unless the caller keeps them.
+Memory is bounded by the cache state: rows stream to ``row_sink`` (or in lists to
+``batch_sink``) and are not kept unless the caller keeps them. A file trace is read from its
+columns (:func:`kvsim.traces.source.request_records`), without a ``Request`` per row;
+:func:`write_requests_csv` formats the rows a batch at a time.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
+from kvsim.io import atomic_write
 from kvsim.offload import ManagerProtocol, OffloadManager, admission_from_config
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
@@ -29,7 +33,9 @@ from kvsim.replay.fused_arc import FusedARCTier
 from kvsim.replay.fused_lru import FusedLRUTier
 from kvsim.replay.fused_tier import FusedTier
 from kvsim.replay.protocol_tier import ProtocolTier
+from kvsim.replay.tiered_tier import TieredProtocolTier
 from kvsim.traces.model import Request
+from kvsim.traces.source import request_records
 
 REQUEST_COLUMNS = (
     "request",
@@ -47,6 +53,9 @@ REQUEST_COLUMNS = (
 
 #: one request's row, in :data:`REQUEST_COLUMNS` order
 RequestRow = tuple[int, float, int, int, int, int, int, int, int, bool]
+
+#: rows handed to a ``batch_sink`` at once
+BATCH_ROWS = 8192
 
 #: policy class -> its fused tier (exact classes: a user's subclass runs the protocol)
 FUSED_TIERS: dict[type, type[FusedTier]] = {LRUPolicy: FusedLRUTier, ARCPolicy: FusedARCTier}
@@ -75,20 +84,27 @@ class CacheReplay:
     ) -> None:
         self.config = config
         self.layout = config.layout
-        fused_tier = fused_tier_class(config) if manager is None else None
+        tiered = bool(config.secondary_tiers)
+        fused_tier = fused_tier_class(config) if manager is None and not tiered else None
         if fused and fused_tier is None:
             raise ValueError(
                 "the fused tier runs kvsim's own 'lru' and 'arc' only, "
-                "without a manager of the caller's"
+                "without a manager of the caller's or secondary tiers"
             )
-        if fused_tier is not None and fused is not False:
-            self.tier: ProtocolTier | FusedTier = fused_tier(
+        self.tier: ProtocolTier | FusedTier | TieredProtocolTier
+        if tiered:  # secondary tiers: kvsim's tiering manager, through the full protocol
+            if manager is not None:
+                raise ValueError("secondary tiers run kvsim's tiering manager, not the caller's")
+            self.manager: ManagerProtocol[Any] | None = None
+            self.tier = TieredProtocolTier.from_config(config, requests_for_future)
+        elif fused_tier is not None and fused is not False:
+            self.tier = fused_tier(
                 config.num_chunks,
                 config.chunk_tokens,
                 config.prefill_chunk_tokens,
                 admission_from_config(config),
             )
-            self.manager: ManagerProtocol[Any] | None = None
+            self.manager = None
         else:
             if manager is None:
                 manager = OffloadManager.from_config(config, requests_for_future)
@@ -110,10 +126,15 @@ class CacheReplay:
         )
 
     def run(
-        self, requests: Iterable[Request], row_sink: Callable[[RequestRow], object] | None = None
+        self,
+        requests: Iterable[Request],
+        row_sink: Callable[[RequestRow], object] | None = None,
+        *,
+        batch_sink: Callable[[list[RequestRow]], object] | None = None,
     ) -> dict[str, Any]:
         """Replay ``requests`` in order; each one's row (:data:`REQUEST_COLUMNS`) goes to
-        ``row_sink``. Returns the running summary."""
+        ``row_sink``, and to ``batch_sink`` in lists of up to :data:`BATCH_ROWS` (each list
+        is the sink's to keep). Returns the running summary."""
         layout = self.layout
         unit_tokens = layout.unit_tokens
         units_per_chunk = layout.units_per_chunk
@@ -125,10 +146,11 @@ class CacheReplay:
         gpu_blocks = gpu.num_blocks
         t = self.totals
         n_req = n_tokens = n_units = n_gpu = n_cpu = n_stored = n_evicted = n_fail = 0
+        keep_rows = row_sink is not None or batch_sink is not None
+        batch: list[RequestRow] = []
 
-        for req in requests:
-            input_tokens = req.input_tokens
-            unit_keys = unit_keys_of(req.block_hashes, input_tokens)
+        for request_id, arrival_s, input_tokens, _, block_hashes, _ in request_records(requests):
+            unit_keys = unit_keys_of(block_hashes, input_tokens)
             chunk_keys = (
                 unit_keys
                 if units_per_chunk == 1
@@ -148,7 +170,7 @@ class CacheReplay:
                 store_chunks = min(n_chunks, allocated_units * unit_tokens // tpc)
 
             cpu_hit_tokens, stored, evicted, failed, skipped = serve(
-                req.request_id, chunk_keys, gpu_hit * unit_tokens, store_chunks, input_tokens
+                request_id, chunk_keys, gpu_hit * unit_tokens, store_chunks, input_tokens
             )
 
             if gpu_on:
@@ -168,21 +190,29 @@ class CacheReplay:
             n_stored += stored
             n_evicted += evicted
             n_fail += failed
-            if row_sink is not None:
-                row_sink(
-                    (
-                        req.request_id,
-                        req.arrival_s,
-                        input_tokens,
-                        len(unit_keys),
-                        gpu_hit,
-                        cpu_units,
-                        stored * units_per_chunk,
-                        evicted * units_per_chunk,
-                        skipped * units_per_chunk,
-                        failed > 0,
-                    )
+            if keep_rows:
+                row = (
+                    request_id,
+                    arrival_s,
+                    input_tokens,
+                    len(unit_keys),
+                    gpu_hit,
+                    cpu_units,
+                    stored * units_per_chunk,
+                    evicted * units_per_chunk,
+                    skipped * units_per_chunk,
+                    failed > 0,
                 )
+                if row_sink is not None:
+                    row_sink(row)
+                if batch_sink is not None:
+                    batch.append(row)
+                    if len(batch) == BATCH_ROWS:
+                        batch_sink(batch)
+                        batch = []
+
+        if batch_sink is not None and batch:
+            batch_sink(batch)
 
         t["requests"] += n_req
         t["prompt_tokens"] += n_tokens
@@ -234,4 +264,25 @@ class CacheReplay:
             "admission": cfg.admission,
             "store_threshold": cfg.store_threshold,
         }
+        if isinstance(tier, TieredProtocolTier):
+            out.update(tier.summary(blocks, self.layout.unit_tokens, chunk_bytes))
         return out
+
+
+#: one CSV line per row: ``str()`` of each value, as :mod:`csv` writes numbers and booleans
+_CSV_LINE = ",".join(["%s"] * len(REQUEST_COLUMNS)) + "\r\n"
+
+
+def write_requests_csv(
+    path: str | os.PathLike[str], replay: CacheReplay, requests: Iterable[Request]
+) -> dict[str, Any]:
+    """Replay ``requests`` and write their rows to a CSV at ``path`` (header
+    :data:`REQUEST_COLUMNS`; the bytes :func:`csv.writer` writes), formatted a batch at a
+    time; the file is written whole or not at all. Returns the summary."""
+    with atomic_write(path, newline="") as f:
+        f.write(",".join(REQUEST_COLUMNS) + "\r\n")
+
+        def write(rows: list[RequestRow]) -> None:
+            f.write("".join([_CSV_LINE % row for row in rows]))
+
+        return replay.run(requests, batch_sink=write)

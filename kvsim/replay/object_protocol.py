@@ -194,6 +194,10 @@ def replay_config(
         from kvsim.errors import InputError
 
         raise InputError("--protocol object models the CPU tier alone; drop --gpu-blocks")
+    if config.secondary_tiers:
+        from kvsim.errors import InputError
+
+        raise InputError("--protocol object models the CPU tier alone; drop the secondary tiers")
     admission = config.admission
     return object_replay(
         requests,
