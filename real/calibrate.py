@@ -16,8 +16,15 @@ are then fitted per direction to
     seconds = latency + count * per_copy + bytes / bandwidth(size)
 
 where ``bandwidth(size)`` is the measured curve (bytes per second of copy time for one
-copy of that size). The result is a plain dict; :mod:`real.profile` turns it into the
-profile JSON that the simulated transfer model loads.
+copy of that size). H2D points of sizes a load could send through the kernel are also
+timed at ``KERNEL_COUNTS`` copies, so that each such size has several kernel-eligible
+counts: the kernel points are fitted the same way, per size a line in ``count``, to
+
+    seconds = overhead + launch + count * size / kernel_rate(size)
+
+(the ``overhead`` of the H2D DMA fit; ``launch`` from the lines' intercepts). The result is
+a plain dict; :func:`real.profile.to_profile` turns it into the link model (the profile
+JSON) that the simulator loads, with an H2D ``kernel`` entry only when kernel points exist.
 """
 
 from __future__ import annotations
@@ -30,11 +37,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from kvsim.engine.copy_paths import load_uses_kernel
 from real.copy_path import CopyPath, Run
 from real.device import Device, Event, Stream
 from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import KVGeometry
 from real.lifetime import release_when_idle
+from real.profile import to_profile
 from real.triton_load import GatherKernel
 
 if TYPE_CHECKING:
@@ -44,6 +53,10 @@ KIB = 1024
 MIB = 1024 * 1024
 DEFAULT_SIZES = tuple(4 * KIB << i for i in range(15))  # 4 KiB .. 64 MiB
 DEFAULT_COUNTS = (1, 8, 64)
+# H2D counts added at sizes where a load of that many copies takes the gather kernel
+# (under 28 KiB, 16 copies or more): three kernel points per size separate the launch from
+# the rate (at most 256 x 16 KiB = 4 MiB a transfer, well under a second on CPU)
+KERNEL_COUNTS = (16, 64, 256)
 # on CPU the buffers walked through are this many times the largest transfer, so copies
 # miss even a large last-level cache (4 x 128 MiB per buffer, 2 GiB in all, by default)
 CPU_COLD_SPAN_FACTOR = 4
@@ -152,11 +165,18 @@ def _time_once(
     return max(e.time() for e in ends) - min(s.time() for s in starts)
 
 
+def kernel_eligible_counts(size: int, kernel_counts: Sequence[int]) -> list[int]:
+    """The counts of ``kernel_counts`` at which a load of ``size``-byte copies would go
+    through vLLM's gather kernel (where the device has it)."""
+    return [c for c in kernel_counts if load_uses_kernel(size, c)]
+
+
 def measure(
     device: Device,
     *,
     sizes: Sequence[int] = DEFAULT_SIZES,
     counts: Sequence[int] = DEFAULT_COUNTS,
+    kernel_counts: Sequence[int] = KERNEL_COUNTS,
     max_bytes: int = 256 * MIB,
     repeats: int = 5,
     directions: Sequence[str] = (H2D, D2H, BOTH),
@@ -168,6 +188,10 @@ def measure(
     span_bytes: int | None = None,
 ) -> tuple[list[Point], bool]:
     """Time the copy grid; returns the points and whether host memory was pinned.
+
+    H2D is also timed at each of ``kernel_counts`` for which a load of that size would take
+    the gather kernel (:func:`kernel_eligible_counts`), whatever path the device has, so the
+    grid is the same on every device.
 
     Successive transfers walk through buffers of ``span_bytes`` (default ``max_bytes``)
     instead of reusing the same bytes: a span larger than the CPU's last-level cache
@@ -199,10 +223,12 @@ def measure(
         points = []
         for size in sizes:
             w = max(1, size // 8)
-            for count in counts:
+            extra = kernel_eligible_counts(w * 8, kernel_counts)
+            for count in sorted(set(counts) | set(extra)):
                 if size * count > max_bytes:
                     continue
-                for d in directions:
+                # the added counts are for the kernel fit: loads only
+                for d in directions if count in counts else [d for d in directions if d == H2D]:
                     _time_once(device, *plans(d, w, count), path)  # warm-up
                     times = [_time_once(device, *plans(d, w, count), path) for _ in range(repeats)]
                     dst, src = (d2h_dst, gpu_b) if d == D2H else (gpu_a, h2d_src)
@@ -214,16 +240,59 @@ def measure(
         pools[0].close()
 
 
+@dataclass(frozen=True)
+class CountLine:
+    """Transfers of one copy size: ``seconds = fixed + count * per_copy``, least squares
+    over the counts measured. ``fixed`` is None where it could not be separated (one count
+    only, or a non-positive slope from noise: then ``per_copy`` is the mean time per copy)."""
+
+    per_copy: float
+    fixed: float | None
+
+
+def fit_count_lines(points: Sequence[Point]) -> dict[int, CountLine]:
+    """One :class:`CountLine` per copy size of ``points`` (of one direction and path)."""
+    lines: dict[int, CountLine] = {}
+    for size in sorted({p.size for p in points}):
+        sp = [p for p in points if p.size == size]
+        counts = np.array([p.count for p in sp], dtype=float)
+        secs = np.array([p.seconds for p in sp], dtype=float)
+        slope, intercept = 0.0, 0.0
+        if len(set(counts)) >= 2:
+            slope, intercept = (float(v) for v in np.polyfit(counts, secs, 1))
+        if slope <= 0:  # one count, or noise at tiny sizes: the mean time per copy
+            lines[size] = CountLine(float(np.sum(secs) / np.sum(counts)), None)
+        else:
+            lines[size] = CountLine(slope, intercept)
+    return lines
+
+
+def fit_kernel(points: Sequence[Point], overhead_s: float) -> dict[str, Any]:
+    """The gather kernel's model from loads it timed: ``seconds = overhead_s + launch_s +
+    count * size / rate(size)``. ``launch_s`` is the median of the separable intercepts
+    less the DMA fit's ``overhead_s`` (the model charges both; 0 when no size had two
+    counts or the kernel's fixed cost came out below the DMA one)."""
+    lines = fit_count_lines(points)
+    fixed = [ln.fixed for ln in lines.values() if ln.fixed is not None]
+    launch = max(float(np.median(fixed)) - overhead_s, 0.0) if fixed else 0.0
+    return {
+        "launch_s": launch,
+        "curve_gbps": {str(s): s / ln.per_copy / 1e9 for s, ln in lines.items()},
+    }
+
+
 def fit(points: Sequence[Point]) -> dict[str, Any]:
     """Per direction and size, ``seconds = overhead + count * (per_copy + size / rate(size))``.
 
-    With several counts per size a line is fitted in ``count``: its slope is the time of
-    one copy of that size, its intercept the fixed cost of a transfer (``overhead_s`` is
-    the median intercept). ``per_copy_s`` is the intercept of copy time against copy size
-    over the small sizes; the curve is what remains (``effective_gbps`` keeps the rate with
-    the per-copy cost included), so the model reproduces every calibrated point.
-    ``duplex_factor`` is the aggregate rate with both directions busy over the sum of the
-    one-way rates, for copies of 1 MiB and more.
+    With several counts per size a line is fitted in ``count`` (:func:`fit_count_lines`):
+    its slope is the time of one copy of that size, its intercept the fixed cost of a
+    transfer (``overhead_s`` is the median intercept). ``per_copy_s`` is the intercept of
+    copy time against copy size over the small sizes; the curve is what remains
+    (``effective_gbps`` keeps the rate with the per-copy cost included), so the model
+    reproduces every calibrated point. H2D points timed through the gather kernel are
+    fitted apart into ``kernel`` (:func:`fit_kernel`). ``duplex_factor`` is the aggregate
+    rate with both directions busy over the sum of the one-way rates, for copies of 1 MiB
+    and more.
     """
     out: dict[str, Any] = {"directions": {}}
     for d in (H2D, D2H, BOTH):
@@ -233,20 +302,9 @@ def fit(points: Sequence[Point]) -> dict[str, Any]:
         pts = [p for p in points if p.direction == d and p.path != GatherKernel.name]
         if not pts:
             continue
-        slopes: dict[int, float] = {}
-        intercepts: list[float] = []
-        for size in sorted({p.size for p in pts}):
-            sp = [p for p in pts if p.size == size]
-            counts = np.array([p.count for p in sp], dtype=float)
-            secs = np.array([p.seconds for p in sp], dtype=float)
-            if len(set(counts)) >= 2:
-                slope, intercept = np.polyfit(counts, secs, 1)
-            else:
-                slope, intercept = secs[0] / counts[0], 0.0
-            if slope <= 0:  # noise at tiny sizes: fall back to the mean rate
-                slope, intercept = float(np.sum(secs) / np.sum(counts)), 0.0
-            slopes[size] = float(slope)
-            intercepts.append(max(float(intercept), 0.0))
+        lines = fit_count_lines(pts)
+        slopes = {s: ln.per_copy for s, ln in lines.items()}
+        intercepts = [max(ln.fixed or 0.0, 0.0) for ln in lines.values()]
         # per-copy cost: the intercept of copy time against copy size (small sizes), so
         # copies smaller than the smallest calibrated size are not predicted as free
         small = [s for s in slopes if s <= 256 * KIB] or list(slopes)
@@ -267,6 +325,8 @@ def fit(points: Sequence[Point]) -> dict[str, Any]:
             "points": [[p.size, p.count, p.seconds] for p in pts],
             "kernel_points": [[p.size, p.count, p.seconds] for p in kernel],
         }
+        if d == H2D and kernel:  # the simulator models the kernel for loads only
+            out["directions"][d]["kernel"] = fit_kernel(kernel, out["directions"][d]["overhead_s"])
     dirs = out["directions"]
     if all(d in dirs for d in (H2D, D2H, BOTH)):
         ratios = []
@@ -277,20 +337,6 @@ def fit(points: Sequence[Point]) -> dict[str, Any]:
         if ratios:
             out["duplex_factor"] = float(min(max(np.median(ratios), 1e-3), 1.0))
     return out
-
-
-def to_profile(fitted: dict[str, Any], link: str) -> TransferModelParams:
-    """The simulator's :class:`TransferModelParams` from a :func:`fit` result."""
-    from kvsim.engine.transfer_model import DirectionParams, TransferModelParams
-
-    def direction(name: str) -> DirectionParams:
-        d = fitted["directions"][name]
-        curve = tuple(sorted((float(k), float(v)) for k, v in d["curve_gbps"].items()))
-        return DirectionParams(d["overhead_s"], d["per_copy_s"], curve)
-
-    return TransferModelParams(
-        link, direction(H2D), direction(D2H), fitted.get("duplex_factor", 0.8)
-    )
 
 
 def calibrate(

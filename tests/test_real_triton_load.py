@@ -317,10 +317,12 @@ def test_calibration_times_the_kernel_where_a_load_would_use_it():
         unregister=live.pop,
     )
     kernel_points = sorted(map(tuple, fitted["point_paths"][KERNEL]))
-    assert kernel_points == [("both", 4096, 16), ("h2d", 4096, 16)]
+    # loads of 4 KiB pages are also timed at 64 and 256 copies, for the kernel fit
+    assert kernel_points == [("both", 4096, 16), *(("h2d", 4096, n) for n in (16, 64, 256))]
     assert len(fitted["point_paths"]["copy_"]) == 12 - 2
-    assert path.jobs[KERNEL] == 2 * 2  # 2 points x (warm-up + 1 repeat)
+    assert path.jobs[KERNEL] == 4 * 2  # 4 points x (warm-up + 1 repeat)
     assert fitted["copy_path"] == f"copy_+{KERNEL}"
+    assert _params.h2d.kernel is not None and _params.h2d.kernel.curve[0][0] == 4096
 
 
 # --------------------------------------------------------------------------- gpu_check
