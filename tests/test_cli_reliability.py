@@ -153,6 +153,10 @@ def test_sigterm_leaves_no_temp_file(tmp_path):
             "2000",
             "--policy",
             "s3fifo",
+            # 16-token chunks: 32 keys per trace block, so the run lasts long enough (tens
+            # of seconds) to be interrupted while its temporary file exists
+            "--chunk-tokens",
+            "16",
             "--requests-csv",
             str(out),
             "--no-progress",
