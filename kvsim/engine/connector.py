@@ -101,9 +101,13 @@ class OffloadConnector:
         self._sync_left = sync_load_budget_bytes
         self.jobs: dict[int, ConnectorJob] = {}
         self.being_loaded: dict[ChunkKey, int] = {}  # key -> async loads in flight
-        self.fence: dict[int, set[int]] = {}  # GPU block -> store jobs reading it
+        # GPU block -> the store job reading it, or a set of them when more than one (most
+        # blocks have one: an int is cheaper to make, and is no work for the collector)
+        self.fence: dict[int, int | set[int]] = {}
         self.flush: set[int] = set()
-        self.allocated_now: set[int] = set()
+        # GPU blocks handed out this step, as handed out (a set is made only when a finished
+        # request's store needs the check: every step allocates, few need it)
+        self._allocated: list[tuple[int, ...]] = []
         self.finished_pending: list[SimRequest] = []
         self.store_next: list[ConnectorJob] = []  # built this step, submitted next step
         self.store_now: list[ConnectorJob] = []  # built last step, submitted this step
@@ -123,19 +127,27 @@ class OffloadConnector:
     def begin_schedule(self, step: int) -> None:
         self.step = step
         self._sync_left = self.sync_budget
-        self.allocated_now.clear()
+        self._allocated.clear()
 
     def on_allocate(self, blocks: Iterable[int]) -> None:
         """GPU blocks handed out this step: fresh ones (vLLM's new block ids of every scheduled
         request) and the prefix-hit blocks of admitted requests (``update_state_after_alloc``
         sees all their blocks). One that a pending store of a finished request still reads
         forces a flush."""
+        blocks = tuple(blocks)
+        self._allocated.append(blocks)
         fence = self.fence
-        for b in blocks:
-            self.allocated_now.add(b)
-            jobs = fence.get(b)
-            if jobs:
-                self.flush.update(jobs)
+        # hot (every allocation): the fence is usually empty or elsewhere, checked in C
+        if fence and not fence.keys().isdisjoint(blocks):
+            flush = self.flush
+            for b in blocks:
+                jobs = fence.get(b)
+                if jobs is None:
+                    continue
+                if isinstance(jobs, int):
+                    flush.add(jobs)
+                else:
+                    flush.update(jobs)
 
     def on_preempt(self, req: SimRequest) -> None:
         for j in req.jobs:
@@ -194,8 +206,11 @@ class OffloadConnector:
             self.sync_loads.append(job)
 
     def build_store_jobs(self, scheduled: list[SimRequest]) -> None:
+        """Offer the newly complete chunks of the step's scheduled requests (their tokens are
+        in flight already: the scheduler passes those that may have completed a chunk), then
+        the final chunks of the requests that finished in the previous step."""
         for req in scheduled:
-            self._offer(req, req.num_computed + req.in_flight + req.sched)
+            self._offer(req, req.num_computed + req.in_flight)
         finished, self.finished_pending = self.finished_pending, []
         for req in finished:
             self._offer(req, max(req.prompt, req.num_tokens - 1))
@@ -236,18 +251,45 @@ class OffloadConnector:
         self.store_next.append(job)
         if req.status == FINISHED:  # its blocks are free: fence them from now on
             self._fence(job)
-            if not self.allocated_now.isdisjoint(blocks):
+            if self._allocated_now_any(blocks):
                 self.flush.add(job.job_id)
+
+    @property
+    def allocated_now(self) -> set[int]:
+        """GPU blocks handed out this step."""
+        return set().union(*self._allocated)
+
+    def _allocated_now_any(self, blocks: list[int]) -> bool:
+        """Whether one of ``blocks`` was handed out this step."""
+        mine = set(blocks)
+        return any(not mine.isdisjoint(handed) for handed in self._allocated)
 
     def _fence(self, job: ConnectorJob) -> None:
         """Reusing one of ``job``'s GPU blocks before it is stored must flush it first."""
-        fence = self.fence
+        fence, job_id = self.fence, job.job_id
         for b in job.blocks:
             s = fence.get(b)
             if s is None:
-                fence[b] = {job.job_id}
+                fence[b] = job_id
+            elif isinstance(s, int):
+                fence[b] = {s, job_id}
             else:
-                s.add(job.job_id)
+                s.add(job_id)
+
+    def _unfence(self, job: ConnectorJob) -> None:
+        """``job`` is stored: its GPU blocks no longer wait for it."""
+        fence, job_id = self.fence, job.job_id
+        for b in job.blocks:
+            s = fence.get(b)
+            if s is None:
+                continue
+            if isinstance(s, int):
+                if s == job_id:
+                    del fence[b]
+            else:
+                s.discard(job_id)
+                if not s:
+                    del fence[b]
 
     def on_finished(self, req: SimRequest) -> None:
         """vLLM ``request_finished``: the request's blocks go back to the pool, so the store
@@ -402,12 +444,9 @@ class OffloadConnector:
                 manager.complete_store(job.keys, req.ctx, success=r.success)
                 self.store_bytes += r.nbytes
                 fence = self.fence
-                for b in job.blocks:
-                    s = fence.get(b)
-                    if s is not None:
-                        s.discard(job.job_id)
-                        if not s:
-                            del fence[b]
+                # most stores were never fenced (their request was running): checked in C
+                if fence and not fence.keys().isdisjoint(job.blocks):
+                    self._unfence(job)
             else:
                 manager.complete_load(job.keys, req.ctx)
                 self.load_bytes += r.nbytes

@@ -90,6 +90,9 @@ STEP_INT = (
 )
 STEP_STATS = ("allocation_sizes_count", "allocation_sizes_sum", "stores_skipped")
 _GAUGES = (CPU_CACHE_USAGE_PERC, CPU_CACHE_WRITE_USAGE_PERC, CPU_CACHE_READ_USAGE_PERC)
+# a step's row as ``Recorder.step`` lays it out: the engine's values, then the CPU tier's
+_FLOAT_ROW = STEP_FLOAT[:5] + tuple(name[len("vllm:kv_offload_") :] for name in _GAUGES)
+_INT_ROW = STEP_INT + STEP_STATS
 
 
 class Recorder:
@@ -100,8 +103,10 @@ class Recorder:
         self.requests: list[SimRequest] = []
         self.transfers: list[tuple[Any, ...]] = []
         self._submit: dict[int, float] = {}
-        self.steps_f = {c: array("d") for c in STEP_FLOAT}
-        self.steps_i = {c: array("q") for c in STEP_INT + STEP_STATS}
+        # one row a step, flat (the columns are cut out at the end): extending an array by a
+        # row is one call, where a column each would be 29
+        self._step_floats = array("d")
+        self._step_ints = array("q")
 
     def on_submit(self, job: ConnectorJob, now: float) -> None:
         self._submit[job.job_id] = now
@@ -129,23 +134,15 @@ class Recorder:
     ) -> None:
         if not self.record_steps:
             return
-        f = self.steps_f
-        for name, v in zip(STEP_FLOAT[:5], floats):
-            f[name].append(v)
-        for name in _GAUGES:
-            f[name[len("vllm:kv_offload_") :]].append(stats[name] if stats else 0.0)
-        i = self.steps_i
-        for name, v in zip(STEP_INT, ints):
-            i[name].append(v)
+        self._step_floats.extend(floats)
+        self._step_ints.extend(ints)
         if stats is not None:
             sizes = stats[CPU_ALLOCATION_SIZE]
-            i["allocation_sizes_count"].append(len(sizes))
-            i["allocation_sizes_sum"].append(sum(sizes))
-            i["stores_skipped"].append(stats[STORES_SKIPPED])
+            self._step_floats.extend([stats[name] for name in _GAUGES])
+            self._step_ints.extend((len(sizes), sum(sizes), stats[STORES_SKIPPED]))
         else:
-            i["allocation_sizes_count"].append(0)
-            i["allocation_sizes_sum"].append(0)
-            i["stores_skipped"].append(0)
+            self._step_floats.extend((0.0, 0.0, 0.0))
+            self._step_ints.extend((0, 0, 0))
 
     # --- tables ---
 
@@ -235,11 +232,13 @@ class Recorder:
         return pd.DataFrame.from_records(self.transfers, columns=list(TRANSFER_COLUMNS))
 
     def step_table(self) -> pd.DataFrame:
-        data: dict[str, np.ndarray] = {"step": np.asarray(self.steps_i["step"], dtype=np.int64)}
+        floats = np.frombuffer(self._step_floats, dtype=np.float64).reshape(-1, len(_FLOAT_ROW))
+        ints = np.frombuffer(self._step_ints, dtype=np.int64).reshape(-1, len(_INT_ROW))
+        data: dict[str, np.ndarray] = {"step": ints[:, _INT_ROW.index("step")].copy()}
         for c in STEP_FLOAT:
-            data[c] = np.asarray(self.steps_f[c], dtype=np.float64)
+            data[c] = floats[:, _FLOAT_ROW.index(c)].copy()
         for c in STEP_INT[1:] + STEP_STATS:
-            data[c] = np.asarray(self.steps_i[c], dtype=np.int64)
+            data[c] = ints[:, _INT_ROW.index(c)].copy()
         return pd.DataFrame(data)
 
 

@@ -70,13 +70,18 @@ def clamp_new_tokens(n: int, budget: int, threshold: int) -> int:
 
 
 class _BatchTally:
-    """The step's scheduled requests and forward shape, summed as each one is scheduled."""
+    """The step's scheduled requests and forward shape, summed as each one is scheduled, and
+    what the step hands on: the batch entries for ``update``, the requests that may offer
+    stores, and the prefills whose last chunk it scheduled."""
 
     __slots__ = (
         "context",
         "decode",
         "decode_context",
+        "ended_prefills",
+        "entries",
         "n_prefill_seqs",
+        "offers",
         "pairs",
         "prefill",
         "reqs",
@@ -84,6 +89,9 @@ class _BatchTally:
 
     def __init__(self) -> None:
         self.reqs: list[SimRequest] = []
+        self.entries: list[tuple[SimRequest, int, bool]] = []
+        self.offers: list[SimRequest] = []
+        self.ended_prefills: list[SimRequest] = []
         self.n_prefill_seqs = 0
         self.prefill = 0
         self.decode = 0
@@ -157,6 +165,7 @@ class Scheduler:
         # vLLM defer_block_free (async + a KV consumer connector): fences of non-empty steps
         self.defer_free = self.async_mode and connector is not None
         self.sched_seq = 0
+        self._step_seq = 0  # the fence of the step being scheduled
         self.processed_seq = 0
         self.deferred_frees: deque[tuple[int, list[int]]] = deque()
 
@@ -172,28 +181,38 @@ class Scheduler:
         """Prefix-cache keys of ``req``'s first ``n`` GPU blocks, made as they are needed.
 
         Block ``i`` inside the trace's complete hash units is shared exactly when its unit
-        is (vLLM hashes the same tokens): its key is ``(unit key, position in the unit)``.
+        is (vLLM hashes the same tokens): its key is ``unit key * blocks per unit + position
+        in the unit``, one int per (unit, position) pair (ints hash faster than tuples).
         Blocks past them (the prompt's partial unit, generated tokens) hold tokens no other
-        request has: their key is the request's own, which only it can hit again (after a
-        preemption), as vLLM's hashes of its own tokens.
+        request has: their key is the request's own tuple, which only it can hit again
+        (after a preemption), as vLLM's hashes of its own tokens.
         """
         keys = req.block_keys
-        if len(keys) < n:
+        start = len(keys)
+        if start < n:
             per_unit = self.blocks_per_unit
             units = req.unit_keys
-            shared = len(units) * per_unit
-            rid = req.rid
-            keys.extend(
-                (units[i // per_unit], i % per_unit) if i < shared else (rid, -1 - i)
-                for i in range(len(keys), n)
-            )
+            shared = min(n, len(units) * per_unit)
+            if start == shared and n == start + 1:  # a decode block: one more of its own
+                keys.append((req.rid, -1 - start))
+                return keys
+            extend = keys.extend
+            while start < shared:  # a unit at a time: block i of unit u is units[u] * per_unit
+                u = start // per_unit  # + i - u * per_unit, made by ``range`` in C
+                stop = min(shared, (u + 1) * per_unit)
+                offset = (units[u] - u) * per_unit
+                extend(range(offset + start, offset + stop))
+                start = stop
+            if start < n:
+                rid = req.rid
+                keys.extend([(rid, -1 - i) for i in range(start, n)])
         return keys
 
     def _cache_upto(self, req: SimRequest, tokens: int) -> None:
         """Give the full GPU blocks below ``tokens`` their prefix-cache keys."""
         if not self.prefix_caching:
             return
-        n = min(tokens, req.num_tokens) // self.unit
+        n = min(tokens, req.prompt + req.num_output) // self.unit  # num_tokens, inlined
         if n > req.n_cached:
             keys = self._block_keys(req, n)
             self.pool.cache_blocks(req.blocks[req.n_cached : n], keys[req.n_cached : n])
@@ -261,68 +280,124 @@ class Scheduler:
         self.preempted = []
         eligible = len(self.running) + self.num_waiting
         self.threshold = self.params.long_prefill_token_threshold if eligible > 1 else 0
+        # the fence the step gets if it schedules anything (see _after_schedule)
+        self._step_seq = self.sched_seq + 1 if self.defer_free else self.sched_seq
         tally = _BatchTally()
         budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
         if not self.preempted:
             self._schedule_waiting(now, budget, tally)
         self.scheduled = tally.reqs
         if self.connector is not None:
-            self.connector.build_store_jobs(tally.reqs)
-        self._after_schedule(tally.reqs)
+            self.connector.build_store_jobs(tally.offers)
+        self._after_schedule(tally)
         return tally.batch()
 
-    def _after_schedule(self, reqs: list[SimRequest]) -> None:
+    def _after_schedule(self, tally: _BatchTally) -> None:
         """vLLM ``_update_after_schedule``: the scheduled tokens go in flight; a request
         scheduled to its end leaves the in-flight prefills and samples a token (async: it
-        gets an output placeholder); the step's fence advances when it computes."""
+        gets an output placeholder); the step's fence advances when it computes.
+
+        The per-request part is done as each request is scheduled (``_schedule_running``
+        inline, ``_in_flight`` for admissions): nothing between scheduling a request and
+        this point reads what it changes, except the in-flight prefills, which the
+        admission of an async load sums, so those leave here, and the connector's store
+        offers, which count the step's tokens in flight."""
         self.finished_unreported = False
-        if self.defer_free and reqs:
+        if self.defer_free and tally.reqs:
             self.sched_seq += 1
-        seq = self.sched_seq
-        placeholders = self.async_mode
-        inflight = self.inflight_prefills
-        entries: list[tuple[SimRequest, int, bool]] = []
-        append = entries.append
-        for req in reqs:
-            n = req.sched
-            req.in_flight += n
-            req.last_seq = seq
-            sampled = (
-                req.num_computed + req.in_flight >= req.prompt + req.num_output + req.placeholders
-            )
-            if sampled:
-                if inflight:
-                    inflight.pop(req, None)
-                if placeholders:
-                    req.placeholders += 1
-            append((req, n, sampled))
-        self.entries = entries
+        if tally.ended_prefills:
+            pop = self.inflight_prefills.pop
+            for req in tally.ended_prefills:
+                pop(req, None)
+        self.entries = tally.entries
+
+    def _in_flight(self, req: SimRequest, n: int, tally: _BatchTally) -> None:
+        """A scheduled request's part of ``_after_schedule``: its tokens go in flight; if they
+        reach its end it samples (async: an output placeholder). It may offer stores."""
+        req.in_flight += n
+        req.last_seq = self._step_seq
+        sampled = req.num_computed + req.in_flight >= req.prompt + req.num_output + req.placeholders
+        if sampled:
+            tally.ended_prefills.append(req)
+            if self.async_mode:
+                req.placeholders += 1
+        tally.entries.append((req, n, sampled))
+        tally.offers.append(req)
 
     def _schedule_running(self, budget: int, tally: _BatchTally) -> int:
         """Give running requests their next chunk or decode token, in order; returns the budget
         left. The first one that cannot get its blocks, even after preemption, ends the loop,
-        as in vLLM (the ones behind it are not tried)."""
+        as in vLLM (the ones behind it are not tried).
+
+        The engine's hottest loop (every running request, every step), so it is written out:
+        the clamp, the block and cache checks, ``_BatchTally.add``, ``_in_flight`` and the
+        connector's test for a store offer (a chunk may have completed past ``next_store``:
+        past the prompt's chunks, prompt-only offers never do). Calls happen only when
+        something changes (a new block, a newly full block, a complete chunk)."""
         threshold = self.threshold
         running = self.running
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            c = req.num_computed + req.in_flight
-            if req.placeholders and c + 2 - req.placeholders >= req.prompt + req.output:
-                i += 1  # async: its last token is already scheduled
-                continue
-            n = clamp_new_tokens(
-                req.prompt + req.num_output + req.placeholders - c, budget, threshold
-            )
-            if n <= 0:
-                i += 1
-                continue
-            if not self._grow_or_preempt(req, n):
+        unit = self.unit
+        prefix = self.prefix_caching
+        seq = self._step_seq
+        placeholders_on = self.async_mode
+        conn = self.connector
+        # without a connector, chunks so long that no request ever completes one
+        tpc = conn.tpc if conn is not None else 1 << 62
+        prompt_only = conn is None or conn.prompt_only
+        add_req, add_entry, add_offer = tally.reqs.append, tally.entries.append, tally.offers.append
+        inflight = self.inflight_prefills
+        n_prefill_seqs, prefill, decode = tally.n_prefill_seqs, tally.prefill, tally.decode
+        context, decode_context, pairs = tally.context, tally.decode_context, tally.pairs
+        for req in running:  # a preemption pops from the tail: the loop then ends sooner
+            if budget <= 0:
                 break
-            self._cache_upto(req, c + n)  # decode blocks too, once full (vLLM caches them)
-            tally.add(req, n, c, n == 1 and c >= req.prompt)
+            in_flight = req.in_flight
+            c = req.num_computed + in_flight
+            placeholders = req.placeholders
+            prompt = req.prompt
+            if placeholders and c + 2 - placeholders >= prompt + req.output:
+                continue  # async: its last token is already scheduled
+            num_tokens = prompt + req.num_output
+            left = num_tokens + placeholders - c
+            n = threshold if 0 < threshold < left else left  # clamp_new_tokens, inlined
+            n = n if n <= budget else budget
+            if n <= 0:
+                continue
+            end = c + n
+            if end > len(req.blocks) * unit and not self._grow_or_preempt(req, n):
+                break
+            if prefix and end // unit > req.n_cached:
+                self._cache_upto(req, end)  # decode blocks too, once full (vLLM caches them)
+            # _BatchTally.add
+            req.sched = n
+            add_req(req)
+            if n == 1 and c >= prompt:
+                decode += 1
+                decode_context += c
+                pairs += c + 1.0  # n * c + n * (n + 1) / 2 at n = 1
+            else:
+                prefill += n
+                n_prefill_seqs += 1
+                pairs += n * c + n * (n + 1) / 2
+            context += c
             budget -= n
-            i += 1
+            # _in_flight
+            req.in_flight = in_flight + n
+            req.last_seq = seq
+            sampled = n == left  # computed + in flight reach the sequence's end
+            if sampled and inflight:
+                tally.ended_prefills.append(req)
+            if sampled and placeholders_on:
+                req.placeholders = placeholders + 1
+            add_entry((req, n, sampled))
+            # prompt-only offers stop at the prompt's chunks (its keys never grow then)
+            first = req.next_store
+            if (not prompt_only or first < req.n_prompt_chunks) and (
+                end if end < num_tokens else num_tokens
+            ) // tpc > first:
+                add_offer(req)
+        tally.n_prefill_seqs, tally.prefill, tally.decode = n_prefill_seqs, prefill, decode
+        tally.context, tally.decode_context, tally.pairs = context, decode_context, pairs
         return budget
 
     def _grow_or_preempt(self, req: SimRequest, n: int) -> bool:
@@ -332,7 +407,7 @@ class Scheduler:
         need = -(-(req.num_computed + req.in_flight + n) // self.unit) - len(req.blocks)
         if need <= 0:
             return True
-        blocks = self._allocate(need)
+        blocks = self.pool.allocate(need)
         while blocks is None:
             if not self._can_release(self.running[-1]):
                 return False  # vLLM: a deferred free would not help now
@@ -340,7 +415,9 @@ class Scheduler:
             self._preempt(victim)
             if victim is req:
                 return False
-            blocks = self._allocate(need)
+            blocks = self.pool.allocate(need)
+        if self.connector is not None:
+            self.connector.on_allocate(blocks)
         req.blocks.extend(blocks)
         return True
 
@@ -506,6 +583,7 @@ class Scheduler:
         if req.first_scheduled is None:
             req.first_scheduled = now
         tally.add(req, n, c, False)
+        self._in_flight(req, n, tally)
 
     def rescue(self) -> bool:
         """Break a deadlock among requests that hold blocks while waiting (tiny GPU caches).
@@ -562,35 +640,63 @@ class Scheduler:
         still delivers its token, which may finish the request, but computes nothing."""
         finished = []
         stale_finished = False
+        unit = self.unit
+        prefix = self.prefix_caching
         for req, n, sampled in self.entries if entries is None else entries:
-            if req.status == FINISHED:
+            status = req.status
+            if status == FINISHED:
                 continue
-            stale = req.stale > 0
-            if stale:
-                req.stale -= n
-            else:
-                req.in_flight -= n
-                req.num_computed += n
+            if req.stale > 0:
+                if self._deliver_stale(req, n, sampled, t_end):
+                    stale_finished = True
+                    finished.append(req)
+                continue
+            num_computed = req.num_computed + n
+            req.num_computed = num_computed
+            req.in_flight -= n
             req.forward_tokens += n
             if not sampled:
                 continue
-            req.num_output += 1
-            if req.first_token is None:
+            num_output = req.num_output + 1
+            req.num_output = num_output
+            if num_output == 1:  # its first token (output only grows, whichever path)
                 req.first_token = t_end
             else:
                 req.token_gaps.append(t_end - req.last_token)
             req.last_token = t_end
-            if req.placeholders and not stale:
-                self._confirm_placeholder(req)
-            if req.num_output >= req.output:
+            if req.placeholders:
+                # async: the token replaces its placeholder; vLLM then caches the full blocks
+                # the processed batches computed (the in-flight token was not yet in them)
+                req.placeholders -= 1
+                if prefix and status == RUNNING and num_computed // unit > req.n_cached:
+                    self._cache_upto(req, num_computed)
+            if num_output >= req.output:
                 self._finish(req, t_end)
-                stale_finished |= stale
                 finished.append(req)
         if finished:
             self._drop_finished(finished, stale_finished)
         if entries is None:
             self.scheduled = []
         return finished
+
+    def _deliver_stale(self, req: SimRequest, n: int, sampled: bool, t_end: float) -> bool:
+        """``update`` of a batch scheduled before ``req`` was preempted: it computes nothing
+        (the request recomputes), but its token is delivered and may finish the request
+        (then True)."""
+        req.stale -= n
+        req.forward_tokens += n
+        if not sampled:
+            return False
+        req.num_output += 1
+        if req.first_token is None:
+            req.first_token = t_end
+        else:
+            req.token_gaps.append(t_end - req.last_token)
+        req.last_token = t_end
+        if req.num_output >= req.output:
+            self._finish(req, t_end)
+            return True
+        return False
 
     def _drop_finished(self, finished: list[SimRequest], from_waiting: bool) -> None:
         """Take finished requests out of their queue (``from_waiting``: some finished by
@@ -606,13 +712,6 @@ class Scheduler:
             self.connector.finished_pending.extend(finished)
             for req in finished:
                 self.connector.on_finished(req)
-
-    def _confirm_placeholder(self, req: SimRequest) -> None:
-        """Async: the token replaces its placeholder; vLLM then caches the full blocks the
-        processed batches computed (the in-flight token was not yet in them at schedule)."""
-        req.placeholders -= 1
-        if req.status == RUNNING:
-            self._cache_upto(req, req.num_computed)
 
     def _finish(self, req: SimRequest, t_end: float) -> None:
         """The request reached its output length: its blocks are released (kept cached for
