@@ -56,6 +56,16 @@ def _pin_failure(exc: Exception) -> InputError:
     return InputError(f"{exc} (pass --allow-unpinned to measure pageable copies anyway)")
 
 
+#: where calibrate and calibrate-compute measure
+device_option = click.option(
+    "--device",
+    "device_kind",
+    type=click.Choice(["auto", "cuda", "cpu"]),
+    default="auto",
+    help="Where to measure (default: CUDA when available, else CPU tensors).",
+)
+
+
 @click.command("calibrate")
 @click.option(
     "--out",
@@ -64,13 +74,7 @@ def _pin_failure(exc: Exception) -> InputError:
     type=click.Path(dir_okay=False),
     help="Write the transfer profile (the simulator's link model) here.",
 )
-@click.option(
-    "--device",
-    "device_kind",
-    type=click.Choice(["auto", "cuda", "cpu"]),
-    default="auto",
-    help="Where to measure (default: CUDA when available, else CPU tensors).",
-)
+@device_option
 @click.option(
     "--max-mib",
     type=click.IntRange(min=1),
@@ -329,13 +333,7 @@ def _int_list(option: str, text: str | None) -> tuple[int, ...] | None:
     show_default=True,
     help="Time one TP worker's shard.",
 )
-@click.option(
-    "--device",
-    "device_kind",
-    type=click.Choice(["auto", "cuda", "cpu"]),
-    default="auto",
-    help="Where to measure (default: CUDA when available, else CPU tensors).",
-)
+@device_option
 @click.option(
     "--gpu",
     "gpu_name",

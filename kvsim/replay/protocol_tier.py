@@ -38,6 +38,40 @@ def offer_bounds(
     ]
 
 
+def offer_stores(
+    manager: Any,
+    keys: Sequence[ChunkKey],
+    ctx: Any,
+    next_store: int,
+    store_chunks: int,
+    computed_tokens: int,
+    input_tokens: int,
+    chunk_tokens: int,
+    prefill_step: int | None,
+) -> tuple[int, int, int]:
+    """Offer chunks ``next_store:store_chunks`` for store, at :func:`offer_bounds`, as the
+    connector does (a failed offer is retried with the next step's chunks); complete what is
+    accepted. Returns ``(stored, evicted, failed offers)``. One loop for the CPU tier alone
+    and for the tiered manager."""
+    stored = evicted = failed = 0
+    if store_chunks <= next_store:
+        return stored, evicted, failed
+    bounds = offer_bounds(store_chunks, computed_tokens, input_tokens, chunk_tokens, prefill_step)
+    for upto in bounds:
+        if upto <= next_store:
+            continue
+        out = manager.prepare_store(keys[next_store:upto], ctx)
+        if out is None:
+            failed += 1
+            continue
+        next_store = upto
+        if out.keys_to_store:
+            stored += len(out.keys_to_store)
+            evicted += len(out.evicted_keys)
+            manager.complete_store(out.keys_to_store, ctx)
+    return stored, evicted, failed
+
+
 class _HasPolicy(Protocol):
     """kvsim's manager, for inspection: it exposes its eviction policy."""
 
@@ -100,22 +134,17 @@ class ProtocolTier:
                 cpu_hit_tokens = hit_tokens
                 next_store = start + count
 
-        stored = evicted = failed = 0
-        if store_chunks > next_store:
-            for upto in offer_bounds(
-                store_chunks, local_tokens + cpu_hit_tokens, input_tokens, tpc, self.prefill_step
-            ):
-                if upto <= next_store:
-                    continue
-                out = manager.prepare_store(keys[next_store:upto], ctx)
-                if out is None:
-                    failed += 1
-                    continue
-                next_store = upto
-                if out.keys_to_store:
-                    stored += len(out.keys_to_store)
-                    evicted += len(out.evicted_keys)
-                    manager.complete_store(out.keys_to_store, ctx)
+        stored, evicted, failed = offer_stores(
+            manager,
+            keys,
+            ctx,
+            next_store,
+            store_chunks,
+            local_tokens + cpu_hit_tokens,
+            input_tokens,
+            tpc,
+            self.prefill_step,
+        )
         manager.on_request_finished(ctx)
         skipped = counters.stores_skipped - skipped_before if counters is not None else 0
         return cpu_hit_tokens, stored, evicted, failed, skipped

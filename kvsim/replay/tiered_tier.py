@@ -32,7 +32,7 @@ from kvsim.config import CacheConfig
 from kvsim.context import RequestContext, chunk_positions
 from kvsim.keys import ChunkKey
 from kvsim.offload import LookupResult, ManagerCounters
-from kvsim.replay.protocol_tier import offer_bounds
+from kvsim.replay.protocol_tier import offer_stores
 from kvsim.tier_spec import describe_tier
 from kvsim.tiering import TieredManager
 from kvsim.tiering.build import build_tiered_manager, tier_capacity_chunks
@@ -142,22 +142,17 @@ class TieredProtocolTier:
                 next_store = start + count
                 self._attribute(load_keys, ctx, tpc * (start + 1) - local_tokens)
 
-        stored = evicted = failed = 0
-        if store_chunks > next_store:
-            for upto in offer_bounds(
-                store_chunks, local_tokens + cpu_hit_tokens, input_tokens, tpc, self.prefill_step
-            ):
-                if upto <= next_store:
-                    continue
-                out = manager.prepare_store(keys[next_store:upto], ctx)
-                if out is None:
-                    failed += 1
-                    continue
-                next_store = upto
-                if out.keys_to_store:
-                    stored += len(out.keys_to_store)
-                    evicted += len(out.evicted_keys)
-                    manager.complete_store(out.keys_to_store, ctx)
+        stored, evicted, failed = offer_stores(
+            manager,
+            keys,
+            ctx,
+            next_store,
+            store_chunks,
+            local_tokens + cpu_hit_tokens,
+            input_tokens,
+            tpc,
+            self.prefill_step,
+        )
         manager.on_schedule_end(new_req_ids=(req_id,))
         manager.on_request_finished(ctx)
         return cpu_hit_tokens, stored, evicted, failed, 0
