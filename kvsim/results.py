@@ -9,12 +9,13 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from html import escape
-from typing import Any, ClassVar
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.errors import InputError
 from kvsim.io import atomic_path, atomic_write
+
+if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
+    import pandas as pd
 
 
 @dataclass(repr=False)
@@ -59,6 +60,8 @@ class Result:
 
     def summary_frame(self) -> pd.DataFrame:
         """The summary as a two-column (metric, value) table, in insertion order."""
+        import pandas as pd
+
         return pd.DataFrame({"metric": list(self.summary), "value": list(self.summary.values())})
 
     # --- looking at it ---
@@ -139,6 +142,8 @@ class Result:
         if unknown:
             raise InputError(f"compare(): metric(s) not in both runs: {', '.join(unknown)}")
         numeric = [k for k in keys if self._number(left[k]) and self._number(right[k])]
+        import pandas as pd
+
         a = pd.Series([float(left[k]) for k in numeric], index=numeric, dtype=float)
         b = pd.Series([float(right[k]) for k in numeric], index=numeric, dtype=float)
         ratio = a / b.where(b != 0)

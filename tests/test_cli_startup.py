@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import subprocess
@@ -42,6 +43,21 @@ def test_group_resolves_every_command_and_unknown_ones_fail():
 
 @pytest.mark.parametrize("argv", [["--help"], ["policies"], ["models"], ["--version"]])
 def test_light_commands_import_no_heavy_module(argv):
+    assert _heavy_modules_after(argv) == []
+
+
+def test_replay_with_rows_imports_no_table_library(tmp_path, monkeypatch):
+    """A plain replay's wait is start-up, reading and the loop (issue 15): no pandas, and
+    once the trace is cached no pyarrow either (the first read parses with Arrow)."""
+    from support import SAMPLE
+
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["replay", SAMPLE, "--cpu-chunks", "64", "--requests-csv", str(tmp_path / "r.csv")]
+    assert _heavy_modules_after(argv) == ["pyarrow"]
+    assert _heavy_modules_after(argv) == []
+
+
+def _heavy_modules_after(argv: list[str]) -> list[str]:
     code = (
         "import sys\n"
         "from kvsim.cli import main\n"
@@ -54,7 +70,7 @@ def test_light_commands_import_no_heavy_module(argv):
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip().splitlines()[-1] == "[]"
+    return ast.literal_eval(out.strip().splitlines()[-1])
 
 
 def test_help_lists_every_command_once():

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
@@ -33,9 +33,11 @@ from kvsim.replay.fused_arc import FusedARCTier
 from kvsim.replay.fused_lru import FusedLRUTier
 from kvsim.replay.fused_tier import FusedTier
 from kvsim.replay.protocol_tier import ProtocolTier
-from kvsim.replay.tiered_tier import TieredProtocolTier
 from kvsim.traces.model import Request
 from kvsim.traces.source import request_records
+
+if TYPE_CHECKING:  # the tiering layer loads only for runs with secondary tiers
+    from kvsim.replay.tiered_tier import TieredProtocolTier
 
 REQUEST_COLUMNS = (
     "request",
@@ -96,6 +98,8 @@ class CacheReplay:
             if manager is not None:
                 raise ValueError("secondary tiers run kvsim's tiering manager, not the caller's")
             self.manager: ManagerProtocol[Any] | None = None
+            from kvsim.replay.tiered_tier import TieredProtocolTier
+
             self.tier = TieredProtocolTier.from_config(config, requests_for_future)
         elif fused_tier is not None and fused is not False:
             self.tier = fused_tier(
@@ -149,8 +153,14 @@ class CacheReplay:
         keep_rows = row_sink is not None or batch_sink is not None
         batch: list[RequestRow] = []
 
+        block_tokens = layout.block_tokens
+        whole_blocks = layout.split == 1  # a unit is a trace block: keys are a slice
+
         for request_id, arrival_s, input_tokens, _, block_hashes, _ in request_records(requests):
-            unit_keys = unit_keys_of(block_hashes, input_tokens)
+            if whole_blocks and block_hashes.__class__ is list:
+                unit_keys = block_hashes[: input_tokens // block_tokens]
+            else:
+                unit_keys = unit_keys_of(block_hashes, input_tokens)
             chunk_keys = (
                 unit_keys
                 if units_per_chunk == 1
@@ -264,7 +274,10 @@ class CacheReplay:
             "admission": cfg.admission,
             "store_threshold": cfg.store_threshold,
         }
-        if isinstance(tier, TieredProtocolTier):
+        if cfg.secondary_tiers:
+            from kvsim.replay.tiered_tier import TieredProtocolTier
+
+            assert isinstance(tier, TieredProtocolTier)
             out.update(tier.summary(blocks, self.layout.unit_tokens, chunk_bytes))
         return out
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from kvsim.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy
@@ -37,6 +37,85 @@ class FusedLRUTier(FusedTier):
             OrderedDict()
         )  # committed keys, least recent first
         self._mine: set[ChunkKey] = set()  # the running request's resident keys (provisional ranks)
+        # the common case (every offer admitted, one offer per request) has its own path
+        self._plain = not (self._records or self._filters or prefill_step)
+
+    def serve(
+        self,
+        req_id: Hashable,
+        keys: list[ChunkKey],
+        local_tokens: int,
+        store_chunks: int,
+        input_tokens: int,
+    ) -> tuple[int, int, int, int, int]:
+        """:meth:`FusedTier.serve` in one function when every offer is admitted at once
+        (no admission filter, no chunked prefill): the same decisions, for the replay loop
+        that dominates a ``kvsim replay``; anything rarer takes the general path."""
+        if not self._plain:
+            return super().serve(req_id, keys, local_tokens, store_chunks, input_tokens)
+        tpc = self.chunk_tokens
+        order = self._order
+        counters = self.counters
+        start = next_store = cpu_hit_tokens = 0
+        if len(keys) * tpc - local_tokens >= tpc:
+            start = local_tokens // tpc
+            count = 0
+            for key in keys[start:] if start else keys:
+                if key not in order:
+                    break
+                count += 1
+            hit_tokens = tpc * (start + count) - local_tokens
+            if hit_tokens >= tpc:
+                next_store = start + count
+                for key in keys[start:next_store]:  # loaded: raised to provisional
+                    del order[key]
+                counters.loaded_chunks += count
+                cpu_hit_tokens = hit_tokens
+        if store_chunks <= next_store:  # nothing to offer: commit the loads, head newest
+            for key in reversed(keys[start:next_store]) if cpu_hit_tokens else ():
+                order[key] = None
+            return cpu_hit_tokens, 0, 0, 0, 0
+        offer = keys[next_store:store_chunks]
+        to_store = offer
+        if any(map(order.__contains__, offer)):  # resident keys offered again are reuse
+            found = list(filter(order.__contains__, offer))
+            for key in found:
+                del order[key]
+            reused = set(found)
+            to_store = [k for k in offer if k not in reused]
+        n = len(to_store)
+        if n:
+            counters.allocation_sizes.observe(n)
+            mine = store_chunks - (start if cpu_hit_tokens else 0) - n  # provisional keys
+            need = n - (self.num_chunks - len(order) - mine)
+            if need > 0:
+                if need > len(order):  # the request's own keys too: the general path
+                    self._mine.update(
+                        keys[start if cpu_hit_tokens else next_store : store_chunks]
+                    )
+                    self._mine.difference_update(to_store)
+                    if not self._evict(need, offer, keys):
+                        counters.allocation_failures += 1
+                        self._finish(keys)
+                        return cpu_hit_tokens, 0, 0, 1, 0
+                    self._insert(to_store)
+                    counters.stored_chunks += n
+                    counters.evicted_chunks += need
+                    self._finish(keys)
+                    return cpu_hit_tokens, n, need, 0, 0
+                popitem = order.popitem
+                for _ in range(need):
+                    popitem(False)
+                counters.evicted_chunks += need
+            else:
+                need = 0
+            counters.stored_chunks += n
+        else:
+            need = 0
+        # commit tail first, so the head is the most recent
+        for key in reversed(keys[start if cpu_hit_tokens else next_store : store_chunks]):
+            order[key] = None
+        return cpu_hit_tokens, n, need, 0, 0
 
     @property
     def num_resident(self) -> int:

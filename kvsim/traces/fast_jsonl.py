@@ -109,6 +109,19 @@ def _column(table: Any, name: str) -> Any:
     return None if col.null_count else col
 
 
+def _numbers(arr: Any, dtype: type[np.generic]) -> np.ndarray:
+    """A null-free int64/float64 Arrow array as numpy, from its value buffer. Arrow's own
+    ``to_numpy`` loads pandas (0.4 s) for its compatibility shim; a first read needs none."""
+    values = arr.buffers()[1]
+    return np.frombuffer(values, dtype, count=len(arr), offset=arr.offset * 8)
+
+
+def _flags(arr: Any) -> np.ndarray:
+    """A boolean Arrow array (a bitmap, least significant bit first) as numpy bools."""
+    bits = np.frombuffer(arr.buffers()[1], np.uint8)
+    return np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + len(arr)].astype(bool)
+
+
 def _distinct_within_rows(hashes: np.ndarray, lengths: np.ndarray) -> bool:
     """No id repeats inside one request (ids may repeat across requests)."""
     if len(hashes) < 2:
@@ -141,14 +154,16 @@ def decode_block(block: bytes, fmt: str, block_tokens: int) -> TraceColumns | No
     cols = [_column(table, name) for name in (ts_name, inp_name, out_name, ids_name, *ints, *texts)]
     if any(c is None for c in cols):
         return None
-    arrival, n_in, n_out = (c.to_numpy(zero_copy_only=False) for c in cols[:3])
+    arrival = _numbers(cols[0], np.float64)
+    n_in, n_out = (_numbers(c, np.int64) for c in cols[1:3])
     ids = cols[3]
     values = ids.flatten()
     if values.null_count:
         return None
-    offsets = ids.offsets.to_numpy().astype(np.int64)
+    offsets = np.frombuffer(ids.buffers()[1], np.int32, len(ids) + 1, ids.offset * 4)
+    offsets = offsets.astype(np.int64)
     offsets -= offsets[0]
-    hashes = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    hashes = _numbers(values, np.int64)
     lengths = np.diff(offsets)
     bt = block_tokens
     if not (np.isfinite(arrival).all() and (arrival >= 0).all()):
@@ -167,8 +182,8 @@ def decode_block(block: bytes, fmt: str, block_tokens: int) -> TraceColumns | No
         sid = table.column(sid_name).combine_chunks()
         if sid.null_count and fmt not in _OPTIONAL_SESSION:
             return None
-        has_session = sid.is_valid().to_numpy(zero_copy_only=False)
-        session = sid.fill_null(0).to_numpy().astype(np.int64, copy=False)
+        has_session = _flags(sid.is_valid())
+        session = _numbers(sid.fill_null(0), np.int64)
     scale = _TIME_SCALE.get(fmt)
     return TraceColumns(
         arrival_s=arrival / scale if scale else arrival.astype(np.float64, copy=True),
