@@ -48,74 +48,97 @@ class FusedLRUTier(FusedTier):
         store_chunks: int,
         input_tokens: int,
     ) -> tuple[int, int, int, int, int]:
-        """:meth:`FusedTier.serve` in one function when every offer is admitted at once
-        (no admission filter, no chunked prefill): the same decisions, for the replay loop
+        """:meth:`FusedTier.serve` without its generality when every offer is admitted at
+        once (no admission filter, no chunked prefill): the same decisions, for the loop
         that dominates a ``kvsim replay``; anything rarer takes the general path."""
         if not self._plain:
             return super().serve(req_id, keys, local_tokens, store_chunks, input_tokens)
-        tpc = self.chunk_tokens
+        first, next_store, cpu_hit_tokens = self._load_prefix(keys, local_tokens)
         order = self._order
-        counters = self.counters
-        start = next_store = cpu_hit_tokens = 0
-        if len(keys) * tpc - local_tokens >= tpc:
-            start = local_tokens // tpc
-            count = 0
-            for key in keys[start:] if start else keys:
-                if key not in order:
-                    break
-                count += 1
-            hit_tokens = tpc * (start + count) - local_tokens
-            if hit_tokens >= tpc:
-                next_store = start + count
-                for key in keys[start:next_store]:  # loaded: raised to provisional
-                    del order[key]
-                counters.loaded_chunks += count
-                cpu_hit_tokens = hit_tokens
-        if store_chunks <= next_store:  # nothing to offer: commit the loads, head newest
-            for key in reversed(keys[start:next_store]) if cpu_hit_tokens else ():
-                order[key] = None
-            return cpu_hit_tokens, 0, 0, 0, 0
-        offer = keys[next_store:store_chunks]
-        to_store = offer
-        if any(map(order.__contains__, offer)):  # resident keys offered again are reuse
-            found = list(filter(order.__contains__, offer))
-            for key in found:
-                del order[key]
-            reused = set(found)
-            to_store = [k for k in offer if k not in reused]
-        n = len(to_store)
-        if n:
-            counters.allocation_sizes.observe(n)
-            mine = store_chunks - (start if cpu_hit_tokens else 0) - n  # provisional keys
-            need = n - (self.num_chunks - len(order) - mine)
-            if need > 0:
-                if need > len(order):  # the request's own keys too: the general path
-                    self._mine.update(
-                        keys[start if cpu_hit_tokens else next_store : store_chunks]
-                    )
-                    self._mine.difference_update(to_store)
-                    if not self._evict(need, offer, keys):
-                        counters.allocation_failures += 1
-                        self._finish(keys)
-                        return cpu_hit_tokens, 0, 0, 1, 0
-                    self._insert(to_store)
-                    counters.stored_chunks += n
+        n = need = 0
+        end = store_chunks if store_chunks > next_store else next_store
+        if store_chunks > next_store:
+            offer = keys[next_store:store_chunks]
+            to_store = self._take_reused(offer)
+            n = len(to_store)
+            if n:
+                counters = self.counters
+                counters.allocation_sizes.observe(n)
+                # keys[first:end] that are not new are the request's provisional keys
+                need = n - (self.num_chunks - len(order) - (end - first - n))
+                if need > len(order):
+                    failed = self._store_evicting_own(keys, offer, to_store, first, end, need)
+                    stored, evicted = (0, 0) if failed else (n, need)
+                    return cpu_hit_tokens, stored, evicted, failed, 0
+                if need > 0:
+                    popitem = order.popitem
+                    for _ in range(need):
+                        popitem(False)
                     counters.evicted_chunks += need
-                    self._finish(keys)
-                    return cpu_hit_tokens, n, need, 0, 0
-                popitem = order.popitem
-                for _ in range(need):
-                    popitem(False)
-                counters.evicted_chunks += need
-            else:
-                need = 0
-            counters.stored_chunks += n
-        else:
-            need = 0
-        # commit tail first, so the head is the most recent
-        for key in reversed(keys[start if cpu_hit_tokens else next_store : store_chunks]):
+                else:
+                    need = 0
+                counters.stored_chunks += n
+        for key in reversed(keys[first:end]):  # commit tail first: the head is newest
             order[key] = None
         return cpu_hit_tokens, n, need, 0, 0
+
+    def _load_prefix(self, keys: list[ChunkKey], local_tokens: int) -> tuple[int, int, int]:
+        """The connector's scan and load: ``(first provisional key, next key to offer,
+        CPU hit tokens)``; ``(0, 0, 0)`` when nothing loads."""
+        tpc = self.chunk_tokens
+        if len(keys) * tpc - local_tokens < tpc:
+            return 0, 0, 0
+        order = self._order
+        start = local_tokens // tpc
+        count = 0
+        for key in keys[start:] if start else keys:
+            if key not in order:
+                break
+            count += 1
+        hit_tokens = tpc * (start + count) - local_tokens
+        if hit_tokens < tpc:
+            return 0, 0, 0
+        end = start + count
+        for key in keys[start:end]:  # loaded: raised to provisional
+            del order[key]
+        self.counters.loaded_chunks += count
+        return start, end, hit_tokens
+
+    def _take_reused(self, offer: list[ChunkKey]) -> list[ChunkKey]:
+        """Resident keys offered again are reuse (raised to provisional); the rest."""
+        order = self._order
+        if not any(map(order.__contains__, offer)):
+            return offer
+        found = list(filter(order.__contains__, offer))
+        for key in found:
+            del order[key]
+        reused = set(found)
+        return [k for k in offer if k not in reused]
+
+    def _store_evicting_own(
+        self,
+        keys: list[ChunkKey],
+        offer: list[ChunkKey],
+        to_store: list[ChunkKey],
+        first: int,
+        end: int,
+        need: int,
+    ) -> int:
+        """The rare store that must evict the request's own keys too, by the general
+        path's rules; returns 1 if the allocation failed."""
+        mine = self._mine
+        mine.update(keys[first:end])
+        mine.difference_update(to_store)
+        counters = self.counters
+        failed = not self._evict(need, offer, keys)
+        if failed:
+            counters.allocation_failures += 1
+        else:
+            self._insert(to_store)
+            counters.stored_chunks += len(to_store)
+            counters.evicted_chunks += need
+        self._finish(keys)
+        return int(failed)
 
     @property
     def num_resident(self) -> int:
