@@ -33,6 +33,7 @@ from kvsim.replay.driver import write_requests_csv
 from kvsim.replay.object_protocol import replay_config
 from kvsim.results import Result
 from kvsim.sizing import tier_capacity
+from kvsim.tier_spec import LOAD_RULES
 from kvsim.traces import Request, Trace, as_trace, requests_frame
 
 if TYPE_CHECKING:
@@ -422,6 +423,22 @@ def in_arrival_order(tr: Trace) -> tuple[Trace, int]:
     return Trace.from_requests(ordered, tr.block_tokens, name=str(tr.path)), count
 
 
+def timed_tiers(config: CacheConfig, rule: str | None, sized: bool) -> CacheConfig:
+    """``config`` with every secondary tier under load rule ``rule`` (None: as given);
+    tiers need a CPU tier (``sized``) in front of them."""
+    if config.secondary_tiers and not sized:
+        raise InputError("secondary tiers sit behind the CPU tier: give it a size (--cpu-gib)")
+    if rule is None:
+        return config
+    if rule not in LOAD_RULES:
+        raise InputError(f"--tier-load-rule must be one of {', '.join(LOAD_RULES)}, got {rule!r}")
+    if not config.secondary_tiers:
+        raise InputError("--tier-load-rule needs secondary tiers (--tier or secondary_tiers)")
+    value = None if rule == "off" else rule
+    tiers = tuple(dataclasses.replace(t, load_rule=value) for t in config.secondary_tiers)
+    return dataclasses.replace(config, secondary_tiers=tiers)
+
+
 @named_options
 def simulate(
     trace: TraceLike,
@@ -445,6 +462,7 @@ def simulate(
     prefill_chunk_tokens: int | None = None,
     vllm_config: str | dict[str, Any] | None = None,
     secondary_tiers: list[dict[str, Any]] | None = None,
+    tier_load_rule: str | None = None,
     baseline: bool = False,
     limit: int | None = None,
     max_num_batched_tokens: int | None = None,
@@ -479,8 +497,13 @@ def simulate(
     ``max_tracker_size``, ``block_tokens``, ``chunk_tokens``, ``gpu_block_tokens``
     (vLLM's ``--block-size``, default 16: the GPU KV blocks too), ``kv_cache_dtype`` (the
     GPU KV blocks and the transfer bytes too), ``seed``,
-    ``prefill_chunk_tokens`` and ``vllm_config`` mean what they mean in :func:`replay`;
-    ``secondary_tiers`` is refused (the timed engine does not model them yet).
+    ``prefill_chunk_tokens``, ``vllm_config`` and ``secondary_tiers`` mean what they mean in
+    :func:`replay`. In timed mode each secondary tier runs on a device model (a tier's
+    ``kvsim_device``: ``nvme-gen4``, the ``fs`` default, ``nvme-gen5``, ``shared-fs``,
+    ``object-store``, the ``obj`` default, ``instant``, or a device JSON file; see
+    :mod:`kvsim.tiering.devices`), so promotions add to the time to first token;
+    ``tier_load_rule`` ``"pays-off"`` (beyond vLLM; default ``off``) sets every tier's
+    ``kvsim_load_rule``: a secondary hit that would load slower than it computes is a MISS.
     ``baseline=True`` adds the same run without offloading: its tables are
     ``baseline_requests`` and ``baseline_steps`` and its summary keys start ``baseline_``.
 
@@ -537,14 +560,11 @@ def simulate(
     from kvsim.engine.engine import Engine
     from kvsim.engine.params import EngineParams
     from kvsim.engine.summary import summarize
+    from kvsim.engine.tier_report import add_tier_outputs
     from kvsim.engine.transfer_model import get_link
     from kvsim.hardware import get_gpu, vllm_batch_defaults
     from kvsim.models import resolve_model
 
-    if secondary_tiers:
-        raise InputError(
-            "secondary_tiers run in cache mode (replay); simulate does not model them yet"
-        )
     model = model or DEFAULT_MODEL
     if gpu_blocks is not None:  # the CLI's name for the GPU KV capacity, here too
         if gpu_kv_blocks is not None:
@@ -577,8 +597,9 @@ def simulate(
         kv_cache_dtype=kv_cache_dtype,
         seed=seed,
         prefill_chunk_tokens=prefill_chunk_tokens,
+        secondary_tiers=secondary_tiers,
     )
-    config = opts.resolve(tr.block_tokens)
+    config = timed_tiers(opts.resolve(tr.block_tokens), tier_load_rule, sized)
     # every name resolves here, once: the engine takes the spec objects
     model_spec = resolve_model(model, kv_cache_dtype)
     gpu_spec = get_gpu(gpu)
@@ -636,7 +657,10 @@ def simulate(
         }
         if record_tokens:
             tables["tokens"] = rec.token_table()
-        return summarize(engine, tables["requests"], tables["transfers"], bench), tables
+        summary = summarize(engine, tables["requests"], tables["transfers"], bench)
+        if engine.tiers is not None:
+            add_tier_outputs(engine.tiers, tables, summary, config.chunk_tokens)
+        return summary, tables
 
     label = "simulating (offload)" if baseline and sized else "simulating"
     with Progress(progress, n_requests, label) as bar:

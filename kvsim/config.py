@@ -350,13 +350,8 @@ def options_from_vllm_config(
 
 def engine_knobs_from_vllm_config(extra: dict[str, Any]) -> dict[str, Any]:
     """The connector knobs of ``kv_connector_extra_config`` that only the timed engine
-    models (``offload_prompt_only``, ``sync_load_budget_bytes``), checked; secondary tiers
-    are refused (cache mode runs them, the timed engine does not yet)."""
-    if extra.get("secondary_tiers"):
-        raise InputError(
-            "--vllm-config: secondary_tiers run in cache mode (kvsim replay); "
-            "the timed engine does not model them yet"
-        )
+    models (``offload_prompt_only``, ``sync_load_budget_bytes``), checked (its
+    ``secondary_tiers`` are read by :func:`options_from_vllm_config`, as in cache mode)."""
     return _connector_knobs(extra)
 
 

@@ -5,10 +5,13 @@
 This module is vocabulary only (layer 0): it validates and records. The tiers themselves
 run in :mod:`kvsim.tiering`.
 
-kvsim accepts vLLM's tier configuration as is; three keys of its own, all prefixed
-``kvsim_``, go beyond vLLM (whose ``fs`` and ``obj`` tiers have no capacity limit):
+kvsim accepts vLLM's tier configuration as is; keys of its own, all prefixed ``kvsim_``,
+go beyond vLLM (whose ``fs`` and ``obj`` tiers have no capacity limit):
 ``kvsim_capacity`` (bytes, or text such as ``"2TiB"``), ``kvsim_capacity_chunks`` and
-``kvsim_eviction_policy`` (any kvsim eviction policy, default ``lru``).
+``kvsim_eviction_policy`` (any kvsim eviction policy, default ``lru``); for timed mode
+``kvsim_device`` (a device preset of :mod:`kvsim.tiering.devices` or a device JSON file;
+it changes timing only, not what vLLM would do) and ``kvsim_load_rule`` (``pays-off``:
+skip promotions that cannot beat recomputing, beyond vLLM; ``off``, the default: vLLM's).
 """
 
 from __future__ import annotations
@@ -37,7 +40,23 @@ TIER_KEYS: dict[str, frozenset[str]] = {
 PEER_TIERS = frozenset({"p2p", "kvcr"})
 #: tiers whose existence checks answer a step later (vLLM's ``AsyncLookupManager``)
 ASYNC_LOOKUP_TIERS = frozenset({"fs", "obj"})
-KVSIM_TIER_KEYS = frozenset({"kvsim_capacity", "kvsim_capacity_chunks", "kvsim_eviction_policy"})
+KVSIM_TIER_KEYS = frozenset(
+    {
+        "kvsim_capacity",
+        "kvsim_capacity_chunks",
+        "kvsim_eviction_policy",
+        "kvsim_device",
+        "kvsim_load_rule",
+    }
+)
+#: ``kvsim_load_rule`` values: ``off`` is vLLM's behaviour, ``pays-off`` goes beyond it
+LOAD_RULES = ("off", "pays-off")
+#: vLLM keys that size a tier's I/O thread pools: (read threads, write threads)
+_THREAD_KEYS = {
+    "n_read_threads": (True, False),
+    "n_write_threads": (False, True),
+    "io_threads": (True, True),
+}
 
 DETECTORS = ("EMABackpressureDetector",)
 DROP_POLICIES = ("ThrottledDropPolicy", "DropStorePolicy")
@@ -103,6 +122,10 @@ class TierSpec:
     capacity_bytes: int | None = None  # beyond vLLM
     capacity_chunks: int | None = None  # beyond vLLM
     eviction_policy: str | None = None  # beyond vLLM; "lru" when a capacity is given
+    device: str | None = None  # timed mode: a device preset or JSON path (None: the type's)
+    load_rule: str | None = None  # beyond vLLM: "pays-off", or None (vLLM's: always load)
+    n_read_threads: int | None = None  # vLLM's fs n_read_threads / obj io_threads
+    n_write_threads: int | None = None  # vLLM's fs n_write_threads / obj io_threads
 
     @property
     def bounded(self) -> bool:
@@ -201,7 +224,36 @@ def _parse_tier(tier: object, bp_defaults: dict[str, Any] | None, where: str) ->
         locality=locality,
         backpressure=_merged_backpressure(tier, bp_defaults, kind, locality, where),
         **_capacity(tier, where),
+        **_timing(tier, where),
     )
+
+
+def _timing(tier: dict[str, Any], where: str) -> dict[str, Any]:
+    """The keys timed mode reads: the device, the load rule and the I/O thread counts."""
+    out: dict[str, Any] = {}
+    device = tier.get("kvsim_device")
+    if device is not None:
+        if not isinstance(device, str) or not device.strip():
+            raise InputError(f"{where}.kvsim_device must be a preset name or a JSON path")
+        out["device"] = device.strip()
+    rule = tier.get("kvsim_load_rule")
+    if rule is not None:
+        if rule not in LOAD_RULES:
+            raise InputError(
+                f"{where}.kvsim_load_rule must be one of {', '.join(LOAD_RULES)}, got {rule!r}"
+            )
+        out["load_rule"] = None if rule == "off" else rule
+    for key, (reads, writes) in _THREAD_KEYS.items():
+        if key not in tier:
+            continue
+        n = tier[key]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InputError(f"{where}.{key} must be a whole number >= 1, got {n!r}")
+        if reads:
+            out["n_read_threads"] = n
+        if writes:
+            out["n_write_threads"] = n
+    return out
 
 
 def _capacity(tier: dict[str, Any], where: str) -> dict[str, Any]:
@@ -306,6 +358,8 @@ _SHORTHAND_KEYS = {
     "capacity": "kvsim_capacity",
     "chunks": "kvsim_capacity_chunks",
     "policy": "kvsim_eviction_policy",
+    "device": "kvsim_device",
+    "load_rule": "kvsim_load_rule",
 }
 
 

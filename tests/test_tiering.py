@@ -435,7 +435,7 @@ def test_bad_tier_configs_are_one_line_errors(extra, message):
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_tiers_refuse_admission_rules_and_the_timed_engine():
+def test_tiers_refuse_admission_rules_and_both_modes_take_them():
     extra = {"spec_name": TIERING, "secondary_tiers": [{"type": "fs"}]}
     with pytest.raises(InputError, match="admit every chunk"):
         options_from_vllm_config(
@@ -443,8 +443,7 @@ def test_tiers_refuse_admission_rules_and_the_timed_engine():
         ).resolve(16)
     from kvsim.config import engine_knobs_from_vllm_config, refuse_engine_knobs_in_cache_mode
 
-    with pytest.raises(InputError, match="cache mode"):
-        engine_knobs_from_vllm_config(extra)
+    assert engine_knobs_from_vllm_config(extra) == {}  # the timed engine takes them
     refuse_engine_knobs_in_cache_mode(extra)  # cache mode takes them
 
 
@@ -533,11 +532,11 @@ def test_cli_tier_replaces_the_configs_tiers_and_conflicts_are_errors(capsys, tm
     assert code == 2 and "--protocol prefix" in err
 
 
-def test_the_python_api_takes_tiers_and_simulate_refuses_them():
+def test_the_python_api_takes_tiers_in_both_modes():
     import kvsim
 
     result = kvsim.replay(SAMPLE, cpu_chunks=64, limit=20, secondary_tiers=[{"type": "fs"}])
     assert result.summary["secondary_tiers"] == "1:fs" and result.summary["requests"] == 20
     assert result.config["secondary_tiers"][0]["type"] == "fs"
-    with pytest.raises(InputError, match="simulate does not model them"):
-        kvsim.simulate(SAMPLE, cpu_chunks=64, limit=5, secondary_tiers=[{"type": "fs"}])
+    timed = kvsim.simulate(SAMPLE, cpu_chunks=64, limit=5, secondary_tiers=[{"type": "fs"}])
+    assert timed.summary["tier1_fs_device"] == "nvme-gen4"  # tests/test_timed_tiers.py

@@ -22,6 +22,7 @@ from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.errors import InputError
 from kvsim.results import Result, format_value
+from kvsim.tier_spec import tier_from_shorthand
 from kvsim.traces import as_trace
 
 #: rows before the latency metrics
@@ -75,6 +76,37 @@ def metric_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+#: a secondary tier's rows: summary key suffix -> label (after the tier's label)
+TIER_ROWS = (
+    ("device", "device"),
+    ("hit_tokens", "hit tokens"),
+    ("promoted_chunks", "promoted chunks"),
+    ("promotion_p50_ms", "promotion P50 (ms)"),
+    ("promotion_p99_ms", "promotion P99 (ms)"),
+    ("cascaded_chunks", "cascaded chunks"),
+    ("dropped_chunks", "dropped chunks (back-pressure)"),
+    ("read_bytes", "bytes read"),
+    ("written_bytes", "bytes written"),
+    ("load_rule_skipped_chunks", "chunks skipped by the load rule"),
+)
+TIER_TOTAL_ROWS = (
+    ("tier_hit_requests", "requests with a secondary-tier hit"),
+    ("tier_loads_lost", "of them, loading slower than recompute"),
+    ("tier_load_rule", "tier load rule"),
+)
+
+
+def tier_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The secondary tiers' rows (``tier1_fs_device`` -> ``tier 1:fs device``), if any."""
+    rows = []
+    for key in summary:
+        if key.startswith("tier") and key.endswith("_device"):
+            prefix = key[: -len("device")]
+            number, kind = prefix[len("tier") : -1].split("_", 1)
+            rows += [(prefix + k, f"tier {number}:{kind} {label}") for k, label in TIER_ROWS]
+    return [*rows, *TIER_TOTAL_ROWS] if rows else []
+
+
 def show(key: str, value: Any, signed: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -94,7 +126,7 @@ def format_comparison(result: Result, baseline: bool) -> str:
         f"kvsim simulate: {summary['trace']} "
         f"({summary['model']} on {summary['gpu']}, link {summary['link']})"
     )
-    keyed = [*RUN_ROWS, *metric_rows(summary), *LOAD_ROWS, *CACHE_ROWS]
+    keyed = [*RUN_ROWS, *metric_rows(summary), *LOAD_ROWS, *CACHE_ROWS, *tier_rows(summary)]
     rows = [(key, label) for key, label in keyed if summary.get(key) is not None]
     diff = result.compare() if baseline else None
     table = []
@@ -257,6 +289,23 @@ def write_tables(result: Result, out: str) -> list[str]:
     help="With --out: bench.json gets vLLM's per-request lists (ttfts, itls, ...) and the "
     "folder a tokens table (one row per output token).",
 )
+@click.option(
+    "--tier",
+    "tiers",
+    multiple=True,
+    metavar="TYPE[:KEY=VALUE,...]",
+    help="A secondary tier behind the CPU tier, as vLLM's TieringOffloadingSpec (repeatable, "
+    "in order; replaces --vllm-config's secondary_tiers), e.g. fs:device=nvme-gen5 or "
+    "obj:capacity=10TiB. device= picks its device model (nvme-gen4, the fs default; "
+    "nvme-gen5; shared-fs; object-store, the obj default; instant; or a device JSON file).",
+)
+@click.option(
+    "--tier-load-rule",
+    type=click.Choice(["off", "pays-off"]),
+    default=None,
+    help="pays-off (beyond vLLM): a secondary-tier hit that would promote and load slower "
+    "than it recomputes is a miss. Default: off, vLLM's (every hit loads).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
     "--progress/--no-progress",
@@ -290,6 +339,8 @@ def simulate_command(
     as_json: bool,
     show_progress: bool | None,
     vllm_config: str | None,
+    tiers: tuple[str, ...] = (),
+    tier_load_rule: str | None = None,
     **kwargs: Any,
 ) -> None:
     """Replay TRACE's arrivals through a modelled vLLM engine with CPU KV offloading.
@@ -317,6 +368,8 @@ def simulate_command(
     check_output_path(chrome_trace, "--chrome-trace", trace, vllm_config, compute_profile, link)
     if save_detailed and not out_dir:
         raise InputError("--save-detailed writes into --out; give --out DIR")
+    if tiers:  # vLLM's secondary_tiers objects, in order
+        options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
     info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info
     result = simulate(
         trace,
@@ -341,13 +394,19 @@ def simulate_command(
         metric_percentiles=metric_percentiles,
         goodput=" ".join(goodput) if goodput else None,
         vllm_config=vllm_config,
+        tier_load_rule=tier_load_rule,
         progress=wants_progress(show_progress),
         **{k: v for k, v in options.items() if v is not None},
     )
     if out_dir:
         write_tables(result, out_dir)
     if chrome_trace:
-        write_chrome_trace(chrome_trace, result.tables["steps"], result.tables["transfers"])
+        write_chrome_trace(
+            chrome_trace,
+            result.tables["steps"],
+            result.tables["transfers"],
+            result.tables.get("tier_jobs"),
+        )
     if as_json:
         click.echo(json.dumps(result.summary, indent=2, default=str))
     else:

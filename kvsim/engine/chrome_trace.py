@@ -2,7 +2,9 @@
 
 Open the file in https://ui.perfetto.dev or chrome://tracing. Times are microseconds.
 Tracks: pid 1 "engine" (tid 1 steps, tid 2 flush/sync stalls), pid 2 "PCIe" (one tid per
-queue: store, load, expedited).
+queue: store, load, expedited), and with secondary tiers pid 2 + i for tier i ("tier 1:fs",
+tid 1 promotions, tid 2 cascades; a job spans its submission to its end, queueing on the
+device included).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from kvsim.io import atomic_write
 _US = 1e6
 
 
-def chrome_trace_events(steps: pd.DataFrame, transfers: pd.DataFrame) -> list[dict[str, Any]]:
+def chrome_trace_events(
+    steps: pd.DataFrame, transfers: pd.DataFrame, tier_jobs: pd.DataFrame | None = None
+) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = [
         {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "engine"}},
         {"ph": "M", "pid": 1, "tid": 1, "name": "thread_name", "args": {"name": "steps"}},
@@ -78,13 +82,53 @@ def chrome_trace_events(steps: pd.DataFrame, transfers: pd.DataFrame) -> list[di
                 },
             }
         )
+    if tier_jobs is not None:
+        events.extend(_tier_events(tier_jobs))
+    return events
+
+
+def _tier_events(jobs: pd.DataFrame) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for tier, label in sorted(set(zip(jobs["tier"], jobs["label"]))):
+        pid = 2 + int(tier)
+        events.append(
+            {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"tier {label}"}}
+        )
+        for tid, name in ((1, "promotions"), (2, "cascades")):
+            events.append(
+                {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}}
+            )
+    for row in jobs.itertuples(index=False):
+        events.append(
+            {
+                "ph": "X",
+                "pid": 2 + int(row.tier),
+                "tid": 1 if row.kind == "promotion" else 2,
+                "name": f"{row.kind} r{row.request}",
+                "ts": row.submit_s * _US,
+                "dur": row.duration_s * _US,
+                "args": {
+                    "job": int(row.job),
+                    "chunks": int(row.chunks),
+                    "bytes": int(row.bytes),
+                    "success": bool(row.success),
+                },
+            }
+        )
     return events
 
 
 def write_chrome_trace(
-    path: str | os.PathLike[str], steps: pd.DataFrame, transfers: pd.DataFrame
+    path: str | os.PathLike[str],
+    steps: pd.DataFrame,
+    transfers: pd.DataFrame,
+    tier_jobs: pd.DataFrame | None = None,
 ) -> None:
     with atomic_write(path) as f:
         json.dump(
-            {"traceEvents": chrome_trace_events(steps, transfers), "displayTimeUnit": "ms"}, f
+            {
+                "traceEvents": chrome_trace_events(steps, transfers, tier_jobs),
+                "displayTimeUnit": "ms",
+            },
+            f,
         )

@@ -85,6 +85,9 @@ class OffloadConnector:
         sync_load_budget_bytes: int = 0,
     ) -> None:
         self.manager = manager
+        # a manager with secondary tiers scans per request (its lookups promote and may
+        # answer RETRY); the CPU tier alone scans without one
+        self._scan = getattr(manager, "scan_prefix", None)
         self.tpc = layout.chunk_tokens
         self.unit = gpu_block_tokens  # GPU KV block (vLLM --block-size)
         if self.tpc % gpu_block_tokens:
@@ -166,7 +169,10 @@ class OffloadConnector:
             return 0, False
         start = local // tpc
         window = keys[start : -(-max_hit // tpc)]
-        count, pending = self.manager.lookup_prefix(window)
+        scan = self._scan
+        count, pending = (
+            self.manager.lookup_prefix(window) if scan is None else scan(window, req.ctx)
+        )
         if pending:
             return None
         hit = tpc * (start + count) - local

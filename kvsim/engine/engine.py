@@ -48,6 +48,7 @@ from kvsim.engine.recorder import Recorder
 from kvsim.engine.request_state import REJECTED, WAITING_FOR_KV, SimRequest
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.sim_backend import SimulatedTransferBackend
+from kvsim.engine.tier_driver import TierDriver
 from kvsim.engine.transfer_model import TransferModelParams, get_link
 from kvsim.engine.transfer_protocol import TransferBackend, TransferResult
 from kvsim.errors import InputError
@@ -55,6 +56,7 @@ from kvsim.gpu_cache import GpuBlockPool
 from kvsim.hardware import GpuSpec
 from kvsim.models import ModelSpec
 from kvsim.offload import OffloadManager
+from kvsim.tiering.build import build_tiered_manager
 from kvsim.traces.model import Request
 
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
@@ -141,7 +143,14 @@ class Engine:
         self.offload = offload
         self.manager = None
         self.connector: OffloadConnector | None = None
+        self.tiers: TierDriver | None = None  # secondary tiers on their devices
         if offload:
+            if manager is None and config.secondary_tiers:
+                self.tiers = TierDriver(self.clock, config)
+                manager = build_tiered_manager(
+                    config, requests_for_future, instant=False, clock=self.tiers.now
+                )
+                self.tiers.attach(manager)
             self.manager = (
                 manager
                 if manager is not None
@@ -155,6 +164,10 @@ class Engine:
                 gpu_block_tokens=params.gpu_block_tokens,
                 prompt_only=params.offload_prompt_only,
                 sync_load_budget_bytes=params.sync_load_budget_bytes,
+            )
+        if self.tiers is not None and self.connector is not None:
+            self.tiers.set_load_rule(
+                self.compute, self.transfer.h2d, self.connector, params.max_num_batched_tokens
             )
         self.scheduler = Scheduler(params, self.pool, self.layout.unit_tokens, self.connector)
         self.recorder = Recorder(params.record_steps)
@@ -259,7 +272,12 @@ class Engine:
         t0 = clock.now()
         step = self.steps
         self.steps += 1
+        tiers = self.tiers
+        if tiers is not None:
+            tiers.advance(t0)
         batch = self.scheduler.schedule(t0, step)
+        if tiers is not None:
+            tiers.after_schedule(t0)
         stall = (
             conn.begin_execute(self.backend, clock, self.recorder.on_submit, self._compute_tail)
             if conn is not None
@@ -351,6 +369,10 @@ class Engine:
         """Nothing happened this step: wake at the next transfer completion (or poll a
         backend that cannot predict one). False when no transfer is in flight."""
         nct = self.backend.next_completion_time()
+        if self.tiers is not None:  # a tier job or check a waiting request may need
+            tt = self.tiers.next_event_time()
+            if tt is not None and (nct is None or tt < nct):
+                nct = tt
         if nct is not None:
             self._schedule_step(max(nct, now), PHASE_TRANSFER)
             return True
@@ -464,11 +486,13 @@ class Engine:
         self._rescue_or_stall(now)
 
     def _drain(self) -> None:
-        """After the last step: let in-flight copies finish and account them."""
+        """After the last step: let in-flight copies finish and account them, then the
+        tier jobs (each at its own time)."""
         conn = self.connector
-        if conn is None or not conn.jobs:
-            return
-        t, results = self.backend.wait(list(conn.jobs), self.clock.now())
-        self.clock.wait_until(t)
-        conn._held_results.extend(results)
-        conn.end_execute(self.backend, self.clock.now(), self.recorder.on_done)
+        if conn is not None and conn.jobs:
+            t, results = self.backend.wait(list(conn.jobs), self.clock.now())
+            self.clock.wait_until(t)
+            conn._held_results.extend(results)
+            conn.end_execute(self.backend, self.clock.now(), self.recorder.on_done)
+        if self.tiers is not None:
+            self.tiers.finish_all()

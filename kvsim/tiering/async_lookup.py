@@ -79,11 +79,19 @@ class AsyncLookups:
         if sent:
             self._to_worker.append(sent)
 
-    def answer(self) -> None:
-        """The worker: answer every batch sent so far, from what the tier holds now."""
-        while self._to_worker:
+    def answer(self, batches: int | None = None) -> None:
+        """The worker: answer the batches sent so far (the first ``batches`` of them when
+        given), from what the tier holds now."""
+        while self._to_worker and (batches is None or batches > 0):
+            if batches is not None:
+                batches -= 1
             batch = self._to_worker.popleft()
             self._answers.append([(key, gen, self._probe(key)) for key, gen in batch])
+
+    @property
+    def batches_sent(self) -> int:
+        """Batches with the worker, not answered yet."""
+        return len(self._to_worker)
 
     def drain(self) -> None:
         """Apply the worker's answers (a probe nobody waits for any more is dropped)."""

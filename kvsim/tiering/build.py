@@ -12,6 +12,7 @@ from kvsim.policies.base import FuturePolicy
 from kvsim.policies.registry import make_eviction_policy
 from kvsim.tier_spec import TierSpec
 from kvsim.tiering.backpressure import EMADetector
+from kvsim.tiering.devices import tier_device
 from kvsim.tiering.manager import TieredManager, no_time
 from kvsim.tiering.primary import PrimaryTier
 from kvsim.tiering.secondary import SecondaryTier
@@ -29,6 +30,14 @@ def build_tiered_manager(
     """The CPU tier of ``config`` with its ``secondary_tiers`` behind it. ``instant``:
     every tier transfer finishes when submitted (cache mode); ``requests``: the trace's
     future, for a policy that reads it (Belady)."""
+    for index, spec in enumerate(config.secondary_tiers):
+        where = f"secondary tier {index + 1}:{spec.type}"
+        tier_device(spec, where)  # a bad device is an error in either mode
+        if instant and spec.load_rule is not None:
+            raise InputError(
+                f"{where}: load rule {spec.load_rule!r} weighs transfer time against "
+                "recompute time, which cache mode does not model; use kvsim simulate"
+            )
     primary = cast(PrimaryTier, PrimaryTier.from_config(config, requests))
     chunk_bytes = config.chunk_bytes or 0
     tiers = [

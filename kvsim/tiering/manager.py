@@ -90,6 +90,10 @@ class TieredManager:
         self._requests: dict[Hashable, _RequestState] = {}
         # request -> key -> the secondary tier it was promoted from, for hit attribution
         self._load_sources: dict[Hashable, dict[ChunkKey, int]] = {}
+        #: beyond vLLM (None: vLLM's behaviour): asked ``gate(tier, key, ctx, promoted)``
+        #: before a secondary hit promotes (``promoted``: chunks already promoted for the
+        #: request); False makes that tier's answer a MISS
+        self.promotion_gate: Callable[[int, ChunkKey, RequestContext, int], bool] | None = None
 
     # --- jobs ---
 
@@ -111,6 +115,10 @@ class TieredManager:
         if not self._polled_this_step:
             self._polled_this_step = True
             self._process_finished_jobs()
+
+    def poll_finished(self) -> None:
+        """Collect finished jobs now, as vLLM's tier-poll thread does between steps."""
+        self._process_finished_jobs()
 
     def _process_finished_jobs(self) -> None:
         for index, tier in enumerate(self.tiers):
@@ -180,9 +188,34 @@ class TieredManager:
             found = tier.lookup(key, ctx)
             self.metrics.on_lookup(req_id, key, tier.label, found, self.clock)
             if found is _HIT:
+                gate = self.promotion_gate
+                if gate is not None and not gate(
+                    index, key, ctx, len(self._load_sources.get(req_id, ()))
+                ):
+                    continue  # beyond vLLM: this tier's copy cannot pay off
                 return _PENDING if self._start_promotion(index, key, ctx) else _MISS
             any_retry |= found is _RETRY
         return _RETRY if any_retry else _MISS
+
+    def scan_prefix(self, keys: Iterable[ChunkKey], ctx: RequestContext) -> tuple[int, bool]:
+        """The connector's scan (vLLM ``_lookup_complete_chunks``): HIT and HIT_PENDING count,
+        a RETRY keeps the scan going, a MISS ends it; ``(count, defer)``, where ``defer``
+        means some key was pending or unknown, so the request must wait."""
+        lookup = self.lookup
+        count = 0
+        defer = False
+        for key in keys:
+            result = lookup(key, ctx)
+            if result is _HIT:
+                count += 1
+            elif result is _PENDING:
+                count += 1
+                defer = True
+            elif result is _RETRY:
+                defer = True
+            else:
+                break
+        return count, defer
 
     def _start_promotion(self, tier: int, key: ChunkKey, ctx: RequestContext) -> bool:
         out = self.primary.prepare_store([key], ctx)
@@ -340,6 +373,10 @@ class TieredManager:
                 self.metrics.take_dropped(index, *tier.detector.policy.pop_dropped())
                 gauges[(BACKPRESSURE_STORE_LATENCY_EMA, tier.label)] = tier.detector.ema
         return dict(self.metrics.counters), gauges
+
+    def get_stats(self) -> dict[str, object]:
+        """The CPU tier's ``vllm:kv_offload_*`` stats (the timed engine's step records)."""
+        return self.primary.get_stats()
 
     @property
     def num_resident(self) -> int:

@@ -13,7 +13,7 @@ after ``keep`` chunks, as a read error would.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from kvsim.context import RequestContext
@@ -64,6 +64,8 @@ class SecondaryTier:
         self._reserved: dict[int, list[ChunkKey] | None] = {}
         self._finished: list[JobResult] = []
         self._live: set[Hashable] = set()
+        #: told of each job as it is submitted when not ``instant`` (a timed model's hook)
+        self.on_submit: Callable[[SecondaryTier, TransferJob], None] | None = None
 
     # --- lookups ---
 
@@ -88,6 +90,8 @@ class SecondaryTier:
         self._in_flight[job.job_id] = job
         if self.instant:
             self.finish(job.job_id)
+        elif self.on_submit is not None:
+            self.on_submit(self, job)
 
     @property
     def in_flight(self) -> list[TransferJob]:

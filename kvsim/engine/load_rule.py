@@ -1,0 +1,106 @@
+"""Load or recompute: what a prefix costs either way, and the opt-in rule (beyond vLLM).
+
+vLLM always loads a hit, from any tier. A chunk on a slow tier can take longer to
+promote and load than the GPU takes to compute it again. Two estimates, on the engine's
+own models, decide:
+
+* **load**: the promotion on the tier's device (:meth:`DeviceSpec.job_time`, the idle
+  device, plus the read operations already queued there) and the CPU -> GPU copy on the
+  link (:meth:`DirectionParams.job_time`);
+* **recompute**: a prefill of the same tokens after the tokens before them, alone on the
+  GPU in steps of ``max_num_batched_tokens``, under the engine's compute model
+  (:func:`prefill_seconds`).
+
+:class:`PaysOffRule` is the rule ``kvsim_load_rule: "pays-off"`` (``--tier-load-rule``):
+the manager asks it before a secondary hit promotes a chunk; the estimate covers the
+chunks promoted for the request so far plus this one, so a long run of chunks is weighed
+as a whole, and a chunk whose run would load slower than it computes is a MISS (the scan
+stops there and the request computes the rest). The per-request report
+(:func:`kvsim.engine.tier_report.request_columns`) compares the load the request really
+waited for with the same recompute estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from functools import lru_cache
+
+from kvsim.context import RequestContext
+from kvsim.engine.compute_model import StepBatch
+from kvsim.engine.transfer_model import DirectionParams
+from kvsim.keys import ChunkKey
+from kvsim.tiering.devices import TierDevice
+
+
+def prefill_seconds(
+    compute: Callable[[StepBatch], float], tokens: int, context: int, step_tokens: int
+) -> float:
+    """Seconds to compute ``tokens`` prompt tokens after ``context`` cached ones, alone on
+    the GPU, ``step_tokens`` a step (chunked prefill)."""
+    total = 0.0
+    done = 0
+    while done < tokens:
+        n = min(step_tokens, tokens - done)
+        c = context + done
+        total += compute(StepBatch(1, 1, n, 0, c, n * c + n * (n + 1) / 2, 0))
+        done += n
+    return total
+
+
+class LoadCosts:
+    """The two estimates for one engine: its compute model, link and chunk geometry."""
+
+    def __init__(
+        self,
+        compute: Callable[[StepBatch], float],
+        h2d: DirectionParams,
+        *,
+        chunk_tokens: int,
+        chunk_bytes: int,
+        kv_bytes_per_token: int,
+        copies_per_token: float,
+        step_tokens: int,
+    ) -> None:
+        self.h2d = h2d
+        self.chunk_tokens = chunk_tokens
+        self.chunk_bytes = chunk_bytes
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.copies_per_token = copies_per_token
+        self.recompute_s: Callable[[int, int], float] = lru_cache(maxsize=65536)(
+            lambda tokens, context: prefill_seconds(compute, tokens, context, step_tokens)
+        )
+
+    def copy_s(self, tokens: int) -> float:
+        """CPU -> GPU time of ``tokens`` tokens alone on the link (one worker's bytes)."""
+        copies = max(1, round(tokens * self.copies_per_token))
+        return self.h2d.job_time(tokens * self.kv_bytes_per_token, copies)
+
+    def load_s(self, device: TierDevice, chunks: int) -> float:
+        """Promote ``chunks`` chunks from ``device`` (behind its queued reads), then copy
+        them to the GPU."""
+        promote = device.spec.job_time(True, chunks, self.chunk_bytes) + device.read_backlog_s()
+        return promote + self.copy_s(chunks * self.chunk_tokens)
+
+
+class PaysOffRule:
+    """The manager's promotion gate: promote only while loading beats recomputing.
+    Counts the distinct (request, chunk) pairs it turned away, per tier."""
+
+    def __init__(self, costs: LoadCosts, devices: list[TierDevice], tiers: set[int]) -> None:
+        self.costs = costs
+        self.devices = devices
+        self.tiers = tiers  # tier indices the rule applies to
+        self.skipped: list[set[tuple[Hashable, ChunkKey]]] = [set() for _ in devices]
+
+    def __call__(self, tier: int, key: ChunkKey, ctx: RequestContext, promoted: int) -> bool:
+        if tier not in self.tiers:
+            return True
+        costs = self.costs
+        chunks = promoted + 1
+        tokens = chunks * costs.chunk_tokens
+        end = ctx.positions.get(key, tokens)
+        recompute = costs.recompute_s(tokens, max(0, end - tokens))
+        if costs.load_s(self.devices[tier], chunks) <= recompute:
+            return True
+        self.skipped[tier].add((ctx.req_id, key))
+        return False
