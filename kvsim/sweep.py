@@ -19,6 +19,13 @@ Spec (YAML or a mapping)::
     limit: 200                   # optional, requests per trace
     options: {model: llama-3.1-8b}            # fixed for every cell
     grid: {policy: [lru, arc], cpu_chunks: [100, 400, 1600], store_threshold: [0, 2]}
+
+``tiers`` sweeps the secondary tiers behind the CPU tier (vLLM's ``secondary_tiers``): each
+value is one tier *set*, the text ``none`` or tiers joined by ``+`` in ``kvsim replay
+--tier``'s shorthand (``fs:capacity=1TiB+obj``), or a list of vLLM tier objects. Rows get a
+``tiers`` label and the hit share of each tier (:func:`tier_shares`)::
+
+    grid: {cpu_gib: [16, 64, 256], tiers: [none, "fs:capacity=256GiB", "fs:capacity=2TiB"]}
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -52,6 +60,7 @@ from kvsim.errors import InputError
 from kvsim.io import atomic_path
 from kvsim.progress import Progress, ProgressArg
 from kvsim.results import kvsim_version, write_metadata
+from kvsim.tier_spec import _SHORTHAND_KEYS, as_tier_specs, tier_from_shorthand
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -70,7 +79,9 @@ Warn = Callable[[str], None]
 # --------------------------------------------------------------------------- spec checks
 
 #: API keywords a cell cannot set: the sweep sets them, or they write files of their own
-_NOT_OPTIONS = {"trace", "limit", "per_request", "requests_csv", "progress"}
+_NOT_OPTIONS = {"trace", "limit", "per_request", "requests_csv", "progress", "secondary_tiers"}
+#: the sweep's axis of secondary-tier sets: a cell's ``secondary_tiers``, with a row label
+TIERS = "tiers"
 #: the ways to size the CPU tier; cache mode needs one, no mode takes two
 _SIZES = ("cpu_chunks", "cpu_gib", "cpu_bytes")
 
@@ -172,7 +183,7 @@ def option_names(mode: str) -> frozenset[str]:
     params = inspect.signature(fn).parameters.values()
     own = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
     fields = {f.name for f in dataclasses.fields(OffloadOptions)}
-    return frozenset((own | fields) - _NOT_OPTIONS)
+    return frozenset(((own | fields) - _NOT_OPTIONS) | {TIERS})
 
 
 def _shown(v: Any) -> str:
@@ -198,6 +209,9 @@ def _shown(v: Any) -> str:
 def check_value(name: str, value: Any, where: str) -> None:
     """Raise a one-line :class:`InputError` naming ``where`` unless ``value`` suits option
     ``name``: checked before any cell runs, so ``cpu_gib: "64"`` never reaches arithmetic."""
+    if name == TIERS:
+        tier_set(value, where)
+        return
     kind = _KINDS.get(name, _SCALAR)
     if not kind.ok(value):
         raise InputError(f"{where}: must be {kind.what}, got {_shown(value)}")
@@ -209,6 +223,11 @@ def _check_names(names: Iterable[str], mode: str, where: str) -> None:
     for name in names:
         if not isinstance(name, str):
             raise InputError(f"{where}: option names are text, got {_shown(name)}")
+        if name == "secondary_tiers":  # one way to give tiers, with a row label
+            raise InputError(
+                f"{where}.secondary_tiers: a sweep takes secondary tiers as {TIERS!r}, one tier "
+                "set per value (none, fs:capacity=2TiB+obj, or a list of vLLM tier objects)"
+            )
         if name not in known:
             guess = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {guess[0]!r}?" if guess else ""
@@ -306,6 +325,131 @@ def _check_size(mode: str, given: set[str]) -> None:
         )
 
 
+# --------------------------------------------------------------------------- tier sets
+
+#: joins the tiers of one set in its text form (``fs:capacity=1TiB+obj``)
+TIER_JOIN = "+"
+#: the tier set without secondary tiers
+NO_TIERS = "none"
+#: a ``+`` that starts the next tier (a name, then ``:``, ``+`` or the end); one inside a
+#: value (``capacity=1.5e+12``) does not
+_NEXT_TIER = re.compile(r"\+(?=\s*[A-Za-z_][\w-]*\s*(?::|\+|$))")
+#: a secondary tier's hit share in a replay summary (``tier1_fs_hit_ratio``) and in a timed
+#: run's (``tier1_fs_hit_share``, of the prompt tokens)
+_TIER_HIT = re.compile(r"tier\d+_\w+_hit_ratio")
+_TIER_SHARE = re.compile(r"tier\d+_\w+_hit_share")
+#: tier-object key -> the shorthand key that stands for it
+_SHORT_NAMES = {v: k for k, v in _SHORTHAND_KEYS.items()}
+
+
+def tier_set(value: Any, where: str = TIERS) -> list[dict[str, Any]]:
+    """One tier set as vLLM ``secondary_tiers`` objects, each checked (an error names
+    ``where``): ``none`` or an empty list is no tiers; text is tiers joined by ``+``, each in
+    ``kvsim replay --tier``'s shorthand; a list holds shorthand texts or vLLM tier objects
+    (one object alone is a set of one)."""
+    if isinstance(value, Mapping):
+        value = [value]
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == NO_TIERS:
+            return []
+        if not text:
+            raise InputError(f"{where}: empty tier set; write {NO_TIERS!r} for no secondary tiers")
+        items: list[Any] = _NEXT_TIER.split(text)
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise InputError(
+            f"{where}: a tier set is text such as 'fs:capacity=2TiB+obj' or {NO_TIERS!r}, "
+            f"or a list of tier objects; got {_shown(value)}"
+        )
+    tiers = []
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping):
+            try:
+                as_tier_specs([dict(item)], where)
+            except InputError as e:  # named by its place in the set, not in a list of one
+                raise InputError(str(e).replace(f"{where}[0]", f"{where}[{i}]", 1)) from None
+            tiers.append(dict(item))
+        elif isinstance(item, str) and item.strip().lower() == NO_TIERS:
+            raise InputError(f"{where}: {NO_TIERS!r} is a tier set of its own, not a tier")
+        elif isinstance(item, str) and item.strip():
+            tiers.append(_shorthand(item.strip(), where))
+        else:
+            raise InputError(
+                f"{where}: each tier is TYPE[:KEY=VALUE,...] (tiers joined by "
+                f"{TIER_JOIN!r}) or a tier object; got {_shown(item)}"
+            )
+    return tiers
+
+
+def _shorthand(text: str, where: str) -> dict[str, Any]:
+    """One tier of a set's text, its error re-worded to name the sweep's option."""
+    try:
+        return tier_from_shorthand(text)
+    except InputError as e:
+        rest = str(e).removeprefix(f"--tier {text}").removeprefix(":").removeprefix(".")
+        raise InputError(f"{where}: {text!r}: {rest.strip()}") from None
+
+
+def tier_set_label(value: Any) -> str:
+    """A tier set as one line of text: ``none``, or its tiers in the shorthand joined by
+    ``+`` (a value the shorthand has no form for, such as a ``backpressure`` object, as
+    JSON)."""
+    return TIER_JOIN.join(_tier_text(t) for t in tier_set(value)) or NO_TIERS
+
+
+def _tier_text(tier: Mapping[str, Any]) -> str:
+    parts = [
+        f"{_SHORT_NAMES.get(k, k)}="
+        + (v if isinstance(v, str) else json.dumps(v, sort_keys=True, separators=(",", ":")))
+        for k, v in tier.items()
+        if k != "type"
+    ]
+    return f"{tier['type']}:{','.join(parts)}" if parts else str(tier["type"])
+
+
+def _canonical_tier_set(value: Any) -> str | list[dict[str, Any]]:
+    """A tier set as its cells hold it: its label when that reads back as the same tiers
+    (``fs: capacity=1TiB`` and ``[{type: fs, kvsim_capacity: 1TiB}]`` are one cell), else
+    its tier objects."""
+    tiers = tier_set(value)
+    label = tier_set_label(tiers)
+    try:
+        same = tier_set(label) == tiers
+    except InputError:
+        same = False
+    return label if same else tiers
+
+
+def _secondary_tiers(value: Any, has_vllm_config: bool) -> dict[str, Any]:
+    """The API keyword a cell's tier set becomes. ``none`` passes nothing, so its row is the
+    plain run's, unless a ``vllm_config`` is there, whose tiers it then clears."""
+    tiers = tier_set(value)
+    return {"secondary_tiers": tiers} if tiers or has_vllm_config else {}
+
+
+def tier_shares(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What a tier-set row adds to its run's summary, so every row of the sweep has the same
+    shares: ``cpu_tier_hit_ratio`` (in a run without secondary tiers, all its CPU hits) and
+    ``secondary_tier_hit_ratio``, the share of prompt blocks promoted from any secondary
+    tier (the sum of the ``tierN_TYPE_hit_ratio`` columns; 0 without tiers); for a timed
+    run with tiers, ``secondary_tier_hit_share``, the sum of its ``tierN_TYPE_hit_share``."""
+    out: dict[str, Any] = {}
+    if "cpu_tier_hit_ratio" not in summary and "cpu_hit_ratio" in summary:
+        out["cpu_tier_hit_ratio"] = summary["cpu_hit_ratio"]
+        if "cpu_hit_blocks" in summary:
+            out["cpu_tier_hit_blocks"] = summary["cpu_hit_blocks"]
+    if "cpu_tier_hit_ratio" in summary or out:
+        out["secondary_tier_hit_ratio"] = float(
+            sum(v for k, v in summary.items() if _TIER_HIT.fullmatch(k) and _is_real(v))
+        )
+    timed = [v for k, v in summary.items() if _TIER_SHARE.fullmatch(k) and _is_real(v)]
+    if timed:
+        out["secondary_tier_hit_share"] = float(sum(timed))
+    return out
+
+
 @dataclass
 class SweepSpec:
     """A validated sweep: the cells are the product of traces and the grid, in order."""
@@ -364,6 +508,10 @@ class SweepSpec:
         grid = _check_grid(_mapping(data, "grid"))
         options = _mapping(data, "options")
         _check_options(mode, options, grid)
+        if TIERS in options:
+            options[TIERS] = _canonical_tier_set(options[TIERS])
+        if TIERS in grid:
+            grid[TIERS] = [_canonical_tier_set(v) for v in grid[TIERS]]
         name = data.get("name", "sweep")
         if not isinstance(name, (str, int)) or isinstance(name, bool):
             raise InputError(f"name: must be text, got {_shown(name)}")
@@ -521,6 +669,7 @@ _BASELINES_ENV = "KVSIM_SWEEP_BASELINES"
 #: options that shape only the CPU tier, which a run without offloading never reads
 _CPU_TIER_OPTIONS = frozenset(
     {
+        TIERS,  # secondary tiers sit behind the CPU tier: no offloading, no tiers
         "cpu_chunks",
         "cpu_gib",
         "cpu_bytes",
@@ -611,9 +760,11 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
     """
     start = time.perf_counter()
     cell = dict(cell)
-    row: dict[str, Any] = {"cell_id": cell_id(cell), **cell, "trace": _trace_label(cell["trace"])}
-    options = {k: v for k, v in cell.items() if k not in ("trace", "mode", "limit")}
+    row = _config_row(cell)
+    options = {k: v for k, v in cell.items() if k not in ("trace", "mode", "limit", TIERS)}
     try:
+        if TIERS in cell:
+            options.update(_secondary_tiers(cell[TIERS], "vllm_config" in options))
         metrics = _metrics(
             cell.get("mode", "cache"),
             _resolve_trace(cell["trace"], base_dir),
@@ -622,6 +773,8 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
             lambda: _baseline_key(cell, base_dir),
         )
         metrics.pop("trace", None)
+        if TIERS in cell:
+            metrics.update(tier_shares(metrics))
         for k, v in metrics.items():
             if k not in row and _scalar(v):
                 row[k] = v
@@ -637,13 +790,20 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
 def _failed_row(cell: Mapping[str, Any], error: str) -> dict[str, Any]:
     """The row of a cell that did not finish in its worker (the cell function never raises)."""
     return {
-        "cell_id": cell_id(cell),
-        **cell,
-        "trace": _trace_label(cell["trace"]),
+        **_config_row(cell),
         "status": "error",
         "error": f"worker failed: {error}",
         "elapsed_s": math.nan,
     }
+
+
+def _config_row(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's configuration columns: the cell, with readable labels for the trace and the
+    tier set."""
+    row = {"cell_id": cell_id(cell), **cell, "trace": _trace_label(cell["trace"])}
+    if TIERS in cell:
+        row[TIERS] = tier_set_label(cell[TIERS])
+    return row
 
 
 def _scalar(v: Any) -> bool:

@@ -20,6 +20,7 @@ OURS = {
     "01_trace_anatomy.ipynb",
     "02_policy_capacity_study.ipynb",
     "04_offload_under_load.ipynb",
+    "05_secondary_tiers.ipynb",
 }
 
 

@@ -60,6 +60,18 @@ def _wide_table() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _tiers_table() -> pd.DataFrame:
+    """A ``kvsim sweep --tier-set`` table: CPU GiB x tier sets, the hit ratio rising with both."""
+    sets = ("none", "fs:capacity=1TiB", "fs:capacity=2TiB")
+    return pd.DataFrame(
+        [
+            {"cpu_gib": gib, "tiers": t, "combined_hit_ratio": 0.05 * i + 0.01 * np.log2(gib)}
+            for i, t in enumerate(sets)
+            for gib in (16, 64, 256)
+        ]
+    )
+
+
 def _lines(ax):
     return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
 
@@ -282,6 +294,7 @@ _MRC = pd.DataFrame({"capacity": [1, 10, 100, 1000], "hit_ratio": [0.0, 0.1, 0.2
 FIGURES = [
     ("hit_vs_capacity", lambda **k: plots.hit_vs_capacity(_wide_table(), **k), 1),
     ("mrc", lambda **k: plots.mrc(_MRC, ceiling=0.4, **k), 1),
+    ("tiers_vs_capacity", lambda **k: plots.tiers_vs_capacity(_tiers_table(), **k), 1),
     ("ttft_cdf", lambda **k: plots.ttft_cdf(_requests(0.1), baseline=_requests(0.2), **k), 1),
     ("usage_timeline", lambda **k: plots.usage_timeline(_steps(), cpu_chunks=1024, **k), 2),
     ("transfers", lambda **k: plots.transfers(_transfers(), **k), 2),
@@ -477,7 +490,14 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, args, message):
 
 
 def test_cli_kinds_cover_every_table():
-    assert set(KINDS) == {"hit-vs-capacity", "mrc", "ttft-cdf", "usage-timeline", "transfers"}
+    assert set(KINDS) == {
+        "hit-vs-capacity",
+        "tiers-vs-capacity",
+        "mrc",
+        "ttft-cdf",
+        "usage-timeline",
+        "transfers",
+    }
 
 
 def test_kvsim_mrc_plot_uses_the_shared_style(tmp_path, capsys):

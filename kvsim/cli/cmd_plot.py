@@ -13,12 +13,13 @@ from kvsim.errors import InputError
 from kvsim.io import read_json
 from kvsim.results import check_run_folder
 
-KINDS = ("hit-vs-capacity", "mrc", "ttft-cdf", "usage-timeline", "transfers")
+KINDS = ("hit-vs-capacity", "tiers-vs-capacity", "mrc", "ttft-cdf", "usage-timeline", "transfers")
 #: figure size presets (kvsim.plots.PRESETS; named here so the CLI loads matplotlib only to draw)
 STYLES = ("one-column", "two-column")
 #: which file of a results folder each kind reads
 FOLDER_FILES = {
     "hit-vs-capacity": "results",
+    "tiers-vs-capacity": "results",
     "mrc": "mrc",
     "ttft-cdf": "requests",
     "usage-timeline": "steps",
@@ -26,11 +27,11 @@ FOLDER_FILES = {
 }
 #: the kinds each kind-specific option acts on (given for another kind, it is an error)
 OPTION_KINDS = {
-    "x": ("hit-vs-capacity", "mrc"),
-    "y": ("hit-vs-capacity", "mrc"),
+    "x": ("hit-vs-capacity", "tiers-vs-capacity", "mrc"),
+    "y": ("hit-vs-capacity", "tiers-vs-capacity", "mrc"),
     "by": ("hit-vs-capacity", "ttft-cdf"),
-    "ceiling": ("hit-vs-capacity", "mrc"),
-    "baseline": ("hit-vs-capacity", "mrc"),
+    "ceiling": ("hit-vs-capacity", "tiers-vs-capacity", "mrc"),
+    "baseline": ("hit-vs-capacity", "tiers-vs-capacity", "mrc"),
     "belady": ("hit-vs-capacity", "mrc"),
     "cpu_chunks": ("usage-timeline",),
     "max_points": ("usage-timeline",),
@@ -89,7 +90,7 @@ def table_kind(df: pd.DataFrame, source: str) -> str:
     if {"capacity", "hit_ratio"} <= cols:
         return "mrc"
     if cols & {"cpu_gib", "cpu_chunks"} and any(c.endswith("hit_ratio") for c in cols):
-        return "hit-vs-capacity"
+        return "tiers-vs-capacity" if "tiers" in cols else "hit-vs-capacity"
     if "ttft_s" in cols:
         return "ttft-cdf"
     if {"direction", "bytes", "start_s", "end_s"} <= cols:
@@ -100,6 +101,21 @@ def table_kind(df: pd.DataFrame, source: str) -> str:
         f"cannot tell which figure this table is for; give --kind ({', '.join(KINDS)})",
         source=source,
     )
+
+
+def _kind_of(results: str, kind: str | None) -> tuple[str, pd.DataFrame | None]:
+    """The figure to draw (given, or told by the table or folder) and the table when it had
+    to be read to tell."""
+    if kind is not None:
+        return kind, None
+    if not os.path.isdir(results):
+        df = read_table(results, "mrc")
+        return table_kind(df, results), df
+    kind = folder_kind(results)
+    if kind == "hit-vs-capacity":  # a --tier-set sweep has a figure of its own
+        df = read_table(results, kind)
+        return table_kind(df, results), df
+    return kind, None
 
 
 def _folder_of(path: str) -> str:
@@ -217,17 +233,14 @@ def plot_command(
 
     \b
     hit-vs-capacity  sweep results (kvsim sweep --out DIR)
+    tiers-vs-capacity  a --tier-set sweep: one line per tier set, hit ratio (and
+                     median TTFT when timed) vs CPU size; the default for such a sweep
     mrc              kvsim mrc --csv table (capacity, hit_ratio)
     ttft-cdf         timed requests table (ttft_s), with the run's baseline if any
     usage-timeline   timed steps table: CPU occupancy, GPU usage, vLLM's pinned gauge
     transfers        timed transfers table (direction, bytes, start_s, end_s)
     """
-    if kind is None and not os.path.isdir(results):
-        df: pd.DataFrame | None = read_table(results, "mrc")
-        kind = table_kind(df, results)
-    else:
-        df = None
-        kind = kind or folder_kind(results)
+    kind, df = _kind_of(results, kind)
     by_cols = [c.strip() for c in by.split(",") if c.strip()] if by else None
     _check_options(
         kind,
@@ -259,6 +272,8 @@ def plot_command(
     refs: dict[str, Any] = {"ceiling": ceiling, "baseline": baseline, "belady": belady_df}
     if kind == "hit-vs-capacity":
         fig = plots.hit_vs_capacity(df, x=x, y=y, by=by_cols, **refs, **common)
+    elif kind == "tiers-vs-capacity":
+        fig = plots.tiers_vs_capacity(df, x=x, y=y, ceiling=ceiling, baseline=baseline, **common)
     elif kind == "mrc":
         fig = plots.mrc(df, x=x, y=y or "hit_ratio", **refs, **common)
     elif kind == "ttft-cdf":

@@ -11,7 +11,17 @@ import yaml
 from kvsim.cli.common import wants_progress
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.errors import InputError
-from kvsim.sweep import EXECUTORS, MODES, SweepSpec, check_value, sweep
+from kvsim.sweep import (
+    EXECUTORS,
+    MODES,
+    NO_TIERS,
+    TIER_JOIN,
+    TIERS,
+    SweepSpec,
+    check_value,
+    sweep,
+    tier_set,
+)
 
 if TYPE_CHECKING:
     from kvsim.cli.common import FC
@@ -68,9 +78,11 @@ def _spec_data(
     mode: str | None,
     limit: int | None,
     grid_opts: dict[str, Any],
+    tier_sets: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The sweep as a mapping: SPEC's values (if any), then the command-line options over
-    them (traces add up; a grid option replaces that field's grid and its fixed option)."""
+    them (traces add up; a grid option, ``--tier-set`` too, replaces that field's grid and
+    its fixed option)."""
     data: dict[str, Any] = {}
     if spec:
         loaded = SweepSpec.load(spec)
@@ -93,6 +105,11 @@ def _spec_data(
         if text is not None:
             grid[name] = _values(name, text)
             options.pop(name, None)
+    if tier_sets:
+        for text in tier_sets:
+            tier_set(text, "--tier-set")  # each named now, before any cell runs
+        grid[TIERS] = list(tier_sets)
+        options.pop(TIERS, None)
     return data
 
 
@@ -112,6 +129,18 @@ def _warn(message: str) -> None:
 @click.option("--mode", type=click.Choice(MODES), default=None, help="cache (default) or timed.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Requests per trace.")
 @_grid_options
+@click.option(
+    "--tier-set",
+    "tier_sets",
+    multiple=True,
+    metavar="TIERS",
+    help=f"Sweep the secondary tiers behind the CPU tier (repeatable, one tier set each): "
+    f"{NO_TIERS!r}, or tiers joined by {TIER_JOIN!r}, each TYPE[:KEY=VALUE,...] as kvsim "
+    "replay --tier (fs, obj or example; capacity=, chunks=, policy= are beyond vLLM), e.g. "
+    "--tier-set none --tier-set fs:capacity=1TiB --tier-set fs:capacity=1TiB+obj. Rows get "
+    "a 'tiers' column and each tier's hit share: cpu_tier_hit_ratio, tier1_fs_hit_ratio, "
+    "..., secondary_tier_hit_ratio (all secondary tiers).",
+)
 @click.option(
     "--out",
     "out",
@@ -149,6 +178,7 @@ def sweep_command(
     address: str | None,
     retry_failed: bool,
     show_progress: bool | None,
+    tier_sets: tuple[str, ...],
     **grid_opts: Any,
 ) -> int:
     """Run every combination of traces x grid values from SPEC (YAML) and/or the options.
@@ -164,8 +194,10 @@ def sweep_command(
       kvsim sweep examples/sweep_small.yaml --out sweep_small
       kvsim sweep --trace traces/samples/mooncake_small.jsonl --policy lru,arc \\
           --cpu-chunks 100,400,1600 --out sweep_cli
+      kvsim sweep --trace traces/mooncake_fast25_conversation_trace.jsonl \\
+          --cpu-gib 16,64,256 --tier-set none --tier-set fs:capacity=1TiB --out sweep_tiers
     """
-    data = _spec_data(spec, traces, mode, limit, grid_opts)
+    data = _spec_data(spec, traces, mode, limit, grid_opts, tier_sets)
     if not data["traces"]:
         raise InputError("give a SPEC file or at least one --trace")
     s = SweepSpec.from_mapping(data)

@@ -6,6 +6,8 @@ fonts >= 7 pt at that size) and returns the Figure. Nothing here reads files.
 
 - :func:`hit_vs_capacity`: a sweep results table: a capacity column (``cpu_gib`` or
   ``cpu_chunks``) and a hit ratio; one line per configuration (parameter columns only).
+- :func:`tiers_vs_capacity`: a ``kvsim sweep --tier-set`` table: one line per secondary-tier
+  set (the ``tiers`` column), hit ratio and, for a timed sweep, median TTFT.
 - :func:`mrc`: a ``kvsim mrc`` table (``capacity``, ``hit_ratio``, ``cpu_gib``) or an MRC.
 - :func:`ttft_cdf`: a timed-mode requests table with ``ttft_s`` (and its baseline's).
 - :func:`usage_timeline`: a timed-mode steps table; CPU occupancy = resident / capacity.
@@ -38,6 +40,7 @@ from kvsim.plots.style import (
     save_all,
     save_as,
 )
+from kvsim.plots.tiers import tiers_vs_capacity
 from kvsim.plots.timed import (
     resample,
     transfer_bandwidth,
@@ -74,6 +77,7 @@ __all__ = [
     "save_all",
     "save_as",
     "series_columns",
+    "tiers_vs_capacity",
     "token_lengths",
     "trace_figures",
     "transfer_bandwidth",
