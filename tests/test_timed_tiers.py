@@ -213,3 +213,22 @@ def test_cli_bad_device_is_one_line_exit_2():
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown device 'floppy'" in lines[0], proc.stderr
+
+
+def test_steps_table_has_each_tiers_gauges(tmp_path):
+    """Per step, each tier's jobs in flight and resident chunks: an unbounded fs tier only
+    gains chunks, those of the cascades that ended before the step (they are collected as
+    it starts), and was busy at times."""
+    result = run(tmp_path, device(tmp_path, "slow", read_latency_s=0.5))
+    steps = result.tables["steps"]
+    jobs = result.tables["tier_jobs"]
+    resident = steps["tier1_fs_resident_chunks"]
+    assert resident.is_monotonic_increasing
+    cascades = jobs[(jobs["kind"] == "cascade") & jobs["success"]]
+    for _, step in steps.iterrows():
+        before = cascades[cascades["end_s"] < step["start_s"]]["chunks"].sum()
+        by_end = cascades[cascades["end_s"] <= step["end_s"]]["chunks"].sum()
+        assert before <= step["tier1_fs_resident_chunks"] <= by_end
+    assert resident.iloc[-1] == 6 < cascades["chunks"].sum()  # the last cascade ends after
+    assert (steps["tier1_fs_jobs_in_flight"] >= 0).all()
+    assert steps["tier1_fs_jobs_in_flight"].max() >= 1

@@ -349,6 +349,8 @@ class Engine:
             conn.store_bytes if conn else 0,
         )
         self.recorder.step((t0, t2, stall, fwd, pool.usage()), ints, stats)
+        if self.tiers is not None:
+            self.tiers.record_step(step)
 
     def _after_step(self, progress: bool) -> None:
         sched, conn = self.scheduler, self.connector

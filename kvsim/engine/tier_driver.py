@@ -19,6 +19,7 @@ from). The opt-in load rule (beyond vLLM) lives in :mod:`kvsim.engine.load_rule`
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -85,6 +86,8 @@ class TierDriver:
         self.jobs: list[tuple[object, ...]] = []
         self.promotions: dict[Hashable, RequestPromotions] = {}
         self.costs: LoadCosts | None = None
+        # per recorded step: the step, then each tier's jobs in flight and resident chunks
+        self._gauges = array("q")
         self.rule: PaysOffRule | None = None
 
     @property
@@ -220,6 +223,24 @@ class TierDriver:
             if answers and (best is None or answers[0][0] < best):
                 best = answers[0][0]
         return best
+
+    def record_step(self, step: int) -> None:
+        """Each tier's gauges after engine step ``step`` (the steps table's tier columns)."""
+        row = [step]
+        for device, tier in zip(self.devices, self._tiers, strict=True):
+            row += (device.jobs_in_flight, len(tier.store))
+        self._gauges.extend(row)
+
+    def step_gauges(self) -> dict[str, list[int]]:
+        """The recorded gauges as columns: ``step``, then per tier ``tier1_fs_jobs_in_flight``
+        and ``tier1_fs_resident_chunks`` (vLLM's label ``1:fs`` as in the summary)."""
+        width = 1 + 2 * len(self._tiers)
+        columns: dict[str, list[int]] = {"step": list(self._gauges[0::width])}
+        for i, tier in enumerate(self._tiers):
+            name = f"tier{i + 1}_{tier.tier_type}"
+            columns[f"{name}_jobs_in_flight"] = list(self._gauges[1 + 2 * i :: width])
+            columns[f"{name}_resident_chunks"] = list(self._gauges[2 + 2 * i :: width])
+        return columns
 
     def finish_all(self) -> None:
         """After the last step: let every tier job and check end, at its own time."""

@@ -38,6 +38,11 @@ def add_tier_outputs(
         driver, tables["requests"], tables["transfers"], chunk_tokens
     )
     tables["tier_jobs"] = tier_job_table(driver)
+    steps = tables.get("steps")
+    if steps is not None and len(steps):  # each tier's gauges beside the engine's, per step
+        gauges = driver.step_gauges()
+        assert gauges.pop("step") == steps["step"].tolist()
+        tables["steps"] = steps.assign(**gauges)
     summary.update(
         tier_summary(
             driver, tables["requests"], tables["tier_jobs"], summary.get("total_input_tokens", 0)

@@ -263,6 +263,11 @@ class TierDevice:
     def busy(self) -> bool:
         return self._jobs > 0
 
+    @property
+    def jobs_in_flight(self) -> int:
+        """Jobs submitted and not finished (queued for a thread or moving)."""
+        return self._jobs
+
     def submit(self, job_id: int, read: bool, chunks: int, chunk_bytes: int, now: float) -> None:
         """Queue a job of ``chunks`` operations of ``chunk_bytes`` at ``now`` (vLLM's
         batching: split evenly over the reading or the writing pool)."""
