@@ -434,7 +434,9 @@ def tier_shares(summary: Mapping[str, Any]) -> dict[str, Any]:
     shares: ``cpu_tier_hit_ratio`` (in a run without secondary tiers, all its CPU hits) and
     ``secondary_tier_hit_ratio``, the share of prompt blocks promoted from any secondary
     tier (the sum of the ``tierN_TYPE_hit_ratio`` columns; 0 without tiers); for a timed
-    run with tiers, ``secondary_tier_hit_share``, the sum of its ``tierN_TYPE_hit_share``."""
+    run, ``combined_hit_share`` (GPU and CPU hit tokens over prompt tokens, the timed
+    counterpart of ``combined_hit_ratio``) and ``secondary_tier_hit_share``, the sum of its
+    ``tierN_TYPE_hit_share`` (0 without tiers)."""
     out: dict[str, Any] = {}
     if "cpu_tier_hit_ratio" not in summary and "cpu_hit_ratio" in summary:
         out["cpu_tier_hit_ratio"] = summary["cpu_hit_ratio"]
@@ -444,9 +446,13 @@ def tier_shares(summary: Mapping[str, Any]) -> dict[str, Any]:
         out["secondary_tier_hit_ratio"] = float(
             sum(v for k, v in summary.items() if _TIER_HIT.fullmatch(k) and _is_real(v))
         )
-    timed = [v for k, v in summary.items() if _TIER_SHARE.fullmatch(k) and _is_real(v)]
-    if timed:
-        out["secondary_tier_hit_share"] = float(sum(timed))
+    prompt = summary.get("total_input_tokens")
+    if _is_real(prompt) and "cpu_hit_tokens" in summary:  # a timed run
+        hits = summary.get("gpu_hit_tokens", 0) + summary.get("cpu_hit_tokens", 0)
+        out["combined_hit_share"] = hits / prompt if prompt else 0.0
+        out["secondary_tier_hit_share"] = float(
+            sum(v for k, v in summary.items() if _TIER_SHARE.fullmatch(k) and _is_real(v))
+        )
     return out
 
 

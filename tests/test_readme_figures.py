@@ -29,11 +29,13 @@ def _readme() -> str:
     return (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _section(readme: str) -> str:
-    """The section's text, from its title up to the next level-2 title."""
-    start = readme.index(SECTION_TITLE)
-    end = readme.find("\n## ", start + len(SECTION_TITLE))
-    return readme[start : end if end != -1 else len(readme)]
+def _section(readme: str, title: str = SECTION_TITLE) -> str:
+    """The section's text, from its title up to the next title of its level or above."""
+    start = readme.index(title)
+    level = title.split(" ")[0]
+    ends = [readme.find(f"\n{'#' * n} ", start + len(title)) for n in range(2, len(level) + 1)]
+    end = min((e for e in ends if e != -1), default=len(readme))
+    return readme[start:end]
 
 
 def _shown_commands(section: str) -> list[str]:
@@ -135,3 +137,26 @@ def test_the_shown_trace_model_and_gpu_exist():
     assert traces and all((ROOT / t).is_file() for t in traces)
     simulate = [c for c in commands if c.startswith("kvsim simulate ") and "--out" in c]
     assert simulate and all("--baseline" in c for c in simulate)
+
+
+TIER_TITLE = "#### Is an NVMe tier worth it?"
+TIER_FIGURE = "docs/figures/tiers_timed.png"
+
+
+def test_the_tier_answer_shows_its_figure_and_real_commands():
+    """The secondary-tier answer (issue 16): its figure exists and is made by a shown
+    command, every option it shows exists, and the sweep spec it runs is in the checkout."""
+    section = _section(_readme(), TIER_TITLE)
+    data = (ROOT / TIER_FIGURE).read_bytes()
+    assert data[:8] == PNG_MAGIC and 10_000 < len(data) <= MAX_FIGURE_BYTES
+    assert f"]({TIER_FIGURE})" in section
+    commands = _shown_commands(section)
+    assert any(c.startswith("kvsim plot ") and f"--out {TIER_FIGURE}" in c for c in commands)
+    names = set()
+    for line in commands:
+        name, unknown = _unknown_options(line)
+        assert not unknown, f"README: `{line}` uses {unknown}, unknown to kvsim {name}"
+        names.add(name)
+    assert {"replay", "sweep", "plot", "simulate"} <= names
+    specs = {w for c in commands for w in shlex.split(c) if w.endswith(".yaml")}
+    assert specs and all((ROOT / spec).is_file() for spec in specs)

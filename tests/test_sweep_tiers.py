@@ -177,7 +177,9 @@ def test_timed_cells_pass_the_tier_set_to_simulate(monkeypatch):
             f"tier{i + 1}_{t['type']}_hit_share": 0.25
             for i, t in enumerate(kwargs.get("secondary_tiers") or [])
         }
-        return kvsim.Result(summary={"median_ttft_ms": 1.0, **shares}, tables={}, config={})
+        tokens = {"total_input_tokens": 1000, "gpu_hit_tokens": 100, "cpu_hit_tokens": 400}
+        summary = {"median_ttft_ms": 1.0, **tokens, **shares}
+        return kvsim.Result(summary=summary, tables={}, config={})
 
     monkeypatch.setattr(kvsim.api, "simulate", fake)
     base = {"trace": SAMPLE, "mode": "timed", "limit": 5, "cpu_gib": 16}
@@ -194,4 +196,41 @@ def test_timed_cells_pass_the_tier_set_to_simulate(monkeypatch):
     assert "secondary_tiers" not in calls[1] and calls[2]["secondary_tiers"] == []
     assert [r["tiers"] for r in rows] == ["fs:capacity=1TiB+obj", "none", "none"]
     assert rows[0]["secondary_tier_hit_share"] == 0.5  # the timed run's tier shares, summed
-    assert "secondary_tier_hit_share" not in rows[1]
+    assert rows[1]["secondary_tier_hit_share"] == 0.0
+    assert [r["combined_hit_share"] for r in rows] == [0.5] * 3  # (100 + 400) / 1000
+
+
+def test_a_real_timed_tier_sweep_draws_its_figure(tmp_path):
+    """End to end, no fake: a timed sweep over two tier sets runs simulate with the tiers,
+    and its table draws the tiers-vs-capacity figure with a TTFT panel."""
+    from kvsim.plots import tiers_vs_capacity
+
+    table = kvsim.sweep(
+        {
+            "mode": "timed",
+            "traces": [SAMPLE],
+            "limit": 40,
+            "options": {"model": "llama-3.1-8b", "gpu": "h200"},
+            "grid": {"cpu_chunks": [4, 16], "tiers": ["none", "fs:capacity=1TiB"]},
+        },
+        out=tmp_path / "sweep",
+        executor="serial",
+        progress=False,
+    )
+    assert list(table["status"]) == ["ok"] * 4, list(table["error"])
+    with_fs = table[table["tiers"] != "none"]
+    assert (with_fs["tier1_fs_cascaded_chunks"] > 0).all()
+    assert (table[table["tiers"] == "none"]["secondary_tier_hit_share"] == 0).all()
+    figure = tiers_vs_capacity(table)
+    assert len(figure.axes) == 2  # hit share and median TTFT
+
+
+def test_the_readmes_timed_tier_spec_is_valid():
+    """examples/sweep_tiers_timed.yaml (the README's tier answer) checks as a spec: 15 cells,
+    the five tier sets as the README's table names them."""
+    from support import ROOT
+
+    spec = SweepSpec.load(ROOT / "examples" / "sweep_tiers_timed.yaml")
+    cells = spec.cells()
+    assert len(cells) == 15 and {c["mode"] for c in cells} == {"timed"}
+    assert len({c["tiers"] for c in cells}) == 5 and "none" in {c["tiers"] for c in cells}

@@ -232,3 +232,47 @@ def test_steps_table_has_each_tiers_gauges(tmp_path):
     assert resident.iloc[-1] == 6 < cascades["chunks"].sum()  # the last cascade ends after
     assert (steps["tier1_fs_jobs_in_flight"] >= 0).all()
     assert steps["tier1_fs_jobs_in_flight"].max() >= 1
+
+
+def test_load_rule_weighs_the_whole_run_over_the_tiers_threads(tmp_path):
+    """One 16-token chunk read on one thread (15 ms) is slower than computing it (11.6 ms
+    under the linear profile), but the 8-chunk run the tier holds reads on 8 threads at
+    once (15 ms) while computing 128 tokens takes 22.8 ms: the rule loads it."""
+    path = tmp_path / "eight.json"
+    path.write_text(
+        json.dumps(
+            {
+                "name": "eight",
+                "read_bytes_per_s": None,
+                "write_bytes_per_s": None,
+                "stream_read_bytes_per_s": None,
+                "stream_write_bytes_per_s": None,
+                "read_latency_s": 0.015,
+                "write_latency_s": 0.0,
+                "lookup_latency_s": 0.0,
+                "n_read_threads": 8,
+                "n_write_threads": 8,
+            }
+        )
+    )
+    head = tuple(range(1, 9))
+    reqs = [
+        Request(0, 0.0, 130, 2, head),
+        Request(1, 10.0, 130, 2, tuple(range(11, 19))),  # evicts the head from the CPU tier
+        Request(2, 20.0, 146, 2, (*head, 9)),
+    ]
+    compute = LinearCompute(0.01, 1e-4)
+    assert prefill_seconds(compute, 16, 0, 8192) < 0.015 < prefill_seconds(compute, 128, 0, 8192)
+    ruled = kvsim.simulate(
+        Trace.from_requests(reqs, 16),
+        model="llama-3.1-8b",
+        gpu="h200",
+        cpu_chunks=8,
+        policy="lru",
+        enable_prefix_caching=False,
+        compute_profile=linear_profile(tmp_path),
+        secondary_tiers=[{"type": "fs", "kvsim_device": str(path)}],
+        tier_load_rule="pays-off",
+    )
+    assert ruled.tables["requests"].set_index("request").loc[2, "tier_hit_tokens"] == 128
+    assert ruled.summary["tier1_fs_load_rule_skipped_chunks"] == 0

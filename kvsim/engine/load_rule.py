@@ -12,10 +12,14 @@ own models, decide:
   (:func:`prefill_seconds`).
 
 :class:`PaysOffRule` is the rule ``kvsim_load_rule: "pays-off"`` (``--tier-load-rule``):
-the manager asks it before a secondary hit promotes a chunk; the estimate covers the
-chunks promoted for the request so far plus this one, so a long run of chunks is weighed
-as a whole, and a chunk whose run would load slower than it computes is a MISS (the scan
-stops there and the request computes the rest). The per-request report
+the manager asks it before a secondary hit promotes a chunk. At a request's first such
+hit on a tier the rule weighs the whole run that tier holds from there (the following
+chunks of the prompt it has, which vLLM's batched existence check answers at once): the
+run's promotion, spread over the tier's I/O threads, and its copy against computing the
+same tokens. The verdict holds for the request: load the run, or treat it as a MISS (the
+scan stops there and the request computes the rest). Judging chunk by chunk would weigh
+one chunk on one thread against one chunk of compute, and refuse runs that load in
+parallel far faster than they compute. The per-request report
 (:func:`kvsim.engine.tier_report.request_columns`) compares the load the request really
 waited for with the same recompute estimate.
 """
@@ -83,24 +87,49 @@ class LoadCosts:
 
 
 class PaysOffRule:
-    """The manager's promotion gate: promote only while loading beats recomputing.
-    Counts the distinct (request, chunk) pairs it turned away, per tier."""
+    """The manager's promotion gate: promote a request's run from a tier only if loading
+    it beats recomputing it. Counts the distinct (request, chunk) pairs it turned away, per
+    tier."""
 
-    def __init__(self, costs: LoadCosts, devices: list[TierDevice], tiers: set[int]) -> None:
+    def __init__(
+        self,
+        costs: LoadCosts,
+        devices: list[TierDevice],
+        stores: list[Callable[[ChunkKey], bool]],
+        tiers: set[int],
+    ) -> None:
         self.costs = costs
         self.devices = devices
+        self.stores = stores  # each tier's "holds this key"
         self.tiers = tiers  # tier indices the rule applies to
         self.skipped: list[set[tuple[Hashable, ChunkKey]]] = [set() for _ in devices]
+        self._verdicts: dict[tuple[Hashable, int], bool] = {}
 
     def __call__(self, tier: int, key: ChunkKey, ctx: RequestContext, promoted: int) -> bool:
         if tier not in self.tiers:
             return True
+        verdict = self._verdicts.get((ctx.req_id, tier))
+        if verdict is None:
+            verdict = self._judge(tier, key, ctx, promoted)
+            self._verdicts[(ctx.req_id, tier)] = verdict
+        if not verdict:
+            self.skipped[tier].add((ctx.req_id, key))
+        return verdict
+
+    def _judge(self, tier: int, key: ChunkKey, ctx: RequestContext, promoted: int) -> bool:
         costs = self.costs
-        chunks = promoted + 1
-        tokens = chunks * costs.chunk_tokens
-        end = ctx.positions.get(key, tokens)
-        recompute = costs.recompute_s(tokens, max(0, end - tokens))
-        if costs.load_s(self.devices[tier], chunks) <= recompute:
-            return True
-        self.skipped[tier].add((ctx.req_id, key))
-        return False
+        tpc = costs.chunk_tokens
+        positions = ctx.positions
+        first_end = positions.get(key, tpc)
+        later = sorted((end, k) for k, end in positions.items() if end > first_end)
+        holds = self.stores[tier]
+        run = 1
+        for end, k in later:  # the consecutive chunks after this one that the tier holds
+            if end != first_end + run * tpc or not holds(k):
+                break
+            run += 1
+        chunks = promoted + run
+        tokens = chunks * tpc
+        run_end = first_end + (run - 1) * tpc
+        recompute = costs.recompute_s(tokens, max(0, run_end - tokens))
+        return costs.load_s(self.devices[tier], chunks) <= recompute

@@ -131,7 +131,8 @@ class TierDriver:
         )
         ruled = {i for i, tier in enumerate(self._tiers) if tier.spec.load_rule == "pays-off"}
         if ruled and self.manager is not None:
-            self.rule = PaysOffRule(self.costs, self.devices, ruled)
+            stores = [tier.store.contains for tier in self._tiers]
+            self.rule = PaysOffRule(self.costs, self.devices, stores, ruled)
             self.manager.promotion_gate = self.rule
 
     # --- jobs ---

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 CAPACITY_COLUMNS = ("cpu_gib", "cpu_chunks", "capacity")
 CHUNK_COLUMNS = ("cpu_chunks", "capacity")
 #: the hit ratio to draw when none is named: a sweep's, then an MRC's
-RATIO_COLUMNS = ("combined_hit_ratio", "hit_ratio", "cpu_hit_ratio")
+#: (a timed sweep has shares of prompt tokens: ``combined_hit_share``)
+RATIO_COLUMNS = ("combined_hit_ratio", "hit_ratio", "cpu_hit_ratio", "combined_hit_share")
 #: parameters that set the line style (the admission rule); the others set colour + marker
 ADMISSION_COLUMNS = ("admission", "store_threshold")
 #: parameters that vary per cell but never describe a configuration worth a line
