@@ -26,7 +26,7 @@ waited for with the same recompute estimate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from functools import lru_cache
 
 from kvsim.context import RequestContext
@@ -95,7 +95,7 @@ class PaysOffRule:
         self,
         costs: LoadCosts,
         devices: list[TierDevice],
-        stores: list[Callable[[ChunkKey], bool]],
+        stores: Sequence[Callable[[ChunkKey], bool]],
         tiers: set[int],
     ) -> None:
         self.costs = costs
