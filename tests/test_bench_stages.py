@@ -6,6 +6,8 @@ from __future__ import annotations
 import pandas as pd
 from support import SAMPLE, run_main
 
+from kvsim.replay.miniature import MIN_CHUNKS
+
 
 def test_stages_table_names_every_stage(tmp_path, capsys):
     out = tmp_path / "stages.csv"
@@ -50,7 +52,7 @@ def test_stages_refuse_what_they_cannot_time(capsys):
 
 def test_miniature_error_table_covers_each_policy_and_protocol(tmp_path, capsys):
     out = tmp_path / "err.csv"
-    code, _, err = run_main(
+    code, printed, err = run_main(
         ["bench", SAMPLE, "--miniature-error", "0.5", "--policies", "lru,fifo", "--csv", str(out)],
         capsys,
     )
@@ -64,3 +66,9 @@ def test_miniature_error_table_covers_each_policy_and_protocol(tmp_path, capsys)
     ]
     # LRU is its own control variate: corrected, its miniature is exact
     assert (table.loc[table["policy"] == "lru", "max_abs_error"] < 1e-12).all()
+    # each capacity's rate is reported: the small trace's miniatures are under the minimum
+    # size, so its smallest capacity is replayed in full (rate 1)
+    rates = [float(r) for r in table["rates"][0].split("/")]
+    assert rates[0] == 1.0 and min(rates) >= 0.5
+    assert (table["rate_at_max"] >= 0.5).all()
+    assert "at 1 (" in printed and f"min {MIN_CHUNKS} chunks per miniature" in printed

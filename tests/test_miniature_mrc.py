@@ -8,9 +8,13 @@ from support import SYNTHETIC
 from kvsim.config import CacheConfig
 from kvsim.errors import InputError
 from kvsim.replay.miniature import (
+    MIN_CHUNKS,
+    base_rate,
     miniature_config,
     miniature_error,
+    miniature_grid,
     miniature_mrc,
+    point_rate,
     replay_hit_ratio,
     sample_requests,
 )
@@ -45,9 +49,10 @@ def test_rate_one_is_a_full_replay_at_every_capacity(requests, policy, protocol)
 def test_lru_corrected_by_itself_is_exact(requests, protocol):
     """The control variate: LRU's miniature minus LRU's miniature leaves LRU's exact ratio."""
     cfg = config(requests, "lru")
-    err = miniature_error(requests, cfg, [30, 300, 3000], sample_rate=0.2, protocol=protocol)
-    assert err["error"].abs().max() < 1e-12
-    raw = miniature_mrc(requests, cfg, [30], sample_rate=0.2, protocol=protocol, control=False)
+    kw = {"sample_rate": 0.2, "protocol": protocol, "min_chunks": 0, "min_keys": 0}
+    err = miniature_error(requests, cfg, [30, 300, 3000], **kw)
+    assert (err["sample_rate"] == 0.2).all() and err["error"].abs().max() < 1e-12
+    raw = miniature_mrc(requests, cfg, [30], control=False, **kw)
     assert raw.table["hit_ratio"][0] == raw.table["uncorrected"][0]
 
 
@@ -59,6 +64,99 @@ def test_error_within_a_hundredth_at_ten_percent_on_a_bundled_trace():
     err = miniature_error(requests, cfg, [439, 1317, 4392, 13177], sample_rate=0.1)
     assert err["error"].abs().max() <= 0.01
     assert (err["full"].diff().dropna() > 0).all()  # a real curve, not a flat line
+
+
+def test_point_rate_doubles_until_the_miniature_is_big_enough():
+    assert point_rate(10_000, 0.1, 256) == 0.1  # 1,000 chunks: the asked rate
+    assert point_rate(2_000, 0.1, 256) == 0.2  # 200 -> 400 chunks
+    assert point_rate(700, 0.1, 256) == 0.4  # 70 -> 140 -> 280
+    assert point_rate(300, 0.1, 256) == 1.0  # 0.8 holds 240: a full replay
+    assert point_rate(30, 0.1, 0) == 0.1  # the rule off
+    for c in (1, 50, 257, 999, 5000):
+        r = point_rate(c, 0.1, 256)
+        assert r == 1.0 or c * r >= 256
+
+
+def test_sampled_traces_nest_across_rates(requests):
+    """The rates of one curve share one hash: a key kept at 0.1 is kept at 0.2."""
+    cfg = config(requests)
+    low, _ = sample_requests(requests, cfg, 0.1, seed=2)
+    high, _ = sample_requests(requests, cfg, 0.2, seed=2)
+    assert sum(len(r.block_hashes) for r in low) < sum(len(r.block_hashes) for r in high)
+    for a, b in zip(low, high):
+        assert set(a.block_hashes) <= set(b.block_hashes)
+
+
+@pytest.mark.parametrize("protocol", ["prefix", "object"])
+def test_small_miniatures_are_replayed_at_a_higher_rate(requests, protocol):
+    """On a 600-request trace a 10% miniature of 150 or 600 chunks would hold 15 or 60:
+    the rule raises the rate (reported per point), and a capacity under the minimum is a
+    full replay, so its estimate is exact, where the 10% miniature's is not."""
+    cfg = config(requests, "sieve")
+    caps = [150, 600, 2000, 2600]
+    kw = {"sample_rate": 0.1, "protocol": protocol, "min_keys": 0}
+    curve = miniature_mrc(requests, cfg, caps, min_chunks=256, **kw)
+    t = curve.table
+    assert list(t["sample_rate"]) == [1.0, 0.8, 0.2, 0.1]
+    assert list(t["miniature_chunks"]) == [150, 480, 400, 260]
+    assert curve.info["rates"] == [0.1, 0.2, 0.8, 1.0]
+    full = replay_hit_ratio(requests, CacheConfig(**{**cfg.as_dict(), "num_chunks": 150}), protocol)
+    assert t["hit_ratio"][0] == pytest.approx(full, abs=1e-12)
+    assert t["uncorrected"][0] == pytest.approx(full, abs=1e-12)  # no control at rate 1
+    assert curve.is_exact(150) and not curve.is_exact(600)  # marked exact, not `~`
+    old = miniature_mrc(requests, cfg, caps, min_chunks=0, **kw)
+    assert list(old.table["sample_rate"]) == [0.1] * 4
+    assert abs(old.table["hit_ratio"][0] - full) > 1e-6  # the rule changed the estimate
+
+
+def test_rule_lowers_the_error_of_small_miniatures():
+    """The error the rule exists for: SIEVE (no size parameter to scale) at 1-10% of the
+    synthetic trace's 40k distinct chunks, object protocol, 10% sampling. Without the rule
+    its 40-400-chunk miniatures miss by more than 0.01; with it, every point is within."""
+    requests = list(as_trace(SYNTHETIC))
+    cfg = config(requests, "sieve")
+    caps = [401, 1204]
+    kw = {"sample_rate": 0.1, "protocol": "object"}
+    with_rule = miniature_error(requests, cfg, caps, min_keys=0, **kw)
+    without = miniature_error(requests, cfg, caps, min_chunks=0, min_keys=0, **kw)
+    assert (with_rule["sample_rate"] > 0.1).all() and (without["sample_rate"] == 0.1).all()
+    assert with_rule["error"].abs().max() <= 0.01 < without["error"].abs().max()
+
+
+def test_seeds_average_independent_miniatures(requests):
+    cfg = config(requests, "s3fifo")
+    caps = [400, 1500]
+    kw = {"sample_rate": 0.2, "min_chunks": 0, "min_keys": 0}
+    one = [miniature_mrc(requests, cfg, caps, seed=s, **kw).table for s in (3, 4)]
+    both = miniature_mrc(requests, cfg, caps, seed=3, seeds=2, **kw)
+    mean = (one[0]["hit_ratio"] + one[1]["hit_ratio"]) / 2
+    assert list(both.table["hit_ratio"]) == pytest.approx(list(mean), abs=1e-12)
+    assert both.info["seeds"] == 2
+
+
+def test_small_trace_is_sampled_at_a_larger_rate(requests):
+    """A sample of a trace with few distinct keys is too small to estimate from: the base
+    rate rises until it holds ``min_keys`` of them (reported), up to full replays."""
+    assert base_rate(0.1, 200_000, 8192) == 0.1
+    assert base_rate(0.1, 40_000, 8192) == pytest.approx(0.2048)
+    assert base_rate(0.1, 5_000, 8192) == 1.0 and base_rate(0.1, 40_000, 0) == 0.1
+    cfg = config(requests, "fifo")
+    distinct = sample_requests(requests, cfg, 0.1, 0)[1]["distinct"]
+    keys = distinct // 4  # a quarter of the keys: the rate is 0.25, then raised per point
+    curve = miniature_mrc(requests, cfg, [5000], sample_rate=0.1, min_keys=keys, min_chunks=0)
+    assert curve.info["base_rate"] == pytest.approx(keys / distinct)
+    assert curve.table["sample_rate"][0] == pytest.approx(keys / distinct)
+    assert curve.sample_rate == 0.1  # the asked rate, beside the one used
+
+
+def test_default_grid_starts_at_the_smallest_miniature():
+    """Below ``min_chunks`` a point is a full replay: the default grid starts there (and
+    where a miniature holds one chunk, with the rule off)."""
+    grid = miniature_grid(40_000, 0.1, 24)
+    assert grid[0] == MIN_CHUNKS and grid[-1] == 40_001 and len(grid) <= 24
+    assert miniature_grid(40_000, 0.1, 24, min_chunks=0)[0] == 10
+    assert miniature_grid(40_000, 1.0, 24)[0] == 1
+    assert miniature_grid(100, 0.1, 24)[0] == 101  # a trace smaller than the minimum
 
 
 def test_miniature_shrinks_cache_and_tracker(requests):
@@ -104,6 +202,10 @@ def test_bad_requests_are_one_line_errors(requests):
         miniature_mrc(requests, config(requests, gpu_blocks=100), [10])
     with pytest.raises(InputError, match="chunked prefill"):
         miniature_mrc(requests, config(requests, prefill_chunk_tokens=1024), [10])
+    with pytest.raises(InputError, match="min-chunks"):
+        miniature_mrc(requests, cfg, [10], min_chunks=-1)
+    with pytest.raises(InputError, match="seeds"):
+        miniature_mrc(requests, cfg, [10], seeds=0)
     with pytest.raises(InputError, match="kept none"):
         miniature_mrc(requests[:1], cfg, [10], sample_rate=1e-6)
 

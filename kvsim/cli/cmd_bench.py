@@ -57,7 +57,29 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
     metavar="RATE",
     help="Instead of timing: each policy's miniature-simulation curve (kvsim mrc --policy) "
     "at sampling RATE against full replays, at 1-100% of the trace's distinct chunks, "
-    "both protocols.",
+    "both protocols. Each capacity's rate is printed: RATE, raised where its miniature "
+    "would hold fewer than --min-chunks chunks.",
+)
+@click.option(
+    "--min-chunks",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --miniature-error: the fewest chunks a miniature may hold before its "
+    "capacity is replayed at a higher rate (default: kvsim mrc's, 512; 0 = never).",
+)
+@click.option(
+    "--min-keys",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --miniature-error: on a trace with fewer than MIN_KEYS / RATE distinct chunk "
+    "keys, sample MIN_KEYS of them instead (default: kvsim mrc's, 8192; 0 = never).",
+)
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --miniature-error: average this many independently seeded miniatures.",
 )
 @click.option(
     "--csv",
@@ -75,6 +97,9 @@ def bench_command(
     with_vllm: bool | None,
     stages: bool,
     miniature_rate: float | None,
+    min_chunks: int | None,
+    min_keys: int | None,
+    seeds: int,
     csv_path: str | None,
 ) -> None:
     """Time cache-mode replay on TRACE (default: the bundled Mooncake conversation trace).
@@ -87,7 +112,9 @@ def bench_command(
     if not os.path.exists(trace):
         raise InputError(f"trace {trace} not found (give a TRACE argument)")
     if miniature_rate is not None:
-        _miniature_error(trace, policies, miniature_rate, limit, csv_path)
+        _miniature_error(
+            trace, policies, miniature_rate, limit, csv_path, (min_chunks, min_keys), seeds
+        )
         return
     if stages:
         _stages(trace, cpu_chunks, policies, repeat, limit, with_vllm, csv_path)
@@ -163,13 +190,35 @@ def _stages(
 
 
 def _miniature_error(
-    trace: str, policies: str, rate: float, limit: int | None, csv_path: str | None
+    trace: str,
+    policies: str,
+    rate: float,
+    limit: int | None,
+    csv_path: str | None,
+    minimums: tuple[int | None, int | None],
+    seeds: int,
 ) -> None:
-    from kvsim.replay.miniature import error_table
+    from kvsim.replay.miniature import MIN_CHUNKS, MIN_KEYS, error_table
 
-    table = error_table(trace, _policy_names(policies), rate, limit)
-    click.echo(f"trace {trace}: miniature simulation at {rate:g} vs full replays")
-    click.echo(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    chunks = MIN_CHUNKS if minimums[0] is None else minimums[0]
+    keys = MIN_KEYS if minimums[1] is None else minimums[1]
+    table = error_table(
+        trace, _policy_names(policies), rate, limit, min_chunks=chunks, min_keys=keys, seeds=seeds
+    )
+    click.echo(
+        f"trace {trace}: miniature simulation at {rate:g} vs full replays (min {chunks} "
+        f"chunks per miniature, min {keys} sampled keys: base rate "
+        f"{table.attrs['base_rate']:.3g}; {seeds} seed{'s' if seeds > 1 else ''})"
+    )
+    points = ", ".join(
+        f"{c:,} at {r:g} ({m:,} chunks)"
+        for c, r, m in zip(
+            table.attrs["capacities"], table.attrs["rates"], table.attrs["miniature_chunks"]
+        )
+    )
+    click.echo(f"capacities (rate, miniature size): {points}")
+    shown = table.drop(columns=["rates"])
+    click.echo(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if csv_path:
         with atomic_write(csv_path, newline="") as f:
             table.to_csv(f, index=False)

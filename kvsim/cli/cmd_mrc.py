@@ -61,6 +61,21 @@ def mrc_summary(trace: str, curve: MRC) -> dict[str, Any]:
         "max_capacity_gib": curve.gib(top),
         "ceiling_hit_ratio": curve.ceiling,
         "rows": len(t),
+        **_miniature_summary(curve),
+    }
+
+
+def _miniature_summary(curve: MRC) -> dict[str, Any]:
+    """A miniature curve's sampling: the rates its points used (a capacity whose miniature
+    would hold fewer than ``min_chunks`` chunks is replayed at a higher rate; the table's
+    ``sample_rate`` column has each point's)."""
+    if curve.info.get("method") != "miniature":
+        return {}
+    return {
+        "min_miniature_chunks": curve.info["min_chunks"],
+        "min_sample_keys": curve.info["min_keys"],
+        "point_sample_rates": [float(r) for r in curve.info["rates"]],
+        "seeds": curve.info["seeds"],
     }
 
 
@@ -72,25 +87,32 @@ def _title(summary: dict[str, Any], curve: MRC) -> str:
     if summary["method"] == "miniature":
         return (
             f"kvsim mrc ({summary['policy']}: miniature simulation at "
-            f"{curve.sample_rate:g} sampling, corrected by LRU's error on the same sample)"
+            f"{curve.sample_rate:g} sampling, higher where a miniature would hold under "
+            f"{curve.info['min_chunks']} chunks; corrected by LRU's error on the same sample)"
         )
     return "kvsim mrc (LRU stack distances)"
+
+
+def _value_text(key: str, v: Any) -> str:
+    """One summary value as the text table shows it."""
+    if isinstance(v, list):
+        return ", ".join(f"{x:g}" for x in v)
+    if key == "chunk_row_bytes":
+        return f"{v:,} ({human_bytes(v)})"
+    if isinstance(v, float) and key.endswith("_gib"):
+        return f"{v:,.4f}"
+    if isinstance(v, float) and key != "sample_rate":
+        return f"{v:.4f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
 
 
 def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
     lines = [_title(summary, curve)]
     for k, v in summary.items():
-        if v is None:  # the GiB figures without a model
-            continue
-        if k == "chunk_row_bytes":
-            v = f"{v:,} ({human_bytes(v)})"
-        elif isinstance(v, float) and k.endswith("_gib"):
-            v = f"{v:,.4f}"
-        elif isinstance(v, float) and k != "sample_rate":
-            v = f"{v:.4f}"
-        elif isinstance(v, int):
-            v = f"{v:,}"
-        lines.append(f"  {k:<20} {v}")
+        if v is not None:  # None: the GiB figures without a model
+            lines.append(f"  {k:<20} {_value_text(k, v)}")
     lines.append("")
     lines.append(
         f"  {'to reach':<16} {'hit ratio':>9}  {'CPU memory':>14}  {'chunks':>11}  {'tokens':>14}"

@@ -13,8 +13,14 @@ miniatures run without a GPU tier and without chunked prefill (both are per-requ
 positional and have no sampled counterpart): ask for them and this module says no. The
 admission tracker (``max_tracker_size``) shrinks with the rate like the cache.
 The estimate's error is measured against full replays by :func:`miniature_error` and
-reported in the README; it grows as ``C * rate`` gets small (a few chunks), so the table
-starts at the capacity whose miniature holds ``min_chunks`` chunks.
+reported in the README. It grows as a miniature gets small: policies with fixed-share
+queues (S3-FIFO's 10 % small queue, W-TinyLFU's 1 % window) or a power-of-two frequency
+sketch do not shrink in proportion, SIEVE's hand sweeps a few dozen chunks, and few sampled
+keys make any estimate noisy. So a capacity whose miniature would hold fewer than
+``min_chunks`` chunks is replayed at a higher rate (:func:`point_rate`; the rate of every
+point is in the table), and the default grid starts at ``min_chunks`` chunks (smaller
+capacities would be full replays) with few points where the rate is raised. ``seeds``
+averages independently seeded miniatures.
 """
 
 from __future__ import annotations
@@ -30,9 +36,92 @@ from kvsim.config import CacheConfig
 from kvsim.errors import InputError
 from kvsim.keys import ChunkKey
 from kvsim.replay.driver import CacheReplay
-from kvsim.replay.mrc import MRC, key_sampler, lru_mrc
+from kvsim.replay.mrc import MRC, key_scorer, lru_mrc, rate_threshold
 from kvsim.replay.object_protocol import PROTOCOLS, replay_config
 from kvsim.traces.model import Request
+
+#: the fewest chunks a miniature may hold: a capacity whose miniature at the asked rate would
+#: be smaller is replayed at a higher rate (:func:`point_rate`). Chosen by measurement (README,
+#: "Curves for any policy"): below a few hundred chunks policies with small fixed-share queues
+#: or a power-of-two frequency sketch (S3-FIFO, W-TinyLFU) and SIEVE's hand drift from their
+#: full-size selves, and few sampled keys make the estimate noisy.
+MIN_CHUNKS = 512
+
+#: the fewest distinct keys a sample should hold: on a trace with fewer than
+#: ``MIN_KEYS / rate`` distinct chunk keys every capacity is sampled at ``MIN_KEYS /
+#: distinct`` instead. With a few thousand sampled keys, which keys fell in the sample
+#: decides the estimate (SHARDS' fixed-size variant sizes its sample in keys for the same
+#: reason); the value is chosen by measurement on the bundled synthetic trace.
+MIN_KEYS = 8192
+
+
+def base_rate(rate: float, distinct: int, min_keys: int = MIN_KEYS) -> float:
+    """``rate``, raised on a small trace until the sample holds about ``min_keys`` of its
+    ``distinct`` chunk keys (at most 1)."""
+    if distinct <= 0:
+        return float(rate)
+    return float(min(1.0, max(rate, min_keys / distinct)))
+
+
+def point_rate(capacity: int, rate: float, min_chunks: int = MIN_CHUNKS) -> float:
+    """The sampling rate ``capacity`` is replayed at: ``rate``, doubled until the miniature
+    holds ``min_chunks`` chunks, at most 1 (a full replay, exact). Doubling keeps the rates
+    few, so capacities share sampled traces, and the hash filter nests: a key sampled at
+    ``rate`` is sampled at every rate above it."""
+    r = float(rate)
+    while r < 1.0 and capacity * r < min_chunks:
+        r = min(1.0, 2.0 * r)
+    return r
+
+
+class _Sampler:
+    """A trace's chunk keys, listed and scored once, sampled at any rate (one seed)."""
+
+    def __init__(self, requests: Iterable[Request], config: CacheConfig, seed: int) -> None:
+        layout = config.layout
+        self.chunk_tokens = config.chunk_tokens
+        self.keyed: list[tuple[Request, list[ChunkKey]]] = []
+        score = key_scorer(seed)
+        self.score: dict[ChunkKey, int] = {}
+        units = accesses = 0
+        for req in requests:
+            unit_keys = layout.unit_keys(req.block_hashes, req.input_tokens)
+            keys: list[ChunkKey] = layout.chunk_keys(unit_keys)
+            units += len(unit_keys)
+            accesses += len(keys)
+            for k in keys:
+                if k not in self.score:
+                    self.score[k] = score(k)
+            self.keyed.append((req, keys))
+        self.counts = {"accesses": accesses, "prompt_units": units, "distinct": len(self.score)}
+        self._cache: dict[float, tuple[list[Request], int]] = {}
+
+    def sample(self, rate: float) -> tuple[list[Request], int]:
+        """The sampled trace at ``rate`` (one request per request, holding its sampled chunk
+        keys as whole one-chunk blocks, in prompt order) and its number of chunk accesses."""
+        if rate in self._cache:
+            return self._cache[rate]
+        tpc = self.chunk_tokens
+        threshold = rate_threshold(rate) if rate < 1.0 else None
+        score = self.score
+        out: list[Request] = []
+        sampled = 0
+        for req, keys in self.keyed:
+            if threshold is not None:
+                keys = [k for k in keys if score[k] < threshold]
+            sampled += len(keys)
+            out.append(
+                Request(
+                    req.request_id,
+                    req.arrival_s,
+                    len(keys) * tpc,
+                    req.output_tokens,
+                    tuple(keys),
+                    req.session_id,
+                )
+            )
+        self._cache[rate] = (out, sampled)
+        return out, sampled
 
 
 def sample_requests(
@@ -40,38 +129,9 @@ def sample_requests(
 ) -> tuple[list[Request], dict[str, int]]:
     """The sampled trace (one request per request, holding its sampled chunk keys as whole
     one-chunk blocks) and the counts needed to scale ratios back to prompt units."""
-    keep = key_sampler(rate, seed)
-    layout = config.layout
-    tpc = config.chunk_tokens
-    out: list[Request] = []
-    accesses = sampled = units = 0
-    distinct: set[ChunkKey] = set()
-    for req in requests:
-        unit_keys = layout.unit_keys(req.block_hashes, req.input_tokens)
-        keys: list[ChunkKey] = layout.chunk_keys(unit_keys)
-        units += len(unit_keys)
-        accesses += len(keys)
-        distinct.update(keys)
-        if keep is not None:
-            keys = [k for k in keys if keep(k)]
-        sampled += len(keys)
-        out.append(
-            Request(
-                req.request_id,
-                req.arrival_s,
-                len(keys) * tpc,
-                req.output_tokens,
-                tuple(keys),
-                req.session_id,
-            )
-        )
-    counts = {
-        "accesses": accesses,
-        "sampled": sampled,
-        "prompt_units": units,
-        "distinct": len(distinct),
-    }
-    return out, counts
+    sampler = _Sampler(requests, config, seed)
+    out, sampled = sampler.sample(rate)
+    return out, {**sampler.counts, "sampled": sampled}
 
 
 def miniature_config(config: CacheConfig, capacity: int, rate: float) -> CacheConfig:
@@ -110,29 +170,49 @@ def replay_hit_ratio(requests: list[Request], config: CacheConfig, protocol: str
     return float(CacheReplay(config, requests_for_future=requests).run(requests)["cpu_hit_ratio"])
 
 
-def _control_ratios(
-    requests: list[Request],
-    sampled: list[Request],
-    config: CacheConfig,
-    capacities: Sequence[int],
-    rate: float,
-    protocol: str,
-) -> tuple[list[float], list[float]]:
-    """LRU, the control variate: its exact full-size hit ratios (the fused tier, or the
-    one-pass stack for the object protocol, both exact) and its miniatures' on the same
-    sample. The difference is the sample's own error, which every policy's miniature shares
-    in the main: the keys that happened to be sampled (a trace's hottest prefix blocks are
-    few, so whether they fall in the sample moves every policy's estimate alike)."""
+def _exact_lru(
+    requests: list[Request], config: CacheConfig, capacities: Sequence[int], protocol: str
+) -> list[float]:
+    """LRU's exact full-size hit ratios: the one-pass stack for the object protocol, else
+    full replays of the fused tier (fast)."""
     lru = replace(config, policy="lru", policy_module=None)
     if protocol == "object" and lru.admission == "always":
         curve = lru_mrc(requests, config.layout, protocol="object", capacities=capacities)
-        exact = [curve.hit_ratio(c) for c in capacities]
-    else:
-        exact = [
-            replay_hit_ratio(requests, replace(lru, num_chunks=c), protocol) for c in capacities
-        ]
-    mini = [replay_hit_ratio(sampled, miniature_config(lru, c, rate), protocol) for c in capacities]
-    return exact, mini
+        return [curve.hit_ratio(c) for c in capacities]
+    return [replay_hit_ratio(requests, replace(lru, num_chunks=c), protocol) for c in capacities]
+
+
+def _one_seed(
+    sampler: _Sampler,
+    config: CacheConfig,
+    grid: Sequence[int],
+    rates: Sequence[float],
+    protocol: str,
+    scale: float,
+    exact: list[float] | None,
+    progress: Callable[[int], object] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One seed's estimates at each capacity: (corrected, uncorrected).
+
+    The correction is LRU, the control variate: its exact full-size ratio minus its
+    miniature's on the same sample. The difference is the sample's own error, which every
+    policy's miniature shares in the main: the keys that happened to be sampled (a trace's
+    hottest prefix blocks are few, so whether they fall in the sample moves every policy's
+    estimate alike). A point at rate 1 is a full replay and needs none."""
+    lru = replace(config, policy="lru", policy_module=None)
+    raw, hits = [], []
+    for i, (capacity, rate) in enumerate(zip(grid, rates)):
+        sampled, _ = sampler.sample(rate)
+        estimate = replay_hit_ratio(sampled, miniature_config(config, capacity, rate), protocol)
+        raw.append(estimate * scale)
+        if exact is not None and rate < 1.0:
+            lru_mini = replay_hit_ratio(sampled, miniature_config(lru, capacity, rate), protocol)
+            hits.append(min(1.0, max(0.0, (estimate - lru_mini) * scale + exact[i])))
+        else:
+            hits.append(estimate * scale)
+        if progress is not None:
+            progress(1)
+    return np.asarray(hits), np.asarray(raw)
 
 
 def miniature_mrc(
@@ -146,20 +226,37 @@ def miniature_mrc(
     control: bool = True,
     points: int = 24,
     extra: Sequence[int] = (),
+    min_chunks: int = MIN_CHUNKS,
+    min_keys: int = MIN_KEYS,
+    seeds: int = 1,
     progress: Callable[[int], object] | None = None,
 ) -> MRC:
     """The hit-ratio curve of ``config``'s policy at each capacity (in full-size chunks;
     default: ``points`` of :func:`miniature_grid` and the ``extra`` ones).
 
-    With ``control`` (the default) each estimate is corrected by LRU's error on the same
-    sample (:func:`_control_ratios`); the table keeps the uncorrected estimate beside it.
+    Each capacity is replayed at :func:`point_rate` (``sample_rate``, raised to
+    :func:`base_rate` on a trace of fewer than ``min_keys / sample_rate`` distinct keys,
+    then until its miniature holds ``min_chunks`` chunks; the table's ``sample_rate``
+    column). With ``control`` (the default) each estimate is corrected by LRU's error on
+    the same sample; the table keeps the uncorrected estimate beside it. ``seeds`` > 1
+    averages that many independently seeded miniatures (``seed``, ``seed + 1``, ...), each
+    corrected by its own control: the sampling variance falls as 1 / seeds, the work grows
+    as seeds (a bias shared by every seed stays).
     """
     _check(config, sample_rate, protocol)
     if capacities is not None and (not capacities or min(capacities) < 1):
         raise InputError("capacities must be a non-empty list of positive chunk counts")
+    if min_chunks < 0:
+        raise InputError(f"--min-chunks must be at least 0, got {min_chunks}")
+    if seeds < 1:
+        raise InputError(f"--seeds must be at least 1, got {seeds}")
+    if min_keys < 0:
+        raise InputError(f"--min-keys must be at least 0, got {min_keys}")
     reqs = list(requests)
-    sampled, counts = sample_requests(reqs, config, sample_rate, seed)
-    if counts["accesses"] and not counts["sampled"]:
+    samplers = [_Sampler(reqs, config, seed + i) for i in range(seeds)]
+    counts = samplers[0].counts
+    base_sampled = samplers[0].sample(sample_rate)[1]
+    if counts["accesses"] and not base_sampled:
         raise InputError(
             f"--sample-rate {sample_rate} kept none of the trace's {counts['accesses']:,} "
             "chunk accesses; use a larger rate"
@@ -168,41 +265,69 @@ def miniature_mrc(
     scale = 1.0
     if protocol == "prefix" and counts["prompt_units"]:
         scale = counts["accesses"] * config.layout.units_per_chunk / counts["prompt_units"]
+    least = base_rate(sample_rate, counts["distinct"], min_keys)
     grid = (
-        miniature_grid(counts["distinct"], sample_rate, points, extra)
+        miniature_grid(counts["distinct"], least, points, extra, min_chunks)
         if capacities is None
         else sorted(set(int(c) for c in capacities))
     )
-    raw = []
-    for capacity in grid:
-        mini = miniature_config(config, capacity, sample_rate)
-        raw.append(replay_hit_ratio(sampled, mini, protocol) * scale)
-        if progress is not None:
-            progress(1)
-    hits = np.asarray(raw)
-    if control and sample_rate < 1.0:
-        exact, lru_mini = _control_ratios(reqs, sampled, config, grid, sample_rate, protocol)
-        hits = np.clip(hits + np.asarray(exact) - np.asarray(lru_mini) * scale, 0.0, 1.0)
+    rates = [point_rate(c, least, min_chunks) for c in grid]
+    corrected = control and any(r < 1.0 for r in rates)
+    exact = _exact_lru(reqs, config, grid, protocol) if corrected else None
+    runs = [_one_seed(s, config, grid, rates, protocol, scale, exact, progress) for s in samplers]
+    hits = np.mean([h for h, _ in runs], axis=0)
+    raw = np.mean([r for _, r in runs], axis=0)
     table = pd.DataFrame(
-        {"capacity": grid, "hit_ratio": hits, "miss_ratio": 1.0 - hits, "uncorrected": raw}
+        {
+            "capacity": grid,
+            "hit_ratio": hits,
+            "miss_ratio": 1.0 - hits,
+            "uncorrected": raw,
+            "sample_rate": rates,
+            "miniature_chunks": [max(1, round(c * r)) for c, r in zip(grid, rates)],
+        }
     )
     info: dict[str, Any] = {
         "method": "miniature",
-        "control": bool(control and sample_rate < 1.0),
+        "control": bool(corrected),
         "policy": config.policy,
         "prompt_units": counts["prompt_units"],
-        "miniature_chunks": [max(1, round(c * sample_rate)) for c in grid],
+        "min_chunks": min_chunks,
+        "min_keys": min_keys,
+        "base_rate": least,
+        "seeds": seeds,
+        "rates": sorted(set(rates)),
     }
-    return MRC(table, protocol, sample_rate, counts["accesses"], counts["sampled"], 1, info)
+    return MRC(table, protocol, sample_rate, counts["accesses"], base_sampled, 1, info)
 
 
-def miniature_grid(distinct: int, rate: float, points: int, extra: Sequence[int] = ()) -> list[int]:
-    """Geometric capacities from the smallest whose miniature holds a chunk to one past the
-    trace's distinct chunks (every reuse hits there), plus ``extra``."""
+def miniature_grid(
+    distinct: int,
+    rate: float,
+    points: int,
+    extra: Sequence[int] = (),
+    min_chunks: int = MIN_CHUNKS,
+) -> list[int]:
+    """Capacities to one past the trace's distinct chunks (every reuse hits there), plus
+    ``extra``: geometric from where a miniature at ``rate`` holds ``min_chunks`` chunks (or,
+    with the rule off, one chunk). Below that, one capacity per rate of the
+    :func:`point_rate` ladder (each the smallest replayed at its rate, down to
+    ``min_chunks`` itself, a full replay): points there cost up to a full replay each, so
+    they are few."""
+    top = max(1, distinct + 1)
+    knees: set[int] = set()
     low = max(1, int(np.ceil(1.0 / rate)))
-    top = max(low, distinct + 1)
-    grid = np.unique(np.geomspace(low, top, num=max(2, points)).astype(int))
-    return sorted(set(grid.tolist()) | {int(c) for c in extra})
+    if rate < 1.0 and min_chunks > 0:
+        r = rate
+        while r < 1.0:
+            knees.add(int(np.ceil(min_chunks / r)))
+            r = min(1.0, 2.0 * r)
+        knees.add(min_chunks)
+        low = max(low, max(knees))
+    low = min(low, top)
+    knees = {c for c in knees if c < low}
+    geo = np.geomspace(low, top, num=max(2, points - len(knees))).astype(int)
+    return sorted(knees | set(np.unique(geo).tolist()) | {int(c) for c in extra})
 
 
 def miniature_error(
@@ -214,8 +339,12 @@ def miniature_error(
     seed: int = 0,
     protocol: str = "prefix",
     control: bool = True,
+    min_chunks: int = MIN_CHUNKS,
+    min_keys: int = MIN_KEYS,
+    seeds: int = 1,
 ) -> pd.DataFrame:
-    """Miniature vs full replay at each capacity: columns capacity, miniature, full, error."""
+    """Miniature vs full replay at each capacity: columns capacity, sample_rate (the point's,
+    :func:`point_rate`), miniature, full, error."""
     reqs = list(requests)
     curve = miniature_mrc(
         reqs,
@@ -225,19 +354,41 @@ def miniature_error(
         seed=seed,
         protocol=protocol,
         control=control,
+        min_chunks=min_chunks,
+        min_keys=min_keys,
+        seeds=seeds,
     )
     rows = []
-    for capacity, estimate in zip(curve.table["capacity"], curve.table["hit_ratio"]):
+    for capacity, rate, estimate in zip(
+        curve.table["capacity"], curve.table["sample_rate"], curve.table["hit_ratio"]
+    ):
         exact = replay_hit_ratio(reqs, replace(config, num_chunks=int(capacity)), protocol)
-        rows.append((int(capacity), float(estimate), exact, float(estimate) - exact))
-    return pd.DataFrame(rows, columns=["capacity", "miniature", "full", "error"])
+        rows.append((int(capacity), float(rate), float(estimate), exact, float(estimate) - exact))
+    return pd.DataFrame(rows, columns=["capacity", "sample_rate", "miniature", "full", "error"])
+
+
+#: the shares of a trace's distinct chunks ``kvsim bench --miniature-error`` measures at
+ERROR_FRACTIONS = (0.01, 0.03, 0.1, 0.3, 1.0)
+
+
+def error_capacities(distinct: int) -> list[int]:
+    """The capacities of the error table: :data:`ERROR_FRACTIONS` of ``distinct``."""
+    return sorted({max(1, int(distinct * f)) for f in ERROR_FRACTIONS})
 
 
 def error_table(
-    trace: str, policies: Sequence[str], rate: float, limit: int | None = None
+    trace: str,
+    policies: Sequence[str],
+    rate: float,
+    limit: int | None = None,
+    *,
+    min_chunks: int = MIN_CHUNKS,
+    min_keys: int = MIN_KEYS,
+    seeds: int = 1,
 ) -> pd.DataFrame:
     """Each policy's largest miniature error (both protocols) at 1, 3, 10, 30 and 100% of
-    the trace's distinct chunks: what ``kvsim bench --miniature-error`` prints."""
+    the trace's distinct chunks: what ``kvsim bench --miniature-error`` prints, with the
+    rate the worst point was replayed at (``rate_at_max``) and every point's (``rates``)."""
     from kvsim.config import OffloadOptions
     from kvsim.traces import as_trace
 
@@ -247,12 +398,21 @@ def error_table(
     distinct = len(
         {k for r in requests for k in base.layout.unit_keys(r.block_hashes, r.input_tokens)}
     )
-    capacities = sorted({max(1, int(distinct * f)) for f in (0.01, 0.03, 0.1, 0.3, 1.0)})
+    capacities = error_capacities(distinct)
     rows = []
     for policy in policies:
         config = replace(base, policy=policy)
         for protocol in PROTOCOLS:
-            err = miniature_error(requests, config, capacities, sample_rate=rate, protocol=protocol)
+            err = miniature_error(
+                requests,
+                config,
+                capacities,
+                sample_rate=rate,
+                protocol=protocol,
+                min_chunks=min_chunks,
+                min_keys=min_keys,
+                seeds=seeds,
+            )
             worst = err.loc[err["error"].abs().idxmax()]
             rows.append(
                 {
@@ -260,7 +420,18 @@ def error_table(
                     "protocol": protocol,
                     "max_abs_error": abs(float(worst["error"])),
                     "at_capacity": int(worst["capacity"]),
+                    "rate_at_max": float(worst["sample_rate"]),
                     "mean_abs_error": float(err["error"].abs().mean()),
+                    "rates": "/".join(f"{r:g}" for r in err["sample_rate"]),
                 }
             )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    least = base_rate(rate, distinct, min_keys)
+    rates = [point_rate(c, least, min_chunks) for c in capacities]
+    table.attrs = {
+        "base_rate": least,
+        "capacities": capacities,
+        "rates": rates,
+        "miniature_chunks": [max(1, round(c * r)) for c, r in zip(capacities, rates)],
+    }
+    return table

@@ -144,8 +144,17 @@ class MRC:
 
     def is_exact(self, capacity: int) -> bool:
         """Whether the curve at ``capacity`` is a replay's exact value: unsampled, and at or
-        above ``exact_from`` (below it vLLM's all-or-nothing stores can fail)."""
-        return self.sample_rate >= 1.0 and capacity >= self.exact_from
+        above ``exact_from`` (below it vLLM's all-or-nothing stores can fail). A miniature
+        curve's row replayed at rate 1 (a small capacity) is a full replay, so exact too."""
+        if capacity < self.exact_from:
+            return False
+        if self.sample_rate >= 1.0:
+            return True
+        t = self.table
+        if "sample_rate" not in t:
+            return False
+        row = t.loc[t["capacity"] == capacity, "sample_rate"]
+        return bool(len(row)) and float(row.iloc[0]) >= 1.0
 
     def hit_ratio_at(self, capacity: int) -> float:
         """:meth:`hit_ratio`, or the table's step value for a curve without a CDF."""
@@ -210,17 +219,34 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def key_scorer(seed: int) -> Callable[[ChunkKey], int]:
+    """A key's salted hash score in ``[0, 2**24)``: SHARDS keeps a key at rate ``r`` iff its
+    score is below :func:`rate_threshold` ``(r)``, so the samples of one seed nest (a key
+    kept at ``r`` is kept at every larger rate)."""
+    salt = _mix64(seed & _MASK64)
+    shift = 64 - _SAMPLE_BITS
+
+    def score(key: ChunkKey) -> int:
+        return _mix64((hash(key) ^ salt) & _MASK64) >> shift
+
+    return score
+
+
+def rate_threshold(rate: float) -> int:
+    """The score below which a key is kept at ``rate``."""
+    return int(rate * (1 << _SAMPLE_BITS))
+
+
 def key_sampler(rate: float, seed: int) -> Callable[[ChunkKey], bool] | None:
     """SHARDS' fixed-rate spatial filter: keeps a key iff its salted hash is below the rate,
     so a key is always or never sampled (None keeps every key)."""
     if rate >= 1.0:
         return None
-    threshold = int(rate * (1 << _SAMPLE_BITS))
-    salt = _mix64(seed & _MASK64)
-    shift = 64 - _SAMPLE_BITS
+    threshold = rate_threshold(rate)
+    score = key_scorer(seed)
 
     def keep(key: ChunkKey) -> bool:
-        return (_mix64((hash(key) ^ salt) & _MASK64) >> shift) < threshold
+        return score(key) < threshold
 
     return keep
 
