@@ -22,7 +22,7 @@ from kvsim.errors import InputError
 TRACE = os.path.join(ROOT, "traces", "samples", "mooncake_small.jsonl")
 
 
-def device(tmp_path, name, read_latency_s, lookup_latency_s=0.0):
+def device(tmp_path, name, read_latency_s, lookup_latency_s=0.0, threads=4):
     """A device whose reads cost ``read_latency_s`` an operation and nothing else."""
     path = tmp_path / f"{name}.json"
     path.write_text(
@@ -36,8 +36,8 @@ def device(tmp_path, name, read_latency_s, lookup_latency_s=0.0):
                 "read_latency_s": read_latency_s,
                 "write_latency_s": 0.0,
                 "lookup_latency_s": lookup_latency_s,
-                "n_read_threads": 4,
-                "n_write_threads": 4,
+                "n_read_threads": threads,
+                "n_write_threads": threads,
             }
         )
     )
@@ -238,23 +238,7 @@ def test_load_rule_weighs_the_whole_run_over_the_tiers_threads(tmp_path):
     """One 16-token chunk read on one thread (15 ms) is slower than computing it (11.6 ms
     under the linear profile), but the 8-chunk run the tier holds reads on 8 threads at
     once (15 ms) while computing 128 tokens takes 22.8 ms: the rule loads it."""
-    path = tmp_path / "eight.json"
-    path.write_text(
-        json.dumps(
-            {
-                "name": "eight",
-                "read_bytes_per_s": None,
-                "write_bytes_per_s": None,
-                "stream_read_bytes_per_s": None,
-                "stream_write_bytes_per_s": None,
-                "read_latency_s": 0.015,
-                "write_latency_s": 0.0,
-                "lookup_latency_s": 0.0,
-                "n_read_threads": 8,
-                "n_write_threads": 8,
-            }
-        )
-    )
+    eight = device(tmp_path, "eight", read_latency_s=0.015, threads=8)
     head = tuple(range(1, 9))
     reqs = [
         Request(0, 0.0, 130, 2, head),
@@ -271,7 +255,7 @@ def test_load_rule_weighs_the_whole_run_over_the_tiers_threads(tmp_path):
         policy="lru",
         enable_prefix_caching=False,
         compute_profile=linear_profile(tmp_path),
-        secondary_tiers=[{"type": "fs", "kvsim_device": str(path)}],
+        secondary_tiers=[{"type": "fs", "kvsim_device": eight}],
         tier_load_rule="pays-off",
     )
     assert ruled.tables["requests"].set_index("request").loc[2, "tier_hit_tokens"] == 128
