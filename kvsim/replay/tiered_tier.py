@@ -82,28 +82,12 @@ class TieredProtocolTier:
         order = getattr(policy, "eviction_order", None)
         return order() if order is not None else list(policy.keys())
 
-    def _scan(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> tuple[int, bool]:
-        """The connector's prefix lookup: ``(hits, settled)``."""
-        lookup = self.manager.lookup
-        count = 0
-        settled = True
-        for key in keys:
-            result = lookup(key, ctx)
-            if result is _HIT or result is _PENDING:
-                count += 1
-                settled = settled and result is _HIT
-            elif result is _RETRY:
-                settled = False
-            else:
-                break
-        return count, settled
-
     def _settled_hits(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> int:
         """Scan step after step until the scan settles; 0 hits for a stalled request."""
         manager = self.manager
         for step in range(MAX_LOOKUP_STEPS):
-            count, settled = self._scan(keys, ctx)
-            if settled:
+            count, defer = manager.scan_prefix(keys, ctx)  # the connector's prefix scan
+            if not defer:
                 if step:
                     self.requests_waited += 1
                 return count
