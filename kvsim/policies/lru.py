@@ -13,9 +13,10 @@ Ranks are vLLM's pairs, compared in order, drawn from one counter ``n``:
 At a request's finish its keys are committed tail first, so the head ends most recent.
 Fresh ranks only grow, so committed keys live in one ``OrderedDict``, least recent first,
 and committing is a move to its end. Provisional keys (those of running requests) are
-few; eviction sorts them and merges them with the committed order. It passes over pinned,
-pending and protected chunks in place (``ref_cnt != 0``), so recency is independent of
-pinning, and is atomic: when ``n`` victims cannot be found nothing changes.
+sorted only when eviction reaches them, and merged with the committed order when a running
+request is older than a commit. Eviction passes over pinned, pending and protected chunks
+in place (``ref_cnt != 0``), so recency is independent of pinning, and is atomic: when
+``n`` victims cannot be found nothing changes.
 """
 
 from __future__ import annotations
@@ -134,14 +135,22 @@ class LRUPolicy(ChunkMapPolicy):
 
     def _oldest_first(self) -> Iterator[ChunkKey]:
         committed = self._committed
-        if not self._provisional:
+        provisional = self._provisional
+        if not provisional:
             return iter(committed)
-        running = sorted((rank, key) for key, rank in self._provisional.items())
-        if not committed or next(reversed(committed.values())) < running[0][0][0]:
-            # the usual case: every running request started after the last commit
-            return chain(committed, (key for _, key in running))
+        if not committed or next(reversed(committed.values())) < min(provisional.values())[0]:
+            # the usual case: every running request started after the last commit, so the
+            # provisional keys are sorted only if eviction gets past every committed one
+            # (requests waiting on promotions can hold thousands of them)
+            return chain(committed, self._provisional_oldest_first())
+        running = sorted((rank, key) for key, rank in provisional.items())
         ranked = (((n, 0), key) for key, n in committed.items())
         return (key for _, key in merge(ranked, running))
+
+    def _provisional_oldest_first(self) -> Iterator[ChunkKey]:
+        """A generator: nothing is sorted until the first key is asked for."""
+        for _, key in sorted((rank, key) for key, rank in self._provisional.items()):
+            yield key
 
     def eviction_order(self) -> list[ChunkKey]:
         """Resident keys, least recent first (for tests and inspection)."""
