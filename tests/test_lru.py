@@ -130,3 +130,53 @@ def test_running_requests_interleave_with_commits_by_rank():
     p.on_request_finished(([10, 11],), set(), set(), a)  # commits 11 then 10: both newest
     assert p.eviction_order() == [1, 2, 21, 20, 3, 11, 10]
     assert victims(p, 3, protected=[2]) == [1, 21, 20]
+
+
+def test_eviction_order_is_the_rank_order_under_random_requests():
+    """Random inserts, accesses, finishes, touches, removals and evictions by several
+    interleaved requests: the eviction order is always every resident key sorted by rank
+    (committed ``(n, 0)``, provisional ``(request, -position)``), so the shortcuts in
+    ``_oldest_first`` (the cached oldest running request, the lazy sort) never reorder."""
+    import random
+
+    for seed in range(40):
+        rng = random.Random(seed)
+        p = LRUPolicy(10_000)
+        requests: dict[int, tuple[RequestContext, list[int]]] = {}
+        next_key = iter(range(1, 10**6))
+        for _ in range(300):
+            op = rng.random()
+            if op < 0.25 or not requests:  # a request inserts its chunks with positions
+                rid = len(requests) + 1000 * seed
+                keys = [next(next_key) for _ in range(rng.randint(1, 6))]
+                ctx = RequestContext(rid, {k: 16 * (i + 1) for i, k in enumerate(keys)})
+                requests[rid] = (ctx, keys)
+                ready(p, keys, ctx, start_id=keys[0] * 10)
+            elif op < 0.35:  # a running request (maybe an old one) stores more chunks
+                ctx, keys = rng.choice(list(requests.values()))
+                more = [next(next_key) for _ in range(rng.randint(1, 3))]
+                for i, k in enumerate(more):
+                    ctx.positions[k] = 16 * (len(keys) + i + 1)
+                keys.extend(more)
+                ready(p, more, ctx, start_id=more[0] * 10)
+            elif op < 0.45:  # a running request accesses keys (its own or resident others)
+                ctx, keys = rng.choice(list(requests.values()))
+                resident = list(p.keys())
+                extra = rng.sample(resident, min(3, len(resident)))
+                for i, k in enumerate(extra):
+                    ctx.positions.setdefault(k, 16 * (len(keys) + i + 1))
+                p.on_request_access(keys + extra, ctx)
+            elif op < 0.65:  # a request finishes
+                rid = rng.choice(list(requests))
+                ctx, keys = requests.pop(rid)
+                p.on_request_finished([[k for k in keys if k in p.chunks]], set(), set(), ctx)
+            elif op < 0.75 and len(p):
+                p.touch(rng.sample(list(p.keys()), 1), RequestContext("t"))
+            elif op < 0.85 and len(p):
+                p.remove(rng.choice(list(p.keys())))
+            elif len(p):
+                p.evict(rng.randint(1, 3), set())
+            expected = sorted(p.keys(), key=p._rank)
+            assert p.eviction_order() == expected, seed
+            running = [r[0] for r in p._provisional.values()]
+            assert p._oldest_running in (None, min(running, default=None))

@@ -47,6 +47,9 @@ class LRUPolicy(ChunkMapPolicy):
         super().__init__(capacity)
         self._committed: OrderedDict[ChunkKey, int] = OrderedDict()  # key -> counter, oldest first
         self._provisional: dict[ChunkKey, Rank] = {}  # running requests' keys
+        # the smallest counter among the provisional ranks, None when not known (recomputed
+        # by eviction; cheap to keep, where taking it each time costs a pass over them all)
+        self._oldest_running: int | None = None
         self._counter = 0
         self._generation = 0  # bumped by clear(), so requests take a new rank afterwards
 
@@ -66,18 +69,27 @@ class LRUPolicy(ChunkMapPolicy):
 
     def _commit(self, key: ChunkKey) -> None:
         """A fresh rank: ``key`` becomes the most recent of all."""
-        self._provisional.pop(key, None)
+        self._unrank(self._provisional.pop(key, None))
         self._committed.pop(key, None)
         self._counter += 1
         self._committed[key] = self._counter
 
     def _make_provisional(self, key: ChunkKey, rank: Rank) -> None:
         self._committed.pop(key, None)
+        self._unrank(self._provisional.get(key))
         self._provisional[key] = rank
+        oldest = self._oldest_running
+        if oldest is not None and rank[0] < oldest:
+            self._oldest_running = rank[0]
+
+    def _unrank(self, rank: Rank | None) -> None:
+        """A provisional rank leaves: the cached oldest may have gone with it."""
+        if rank is not None and rank[0] == self._oldest_running:
+            self._oldest_running = None
 
     def _forget(self, key: ChunkKey) -> None:
         if self._committed.pop(key, None) is None:
-            del self._provisional[key]
+            self._unrank(self._provisional.pop(key))
 
     # --- interface ---
 
@@ -128,6 +140,7 @@ class LRUPolicy(ChunkMapPolicy):
         self.chunks.clear()
         self._committed.clear()
         self._provisional.clear()
+        self._oldest_running = None
         self._counter = 0
         self._generation += 1
 
@@ -138,7 +151,10 @@ class LRUPolicy(ChunkMapPolicy):
         provisional = self._provisional
         if not provisional:
             return iter(committed)
-        if not committed or next(reversed(committed.values())) < min(provisional.values())[0]:
+        oldest = self._oldest_running
+        if oldest is None:
+            oldest = self._oldest_running = min(provisional.values())[0]
+        if not committed or next(reversed(committed.values())) < oldest:
             # the usual case: every running request started after the last commit, so the
             # provisional keys are sorted only if eviction gets past every committed one
             # (requests waiting on promotions can hold thousands of them)
