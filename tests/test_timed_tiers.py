@@ -260,3 +260,30 @@ def test_load_rule_weighs_the_whole_run_over_the_tiers_threads(tmp_path):
     )
     assert ruled.tables["requests"].set_index("request").loc[2, "tier_hit_tokens"] == 128
     assert ruled.summary["tier1_fs_load_rule_skipped_chunks"] == 0
+
+
+def test_kv_wait_ends_when_the_lookup_answers_not_when_blocks_free_up(tmp_path):
+    """Request 3 waits 0.25 s for the fs tier's existence check, then for GPU blocks that
+    request 2 (150 output tokens, 13-block GPU) holds until 21.27 s: the second wait is
+    queueing, so its KV wait is the check (and promotion), not the whole wait."""
+    reqs = [
+        Request(0, 0.0, 50, 2, (1, 2, 3)),
+        Request(1, 10.0, 50, 2, (7, 8, 9)),
+        Request(2, 19.5, 50, 150, (11, 12, 13)),
+        Request(3, 20.5, 50, 2, (1, 2, 4)),
+    ]
+    result = kvsim.simulate(
+        Trace.from_requests(reqs, 16),
+        model="llama-3.1-8b",
+        gpu="h200",
+        cpu_chunks=3,
+        policy="lru",
+        enable_prefix_caching=False,
+        compute_profile=linear_profile(tmp_path),
+        secondary_tiers=[{"type": "fs", "kvsim_device": device(tmp_path, "c", 0.0, 0.25)}],
+        gpu_kv_blocks=13,
+    )
+    req = result.tables["requests"].set_index("request")
+    assert req.loc[3, "first_scheduled_s"] >= req.loc[2, "finish_s"]  # it waited for blocks
+    assert req.loc[3, "queue_s"] > 0.7
+    assert 0.25 <= req.loc[3, "kv_wait_s"] < 0.3

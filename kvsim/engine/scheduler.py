@@ -506,7 +506,9 @@ class Scheduler:
         """A new or preempted request's prefix hit: (GPU hit blocks, external tokens, async).
 
         The GPU hit stops short of the last token, which vLLM always recomputes. None when
-        the connector defers the lookup: the request waits, its KV wait clock running.
+        the connector defers the lookup: the request waits, its KV wait clock running until
+        a lookup answers (then a request that cannot get its blocks waits in the queue, not
+        for KV; an async load starts the clock again until the request runs).
         """
         tokens = req.num_tokens
         gpu_hit = 0
@@ -521,6 +523,9 @@ class Scheduler:
             if req.kv_wait_start is None:
                 req.kv_wait_start = now
             return None
+        if req.kv_wait_start is not None:  # the deferral ends: any wait after it is the queue's
+            req.kv_wait += now - req.kv_wait_start
+            req.kv_wait_start = None
         ext, is_async = found
         return gpu_hit, ext, is_async
 
