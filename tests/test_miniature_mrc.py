@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from support import SYNTHETIC
 
@@ -10,6 +11,7 @@ from kvsim.errors import InputError
 from kvsim.replay.miniature import (
     MIN_CHUNKS,
     base_rate,
+    forced_keys,
     miniature_config,
     miniature_error,
     miniature_grid,
@@ -20,6 +22,7 @@ from kvsim.replay.miniature import (
 )
 from kvsim.replay.mrc import key_sampler
 from kvsim.traces import as_trace
+from kvsim.traces.model import Request
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +210,12 @@ def test_bad_requests_are_one_line_errors(requests):
     with pytest.raises(InputError, match="seeds"):
         miniature_mrc(requests, cfg, [10], seeds=0)
     with pytest.raises(InputError, match="kept none"):
-        miniature_mrc(requests[:1], cfg, [10], sample_rate=1e-6)
+        miniature_mrc(requests[:1], cfg, [10], sample_rate=1e-6, heavy_share=0)
+    with pytest.raises(InputError, match="heavy-share"):
+        miniature_mrc(requests, cfg, [10], heavy_share=-1)
+    # at such a rate any key would weigh more than the trace: every key is forced
+    tiny = miniature_mrc(requests[:1], cfg, [10], sample_rate=1e-6, min_chunks=0, min_keys=0)
+    assert tiny.info["forced_keys"] == tiny.info["prompt_units"] > 0
 
 
 def test_api_mrc_for_any_policy_matches_replays_at_rate_one():
@@ -237,3 +245,66 @@ def test_api_mrc_for_any_policy_matches_replays_at_rate_one():
         assert bool(row.exact)
     sampled = kvsim.mrc(SYNTHETIC, policy="s3fifo", limit=300)
     assert sampled.sample_rate == 0.1 and len(sampled.table) <= 24
+
+
+def _hot_key_trace(n: int = 4000) -> tuple[list[Request], int]:
+    """A RAG-like trace whose every request starts with one key (10 % of all accesses)
+    that seed 0 does not sample at 10 %: a 6-chunk document (of 1,500, the first ones
+    likelier, none in over 1 % of requests), then 3 fresh chunks."""
+    keep = key_sampler(0.1, 0)
+    assert keep is not None
+    hot = next(k for k in range(10**6, 10**7) if not keep(k))
+    rng = np.random.default_rng(7)
+    docs = (1500 * rng.random(n) ** 1.5).astype(int)
+    out, fresh = [], 10**8
+    for i, d in enumerate(docs):
+        keys = (hot, *range(int(d) * 6, int(d) * 6 + 6), *range(fresh, fresh + 3))
+        fresh += 3
+        out.append(Request(i, float(i), len(keys) * 16, 1, keys))
+    return out, hot
+
+
+def test_a_key_in_every_request_is_forced_into_the_miniature():
+    """A key that starts every request, missed by the sample, biases every miniature:
+    uncorrected by about its share of hits (arc, prefix protocol); LRU's correction leaves
+    part of it (Belady, object protocol: > 0.01). Forced into every miniature and weighted
+    by the rate, it is estimated as well as the rest."""
+    requests, hot = _hot_key_trace()
+    assert forced_keys({hot: 4000, 1: 39}, 40_000, 0.1) == {hot}
+    caps = [1000, 3000]
+    kw = {"sample_rate": 0.1, "min_keys": 0, "min_chunks": 0}
+    for protocol, policy, control, bound, bias in [
+        ("prefix", "arc", False, 0.02, 0.05),
+        ("object", "belady", True, 0.01, 0.01),
+    ]:
+        cfg = CacheConfig(num_chunks=100, block_tokens=16, chunk_tokens=16, policy=policy)
+        forced = miniature_error(requests, cfg, caps, protocol=protocol, control=control, **kw)
+        plain = miniature_error(
+            requests, cfg, caps, protocol=protocol, control=control, heavy_share=0, **kw
+        )
+        assert list(forced["forced_keys"]) == [1, 1] and list(plain["forced_keys"]) == [0, 0]
+        assert forced["error"].abs().max() <= bound and plain["error"].abs().max() > bias
+    curve = miniature_mrc(requests, cfg, caps, protocol="object", **kw)
+    assert curve.info["forced_keys"] == 1
+    assert list(curve.table["miniature_chunks"]) == [101, 301]  # + 0.9 slot for the hot key
+
+
+@pytest.mark.parametrize("policy", ["s3fifo", "belady"])
+def test_counting_forced_hits_keeps_every_decision(requests, policy):
+    """The object protocol counts a forced key's hits by running the stream in pieces split
+    at it: the cache's hits and accesses are those of one uncut replay."""
+    from kvsim.replay.miniature import _object_counts, _prefix_counts
+    from kvsim.replay.object_protocol import replay_config
+
+    cfg = CacheConfig(**{**config(requests, policy).as_dict(), "num_chunks": 3000})
+    counts: dict[int, int] = {}
+    for r in requests:
+        for k in r.block_hashes:
+            counts[k] = counts.get(k, 0) + 1
+    hot = frozenset(sorted(counts, key=counts.__getitem__)[-3:])
+    hits, accesses, f_hits, f_accesses = _object_counts(requests, cfg, hot)
+    whole = replay_config(requests, cfg, "object")
+    assert (hits, accesses) == (whole["hits"], whole["accesses"])
+    assert 0 < f_hits <= f_accesses <= sum(counts[k] for k in hot)
+    hits, accesses, f_hits, f_accesses = _prefix_counts(requests, cfg, hot)
+    assert 0 < f_hits <= f_accesses and hits > f_hits

@@ -210,13 +210,14 @@ def _miniature_error(
         f"chunks per miniature, min {keys} sampled keys: base rate "
         f"{table.attrs['base_rate']:.3g}; {seeds} seed{'s' if seeds > 1 else ''})"
     )
+    attrs = table.attrs
     points = ", ".join(
-        f"{c:,} at {r:g} ({m:,} chunks)"
-        for c, r, m in zip(
-            table.attrs["capacities"], table.attrs["rates"], table.attrs["miniature_chunks"]
+        f"{c:,} at {r:g} ({m:,} chunks{f', {f} forced' if f else ''})"
+        for c, r, m, f in zip(
+            attrs["capacities"], attrs["rates"], attrs["miniature_chunks"], attrs["forced_keys"]
         )
     )
-    click.echo(f"capacities (rate, miniature size): {points}")
+    click.echo(f"capacities (rate, miniature size, keys forced into every miniature): {points}")
     shown = table.drop(columns=["rates"])
     click.echo(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     if csv_path:

@@ -76,6 +76,7 @@ def _miniature_summary(curve: MRC) -> dict[str, Any]:
         "min_sample_keys": curve.info["min_keys"],
         "point_sample_rates": [float(r) for r in curve.info["rates"]],
         "seeds": curve.info["seeds"],
+        "forced_keys": curve.info["forced_keys"],
     }
 
 

@@ -21,6 +21,12 @@ keys make any estimate noisy. So a capacity whose miniature would hold fewer tha
 point is in the table), and the default grid starts at ``min_chunks`` chunks (smaller
 capacities would be full replays) with few points where the rate is raised. ``seeds``
 averages independently seeded miniatures.
+
+A key so hot that sampling it or not would alone move the estimate (a block that starts
+every request) is taken whole instead (a take-all stratum, :func:`forced_keys`): it is in
+every miniature at every seed, its hits and accesses count ``rate`` each (a sampled key
+stands for ``1 / rate`` keys, a forced one only for itself), and the miniature gets
+``1 - rate`` of a slot more per forced key, the room it takes in the full-size cache.
 """
 
 from __future__ import annotations
@@ -54,6 +60,13 @@ MIN_CHUNKS = 512
 #: reason); the value is chosen by measurement on the bundled synthetic trace.
 MIN_KEYS = 8192
 
+#: a chunk key is forced into every miniature (:func:`forced_keys`) when its accesses scaled
+#: by ``1 / rate`` (what it would weigh if sampled) are at least this share of the trace's
+#: accesses: sampling it or not would alone move the estimated access count by that much.
+#: Bounds the forced keys at ``1 / (rate * HEAVY_SHARE)`` (1,000 at 10 %); fixed from the
+#: 0.01 error goal, not fitted to a trace. 0 turns forcing off.
+HEAVY_SHARE = 0.01
+
 
 def base_rate(rate: float, distinct: int, min_keys: int = MIN_KEYS) -> float:
     """``rate``, raised on a small trace until the sample holds about ``min_keys`` of its
@@ -61,6 +74,17 @@ def base_rate(rate: float, distinct: int, min_keys: int = MIN_KEYS) -> float:
     if distinct <= 0:
         return float(rate)
     return float(min(1.0, max(rate, min_keys / distinct)))
+
+
+def forced_keys(
+    counts: dict[ChunkKey, int], accesses: int, rate: float, share: float = HEAVY_SHARE
+) -> frozenset[ChunkKey]:
+    """The keys every miniature at ``rate`` keeps (none at rate 1 or ``share`` 0): those with
+    ``count / rate >= share * accesses`` (:data:`HEAVY_SHARE`)."""
+    if rate >= 1.0 or share <= 0.0 or not accesses:
+        return frozenset()
+    least = share * accesses * rate
+    return frozenset(k for k, n in counts.items() if n >= least)
 
 
 def point_rate(capacity: int, rate: float, min_chunks: int = MIN_CHUNKS) -> float:
@@ -77,12 +101,21 @@ def point_rate(capacity: int, rate: float, min_chunks: int = MIN_CHUNKS) -> floa
 class _Sampler:
     """A trace's chunk keys, listed and scored once, sampled at any rate (one seed)."""
 
-    def __init__(self, requests: Iterable[Request], config: CacheConfig, seed: int) -> None:
+    def __init__(
+        self,
+        requests: Iterable[Request],
+        config: CacheConfig,
+        seed: int,
+        heavy_share: float = HEAVY_SHARE,
+    ) -> None:
         layout = config.layout
         self.chunk_tokens = config.chunk_tokens
+        self.heavy_share = heavy_share
         self.keyed: list[tuple[Request, list[ChunkKey]]] = []
         score = key_scorer(seed)
         self.score: dict[ChunkKey, int] = {}
+        self.uses: dict[ChunkKey, int] = {}
+        uses = self.uses
         units = accesses = 0
         for req in requests:
             unit_keys = layout.unit_keys(req.block_hashes, req.input_tokens)
@@ -90,11 +123,25 @@ class _Sampler:
             units += len(unit_keys)
             accesses += len(keys)
             for k in keys:
-                if k not in self.score:
+                n = uses.get(k)
+                if n is None:
                     self.score[k] = score(k)
+                    uses[k] = 1
+                else:
+                    uses[k] = n + 1
             self.keyed.append((req, keys))
         self.counts = {"accesses": accesses, "prompt_units": units, "distinct": len(self.score)}
         self._cache: dict[float, tuple[list[Request], int]] = {}
+        self._forced: dict[float, frozenset[ChunkKey]] = {}
+
+    def forced(self, rate: float) -> frozenset[ChunkKey]:
+        """The keys every miniature at ``rate`` keeps whatever their hash
+        (:func:`forced_keys`; the same at every seed)."""
+        if rate not in self._forced:
+            self._forced[rate] = forced_keys(
+                self.uses, self.counts["accesses"], rate, self.heavy_share
+            )
+        return self._forced[rate]
 
     def sample(self, rate: float) -> tuple[list[Request], int]:
         """The sampled trace at ``rate`` (one request per request, holding its sampled chunk
@@ -104,11 +151,12 @@ class _Sampler:
         tpc = self.chunk_tokens
         threshold = rate_threshold(rate) if rate < 1.0 else None
         score = self.score
+        forced = self.forced(rate)
         out: list[Request] = []
         sampled = 0
         for req, keys in self.keyed:
             if threshold is not None:
-                keys = [k for k in keys if score[k] < threshold]
+                keys = [k for k in keys if score[k] < threshold or k in forced]
             sampled += len(keys)
             out.append(
                 Request(
@@ -134,11 +182,15 @@ def sample_requests(
     return out, {**sampler.counts, "sampled": sampled}
 
 
-def miniature_config(config: CacheConfig, capacity: int, rate: float) -> CacheConfig:
-    """``config`` shrunk to a miniature of ``capacity`` full-size chunks at ``rate``."""
+def miniature_config(
+    config: CacheConfig, capacity: int, rate: float, forced: int = 0
+) -> CacheConfig:
+    """``config`` shrunk to a miniature of ``capacity`` full-size chunks at ``rate``, with
+    ``1 - rate`` of a slot more for each of ``forced`` keys (at most ``capacity``): a forced
+    key takes one slot of the full-size cache and one of the miniature, not ``rate``."""
     return replace(
         config,
-        num_chunks=max(1, round(capacity * rate)),
+        num_chunks=max(1, round(capacity * rate + (1.0 - rate) * min(forced, capacity))),
         block_tokens=config.chunk_tokens,
         gpu_blocks=0,
         prefill_chunk_tokens=None,
@@ -168,6 +220,85 @@ def replay_hit_ratio(requests: list[Request], config: CacheConfig, protocol: str
     if protocol == "object":
         return float(replay_config(requests, config, "object")["hit_ratio"])
     return float(CacheReplay(config, requests_for_future=requests).run(requests)["cpu_hit_ratio"])
+
+
+def weighted_hit_ratio(
+    requests: list[Request],
+    config: CacheConfig,
+    protocol: str,
+    forced: frozenset[ChunkKey],
+    rate: float,
+) -> float:
+    """A miniature's hit ratio with each access of a ``forced`` key counting ``rate`` (its
+    hits likewise): a sampled key stands for ``1 / rate`` keys, a forced one for itself.
+    Without forced keys, :func:`replay_hit_ratio`."""
+    if not forced or rate >= 1.0:
+        return replay_hit_ratio(requests, config, protocol)
+    if protocol == "object":
+        hits, accesses, f_hits, f_accesses = _object_counts(requests, config, forced)
+    else:
+        hits, accesses, f_hits, f_accesses = _prefix_counts(requests, config, forced)
+    denominator = accesses - (1.0 - rate) * f_accesses
+    if denominator <= 0:
+        return 0.0
+    return (hits - (1.0 - rate) * f_hits) / denominator
+
+
+def _prefix_counts(
+    requests: list[Request], config: CacheConfig, forced: frozenset[ChunkKey]
+) -> tuple[int, int, int, int]:
+    """Chunk hits and accesses of a prefix-protocol miniature, all and of forced keys: a
+    request hits a prefix, so a forced key hits iff its position is inside it."""
+    positions = [[i for i, k in enumerate(r.block_hashes) if k in forced] for r in requests]
+    f_hits = 0
+    row = iter(positions)
+
+    def count(r: tuple[Any, ...]) -> None:
+        nonlocal f_hits
+        mine = next(row)
+        if mine:
+            hit = r[5]  # a miniature chunk is one unit: the request's hit chunks
+            f_hits += sum(1 for i in mine if i < hit)
+
+    summary = CacheReplay(config, requests_for_future=requests).run(requests, count)
+    f_accesses = sum(len(p) for p in positions)
+    return summary["cpu_hit_blocks"], summary["prompt_blocks"], f_hits, f_accesses
+
+
+def _object_counts(
+    requests: list[Request], config: CacheConfig, forced: frozenset[ChunkKey]
+) -> tuple[int, int, int, int]:
+    """Hits and accesses of an object-protocol miniature, all and of forced keys: the
+    stream runs in pieces split at forced keys (the cache carries its state and clock
+    across pieces, so the decisions are those of one run). The cache is the one
+    :func:`replay_config` builds, so without forced keys both give the same hits."""
+    from kvsim.replay.object_protocol import block_stream, object_cache
+
+    cache = object_cache(
+        config.num_chunks,
+        config.policy,
+        admission=config.admission,
+        policy_module=config.policy_module,
+        seed=config.seed,
+        store_threshold=config.store_threshold,
+        max_tracker_size=config.max_tracker_size,
+    )
+    stream = list(block_stream(requests, config.layout))
+    cache.prepare(stream)
+    f_hits = f_accesses = 0
+    start = 0
+    for i, key in enumerate(stream):
+        if key in forced:
+            if start < i:
+                cache.run(stream[start:i])
+            before = cache.stats.hits
+            cache.run((key,))
+            f_hits += cache.stats.hits - before
+            f_accesses += 1
+            start = i + 1
+    if start < len(stream):
+        cache.run(stream[start:])
+    return cache.stats.hits, cache.stats.accesses, f_hits, f_accesses
 
 
 def _exact_lru(
@@ -203,10 +334,14 @@ def _one_seed(
     raw, hits = [], []
     for i, (capacity, rate) in enumerate(zip(grid, rates)):
         sampled, _ = sampler.sample(rate)
-        estimate = replay_hit_ratio(sampled, miniature_config(config, capacity, rate), protocol)
+        forced = sampler.forced(rate)
+        n = len(forced)
+        mini = miniature_config(config, capacity, rate, n)
+        estimate = weighted_hit_ratio(sampled, mini, protocol, forced, rate)
         raw.append(estimate * scale)
         if exact is not None and rate < 1.0:
-            lru_mini = replay_hit_ratio(sampled, miniature_config(lru, capacity, rate), protocol)
+            mini = miniature_config(lru, capacity, rate, n)
+            lru_mini = weighted_hit_ratio(sampled, mini, protocol, forced, rate)
             hits.append(min(1.0, max(0.0, (estimate - lru_mini) * scale + exact[i])))
         else:
             hits.append(estimate * scale)
@@ -229,6 +364,7 @@ def miniature_mrc(
     min_chunks: int = MIN_CHUNKS,
     min_keys: int = MIN_KEYS,
     seeds: int = 1,
+    heavy_share: float = HEAVY_SHARE,
     progress: Callable[[int], object] | None = None,
 ) -> MRC:
     """The hit-ratio curve of ``config``'s policy at each capacity (in full-size chunks;
@@ -241,7 +377,9 @@ def miniature_mrc(
     the same sample; the table keeps the uncorrected estimate beside it. ``seeds`` > 1
     averages that many independently seeded miniatures (``seed``, ``seed + 1``, ...), each
     corrected by its own control: the sampling variance falls as 1 / seeds, the work grows
-    as seeds (a bias shared by every seed stays).
+    as seeds (a bias shared by every seed stays). Keys with ``heavy_share`` of the accesses
+    once scaled by ``1 / rate`` are in every miniature (:func:`forced_keys`; the table's
+    ``forced_keys`` column; 0 = never).
     """
     _check(config, sample_rate, protocol)
     if capacities is not None and (not capacities or min(capacities) < 1):
@@ -252,8 +390,10 @@ def miniature_mrc(
         raise InputError(f"--seeds must be at least 1, got {seeds}")
     if min_keys < 0:
         raise InputError(f"--min-keys must be at least 0, got {min_keys}")
+    if heavy_share < 0:
+        raise InputError(f"--heavy-share must be at least 0, got {heavy_share}")
     reqs = list(requests)
-    samplers = [_Sampler(reqs, config, seed + i) for i in range(seeds)]
+    samplers = [_Sampler(reqs, config, seed + i, heavy_share) for i in range(seeds)]
     counts = samplers[0].counts
     base_sampled = samplers[0].sample(sample_rate)[1]
     if counts["accesses"] and not base_sampled:
@@ -277,6 +417,7 @@ def miniature_mrc(
     runs = [_one_seed(s, config, grid, rates, protocol, scale, exact, progress) for s in samplers]
     hits = np.mean([h for h, _ in runs], axis=0)
     raw = np.mean([r for _, r in runs], axis=0)
+    forced = [len(samplers[0].forced(r)) for r in rates]
     table = pd.DataFrame(
         {
             "capacity": grid,
@@ -284,7 +425,10 @@ def miniature_mrc(
             "miss_ratio": 1.0 - hits,
             "uncorrected": raw,
             "sample_rate": rates,
-            "miniature_chunks": [max(1, round(c * r)) for c, r in zip(grid, rates)],
+            "miniature_chunks": [
+                miniature_config(config, c, r, f).num_chunks for c, r, f in zip(grid, rates, forced)
+            ],
+            "forced_keys": forced,
         }
     )
     info: dict[str, Any] = {
@@ -297,6 +441,8 @@ def miniature_mrc(
         "base_rate": least,
         "seeds": seeds,
         "rates": sorted(set(rates)),
+        "heavy_share": heavy_share,
+        "forced_keys": max(forced, default=0),
     }
     return MRC(table, protocol, sample_rate, counts["accesses"], base_sampled, 1, info)
 
@@ -342,9 +488,10 @@ def miniature_error(
     min_chunks: int = MIN_CHUNKS,
     min_keys: int = MIN_KEYS,
     seeds: int = 1,
+    heavy_share: float = HEAVY_SHARE,
 ) -> pd.DataFrame:
     """Miniature vs full replay at each capacity: columns capacity, sample_rate (the point's,
-    :func:`point_rate`), miniature, full, error."""
+    :func:`point_rate`), forced_keys, miniature, full, error."""
     reqs = list(requests)
     curve = miniature_mrc(
         reqs,
@@ -357,14 +504,18 @@ def miniature_error(
         min_chunks=min_chunks,
         min_keys=min_keys,
         seeds=seeds,
+        heavy_share=heavy_share,
     )
     rows = []
-    for capacity, rate, estimate in zip(
-        curve.table["capacity"], curve.table["sample_rate"], curve.table["hit_ratio"]
+    t = curve.table
+    for capacity, rate, forced, estimate in zip(
+        t["capacity"], t["sample_rate"], t["forced_keys"], t["hit_ratio"]
     ):
         exact = replay_hit_ratio(reqs, replace(config, num_chunks=int(capacity)), protocol)
-        rows.append((int(capacity), float(rate), float(estimate), exact, float(estimate) - exact))
-    return pd.DataFrame(rows, columns=["capacity", "sample_rate", "miniature", "full", "error"])
+        est = float(estimate)
+        rows.append((int(capacity), float(rate), int(forced), est, exact, est - exact))
+    columns = ["capacity", "sample_rate", "forced_keys", "miniature", "full", "error"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 #: the shares of a trace's distinct chunks ``kvsim bench --miniature-error`` measures at
@@ -385,6 +536,7 @@ def error_table(
     min_chunks: int = MIN_CHUNKS,
     min_keys: int = MIN_KEYS,
     seeds: int = 1,
+    heavy_share: float = HEAVY_SHARE,
 ) -> pd.DataFrame:
     """Each policy's largest miniature error (both protocols) at 1, 3, 10, 30 and 100% of
     the trace's distinct chunks: what ``kvsim bench --miniature-error`` prints, with the
@@ -400,6 +552,7 @@ def error_table(
     )
     capacities = error_capacities(distinct)
     rows = []
+    forced = [0] * len(capacities)  # keys forced into every miniature: the same for all
     for policy in policies:
         config = replace(base, policy=policy)
         for protocol in PROTOCOLS:
@@ -412,7 +565,9 @@ def error_table(
                 min_chunks=min_chunks,
                 min_keys=min_keys,
                 seeds=seeds,
+                heavy_share=heavy_share,
             )
+            forced = [int(f) for f in err["forced_keys"]]
             worst = err.loc[err["error"].abs().idxmax()]
             rows.append(
                 {
@@ -432,6 +587,9 @@ def error_table(
         "base_rate": least,
         "capacities": capacities,
         "rates": rates,
-        "miniature_chunks": [max(1, round(c * r)) for c, r in zip(capacities, rates)],
+        "forced_keys": forced,
+        "miniature_chunks": [
+            miniature_config(base, c, r, f).num_chunks for c, r, f in zip(capacities, rates, forced)
+        ],
     }
     return table

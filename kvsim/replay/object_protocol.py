@@ -137,6 +137,29 @@ class ObjectCache:
         return stats
 
 
+def object_cache(
+    capacity: int,
+    policy: str = "lru",
+    *,
+    admission: str = "always",
+    policy_module: str | None = None,
+    seed: int = 0,
+    store_threshold: int = 0,
+    max_tracker_size: int = 64_000,
+) -> ObjectCache:
+    """An empty object-protocol cache with its eviction policy and admission rule (the
+    one place they are built, for whole replays and for miniatures replayed in pieces)."""
+    from kvsim.policies.registry import make_admission, make_eviction_policy
+
+    pol = make_eviction_policy(policy, capacity, policy_module)
+    adm = None
+    if admission != "always" or store_threshold >= 2:
+        adm = make_admission(
+            admission, store_threshold=store_threshold, max_tracker_size=max_tracker_size, seed=seed
+        )
+    return ObjectCache(pol, capacity, adm)
+
+
 def object_replay(
     requests: Iterable[Request],
     layout: KeyLayout,
@@ -150,15 +173,15 @@ def object_replay(
     max_tracker_size: int = 64_000,
 ) -> dict[str, Any]:
     """Replay a trace's block stream under the object protocol; returns a summary dict."""
-    from kvsim.policies.registry import make_admission, make_eviction_policy
-
-    pol = make_eviction_policy(policy, capacity, policy_module)
-    adm = None
-    if admission != "always" or store_threshold >= 2:
-        adm = make_admission(
-            admission, store_threshold=store_threshold, max_tracker_size=max_tracker_size, seed=seed
-        )
-    cache = ObjectCache(pol, capacity, adm)
+    cache = object_cache(
+        capacity,
+        policy,
+        admission=admission,
+        policy_module=policy_module,
+        seed=seed,
+        store_threshold=store_threshold,
+        max_tracker_size=max_tracker_size,
+    )
     if cache._timed:
         stream = list(block_stream(requests, layout))
         cache.prepare(stream)
