@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -287,3 +288,28 @@ def test_kv_wait_ends_when_the_lookup_answers_not_when_blocks_free_up(tmp_path):
     assert req.loc[3, "first_scheduled_s"] >= req.loc[2, "finish_s"]  # it waited for blocks
     assert req.loc[3, "queue_s"] > 0.7
     assert 0.25 <= req.loc[3, "kv_wait_s"] < 0.3
+
+
+def test_back_pressure_drops_cascades_to_a_slow_device_only(tmp_path):
+    """vLLM's EMA detector on the device's store latencies: with 1 s writes (0.5 s/MiB, far
+    above the 50 ms/MiB high-water mark) a DropStorePolicy tier drops cascades; with instant
+    writes, or with no back-pressure configured (vLLM's default), it drops none."""
+
+    def dropped(write_latency_s, backpressure):
+        path = tmp_path / f"w{write_latency_s}.json"
+        spec = json.loads(Path(device(tmp_path, "base", 0.0)).read_text())
+        path.write_text(json.dumps({**spec, "write_latency_s": write_latency_s}))
+        tier: dict[str, object] = {"type": "fs", "kvsim_device": str(path)}
+        if backpressure:
+            tier["backpressure"] = {
+                "backpressure_cls": "EMABackpressureDetector",
+                "policy_cls": "DropStorePolicy",
+            }
+        result = kvsim.simulate(TRACE, cpu_chunks=50, limit=60, secondary_tiers=[tier])
+        return result.summary["tier1_fs_dropped_chunks"], result.summary["tier1_fs_cascaded_chunks"]
+
+    slow_dropped, _ = dropped(1.0, True)
+    fast_dropped, fast_cascaded = dropped(0.0, True)
+    assert slow_dropped > 0
+    assert fast_dropped == 0 and fast_cascaded > 0
+    assert dropped(1.0, False)[0] == 0
