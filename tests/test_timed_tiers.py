@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -23,8 +22,9 @@ from kvsim.errors import InputError
 TRACE = os.path.join(ROOT, "traces", "samples", "mooncake_small.jsonl")
 
 
-def device(tmp_path, name, read_latency_s, lookup_latency_s=0.0, threads=4):
-    """A device whose reads cost ``read_latency_s`` an operation and nothing else."""
+def device(tmp_path, name, read_latency_s, lookup_latency_s=0.0, threads=4, write_latency_s=0.0):
+    """A device whose reads cost ``read_latency_s`` an operation (and writes
+    ``write_latency_s``) and nothing else."""
     path = tmp_path / f"{name}.json"
     path.write_text(
         json.dumps(
@@ -35,7 +35,7 @@ def device(tmp_path, name, read_latency_s, lookup_latency_s=0.0, threads=4):
                 "stream_read_bytes_per_s": None,
                 "stream_write_bytes_per_s": None,
                 "read_latency_s": read_latency_s,
-                "write_latency_s": 0.0,
+                "write_latency_s": write_latency_s,
                 "lookup_latency_s": lookup_latency_s,
                 "n_read_threads": threads,
                 "n_write_threads": threads,
@@ -63,12 +63,15 @@ def shared_prefix_trace():
     return Trace.from_requests(reqs, 16)
 
 
-def run(tmp_path, dev, **kw):
+def run(tmp_path, dev, requests=None, cpu_chunks=3, **kw):
+    """A timed LRU run of ``requests`` (default :func:`shared_prefix_trace`'s, 16-token
+    blocks) with one fs tier on device ``dev`` and the linear compute profile."""
+    trace = shared_prefix_trace() if requests is None else Trace.from_requests(requests, 16)
     return kvsim.simulate(
-        shared_prefix_trace(),
+        trace,
         model="llama-3.1-8b",
         gpu="h200",
-        cpu_chunks=3,
+        cpu_chunks=cpu_chunks,
         policy="lru",
         enable_prefix_caching=False,
         compute_profile=linear_profile(tmp_path),
@@ -248,17 +251,7 @@ def test_load_rule_weighs_the_whole_run_over_the_tiers_threads(tmp_path):
     ]
     compute = LinearCompute(0.01, 1e-4)
     assert prefill_seconds(compute, 16, 0, 8192) < 0.015 < prefill_seconds(compute, 128, 0, 8192)
-    ruled = kvsim.simulate(
-        Trace.from_requests(reqs, 16),
-        model="llama-3.1-8b",
-        gpu="h200",
-        cpu_chunks=8,
-        policy="lru",
-        enable_prefix_caching=False,
-        compute_profile=linear_profile(tmp_path),
-        secondary_tiers=[{"type": "fs", "kvsim_device": eight}],
-        tier_load_rule="pays-off",
-    )
+    ruled = run(tmp_path, eight, reqs, cpu_chunks=8, tier_load_rule="pays-off")
     assert ruled.tables["requests"].set_index("request").loc[2, "tier_hit_tokens"] == 128
     assert ruled.summary["tier1_fs_load_rule_skipped_chunks"] == 0
 
@@ -273,17 +266,7 @@ def test_kv_wait_ends_when_the_lookup_answers_not_when_blocks_free_up(tmp_path):
         Request(2, 19.5, 50, 150, (11, 12, 13)),
         Request(3, 20.5, 50, 2, (1, 2, 4)),
     ]
-    result = kvsim.simulate(
-        Trace.from_requests(reqs, 16),
-        model="llama-3.1-8b",
-        gpu="h200",
-        cpu_chunks=3,
-        policy="lru",
-        enable_prefix_caching=False,
-        compute_profile=linear_profile(tmp_path),
-        secondary_tiers=[{"type": "fs", "kvsim_device": device(tmp_path, "c", 0.0, 0.25)}],
-        gpu_kv_blocks=13,
-    )
+    result = run(tmp_path, device(tmp_path, "c", 0.0, 0.25), reqs, gpu_kv_blocks=13)
     req = result.tables["requests"].set_index("request")
     assert req.loc[3, "first_scheduled_s"] >= req.loc[2, "finish_s"]  # it waited for blocks
     assert req.loc[3, "queue_s"] > 0.7
@@ -296,10 +279,8 @@ def test_back_pressure_drops_cascades_to_a_slow_device_only(tmp_path):
     writes, or with no back-pressure configured (vLLM's default), it drops none."""
 
     def dropped(write_latency_s, backpressure):
-        path = tmp_path / f"w{write_latency_s}.json"
-        spec = json.loads(Path(device(tmp_path, "base", 0.0)).read_text())
-        path.write_text(json.dumps({**spec, "write_latency_s": write_latency_s}))
-        tier: dict[str, object] = {"type": "fs", "kvsim_device": str(path)}
+        dev = device(tmp_path, f"w{write_latency_s}", 0.0, write_latency_s=write_latency_s)
+        tier: dict[str, object] = {"type": "fs", "kvsim_device": dev}
         if backpressure:
             tier["backpressure"] = {
                 "backpressure_cls": "EMABackpressureDetector",
