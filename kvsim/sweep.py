@@ -60,7 +60,7 @@ from kvsim.errors import InputError
 from kvsim.io import atomic_path
 from kvsim.progress import Progress, ProgressArg
 from kvsim.results import kvsim_version, write_metadata
-from kvsim.tier_spec import _SHORTHAND_KEYS, as_tier_specs, tier_from_shorthand
+from kvsim.tier_spec import as_tier_specs, tier_from_shorthand, tier_to_shorthand
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -338,8 +338,6 @@ _NEXT_TIER = re.compile(r"\+(?=\s*[A-Za-z_][\w-]*\s*(?::|\+|$))")
 #: run's (``tier1_fs_hit_share``, of the prompt tokens)
 _TIER_HIT = re.compile(r"tier\d+_\w+_hit_ratio")
 _TIER_SHARE = re.compile(r"tier\d+_\w+_hit_share")
-#: tier-object key -> the shorthand key that stands for it
-_SHORT_NAMES = {v: k for k, v in _SHORTHAND_KEYS.items()}
 
 
 def tier_set(value: Any, where: str = TIERS) -> list[dict[str, Any]]:
@@ -374,7 +372,7 @@ def tier_set(value: Any, where: str = TIERS) -> list[dict[str, Any]]:
         elif isinstance(item, str) and item.strip().lower() == NO_TIERS:
             raise InputError(f"{where}: {NO_TIERS!r} is a tier set of its own, not a tier")
         elif isinstance(item, str) and item.strip():
-            tiers.append(_shorthand(item.strip(), where))
+            tiers.append(tier_from_shorthand(item.strip(), f"{where}: {item.strip()!r}"))
         else:
             raise InputError(
                 f"{where}: each tier is TYPE[:KEY=VALUE,...] (tiers joined by "
@@ -383,30 +381,11 @@ def tier_set(value: Any, where: str = TIERS) -> list[dict[str, Any]]:
     return tiers
 
 
-def _shorthand(text: str, where: str) -> dict[str, Any]:
-    """One tier of a set's text, its error re-worded to name the sweep's option."""
-    try:
-        return tier_from_shorthand(text)
-    except InputError as e:
-        rest = str(e).removeprefix(f"--tier {text}").removeprefix(":").removeprefix(".")
-        raise InputError(f"{where}: {text!r}: {rest.strip()}") from None
-
-
 def tier_set_label(value: Any) -> str:
     """A tier set as one line of text: ``none``, or its tiers in the shorthand joined by
     ``+`` (a value the shorthand has no form for, such as a ``backpressure`` object, as
     JSON)."""
-    return TIER_JOIN.join(_tier_text(t) for t in tier_set(value)) or NO_TIERS
-
-
-def _tier_text(tier: Mapping[str, Any]) -> str:
-    parts = [
-        f"{_SHORT_NAMES.get(k, k)}="
-        + (v if isinstance(v, str) else json.dumps(v, sort_keys=True, separators=(",", ":")))
-        for k, v in tier.items()
-        if k != "type"
-    ]
-    return f"{tier['type']}:{','.join(parts)}" if parts else str(tier["type"])
+    return TIER_JOIN.join(tier_to_shorthand(t) for t in tier_set(value)) or NO_TIERS
 
 
 def _canonical_tier_set(value: Any) -> str | list[dict[str, Any]]:

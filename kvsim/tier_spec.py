@@ -16,8 +16,10 @@ skip promotions that cannot beat recomputing, beyond vLLM; ``off``, the default:
 
 from __future__ import annotations
 
+import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -361,13 +363,16 @@ _SHORTHAND_KEYS = {
     "device": "kvsim_device",
     "load_rule": "kvsim_load_rule",
 }
+#: tier-object key -> the shorthand key that stands for it
+_SHORT_NAMES = {v: k for k, v in _SHORTHAND_KEYS.items()}
 
 
-def tier_from_shorthand(text: str) -> dict[str, Any]:
+def tier_from_shorthand(text: str, where: str | None = None) -> dict[str, Any]:
     """``--tier TYPE[:KEY=VALUE,...]`` as a vLLM tier object, e.g. ``fs:capacity=2TiB``
     -> ``{"type": "fs", "kvsim_capacity": "2TiB"}``. Keys: ``capacity``, ``chunks``,
-    ``policy`` (kvsim's) and the tier type's own vLLM keys (``locality=REMOTE``, ...)."""
-    where = f"--tier {text}"
+    ``policy`` (kvsim's) and the tier type's own vLLM keys (``locality=REMOTE``, ...).
+    Errors name ``where`` (default ``--tier TEXT``)."""
+    where = f"--tier {text}" if where is None else where
     kind, _, rest = text.partition(":")
     kind = kind.strip()
     if not kind:
@@ -393,6 +398,19 @@ def tier_from_shorthand(text: str) -> dict[str, Any]:
             )
     _parse_tier(tier, None, where)  # every other error, now, with the option's name
     return tier
+
+
+def tier_to_shorthand(tier: Mapping[str, Any]) -> str:
+    """A vLLM tier object in ``--tier``'s shorthand (:func:`tier_from_shorthand` reads it
+    back); a value the shorthand has no form for, such as a ``backpressure`` object, is
+    written as JSON."""
+    parts = [
+        f"{_SHORT_NAMES.get(k, k)}="
+        + (v if isinstance(v, str) else json.dumps(v, sort_keys=True, separators=(",", ":")))
+        for k, v in tier.items()
+        if k != "type"
+    ]
+    return f"{tier['type']}:{','.join(parts)}" if parts else str(tier["type"])
 
 
 def describe_tier(spec: TierSpec, index: int) -> str:
