@@ -31,6 +31,7 @@ stands for ``1 / rate`` keys, a forced one only for itself), and the miniature g
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -133,6 +134,15 @@ class _Sampler:
         self.counts = {"accesses": accesses, "prompt_units": units, "distinct": len(self.score)}
         self._cache: dict[float, tuple[list[Request], int]] = {}
         self._forced: dict[float, frozenset[ChunkKey]] = {}
+
+    def reseeded(self, seed: int) -> _Sampler:
+        """The same trace under another seed: only the keys' scores (and so the samples)
+        change; the keys, their counts and the forced keys are shared, not walked again."""
+        other = copy.copy(self)
+        score = key_scorer(seed)
+        other.score = {k: score(k) for k in self.score}
+        other._cache = {}
+        return other
 
     def forced(self, rate: float) -> frozenset[ChunkKey]:
         """The keys every miniature at ``rate`` keeps whatever their hash
@@ -393,7 +403,8 @@ def miniature_mrc(
     if heavy_share < 0:
         raise InputError(f"--heavy-share must be at least 0, got {heavy_share}")
     reqs = list(requests)
-    samplers = [_Sampler(reqs, config, seed + i, heavy_share) for i in range(seeds)]
+    first = _Sampler(reqs, config, seed, heavy_share)
+    samplers = [first, *(first.reseeded(seed + i) for i in range(1, seeds))]
     counts = samplers[0].counts
     base_sampled = samplers[0].sample(sample_rate)[1]
     if counts["accesses"] and not base_sampled:
