@@ -97,25 +97,32 @@ def test_section_sits_between_whats_inside_and_cache_mode():
 
 @pytest.mark.parametrize("figure", FIGURES)
 def test_figure_exists_is_shown_and_made_by_a_shown_command(figure):
-    path = ROOT / figure
-    data = path.read_bytes()
+    _check_figure(_section(_readme()), figure)
+
+
+def _check_figure(section: str, figure: str) -> None:
+    """A small PNG, displayed in ``section`` and made there by a shown `kvsim plot`."""
+    data = (ROOT / figure).read_bytes()
     assert data[:8] == PNG_MAGIC
     assert 10_000 < len(data) <= MAX_FIGURE_BYTES
-    section = _section(_readme())
     assert f"]({figure})" in section  # displayed as an image
     makers = [c for c in _shown_commands(section) if f"--out {figure}" in c]
     assert makers and all(c.startswith("kvsim plot ") for c in makers)
 
 
-def test_every_option_shown_in_the_section_exists():
-    commands = _shown_commands(_section(_readme()))
+def _checked_command_names(section: str) -> set[str]:
+    """The kvsim commands ``section`` shows, each checked to use only options it has."""
     names = set()
-    for line in commands:
+    for line in _shown_commands(section):
         name, unknown = _unknown_options(line)
         assert not unknown, f"README section: `{line}` uses {unknown}, unknown to kvsim {name}"
         names.add(name)
-    # the section answers with these commands; losing one would empty the check above
-    assert {"mrc", "sweep", "plot", "simulate"} <= names
+    return names
+
+
+def test_every_option_shown_in_the_section_exists():
+    # the section answers with these commands; losing one would empty the check
+    assert {"mrc", "sweep", "plot", "simulate"} <= _checked_command_names(_section(_readme()))
 
 
 def test_the_option_check_catches_a_misspelt_option():
@@ -147,16 +154,8 @@ def test_the_tier_answer_shows_its_figure_and_real_commands():
     """The secondary-tier answer (issue 16): its figure exists and is made by a shown
     command, every option it shows exists, and the sweep spec it runs is in the checkout."""
     section = _section(_readme(), TIER_TITLE)
-    data = (ROOT / TIER_FIGURE).read_bytes()
-    assert data[:8] == PNG_MAGIC and 10_000 < len(data) <= MAX_FIGURE_BYTES
-    assert f"]({TIER_FIGURE})" in section
+    _check_figure(section, TIER_FIGURE)
+    assert {"replay", "sweep", "plot", "simulate"} <= _checked_command_names(section)
     commands = _shown_commands(section)
-    assert any(c.startswith("kvsim plot ") and f"--out {TIER_FIGURE}" in c for c in commands)
-    names = set()
-    for line in commands:
-        name, unknown = _unknown_options(line)
-        assert not unknown, f"README: `{line}` uses {unknown}, unknown to kvsim {name}"
-        names.add(name)
-    assert {"replay", "sweep", "plot", "simulate"} <= names
     specs = {w for c in commands for w in shlex.split(c) if w.endswith(".yaml")}
     assert specs and all((ROOT / spec).is_file() for spec in specs)
