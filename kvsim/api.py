@@ -279,8 +279,8 @@ def _replay(
     requests_csv: str | os.PathLike[str] | None,
     progress: Callable[[int], None] | None,
 ) -> Result:
-    requests: Iterable[Request] = tr if progress is None else _counted(tr, progress)
     if protocol != "prefix":
+        requests: Iterable[Request] = tr if progress is None else _counted(tr, progress)
         if requests_csv is not None:
             raise InputError("--requests-csv is for --protocol prefix only")
         return Result(
@@ -296,15 +296,15 @@ def _replay(
     run = CacheReplay(config, requests_for_future=tr, fused=fused)
     tables = {}
     if requests_csv is not None:
-        summary = write_requests_csv(requests_csv, run, requests)
+        summary = write_requests_csv(requests_csv, run, tr, progress)
     elif per_request:
         import pandas as pd
 
         rows: list[tuple[Any, ...]] = []
-        summary = run.run(requests, rows.append)
+        summary = run.run(tr, rows.append, progress=progress)
         tables["requests"] = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
     else:
-        summary = run.run(requests)
+        summary = run.run(tr, progress=progress)
     return Result(
         summary={"trace": str(tr.path), **summary, **tier_capacity(config)},
         tables=tables,

@@ -7,7 +7,8 @@ kvsim output unchanged.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 CPU_CACHE_USAGE_PERC = "vllm:kv_offload_cpu_cache_usage_perc"
@@ -36,3 +37,12 @@ class Histogram:
         self.counts[bisect_left(self.buckets, value)] += 1
         self.count += 1
         self.sum += value
+
+    def observe_all(self, values: Iterable[int]) -> None:
+        """:meth:`observe` each value, a distinct value at a time: a hot loop collects its
+        (few distinct, integer) values in a list rather than calling per value."""
+        counts, buckets = self.counts, self.buckets
+        for value, times in Counter(values).items():
+            counts[bisect_left(buckets, value)] += times
+            self.count += times
+            self.sum += value * times

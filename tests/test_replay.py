@@ -99,3 +99,12 @@ def test_replay_is_deterministic():
     a = replay(TRACE, cpu_chunks=50, policy="arc", gpu_blocks=100)
     b = replay(TRACE, cpu_chunks=50, policy="arc", gpu_blocks=100)
     assert a.summary == b.summary and a.requests.equals(b.requests)
+
+
+@pytest.mark.parametrize("gpu_blocks", [0, 40])  # the fused whole-run loop, the general one
+def test_progress_hears_every_part_and_changes_no_row(gpu_blocks):
+    heard: list[int] = []
+    quiet = replay(TRACE, cpu_chunks=60, gpu_blocks=gpu_blocks)
+    told = replay(TRACE, cpu_chunks=60, gpu_blocks=gpu_blocks, progress=heard.append)
+    assert heard == [128, 72]  # PART_ROWS requests at a time
+    assert told.requests.equals(quiet.requests)

@@ -126,6 +126,46 @@ def test_the_random_cases_reach_the_rare_paths() -> None:
     assert min(counts) >= 10, counts
 
 
+def _whole_run_options(rng: random.Random) -> OffloadOptions:
+    """Configurations the fused LRU tier replays in one loop (a chunk is a block, no GPU
+    cache, every offer admitted at once)."""
+    return OffloadOptions(
+        cpu_chunks=rng.choice([1, 2, 3, 5, 8, 13, 30, 80]), model=None, chunk_tokens=BLOCK
+    )
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_whole_run_loop_equals_the_protocol(seed: int) -> None:
+    rng = random.Random(seed)
+    cfg = _whole_run_options(rng).resolve(BLOCK)
+    run = CacheReplay(cfg)
+    assert run._replay_loop() == run.tier.run_whole_blocks  # the loop under test
+    requests = _trace(rng, rng.randint(1, 60), rng.choice([3, 8, 20]))
+    assert _replay(requests, cfg, True) == _replay(requests, cfg, False)
+
+
+def test_the_whole_run_cases_reach_the_rare_paths() -> None:
+    """Guard the test above: requests that evict their own chunks, and failed stores."""
+    own = failed = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        options = _whole_run_options(rng)
+        requests = _trace(rng, rng.randint(1, 60), rng.choice([3, 8, 20]))
+        rows, summary, *_ = _replay(requests, options.resolve(BLOCK), True)
+        failed += summary["allocation_failures"] > 0
+        own += any(r[7] > 0 and r[6] >= options.cpu_chunks for r in rows)
+    assert min(own, failed) >= 10, (own, failed)
+
+
+@pytest.mark.parametrize("cpu_chunks", [64, 1024])
+def test_the_whole_run_loop_equals_the_protocol_on_a_file_trace(cpu_chunks: int) -> None:
+    """A file trace's records carry lists of block ids (a list of requests, tuples)."""
+    cfg = OffloadOptions(cpu_chunks=cpu_chunks, model=None).resolve(512)
+    run = CacheReplay(cfg)
+    assert run._replay_loop() == run.tier.run_whole_blocks
+    assert _replay(open_trace(SAMPLE), cfg, True) == _replay(open_trace(SAMPLE), cfg, False)
+
+
 @pytest.mark.parametrize("policy", ["lru", "arc"])
 @pytest.mark.parametrize("cpu_chunks", [64, 1024])
 def test_fused_tier_equals_the_protocol_on_a_real_trace(cpu_chunks: int, policy: str) -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from itertools import islice
+from typing import TYPE_CHECKING, Any, cast
 
 from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
@@ -38,6 +39,7 @@ from kvsim.traces.source import request_records
 
 if TYPE_CHECKING:  # the tiering layer loads only for runs with secondary tiers
     from kvsim.replay.tiered_tier import TieredProtocolTier
+    from kvsim.traces.columns import Record
 
 REQUEST_COLUMNS = (
     "request",
@@ -56,8 +58,45 @@ REQUEST_COLUMNS = (
 #: one request's row, in :data:`REQUEST_COLUMNS` order
 RequestRow = tuple[int, float, int, int, int, int, int, int, int, bool]
 
-#: rows handed to a ``batch_sink`` at once
+#: rows handed to a ``batch_sink`` at once (at least)
 BATCH_ROWS = 8192
+
+#: requests replayed between two ``progress`` calls (and batch checks)
+PART_ROWS = 128
+
+#: where a replay loop sends each request's row
+Emit = Callable[[RequestRow], object]
+
+#: a loop that replays a part of a run: (records, emit) -> counts in :data:`_TOTALS` order
+ReplayLoop = Callable[["list[Record]", Emit], tuple[int, ...]]
+
+#: a run's totals, in the order the replay loops count them (stored and evicted blocks
+#: are counted in chunks by the loops)
+_TOTALS = (
+    "requests",
+    "prompt_tokens",
+    "prompt_blocks",
+    "gpu_hit_blocks",
+    "cpu_hit_blocks",
+    "stored_blocks",
+    "evicted_blocks",
+    "store_failures",
+)
+
+
+def _discard(row: RequestRow) -> None:
+    """The emit of a run that keeps no rows."""
+
+
+def _both(row_sink: Emit, batch: list[RequestRow]) -> Emit:
+    """An emit that gives each row to ``row_sink`` and keeps it in ``batch``."""
+
+    def emit(row: RequestRow) -> None:
+        row_sink(row)
+        batch.append(row)
+
+    return emit
+
 
 #: policy class -> its fused tier (exact classes: a user's subclass runs the protocol)
 FUSED_TIERS: dict[type, type[FusedTier]] = {LRUPolicy: FusedLRUTier, ARCPolicy: FusedARCTier}
@@ -115,19 +154,7 @@ class CacheReplay:
             self.manager = manager
             self.tier = ProtocolTier(manager, config.chunk_tokens, config.prefill_chunk_tokens)
         self.gpu = GpuBlockPool(config.gpu_blocks)
-        self.totals = dict.fromkeys(
-            (
-                "requests",
-                "prompt_tokens",
-                "prompt_blocks",
-                "gpu_hit_blocks",
-                "cpu_hit_blocks",
-                "stored_blocks",
-                "evicted_blocks",
-                "store_failures",
-            ),
-            0,
-        )
+        self.totals = dict.fromkeys(_TOTALS, 0)
 
     def run(
         self,
@@ -135,10 +162,54 @@ class CacheReplay:
         row_sink: Callable[[RequestRow], object] | None = None,
         *,
         batch_sink: Callable[[list[RequestRow]], object] | None = None,
+        progress: Callable[[int], object] | None = None,
     ) -> dict[str, Any]:
         """Replay ``requests`` in order; each one's row (:data:`REQUEST_COLUMNS`) goes to
-        ``row_sink``, and to ``batch_sink`` in lists of up to :data:`BATCH_ROWS` (each list
-        is the sink's to keep). Returns the running summary."""
+        ``row_sink``, and to ``batch_sink`` in lists of at least :data:`BATCH_ROWS` (the
+        last one shorter; each list is the sink's to keep); ``progress(n)`` hears of every
+        ``n`` requests replayed. Returns the running summary."""
+        replay = self._replay_loop()
+        batch: list[RequestRow] = []
+        emit: Emit = _discard if row_sink is None else row_sink
+        if batch_sink is not None:
+            emit = batch.append if row_sink is None else _both(row_sink, batch)
+        done = [0] * 8
+        records = request_records(requests)
+        while part := list(islice(records, PART_ROWS)):
+            counts = replay(part, emit)
+            done = [a + b for a, b in zip(done, counts)]
+            if batch_sink is not None and len(batch) >= BATCH_ROWS:
+                batch_sink(batch[:])
+                batch.clear()
+            if progress is not None:
+                progress(counts[0])
+        if batch_sink is not None and batch:
+            batch_sink(batch[:])
+
+        upc = self.layout.units_per_chunk
+        t = self.totals
+        for name, value in zip(_TOTALS, done):
+            t[name] += value * upc if name in ("stored_blocks", "evicted_blocks") else value
+        return self.summary()
+
+    def _replay_loop(self) -> ReplayLoop:
+        """The loop for this configuration: the fused LRU tier's own whole-run loop where a
+        chunk is one trace block and no GPU cache sits before the CPU tier (the common
+        ``kvsim replay``), else :meth:`_replay_requests`."""
+        tier, layout = self.tier, self.layout
+        if (
+            isinstance(tier, FusedLRUTier)
+            and tier.runs_whole_blocks
+            and layout.split == 1
+            and layout.units_per_chunk == 1
+            and not self.gpu.enabled
+        ):
+            return cast("ReplayLoop", tier.run_whole_blocks)  # block ids are its chunk keys
+        return self._replay_requests
+
+    def _replay_requests(self, records: list[Record], emit: Emit) -> tuple[int, ...]:
+        """Replay ``records`` a request at a time through the tier's :meth:`serve`; returns
+        the counts to add to :data:`_TOTALS` (stored and evicted in chunks)."""
         layout = self.layout
         unit_tokens = layout.unit_tokens
         units_per_chunk = layout.units_per_chunk
@@ -148,15 +219,12 @@ class CacheReplay:
         gpu = self.gpu
         gpu_on = gpu.enabled
         gpu_blocks = gpu.num_blocks
-        t = self.totals
         n_req = n_tokens = n_units = n_gpu = n_cpu = n_stored = n_evicted = n_fail = 0
-        keep_rows = row_sink is not None or batch_sink is not None
-        batch: list[RequestRow] = []
 
         block_tokens = layout.block_tokens
         whole_blocks = layout.split == 1  # a unit is a trace block: keys are a slice
 
-        for request_id, arrival_s, input_tokens, _, block_hashes, _ in request_records(requests):
+        for request_id, arrival_s, input_tokens, _, block_hashes, _ in records:
             if whole_blocks and block_hashes.__class__ is list:
                 unit_keys = block_hashes[: input_tokens // block_tokens]
             else:
@@ -200,8 +268,8 @@ class CacheReplay:
             n_stored += stored
             n_evicted += evicted
             n_fail += failed
-            if keep_rows:
-                row = (
+            emit(
+                (
                     request_id,
                     arrival_s,
                     input_tokens,
@@ -213,26 +281,8 @@ class CacheReplay:
                     skipped * units_per_chunk,
                     failed > 0,
                 )
-                if row_sink is not None:
-                    row_sink(row)
-                if batch_sink is not None:
-                    batch.append(row)
-                    if len(batch) == BATCH_ROWS:
-                        batch_sink(batch)
-                        batch = []
-
-        if batch_sink is not None and batch:
-            batch_sink(batch)
-
-        t["requests"] += n_req
-        t["prompt_tokens"] += n_tokens
-        t["prompt_blocks"] += n_units
-        t["gpu_hit_blocks"] += n_gpu
-        t["cpu_hit_blocks"] += n_cpu
-        t["stored_blocks"] += n_stored * units_per_chunk
-        t["evicted_blocks"] += n_evicted * units_per_chunk
-        t["store_failures"] += n_fail
-        return self.summary()
+            )
+        return n_req, n_tokens, n_units, n_gpu, n_cpu, n_stored, n_evicted, n_fail
 
     def summary(self) -> dict[str, Any]:
         t = self.totals
@@ -287,7 +337,10 @@ _CSV_LINE = ",".join(["%s"] * len(REQUEST_COLUMNS)) + "\r\n"
 
 
 def write_requests_csv(
-    path: str | os.PathLike[str], replay: CacheReplay, requests: Iterable[Request]
+    path: str | os.PathLike[str],
+    replay: CacheReplay,
+    requests: Iterable[Request],
+    progress: Callable[[int], object] | None = None,
 ) -> dict[str, Any]:
     """Replay ``requests`` and write their rows to a CSV at ``path`` (header
     :data:`REQUEST_COLUMNS`; the bytes :func:`csv.writer` writes), formatted a batch at a
@@ -298,4 +351,4 @@ def write_requests_csv(
         def write(rows: list[RequestRow]) -> None:
             f.write("".join([_CSV_LINE % row for row in rows]))
 
-        return replay.run(requests, batch_sink=write)
+        return replay.run(requests, batch_sink=write, progress=progress)

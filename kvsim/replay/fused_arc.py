@@ -95,7 +95,7 @@ class FusedARCTier(FusedTier):
         retire_victims(picked, t1, t2, self.b1, self.b2, self.num_chunks)
         return True
 
-    def _insert(self, keys: list[ChunkKey]) -> None:
+    def _insert(self, keys: Sequence[ChunkKey]) -> None:
         t1, b1, b2 = self.t1, self.b1, self.b2
         for key in keys:
             t1[key] = None

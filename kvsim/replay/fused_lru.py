@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from kvsim.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.replay.fused_tier import FusedTier
+
+if TYPE_CHECKING:
+    from kvsim.replay.driver import Emit
+
+#: a run's totals: requests, prompt tokens, prompt blocks, GPU hit blocks (none), CPU hit
+#: blocks, stored, evicted, failed stores (what :meth:`FusedLRUTier.run_whole_blocks` returns)
+RunTotals = tuple[int, int, int, int, int, int, int, int]
+
+#: a trace record (:data:`kvsim.traces.columns.Record`) whose block ids are chunk keys
+KeyRecord = tuple[int, float, int, int, Sequence[ChunkKey], "int | None"]
 
 
 class FusedLRUTier(FusedTier):
@@ -68,8 +79,11 @@ class FusedLRUTier(FusedTier):
                 need = n - (self.num_chunks - len(order) - (end - first - n))
                 if need > len(order):
                     failed = self._store_evicting_own(keys, offer, to_store, first, end, need)
-                    stored, evicted = (0, 0) if failed else (n, need)
-                    return cpu_hit_tokens, stored, evicted, failed, 0
+                    if failed:
+                        return cpu_hit_tokens, 0, 0, failed, 0
+                    counters.stored_chunks += n
+                    counters.evicted_chunks += need
+                    return cpu_hit_tokens, n, need, 0, 0
                 if need > 0:
                     popitem = order.popitem
                     for _ in range(need):
@@ -81,6 +95,78 @@ class FusedLRUTier(FusedTier):
         for key in reversed(keys[first:end]):  # commit tail first: the head is newest
             order[key] = None
         return cpu_hit_tokens, n, need, 0, 0
+
+    @property
+    def runs_whole_blocks(self) -> bool:
+        """Whether :meth:`run_whole_blocks` makes this tier's decisions (see there)."""
+        return self._plain
+
+    def run_whole_blocks(
+        self,
+        records: Iterable[KeyRecord],
+        emit: Emit,
+    ) -> RunTotals:
+        """Replay ``records`` where a chunk is one trace block and nothing sits before the
+        CPU tier (no GPU prefix cache): :meth:`serve` with ``local_tokens=0`` and every
+        complete chunk offered, inlined into one loop, since per-request calls cost as
+        much as the dict operations themselves on a typical trace. Each request's row
+        (the driver's ``REQUEST_COLUMNS``) goes to ``emit``. Only for a plain tier
+        (:attr:`runs_whole_blocks`); the rare store that evicts the request's own keys
+        takes :meth:`_store_evicting_own`, as :meth:`serve` does."""
+        assert self._plain
+        block_tokens = self.chunk_tokens  # a chunk is a block
+        order = self._order
+        contains = order.__contains__
+        popitem = order.popitem
+        take_reused = self._take_reused
+        capacity = self.num_chunks
+        sizes: list[int] = []
+        n_req = n_tokens = n_blocks = n_hit = n_stored = n_evicted = n_failed = 0
+        for request_id, arrival_s, input_tokens, _, block_hashes, _ in records:
+            keys = block_hashes[: input_tokens // block_tokens]
+            n = len(keys)
+            count = 0  # the connector's scan: the resident prefix, loaded
+            for key in keys:
+                if key not in order:
+                    break
+                count += 1
+            if count:
+                for key in keys[:count]:  # raised to provisional
+                    del order[key]
+            stored = need = failed = 0
+            if n > count:
+                offer = keys[count:] if count else keys
+                to_store = take_reused(offer) if any(map(contains, offer)) else offer
+                stored = len(to_store)
+                if stored:
+                    sizes.append(stored)
+                    # keys that are not new are the request's provisional keys
+                    need = stored - (capacity - len(order) - (n - stored))
+                    if need > len(order):
+                        failed = self._store_evicting_own(keys, offer, to_store, 0, n, need)
+                        stored, need = (0, 0) if failed else (stored, need)
+                        keys = ()  # committed by _store_evicting_own
+                    elif need > 0:
+                        for _ in range(need):
+                            popitem(False)
+                    else:
+                        need = 0
+            for key in reversed(keys):  # commit tail first: the head is newest
+                order[key] = None
+            n_req += 1
+            n_tokens += input_tokens
+            n_blocks += n
+            n_hit += count
+            n_stored += stored
+            n_evicted += need
+            n_failed += failed
+            emit((request_id, arrival_s, input_tokens, n, 0, count, stored, need, 0, failed > 0))
+        counters = self.counters
+        counters.loaded_chunks += n_hit
+        counters.stored_chunks += n_stored
+        counters.evicted_chunks += n_evicted
+        counters.allocation_sizes.observe_all(sizes)
+        return n_req, n_tokens, n_blocks, 0, n_hit, n_stored, n_evicted, n_failed
 
     def _load_prefix(self, keys: list[ChunkKey], local_tokens: int) -> tuple[int, int, int]:
         """The connector's scan and load: ``(first provisional key, next key to offer,
@@ -104,7 +190,7 @@ class FusedLRUTier(FusedTier):
         self.counters.loaded_chunks += count
         return start, end, hit_tokens
 
-    def _take_reused(self, offer: list[ChunkKey]) -> list[ChunkKey]:
+    def _take_reused(self, offer: Sequence[ChunkKey]) -> Sequence[ChunkKey]:
         """Resident keys offered again are reuse (raised to provisional); the rest."""
         order = self._order
         if not any(map(order.__contains__, offer)):
@@ -117,15 +203,16 @@ class FusedLRUTier(FusedTier):
 
     def _store_evicting_own(
         self,
-        keys: list[ChunkKey],
-        offer: list[ChunkKey],
-        to_store: list[ChunkKey],
+        keys: Sequence[ChunkKey],
+        offer: Sequence[ChunkKey],
+        to_store: Sequence[ChunkKey],
         first: int,
         end: int,
         need: int,
     ) -> int:
         """The rare store that must evict the request's own keys too, by the general
-        path's rules; returns 1 if the allocation failed."""
+        path's rules, and the request's finish; returns 1 if the allocation failed (the
+        caller counts what was stored and evicted)."""
         mine = self._mine
         mine.update(keys[first:end])
         mine.difference_update(to_store)
@@ -135,8 +222,6 @@ class FusedLRUTier(FusedTier):
             counters.allocation_failures += 1
         else:
             self._insert(to_store)
-            counters.stored_chunks += len(to_store)
-            counters.evicted_chunks += need
         self._finish(keys)
         return int(failed)
 
@@ -191,7 +276,7 @@ class FusedLRUTier(FusedTier):
         mine.difference_update(own[:rest])
         return True
 
-    def _insert(self, keys: list[ChunkKey]) -> None:
+    def _insert(self, keys: Sequence[ChunkKey]) -> None:
         self._mine.update(keys)
 
     def _finish(self, keys: Sequence[ChunkKey]) -> None:

@@ -82,7 +82,7 @@ class FusedTier(ABC):
         """Free ``need`` chunks, all or nothing, never one of ``offer``."""
 
     @abstractmethod
-    def _insert(self, keys: list[ChunkKey]) -> None:
+    def _insert(self, keys: Sequence[ChunkKey]) -> None:
         """The admitted keys of a successful offer enter the tier."""
 
     @abstractmethod
