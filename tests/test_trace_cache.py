@@ -142,6 +142,85 @@ def test_limits_and_passes_from_the_cache(tmp_path, parses):
     assert parses == [path]
 
 
+def _typed(records: object) -> list[tuple]:
+    """Records with each value's type (a list of ids stays a list)."""
+    return [tuple((type(v).__name__, v) for v in r) for r in records]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("limit", [None, 0, 1, 7])
+@pytest.mark.parametrize("src", [SAMPLE, BAILIAN, NATIVE, AZURE, "wide", "sessions"], ids=str)
+def test_records_straight_from_the_entry_equal_the_columns_records(tmp_path, parses, src, limit):
+    """A replay reads a cached trace as plain lists cast from the entry's bytes (no numpy):
+    the same values and types as the columns give, 32- and 64-bit ids, with and without
+    sessions, and a limit."""
+    if src in ("wide", "sessions"):
+        header = {"kvsim_trace": 1, "block_tokens": 16}
+        recs = [
+            {
+                "arrival_s": i / 3,
+                "input_tokens": 40,
+                "output_tokens": 3,
+                "block_hashes": [2**40 + i, -i] if src == "wide" else [i, i + 1],
+                "session_id": None if src == "wide" or i % 3 else i,
+            }
+            for i in range(20)
+        ]
+        path = str(tmp_path / f"{src}.jsonl")
+        Path(path).write_text(
+            json.dumps(header) + "\n" + "".join(json.dumps(r) + "\n" for r in recs)
+        )
+    else:
+        path = _copy(src, tmp_path)
+    expected = _typed(request_records(open_trace(path, limit=limit)))  # parsed: numpy columns
+    list(open_trace(path))  # read whole: stored
+    cache.forget()
+    hits = cache.STATS["hits"]
+    got = _typed(request_records(open_trace(path, limit=limit)))
+    assert got == expected and (limit == 0 or len(got) > 0)
+    assert cache.STATS["hits"] == hits + (limit != 0)
+    assert len(parses) == 1 + (limit not in (None, 0))  # a partial read is parsed, not stored
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "lengths"])
+def test_records_read_refuses_a_damaged_entry_and_parses_again(tmp_path, parses, damage):
+    path = _copy(SAMPLE, tmp_path)
+    first = list(request_records(open_trace(path)))
+    (entry,) = _entries()
+    raw = bytearray(entry.read_bytes())
+    if damage == "flip":
+        raw[len(raw) * 2 // 3] ^= 0x40
+    elif damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    else:  # a negative length, with the checksum made to match: the arrays must still fit
+        raw = _with_a_negative_length(raw)
+    entry.write_bytes(bytes(raw))
+    cache.forget()
+    assert list(request_records(open_trace(path))) == first
+    assert cache.STATS["rejected"] == 1 and len(parses) == 2
+
+
+def _with_a_negative_length(raw: bytearray) -> bytearray:
+    """The entry with request 0's id count negated and its CRC recomputed."""
+    import zlib
+
+    from kvsim.traces import cache_file
+
+    start = len(cache_file.MAGIC) + 4
+    size = int.from_bytes(raw[len(cache_file.MAGIC) : start], "little")
+    header = json.loads(raw[start : start + size])
+    at = start + size + (-(start + size) % 8)
+    for name, dtype, count in header["arrays"]:
+        if name == "lengths":
+            value = int.from_bytes(raw[at : at + 8], "little", signed=True)
+            raw[at : at + 8] = (-value).to_bytes(8, "little", signed=True)
+            break
+        nbytes = count * {"<f8": 8, "<i8": 8, "<i4": 4, "|b1": 1}[dtype]
+        at += nbytes + (-nbytes % 8)
+    end = len(raw) - 4 - len(cache_file.TRAILER)
+    raw[end : end + 4] = zlib.crc32(bytes(raw[:end])).to_bytes(4, "little")
+    return raw
+
+
 def test_a_read_with_a_limit_stores_nothing_until_the_file_is_read_whole(tmp_path, parses):
     path = _copy(SAMPLE, tmp_path)
     assert len(list(open_trace(path, limit=5))) == 5

@@ -44,6 +44,7 @@ def bench_replay(
     repeat: int = 3,
     with_vllm: bool | None = None,
     chunk_tokens: int | None = None,
+    vllm_repeat: int = 1,
 ) -> pd.DataFrame:
     """One row per (engine, policy): seconds, blocks/s, ratio to the first policy's kvsim
     rate (``vs_kvsim_lru``: pass lru first) and to LRU through the full protocol
@@ -52,7 +53,8 @@ def bench_replay(
     For ``lru`` and ``arc`` the fused tier (engine ``kvsim``) is timed against the full
     manager protocol (engine ``kvsim-protocol``), which must make the same per-request decisions.
     ``with_vllm=None`` drives vLLM's ``CPUOffloadingManager`` too when vLLM is importable
-    (lru and arc only), and checks that it makes kvsim's per-request decisions.
+    (lru and arc only), and checks that it makes kvsim's per-request decisions; it is timed
+    ``vllm_repeat`` times (best kept), as it is slow.
     """
     opts = OffloadOptions(cpu_chunks=cpu_chunks, chunk_tokens=chunk_tokens)
     blocks = sum(r.input_tokens // block_tokens for r in requests)
@@ -123,7 +125,7 @@ def bench_replay(
                 "vllm-0.33",
                 policy,
                 partial(_vllm_replay, cfg, policy),
-                1,
+                vllm_repeat,
                 ours,
             )
     frame = pd.DataFrame(table)

@@ -32,12 +32,14 @@ import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from .columns import TraceColumns
+    from .columns import Record, TraceColumns
+
+_T = TypeVar("_T")
 
 ENV_FOLDER = "KVSIM_CACHE_DIR"
 ENV_OFF = "KVSIM_NO_CACHE"
@@ -162,35 +164,62 @@ def _name(key: dict[str, Any]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=20).hexdigest() + ".columns"
 
 
-def _load(path: str, key: dict[str, Any]) -> Parts | None:
-    from .cache_file import read
-
+def _from_folder(
+    digest: str | None, fmt: str, block_tokens: int, read: Callable[..., _T]
+) -> _T | None:
+    """``read(path, key)`` of the entry for this content and reading in the cache folder;
+    None when there is none, or none sound (counted in :data:`STATS`)."""
+    if digest is None:
+        return None
+    where = folder()
+    if where is None:
+        STATS["misses"] += 1
+        return None
+    key = _key(digest, fmt, block_tokens)
     try:
-        return [read(path, key)]
+        found = read(os.path.join(where, _name(key)), key)
     except FileNotFoundError:
+        STATS["misses"] += 1
         return None
     except (OSError, ValueError):  # truncated, corrupt, not an entry, another key
         STATS["rejected"] += 1
+        STATS["misses"] += 1
         return None
+    STATS["hits"] += 1
+    return found
+
+
+def remembered(digest: str | None, fmt: str, block_tokens: int) -> Parts | None:
+    """The columns of this content and reading if they are the ones kept in memory."""
+    if digest is None or _last is None or _last[0] != _name(_key(digest, fmt, block_tokens)):
+        return None
+    STATS["memory_hits"] += 1
+    return _last[1]
 
 
 def lookup(digest: str | None, fmt: str, block_tokens: int) -> Parts | None:
     """The columns stored for this content and reading, from memory or the cache folder."""
-    if digest is None:
+    parts = remembered(digest, fmt, block_tokens)
+    if parts is not None:
+        return parts
+    from .cache_file import read
+
+    columns = _from_folder(digest, fmt, block_tokens, read)
+    if columns is None:
         return None
-    key = _key(digest, fmt, block_tokens)
-    name = _name(key)
-    if _last is not None and _last[0] == name:
-        STATS["memory_hits"] += 1
-        return _last[1]
-    where = folder()
-    parts = _load(os.path.join(where, name), key) if where is not None else None
-    if parts is None:
-        STATS["misses"] += 1
-        return None
-    STATS["hits"] += 1
-    _remember(name, parts)
-    return parts
+    assert digest is not None
+    _remember(_name(_key(digest, fmt, block_tokens)), [columns])
+    return [columns]
+
+
+def lookup_records(
+    digest: str | None, fmt: str, block_tokens: int, limit: int | None
+) -> Iterator[Record] | None:
+    """The first ``limit`` stored rows as plain records, read from the cache folder
+    without numpy (what a replay loop reads); not kept in memory."""
+    from .cache_file import read_records
+
+    return _from_folder(digest, fmt, block_tokens, functools.partial(read_records, limit=limit))
 
 
 def _remember(name: str, parts: Parts) -> None:

@@ -7,18 +7,25 @@ A reader checks the magic, the key, the exact file size and the CRC before it us
 so a truncated, corrupt or foreign file is refused (:class:`BadEntry`), never half read. Row
 ``i``'s block ids are counted in ``lengths`` (offsets are their running sum), and ``hashes``
 is 32-bit when every id fits, halving what is written and read for most traces.
+
+An entry reads two ways: as columns (:func:`read`, numpy arrays over the file's bytes) for
+whoever wants a table, and as plain records (:func:`read_records`, Python lists cast from
+the same bytes) for a replay loop, which then never imports numpy.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import sys
 import zlib
-from collections.abc import Callable, Sequence
-from typing import IO, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
-from .columns import TraceColumns
+    from .columns import Record, TraceColumns
 
 MAGIC = b"kvsim trace columns\n"
 TRAILER = b"done"
@@ -29,6 +36,8 @@ class BadEntry(ValueError):
 
 
 def _lengths(c: TraceColumns) -> np.ndarray:
+    import numpy as np
+
     return np.diff(c.offsets)
 
 
@@ -42,6 +51,9 @@ _ARRAYS: dict[str, tuple[tuple[str, ...], Callable[[TraceColumns], np.ndarray]]]
     "session_id": (("<i8",), lambda c: c.session_id),
     "has_session": (("|b1",), lambda c: c.has_session),
 }
+
+#: stored dtype -> (bytes per value, :mod:`struct` format of a little-endian machine)
+_PLAIN = {"<f8": (8, "d"), "<i8": (8, "q"), "<i4": (4, "i"), "|b1": (1, "?")}
 
 
 def _pad(n: int) -> int:
@@ -82,6 +94,8 @@ def write(f: IO[bytes], key: dict[str, Any], parts: Sequence[TraceColumns]) -> N
 
     put(MAGIC + len(header).to_bytes(4, "little") + header)
     put(b"\0" * _pad(len(MAGIC) + 4 + len(header)))
+    import numpy as np
+
     for name, (_, get) in _ARRAYS.items():
         nbytes = 0
         for part in parts:
@@ -92,9 +106,14 @@ def write(f: IO[bytes], key: dict[str, Any], parts: Sequence[TraceColumns]) -> N
     f.write(crc.to_bytes(4, "little") + TRAILER)
 
 
-def read(path: str, key: dict[str, Any]) -> TraceColumns:
-    """The entry at ``path`` for ``key``; FileNotFoundError when there is none, BadEntry
-    when the file is anything but a sound entry for that key."""
+#: where each stored array lies in an entry: (name, dtype, count, byte offset)
+Layout = list[tuple[str, str, int, int]]
+
+
+def _open(path: str, key: dict[str, Any]) -> tuple[bytes, Layout, int]:
+    """The entry's bytes, where its arrays lie and its row count, once the magic, key,
+    size and CRC are checked; FileNotFoundError when there is none, BadEntry when the
+    file is anything but a sound entry for that key."""
     with open(path, "rb") as f:
         raw = f.read()
     if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 12:
@@ -114,18 +133,28 @@ def read(path: str, key: dict[str, Any]) -> TraceColumns:
     ):
         raise BadEntry("unexpected arrays")
     at = start + size + _pad(start + size)
-    places = []
-    for _, dtype, count in specs:
-        nbytes = count * np.dtype(dtype).itemsize
-        places.append(at)
+    layout: Layout = []
+    for name, dtype, count in specs:
+        nbytes = count * _PLAIN[dtype][0]
+        layout.append((name, dtype, count, at))
         at += nbytes + _pad(nbytes)
     if len(raw) != at + 4 + len(TRAILER) or raw[at + 4 :] != TRAILER:
         raise BadEntry("wrong size")
     if zlib.crc32(memoryview(raw)[:at]) != int.from_bytes(raw[at : at + 4], "little"):
         raise BadEntry("checksum mismatch")
+    return raw, layout, rows
+
+
+def read(path: str, key: dict[str, Any]) -> TraceColumns:
+    """The entry at ``path`` for ``key`` as columns (errors as :func:`_open`)."""
+    import numpy as np
+
+    from .columns import TraceColumns
+
+    raw, layout, rows = _open(path, key)
     arrays = {
         name: np.frombuffer(raw, dtype=dtype, count=count, offset=place)
-        for (name, dtype, count), place in zip(specs, places)
+        for name, dtype, count, place in layout
     }
     lengths = arrays.pop("lengths")
     if len(lengths) != rows or (len(lengths) and int(lengths.min()) < 0):
@@ -144,3 +173,41 @@ def read(path: str, key: dict[str, Any]) -> TraceColumns:
     if not columns.check():
         raise BadEntry("inconsistent arrays")
     return columns
+
+
+def read_records(path: str, key: dict[str, Any], limit: int | None = None) -> Iterator[Record]:
+    """The entry's first ``limit`` rows (all when None) as :meth:`TraceColumns.records`
+    gives them, from plain lists: no numpy (errors as :func:`_open`, raised before the
+    first record). Only a little-endian machine reads the bytes as they lie."""
+    if sys.byteorder != "little":
+        return read(path, key).head(limit).records()
+    raw, layout, rows = _open(path, key)
+    view: Any = memoryview(raw)  # cast to a format chosen at run time
+    lists: dict[str, list[Any]] = {}
+    for name, dtype, count, place in layout:
+        size, code = _PLAIN[dtype]
+        lists[name] = view[place : place + count * size].cast(code).tolist()
+    lengths = lists["lengths"]
+    if any(len(v) != rows for k, v in lists.items() if k != "hashes"):
+        raise BadEntry("inconsistent arrays")
+    if rows and min(lengths) < 0:
+        raise BadEntry("bad lengths")
+    bounds = list(itertools.accumulate(lengths, initial=0))
+    if bounds[-1] != len(lists["hashes"]):
+        raise BadEntry("inconsistent arrays")
+    n = rows if limit is None else min(limit, rows)
+    has = lists["has_session"][:n]
+    sessions: Iterator[int | None] | list[int | None]
+    if not any(has):
+        sessions = itertools.repeat(None, n)
+    else:
+        sessions = [s if h else None for s, h in zip(lists["session_id"], has)]
+    flat = lists["hashes"]
+    return zip(
+        range(n),
+        lists["arrival_s"][:n],
+        lists["prompt_tokens"][:n],
+        lists["output_tokens"][:n],
+        map(flat.__getitem__, map(slice, bounds, bounds[1 : n + 1])),
+        sessions,
+    )

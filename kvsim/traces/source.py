@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from . import cache
-from .columns import Record, TraceColumns, concat
 from .model import Request, Trace, TraceInfo
+
+if TYPE_CHECKING:  # numpy loads with the first table, not with a replay (see records)
+    from .columns import Record, TraceColumns
 
 #: parse a whole file as batches: (path, format, block_tokens) -> batches; raises
 #: InputError at the first bad line, after yielding the batches before it
-BatchReader = Callable[[str, str, int], Iterator[TraceColumns]]
+BatchReader = Callable[[str, str, int], "Iterator[TraceColumns]"]
 
 
 class FileSource:
@@ -45,8 +48,26 @@ class FileSource:
                 pass
         assert self._parts is not None
         if len(self._parts) != 1:
+            from .columns import concat
+
             self._parts = [concat(self._parts)]
         return self._parts[0]
+
+    def records(self, limit: int | None = None) -> Iterator[Record]:
+        """The first ``limit`` requests (all when None) as plain records: from memory when
+        this source (or the cache's in-memory copy) has them, else straight from the cache
+        entry's bytes without numpy (a replay's common case), else parsed (and stored)."""
+        if self._parts is None and limit != 0:
+            state = cache.file_state(self.path)  # before hashing: see _parse
+            digest = cache.file_digest(self.path)
+            self._parts = cache.remembered(digest, self.format, self.block_tokens)
+            if self._parts is None:
+                found = cache.lookup_records(digest, self.format, self.block_tokens, limit)
+                if found is not None:
+                    return found
+                parsed = self._parse(limit, digest, state)
+                return itertools.chain.from_iterable(b.records() for b in parsed)
+        return itertools.chain.from_iterable(b.records() for b in self.batches(limit))
 
     def batches(self, limit: int | None = None) -> Iterator[TraceColumns]:
         """The first ``limit`` requests (all when None), in batches."""
@@ -112,7 +133,7 @@ def request_records(requests: Iterable[Request]) -> Iterator[Record]:
     source = _source(requests)
     if source is not None:
         assert isinstance(requests, Trace)
-        return itertools.chain.from_iterable(b.records() for b in source.batches(requests.limit))
+        return source.records(requests.limit)
     return (
         (r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.block_hashes, r.session_id)
         for r in requests
