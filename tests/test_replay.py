@@ -108,3 +108,29 @@ def test_progress_hears_every_part_and_changes_no_row(gpu_blocks):
     told = replay(TRACE, cpu_chunks=60, gpu_blocks=gpu_blocks, progress=heard.append)
     assert heard == [128, 72]  # PART_ROWS requests at a time
     assert told.requests.equals(quiet.requests)
+
+
+def test_cycle_collection_pauses_for_the_replay_and_comes_back_even_after_an_error():
+    import gc
+
+    from kvsim.config import OffloadOptions
+    from kvsim.replay import CacheReplay
+    from kvsim.traces import open_trace
+
+    cfg = OffloadOptions(cpu_chunks=60, model=None).resolve(BLOCK)
+    during: list[bool] = []
+    CacheReplay(cfg).run(open_trace(TRACE), lambda row: during.append(gc.isenabled()))
+    assert during and not any(during) and gc.isenabled()
+
+    def fail(row):
+        raise RuntimeError("sink")
+
+    with pytest.raises(RuntimeError, match="sink"):
+        CacheReplay(cfg).run(open_trace(TRACE), fail)
+    assert gc.isenabled()
+    gc.disable()  # a caller who had it off keeps it off
+    try:
+        CacheReplay(cfg).run(open_trace(TRACE))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
