@@ -60,8 +60,12 @@ def _is_widget(cls: type) -> bool:
 
 def request_bar(total: int | None, desc: str, unit: str = "req") -> tqdm[Any]:
     """A tqdm.auto bar over ``total`` requests (None: unknown, a count and a rate), on
-    stderr outside a notebook."""
-    from tqdm.auto import tqdm as auto_tqdm
+    stderr outside a notebook. Without IPython loaded tqdm.auto picks the plain bar, so
+    that one is imported directly, skipping tqdm.auto's notebook checks (20 ms)."""
+    if "IPython" in sys.modules:
+        from tqdm.auto import tqdm as auto_tqdm
+    else:
+        from tqdm.std import tqdm as auto_tqdm
 
     out = sys.stderr
     options: dict[str, Any] = {"total": total, "desc": desc, "unit": unit}
