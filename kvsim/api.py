@@ -319,6 +319,7 @@ def mrc(
     protocol: str = "prefix",
     sample_rate: float | None = None,
     seed: int = 0,
+    seeds: int = 1,
     limit: int | None = None,
     fmt: str | None = None,
     block_tokens: int | None = None,
@@ -334,7 +335,9 @@ def mrc(
     at ``sample_rate`` 1, the default; see :mod:`kvsim.replay.mrc`), for any other policy by
     miniature simulation (replays of a trace sampled at ``sample_rate``, default 0.1, on
     caches scaled alike, corrected by LRU's error on the same sample; at most 24
-    capacities; see :mod:`kvsim.replay.miniature`).
+    capacities; see :mod:`kvsim.replay.miniature`). ``seeds`` > 1 averages that many
+    miniatures sampled from ``seed`` on (the sampling error falls as their square root; the
+    time grows with them): worth it on a small trace, whose sample is a large share of it.
 
     The table's capacities are in chunks (``capacity``) and tokens (``capacity_tokens``);
     with a ``model`` (a preset or a ``config.json`` path, sized at ``tp`` with
@@ -366,7 +369,11 @@ def mrc(
         sizing.with_(cpu_chunks=None, cpu_gib=x).resolve(tr.block_tokens).num_chunks
         for x in asked or ()
     ]
+    if seeds < 1:
+        raise InputError(f"--seeds must be at least 1, got {seeds}")
     if policy.lower() == "lru":
+        if seeds != 1:
+            raise InputError("--seeds averages miniatures; lru's curve is one exact pass")
         rate = 1.0 if sample_rate is None else sample_rate
         curve = lru_mrc(
             tr, config.layout, protocol=protocol, sample_rate=rate, seed=seed, points=points
@@ -377,6 +384,7 @@ def mrc(
             dataclasses.replace(config, policy=policy),
             sample_rate=0.1 if sample_rate is None else sample_rate,
             seed=seed,
+            seeds=seeds,
             protocol=protocol,
             points=min(points, 24),
             extra=asked_chunks,

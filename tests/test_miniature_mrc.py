@@ -308,3 +308,23 @@ def test_counting_forced_hits_keeps_every_decision(requests, policy):
     assert 0 < f_hits <= f_accesses <= sum(counts[k] for k in hot)
     hits, accesses, f_hits, f_accesses = _prefix_counts(requests, cfg, hot)
     assert 0 < f_hits <= f_accesses and hits > f_hits
+
+
+def test_mrc_averages_seeds_from_the_api_and_the_cli(tmp_path, capsys):
+    """``seeds`` reaches the miniatures; lru, one exact pass, refuses it."""
+    import json
+
+    from support import run_main
+
+    import kvsim
+
+    two = kvsim.mrc(SYNTHETIC, policy="s3fifo", limit=300, seeds=2)
+    assert two.info["seeds"] == 2  # as miniature_mrc ran it (its averaging: tested above)
+    assert kvsim.mrc(SYNTHETIC, policy="s3fifo", limit=300).info["seeds"] == 1
+    code, out, err = run_main(
+        ["mrc", SYNTHETIC, "--policy", "s3fifo", "--limit", "300", "--seeds", "2", "--json"],
+        capsys,
+    )
+    assert code == 0 and json.loads(out)["seeds"] == 2, err
+    code, _, err = run_main(["mrc", SYNTHETIC, "--seeds", "2"], capsys)
+    assert code == 2 and "--seeds" in err and "lru" in err

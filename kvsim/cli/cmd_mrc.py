@@ -169,6 +169,14 @@ def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
     help="Spatial sampling rate (SHARDS); 1 = exact. Default: 1 for lru, 0.1 for others.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Salt of the sampling hash.")
+@click.option(
+    "--seeds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Policies other than lru: average this many miniatures (salts --seed, --seed+1, "
+    "...): less sampling error, proportionally slower.",
+)
 @format_option
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Only the first N requests."
@@ -222,6 +230,7 @@ def mrc_command(
     protocol: str,
     sample_rate: float | None,
     seed: int,
+    seeds: int,
     fmt: str | None,
     limit: int | None,
     block_tokens: int | None,
@@ -255,6 +264,7 @@ def mrc_command(
         protocol=protocol,
         sample_rate=sample_rate,
         seed=seed,
+        seeds=seeds,
         limit=limit,
         fmt=fmt,
         block_tokens=block_tokens,
