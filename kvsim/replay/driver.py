@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kvsim.config import CacheConfig
 from kvsim.gpu_cache import GpuBlockPool
-from kvsim.io import atomic_write
+from kvsim.io import atomic_path
 from kvsim.offload import ManagerProtocol, OffloadManager, admission_from_config
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
@@ -36,6 +36,7 @@ from kvsim.replay.fused_arc import FusedARCTier
 from kvsim.replay.fused_lru import FusedLRUTier
 from kvsim.replay.fused_tier import FusedTier
 from kvsim.replay.protocol_tier import ProtocolTier
+from kvsim.replay.row_writer import csv_rows
 from kvsim.traces.model import Request
 from kvsim.traces.source import request_records
 
@@ -61,7 +62,7 @@ REQUEST_COLUMNS = (
 RequestRow = tuple[int, float, int, int, int, int, int, int, int, bool]
 
 #: rows handed to a ``batch_sink`` at once (at least)
-BATCH_ROWS = 8192
+BATCH_ROWS = 2048
 
 #: requests replayed between two ``progress`` calls (and batch checks)
 PART_ROWS = 128
@@ -371,11 +372,10 @@ def write_requests_csv(
 ) -> dict[str, Any]:
     """Replay ``requests`` and write their rows to a CSV at ``path`` (header
     :data:`REQUEST_COLUMNS`; the bytes :func:`csv.writer` writes), formatted a batch at a
-    time; the file is written whole or not at all. Returns the summary."""
-    with atomic_write(path, newline="") as f:
-        f.write(",".join(REQUEST_COLUMNS) + "\r\n")
-
-        def write(rows: list[RequestRow]) -> None:
-            f.write("".join([_CSV_LINE % row for row in rows]))
-
+    time, by a helper process where one can be forked (:mod:`kvsim.replay.row_writer`);
+    the file is written whole or not at all. Returns the summary."""
+    with (
+        atomic_path(path) as tmp,
+        csv_rows(tmp, ",".join(REQUEST_COLUMNS) + "\r\n", _CSV_LINE) as write,
+    ):
         return replay.run(requests, batch_sink=write, progress=progress)
