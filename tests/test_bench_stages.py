@@ -4,7 +4,8 @@ measured by benchmarks, never by tests)."""
 from __future__ import annotations
 
 import pandas as pd
-from support import SAMPLE, run_main
+import pytest
+from support import SAMPLE, need_vllm, run_main
 
 from kvsim.replay.miniature import MIN_CHUNKS
 
@@ -72,3 +73,17 @@ def test_miniature_error_table_covers_each_policy_and_protocol(tmp_path, capsys)
     assert rates[0] == 1.0 and min(rates) >= 0.5
     assert (table["rate_at_max"] >= 0.5).all()
     assert "at 1 (" in printed and f"min {MIN_CHUNKS} chunks per miniature" in printed
+
+
+@pytest.mark.vllm
+def test_stages_time_vllms_loop_in_turns_with_the_command(tmp_path, capsys):
+    need_vllm("vllm.v1.kv_offload.cpu.manager")
+    out = tmp_path / "stages.csv"
+    argv = ["bench", SAMPLE, "--stages", "--policies", "lru", "--repeat", "2", "--vllm"]
+    code, _, err = run_main([*argv, "--cpu-chunks", "50", "--csv", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out).set_index("stage")
+    assert table.index[-2:].tolist() == ["kvsim replay", "vllm manager loop"]
+    note = table.loc["vllm manager loop", "note"]
+    ratio = table.loc["vllm manager loop", "seconds"] / table.loc["kvsim replay", "seconds"]
+    assert note == f"best of 2; kvsim replay is {ratio:.1f}x faster"

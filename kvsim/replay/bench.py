@@ -44,7 +44,6 @@ def bench_replay(
     repeat: int = 3,
     with_vllm: bool | None = None,
     chunk_tokens: int | None = None,
-    vllm_repeat: int = 1,
 ) -> pd.DataFrame:
     """One row per (engine, policy): seconds, blocks/s, ratio to the first policy's kvsim
     rate (``vs_kvsim_lru``: pass lru first) and to LRU through the full protocol
@@ -53,18 +52,12 @@ def bench_replay(
     For ``lru`` and ``arc`` the fused tier (engine ``kvsim``) is timed against the full
     manager protocol (engine ``kvsim-protocol``), which must make the same per-request decisions.
     ``with_vllm=None`` drives vLLM's ``CPUOffloadingManager`` too when vLLM is importable
-    (lru and arc only), and checks that it makes kvsim's per-request decisions; it is timed
-    ``vllm_repeat`` times (best kept), as it is slow.
+    (lru and arc only), and checks that it makes kvsim's per-request decisions (timed once:
+    it is slow).
     """
     opts = OffloadOptions(cpu_chunks=cpu_chunks, chunk_tokens=chunk_tokens)
     blocks = sum(r.input_tokens // block_tokens for r in requests)
-    if with_vllm is None:
-        with_vllm = vllm_available()
-    elif with_vllm and not vllm_available():
-        raise InputError(
-            "--vllm: vLLM 0.33 is not importable here (pip install --no-deps vllm==0.33.0 "
-            "-r .ci/vllm-0.33-cpu-requirements.txt)"
-        )
+    with_vllm = use_vllm(with_vllm)
     table: list[dict[str, Any]] = []
 
     def timed(
@@ -124,8 +117,8 @@ def bench_replay(
             timed(
                 "vllm-0.33",
                 policy,
-                partial(_vllm_replay, cfg, policy),
-                vllm_repeat,
+                partial(vllm_replay, cfg, policy),
+                1,
                 ours,
             )
     frame = pd.DataFrame(table)
@@ -136,7 +129,20 @@ def bench_replay(
     return frame
 
 
-def _vllm_replay(config: CacheConfig, policy: str) -> CacheReplay:
+def use_vllm(with_vllm: bool | None) -> bool:
+    """Whether to drive vLLM's manager: when asked (an error if it is not importable), or
+    when not told (None) and it is importable."""
+    if with_vllm is None:
+        return vllm_available()
+    if with_vllm and not vllm_available():
+        raise InputError(
+            "--vllm: vLLM 0.33 is not importable here (pip install --no-deps vllm==0.33.0 "
+            "-r .ci/vllm-0.33-cpu-requirements.txt)"
+        )
+    return with_vllm
+
+
+def vllm_replay(config: CacheConfig, policy: str) -> CacheReplay:
     """Cache-mode replay driving vLLM's own manager (built inside the timed run)."""
     return CacheReplay(config, manager=VllmManagerDriver(config.num_chunks, policy))
 

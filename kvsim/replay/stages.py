@@ -5,8 +5,9 @@ writing per-request rows count as much. Each stage is timed on its own (best of
 ``repeat``), and the whole command is timed as a user runs it, in a fresh process, minus
 the interpreter's own start-up (``python -c pass``), against vLLM 0.33's manager loop alone
 on the same requests when vLLM is importable (which excludes vLLM's parsing entirely),
-timed as often and kept the same way (best of ``repeat``), so that a noisy machine does
-not favour either side. Reads are timed as the replay reads a trace: its plain records.
+timed as often, in turns with the command, and kept the same way (best of ``repeat``), so
+that a noisy machine favours neither side. Reads are timed as the replay reads a trace:
+its plain records.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from kvsim.config import OffloadOptions
-from kvsim.replay.bench import bench_replay
-from kvsim.replay.driver import CacheReplay, write_requests_csv
-from kvsim.traces import as_trace
+from kvsim.config import CacheConfig, OffloadOptions
+from kvsim.replay.bench import use_vllm, vllm_replay
+from kvsim.replay.driver import CacheReplay, RequestRow, write_requests_csv
+from kvsim.traces import Request, as_trace
 from kvsim.traces import cache as trace_cache
 from kvsim.traces.source import request_records
 
@@ -118,21 +119,40 @@ def bench_stages(
 
         argv = [sys.executable, "-m", "kvsim", "replay", trace, "--cpu-chunks", str(cpu_chunks)]
         argv += ["--policy", policy, "--requests-csv", csv_path, "--no-progress"]
-        end_to_end = _process_seconds(argv, repeat, env) - python
+        vllm = _vllm_loop(config, policy, requests, with_vllm)
+        # the whole command and vLLM's loop take turns, so a slow spell of a noisy machine
+        # falls on both sides alike; each keeps its best
+        ends, loops = [], []
+        for _ in range(repeat):
+            ends.append(_process_seconds(argv, 1, env) - python)
+            if vllm is not None:
+                loops.append(vllm())
+        end_to_end = min(ends)
         add("kvsim replay", end_to_end, "whole command, cached trace, minus interpreter start-up")
-
-        table = bench_replay(
-            requests,
-            block_tokens,
-            cpu_chunks=cpu_chunks,
-            policies=[policy],
-            repeat=1,
-            with_vllm=with_vllm,
-            vllm_repeat=repeat,
-        )
-        vllm = table[table["engine"] == "vllm-0.33"]
-        if len(vllm):
-            seconds = float(vllm["seconds"].iloc[0])
+        if loops:
+            seconds = min(loops)
             note = f"best of {repeat}; kvsim replay is {seconds / end_to_end:.1f}x faster"
             add("vllm manager loop", seconds, note)
     return pd.DataFrame(rows)
+
+
+def _vllm_loop(
+    config: CacheConfig, policy: str, requests: list[Request], with_vllm: bool | None
+) -> Callable[[], float] | None:
+    """A timer of vLLM's manager loop over ``requests`` (its seconds per call), once it has
+    been checked to make kvsim's decisions; None without vLLM (or for a policy vLLM lacks)."""
+    if not use_vllm(with_vllm) or policy not in ("lru", "arc"):
+        return None
+    ours: list[RequestRow] = []
+    CacheReplay(config).run(requests, ours.append)
+
+    def timed() -> float:
+        rows: list[RequestRow] = []
+        start = time.perf_counter()
+        vllm_replay(config, policy).run(requests, rows.append)
+        seconds = time.perf_counter() - start
+        if rows != ours:
+            raise AssertionError("vLLM's manager made other decisions than kvsim's")
+        return seconds
+
+    return timed
