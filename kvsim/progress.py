@@ -61,12 +61,16 @@ def _is_widget(cls: type) -> bool:
 def request_bar(total: int | None, desc: str, unit: str = "req") -> tqdm[Any]:
     """A tqdm.auto bar over ``total`` requests (None: unknown, a count and a rate), on
     stderr outside a notebook. Without IPython loaded tqdm.auto picks the plain bar, so
-    that one is imported directly, skipping tqdm.auto's notebook checks (20 ms)."""
+    that one is imported directly, skipping tqdm.auto's notebook checks (20 ms). The bar
+    starts no monitor thread (kvsim's loops report every few hundred requests), so a run
+    with a bar stays single-threaded, as forking the CSV helper needs
+    (:mod:`kvsim.replay.row_writer`)."""
     if "IPython" in sys.modules:
-        from tqdm.auto import tqdm as auto_tqdm
+        from tqdm.auto import tqdm as chosen
     else:
-        from tqdm.std import tqdm as auto_tqdm
+        from tqdm.std import tqdm as chosen
 
+    auto_tqdm = type("RequestBar", (chosen,), {"monitor_interval": 0})
     out = sys.stderr
     options: dict[str, Any] = {"total": total, "desc": desc, "unit": unit}
     if _is_widget(auto_tqdm):

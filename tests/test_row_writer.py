@@ -96,3 +96,24 @@ def test_the_helper_is_used_only_where_forking_is_safe(monkeypatch):
     assert not row_writer.can_fork()
     monkeypatch.delitem(sys.modules, "IPython")
     assert row_writer.can_fork()
+
+
+def test_a_replay_with_a_progress_bar_still_forks_its_helper(tmp_path, monkeypatch, capsys):
+    """tqdm's monitor thread would make the process multi-threaded (so no fork): kvsim's
+    bars start none, and the CSV helper is forked with the bar drawn."""
+    from support import SAMPLE, run_main
+
+    before = threading.active_count()
+    seen: list[int] = []
+
+    def can_fork() -> bool:
+        seen.append(threading.active_count())
+        return True
+
+    monkeypatch.setattr(row_writer, "can_fork", can_fork)
+    out = tmp_path / "r.csv"
+    argv = ["replay", SAMPLE, "--cpu-chunks", "40", "--requests-csv", str(out), "--progress"]
+    code, _, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert "replaying: 100%" in err and seen == [before] and threading.active_count() == before
+    assert out.read_bytes().count(b"\r\n") == 201
