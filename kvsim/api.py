@@ -7,7 +7,6 @@ shell go through the same code.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import gzip
 import inspect
@@ -30,7 +29,6 @@ from kvsim.errors import InputError, InputWarning
 from kvsim.progress import Progress, ProgressArg
 from kvsim.replay import REQUEST_COLUMNS, CacheReplay
 from kvsim.replay.driver import write_requests_csv
-from kvsim.replay.object_protocol import replay_config
 from kvsim.results import Result
 from kvsim.sizing import tier_capacity
 from kvsim.tier_spec import LOAD_RULES
@@ -127,6 +125,8 @@ def named_options(fn: Callable[P, R]) -> Callable[P, R]:
     def checked(*args: P.args, **kwargs: P.kwargs) -> R:
         for name in kwargs:
             if name not in known:
+                import difflib  # only to word an error
+
                 guess = difflib.get_close_matches(name, known, n=1)
                 hint = f" (did you mean {guess[0]!r}?)" if guess else ""
                 raise InputError(
@@ -280,6 +280,8 @@ def _replay(
     progress: Callable[[int], None] | None,
 ) -> Result:
     if protocol != "prefix":
+        from kvsim.replay.object_protocol import replay_config
+
         requests: Iterable[Request] = tr if progress is None else _counted(tr, progress)
         if requests_csv is not None:
             raise InputError("--requests-csv is for --protocol prefix only")

@@ -8,7 +8,6 @@ import numbers
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from html import escape
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.errors import InputError
@@ -97,6 +96,7 @@ class Result:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the headline metrics, the whole summary folded, the tables."""
+        from html import escape  # a notebook's; a command never draws HTML
 
         def rows(items: Mapping[str, Any]) -> str:
             return "".join(
