@@ -106,7 +106,7 @@ def test_progress_hears_every_part_and_changes_no_row(gpu_blocks):
     heard: list[int] = []
     quiet = replay(TRACE, cpu_chunks=60, gpu_blocks=gpu_blocks)
     told = replay(TRACE, cpu_chunks=60, gpu_blocks=gpu_blocks, progress=heard.append)
-    assert heard == [128, 72]  # PART_ROWS requests at a time
+    assert heard == [128, 72]  # PART_ROWS requests first (then more: 72 are left)
     assert told.requests.equals(quiet.requests)
 
 
@@ -134,3 +134,17 @@ def test_cycle_collection_pauses_for_the_replay_and_comes_back_even_after_an_err
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_parts_grow_while_they_are_quick_and_stay_small_when_slow(monkeypatch):
+    from kvsim.replay import driver
+    from kvsim.traces import Request
+
+    requests = [Request(i, float(i), 1024, 1, (2 * i, 2 * i + 1)) for i in range(3000)]
+    quick: list[int] = []
+    replay(requests, cpu_chunks=60, block_tokens=BLOCK, model=None, progress=quick.append)
+    assert quick[:3] == [128, 256, 512] and sum(quick) == 3000
+    monkeypatch.setattr(driver, "PART_SECONDS", 0.0)  # every part "slow"
+    slow: list[int] = []
+    replay(requests, cpu_chunks=60, block_tokens=BLOCK, model=None, progress=slow.append)
+    assert set(slow[:-1]) == {128} and sum(slow) == 3000

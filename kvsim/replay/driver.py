@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
@@ -64,8 +65,12 @@ RequestRow = tuple[int, float, int, int, int, int, int, int, int, bool]
 #: rows handed to a ``batch_sink`` at once (at least)
 BATCH_ROWS = 2048
 
-#: requests replayed between two ``progress`` calls (and batch checks)
+#: requests in a run's first part (replayed between two ``progress`` calls and batch
+#: checks); a part that took under PART_SECONDS doubles the next, up to MAX_PART_ROWS, so a
+#: fast loop pays little per part and a slow one (secondary tiers) still reports often
 PART_ROWS = 128
+MAX_PART_ROWS = 8192
+PART_SECONDS = 0.05
 
 #: where a replay loop sends each request's row
 Emit = Callable[[RequestRow], object]
@@ -200,7 +205,8 @@ class CacheReplay:
         batch_sink: Callable[[list[RequestRow]], object] | None,
         progress: Callable[[int], object] | None,
     ) -> list[int]:
-        """:meth:`run`'s loop over parts of :data:`PART_ROWS` requests; the totals."""
+        """:meth:`run`'s loop over parts of the run (see :data:`PART_ROWS`); the totals.
+        (Parts change no decision: only how often ``progress`` hears.)"""
         replay = self._replay_loop()
         batch: list[RequestRow] = []
         emit: Emit = _discard if row_sink is None else row_sink
@@ -208,8 +214,12 @@ class CacheReplay:
             emit = batch.append if row_sink is None else _both(row_sink, batch)
         done = [0] * 8
         records = request_records(requests)
-        while part := list(islice(records, PART_ROWS)):
+        size = PART_ROWS
+        while part := list(islice(records, size)):
+            start = time.perf_counter()
             counts = replay(part, emit)
+            if time.perf_counter() - start < PART_SECONDS:
+                size = min(2 * size, MAX_PART_ROWS)
             done = [a + b for a, b in zip(done, counts)]
             if batch_sink is not None and len(batch) >= BATCH_ROWS:
                 batch_sink(batch[:])
