@@ -118,7 +118,7 @@ class FusedLRUTier(FusedTier):
         assert self._plain
         block_tokens = self.chunk_tokens  # a chunk is a block
         order = self._order
-        contains = order.__contains__
+        resident = order.keys()  # a live view
         popitem = order.popitem
         move_to_end = order.move_to_end
         take_reused = self._take_reused
@@ -142,7 +142,7 @@ class FusedLRUTier(FusedTier):
             stored = need = failed = 0
             if n > count:
                 offer = keys[count:]
-                to_store = take_reused(offer) if any(map(contains, offer)) else offer
+                to_store = offer if resident.isdisjoint(offer) else take_reused(offer)
                 stored = len(to_store)
                 if stored:
                     sizes.append(stored)
