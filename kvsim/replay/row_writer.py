@@ -25,6 +25,9 @@ from typing import IO, Any
 #: bytes that announce a batch's length on the pipe
 _LENGTH = 8
 
+#: the pipe's capacity asked for (Linux's default is 64 KiB; a batch is about 100 KiB)
+_PIPE_BYTES = 1 << 20
+
 
 def can_fork() -> bool:
     """Whether a helper process may be forked here (see the module's note)."""
@@ -42,6 +45,7 @@ def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]]
             yield lambda rows: f.write(_text(rows, line))
         return
     read_end, write_end = os.pipe()
+    _widen(write_end)
     pid = os.fork()
     if pid == 0:  # the helper: never returns
         os.close(write_end)
@@ -61,6 +65,15 @@ def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]]
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code != 0:
         raise OSError(f"the helper process writing the rows failed (exit code {code})")
+
+
+def _widen(fd: int) -> None:
+    """A pipe that holds a few batches (Linux; elsewhere the default), so the replay
+    rarely waits on the helper."""
+    with contextlib.suppress(ImportError, OSError, AttributeError):
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 def _text(rows: Sequence[Any], line: str) -> str:
