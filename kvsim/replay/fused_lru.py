@@ -31,7 +31,8 @@ class FusedLRUTier(FusedTier):
 
     So the state is one ordered dict of committed keys, least recent first, and the set of
     the running request's resident keys, which leave the dict while the request runs
-    (:meth:`run_whole_blocks` leaves its loaded keys in place, marked, instead).
+    (:meth:`run_whole_blocks` leaves its loaded keys in place instead, and evicts after
+    the commit).
     (Plain loops beat ``map`` over an OrderedDict's methods here.)
     """
 
@@ -45,11 +46,10 @@ class FusedLRUTier(FusedTier):
         admission: AdmissionPolicy | None = None,
     ) -> None:
         super().__init__(num_chunks, chunk_tokens, prefill_step, admission)
-        self._order: OrderedDict[ChunkKey, int | None] = (
+        self._order: OrderedDict[ChunkKey, None] = (
             OrderedDict()
         )  # committed keys, least recent first
         self._mine: set[ChunkKey] = set()  # the running request's resident keys (provisional ranks)
-        self._stamp = 0  # requests run_whole_blocks has replayed (marks its loaded keys)
         # the common case (every offer admitted, one offer per request) has its own path
         self._plain = not (self._records or self._filters or prefill_step)
 
@@ -123,21 +123,15 @@ class FusedLRUTier(FusedTier):
         move_to_end = order.move_to_end
         take_reused = self._take_reused
         capacity = self.num_chunks
-        stamp = self._stamp
         sizes: list[int] = []
         n_req = n_tokens = n_blocks = n_hit = n_stored = n_evicted = n_failed = 0
         for request_id, arrival_s, input_tokens, _, block_hashes, _ in records:
             keys = block_hashes[: input_tokens // block_tokens]
             n = len(keys)
-            stamp += 1
-            # the connector's scan: the resident prefix is loaded, raised to provisional.
-            # Rather than leave the dict (and come back at the commit), a loaded key stays
-            # where it is, marked with this request's stamp, and eviction passes it over.
-            count = 0
+            count = 0  # the connector's scan: the resident prefix, loaded
             for key in keys:
                 if key not in order:
                     break
-                order[key] = stamp
                 count += 1
             stored = need = failed = 0
             if n > count:
@@ -146,26 +140,24 @@ class FusedLRUTier(FusedTier):
                 stored = len(to_store)
                 if stored:
                     sizes.append(stored)
-                    committed = len(order) - count
+                    committed = len(order) - count  # the loaded keys are provisional
                     # keys that are not new are the request's provisional keys
                     need = stored - (capacity - committed - (n - stored))
                     if need > committed:
-                        stored, need, failed = self._store_marked(keys, count, to_store, need)
-                        keys = offer = ()  # committed
-                    elif need > 0:
-                        left = need
-                        while left:  # the least recent committed keys
-                            key, mark = popitem(False)
-                            if mark == stamp:  # loaded by this request: not a victim
-                                order[key] = stamp
-                            else:
-                                left -= 1
-                    else:
+                        stored, need, failed = self._store_own(keys, count, to_store, need)
+                        keys = offer = ()  # committed, its victims evicted
+                    elif need < 0:
                         need = 0
                 for key in reversed(offer):  # commit tail first: the head is newest
                     order[key] = None
             for key in reversed(keys[:count]):
                 move_to_end(key)
+            if keys:
+                # the victims: the least recent committed keys. Evicting them after the
+                # commit rather than before (as serve does) takes the same keys, since
+                # every key of this request is now newer than every committed one
+                for _ in range(need):
+                    popitem(False)
             n_req += 1
             n_tokens += input_tokens
             n_blocks += n
@@ -174,7 +166,6 @@ class FusedLRUTier(FusedTier):
             n_evicted += need
             n_failed += failed
             emit((request_id, arrival_s, input_tokens, n, 0, count, stored, need, 0, failed > 0))
-        self._stamp = stamp
         counters = self.counters
         counters.loaded_chunks += n_hit
         counters.stored_chunks += n_stored
@@ -215,12 +206,12 @@ class FusedLRUTier(FusedTier):
         reused = set(found)
         return [k for k in offer if k not in reused]
 
-    def _store_marked(
+    def _store_own(
         self, keys: Sequence[ChunkKey], count: int, to_store: Sequence[ChunkKey], need: int
     ) -> tuple[int, int, int]:
         """:meth:`_store_evicting_own` for :meth:`run_whole_blocks`, whose ``count`` loaded
-        keys are still in the dict (marked): they leave it first, as :meth:`serve` has
-        them. Returns ``(stored, evicted, failed)``."""
+        keys are still in the dict: they leave it first, as :meth:`serve` has them.
+        Returns ``(stored, evicted, failed)``."""
         order = self._order
         for key in keys[:count]:
             del order[key]
