@@ -78,18 +78,10 @@ Emit = Callable[[RequestRow], object]
 #: a loop that replays a part of a run: (records, emit) -> counts in :data:`_TOTALS` order
 ReplayLoop = Callable[["list[Record]", Emit], tuple[int, ...]]
 
-#: a run's totals, in the order the replay loops count them (stored and evicted blocks
-#: are counted in chunks by the loops)
-_TOTALS = (
-    "requests",
-    "prompt_tokens",
-    "prompt_blocks",
-    "gpu_hit_blocks",
-    "cpu_hit_blocks",
-    "stored_blocks",
-    "evicted_blocks",
-    "store_failures",
-)
+#: a run's totals, in the order the replay loops count them: the requests, the sums of the
+#: rows' columns from prompt_tokens to evicted_blocks (stored and evicted counted in chunks
+#: by the loops), and the failed stores
+_TOTALS = ("requests", *REQUEST_COLUMNS[2:8], "store_failures")
 
 
 @contextlib.contextmanager
