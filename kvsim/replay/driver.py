@@ -76,7 +76,7 @@ PART_SECONDS = 0.05
 Emit = Callable[[RequestRow], object]
 
 #: a loop that replays a part of a run: (records, emit) -> counts in :data:`_TOTALS` order
-ReplayLoop = Callable[["list[Record]", Emit], tuple[int, ...]]
+ReplayLoop = Callable[["Iterable[Record]", Emit], tuple[int, ...]]
 
 #: a run's totals, in the order the replay loops count them: the requests, the sums of the
 #: rows' columns from prompt_tokens to evicted_blocks (stored and evicted counted in chunks
@@ -207,9 +207,11 @@ class CacheReplay:
         done = [0] * 8
         records = request_records(requests)
         size = PART_ROWS
-        while part := list(islice(records, size)):
+        while True:  # a part is read as it is replayed: one record at a time in memory
             start = time.perf_counter()
-            counts = replay(part, emit)
+            counts = replay(islice(records, size), emit)
+            if not counts[0]:
+                break
             if time.perf_counter() - start < PART_SECONDS:
                 size = min(2 * size, MAX_PART_ROWS)
             done = [a + b for a, b in zip(done, counts)]
@@ -237,7 +239,7 @@ class CacheReplay:
             return cast("ReplayLoop", tier.run_whole_blocks)  # block ids are its chunk keys
         return self._replay_requests
 
-    def _replay_requests(self, records: list[Record], emit: Emit) -> tuple[int, ...]:
+    def _replay_requests(self, records: Iterable[Record], emit: Emit) -> tuple[int, ...]:
         """Replay ``records`` a request at a time through the tier's :meth:`serve`; returns
         the counts to add to :data:`_TOTALS` (stored and evicted in chunks)."""
         layout = self.layout
