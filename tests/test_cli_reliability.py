@@ -178,6 +178,41 @@ def test_sigterm_leaves_no_temp_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_around_the_csv_helpers_fork_leaves_nothing_behind(tmp_path):
+    """The CSV helper is forked just after the temporary file is made: a SIGTERM landing
+    a few milliseconds either side of the fork still stops both processes, and neither
+    leaves the file (the helper never recreates a file its parent removed)."""
+    delays = [0.0, 0.001, 0.002, 0.003, 0.005, 0.008, 0.013]
+    for i, delay in enumerate(delays):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        argv = ["replay", CONVERSATION, "--cpu-chunks", "2000", "--policy", "s3fifo"]
+        argv += [
+            "--chunk-tokens",
+            "16",
+            "--no-progress",
+            "--requests-csv",
+            str(folder / "rows.csv"),
+        ]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvsim", *argv],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.time() + 60
+        while not list(folder.glob(".rows.csv.*.tmp")) and proc.poll() is None:
+            assert time.time() < deadline
+            time.sleep(0.001)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, (delay, err)
+        time.sleep(0.2)  # a helper that outlived its parent would write by now
+        assert list(folder.iterdir()) == [], delay
+
+
 # --- 15. one line for usage errors and unwritable outputs ---
 
 

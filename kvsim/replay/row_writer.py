@@ -47,22 +47,32 @@ def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]]
     read_end, write_end = os.pipe()
     _widen(write_end)
     pid = os.fork()
-    if pid == 0:  # the helper: never returns
-        os.close(write_end)
-        _helper(read_end, path, header, line)
-    os.close(read_end)
-    pipe = os.fdopen(write_end, "wb")
-    try:
+    if pid == 0:  # the helper: never returns, whatever happens (a signal included)
+        code = 1
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it
+            os.close(write_end)
+            code = _helper(read_end, path, header, line)
+        finally:
+            os._exit(code)
+    pipe = None
+    try:  # from here on, however the parent stops, the helper is stopped and reaped
+        os.close(read_end)
+        pipe = os.fdopen(write_end, "wb")
         yield lambda rows: _send(pipe, rows, line)
         pipe.close()
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        pid = 0  # reaped
     except BaseException:
-        with contextlib.suppress(OSError):
-            pipe.close()
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        if pid:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+            os.waitpid(pid, 0)
         raise
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code != 0:
         raise OSError(f"the helper process writing the rows failed (exit code {code})")
 
@@ -91,19 +101,19 @@ def _send(pipe: IO[bytes], rows: list[Any], line: str) -> None:
     pipe.write(payload)
 
 
-def _helper(read_end: int, path: str, header: str, line: str) -> None:
-    """Format what comes down the pipe into ``path`` until it closes; exit 0 only if every
-    byte was written (``os._exit``: nothing of the parent's runs here)."""
-    code = 1
+def _helper(read_end: int, path: str, header: str, line: str) -> int:
+    """Format what comes down the pipe into ``path`` until it closes; the exit code: 0
+    only if every byte was written. The file is the one the parent made: never created
+    here, so a helper that outlives it leaves nothing behind."""
     try:
-        with os.fdopen(read_end, "rb") as pipe, open(path, "w", newline="") as f:
+        out = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        with os.fdopen(read_end, "rb") as pipe, open(out, "w", newline="") as f:
             f.write(header)
             while size := pipe.read(_LENGTH):
                 batch = marshal.loads(pipe.read(int.from_bytes(size, "little")))
                 f.write(batch if isinstance(batch, str) else _text(batch, line))
-        code = 0
-    except BaseException as exc:  # reported by the exit status, and on stderr
+    except Exception as exc:  # reported by the exit status, and on stderr
         with contextlib.suppress(Exception):  # not sys.stderr: it may hold the parent's text
             os.write(2, f"kvsim: writing {path}: {exc}\n".encode())
-    finally:
-        os._exit(code)
+        return 1
+    return 0
