@@ -22,6 +22,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
+try:  # imported here, not when forking: a signal that lands in an import can trip
+    import fcntl  # CPython's import locks (gh-87712), and the fork is where one lands
+except ImportError:  # not POSIX
+    fcntl = None  # type: ignore[assignment]
+
 #: bytes that announce a batch's length on the pipe
 _LENGTH = 8
 
@@ -80,10 +85,9 @@ def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]]
 def _widen(fd: int) -> None:
     """A pipe that holds a few batches (Linux; elsewhere the default), so the replay
     rarely waits on the helper."""
-    with contextlib.suppress(ImportError, OSError, AttributeError):
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    if fcntl is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 def _text(rows: Sequence[Any], line: str) -> str:

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .cache_file import read, read_records, write
+
 if TYPE_CHECKING:
     from .columns import Record, TraceColumns
 
@@ -202,8 +204,6 @@ def lookup(digest: str | None, fmt: str, block_tokens: int) -> Parts | None:
     parts = remembered(digest, fmt, block_tokens)
     if parts is not None:
         return parts
-    from .cache_file import read
-
     columns = _from_folder(digest, fmt, block_tokens, read)
     if columns is None:
         return None
@@ -217,8 +217,6 @@ def lookup_records(
 ) -> Iterator[Record] | None:
     """The first ``limit`` stored rows as plain records, read from the cache folder
     without numpy (what a replay loop reads); not kept in memory."""
-    from .cache_file import read_records
-
     return _from_folder(digest, fmt, block_tokens, functools.partial(read_records, limit=limit))
 
 
@@ -256,8 +254,6 @@ def _beside(where: str, trace_path: str) -> bool:
 
 
 def _write(path: str, key: dict[str, Any], parts: Parts) -> None:
-    from .cache_file import write
-
     where = os.path.dirname(path)
     tmp = None
     try:
