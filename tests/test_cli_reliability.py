@@ -140,36 +140,28 @@ def test_dev_stdout_gets_the_csv(trace):
 # --- 16. SIGTERM cleans up like Ctrl-C ---
 
 
-def test_sigterm_leaves_no_temp_file(tmp_path):
-    out = tmp_path / "rows.csv"
+def _long_replay_with_its_temp_file(folder: Path, poll_s: float) -> subprocess.Popen[str]:
+    """A replay writing ``folder/rows.csv``, returned once its temporary file exists.
+    16-token chunks (32 keys per trace block) make it last long enough (tens of seconds)
+    to be interrupted while that file exists."""
+    argv = ["replay", CONVERSATION, "--cpu-chunks", "2000", "--policy", "s3fifo"]
+    argv += ["--chunk-tokens", "16", "--no-progress", "--requests-csv", str(folder / "rows.csv")]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvsim",
-            "replay",
-            CONVERSATION,
-            "--cpu-chunks",
-            "2000",
-            "--policy",
-            "s3fifo",
-            # 16-token chunks: 32 keys per trace block, so the run lasts long enough (tens
-            # of seconds) to be interrupted while its temporary file exists
-            "--chunk-tokens",
-            "16",
-            "--requests-csv",
-            str(out),
-            "--no-progress",
-        ],
+        [sys.executable, "-m", "kvsim", *argv],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     deadline = time.time() + 60
-    while not list(tmp_path.glob(".rows.csv.*.tmp")) and proc.poll() is None:
+    while not list(folder.glob(".rows.csv.*.tmp")) and proc.poll() is None:
         assert time.time() < deadline
-        time.sleep(0.02)
+        time.sleep(poll_s)
+    return proc
+
+
+def test_sigterm_leaves_no_temp_file(tmp_path):
+    proc = _long_replay_with_its_temp_file(tmp_path, 0.02)
     # past the run's first imports (a first read loads Arrow): a signal inside an import
     # can trip CPython's own import locks (gh-87712), which no cleanup of ours can mend
     time.sleep(1.0)
@@ -191,25 +183,7 @@ def test_sigterm_around_the_csv_helpers_fork_leaves_nothing_behind(tmp_path):
     for i, delay in enumerate(delays):
         folder = tmp_path / str(i)
         folder.mkdir()
-        argv = ["replay", CONVERSATION, "--cpu-chunks", "2000", "--policy", "s3fifo"]
-        argv += [
-            "--chunk-tokens",
-            "16",
-            "--no-progress",
-            "--requests-csv",
-            str(folder / "rows.csv"),
-        ]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvsim", *argv],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.time() + 60
-        while not list(folder.glob(".rows.csv.*.tmp")) and proc.poll() is None:
-            assert time.time() < deadline
-            time.sleep(0.001)
+        proc = _long_replay_with_its_temp_file(folder, 0.001)
         time.sleep(delay)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
