@@ -17,8 +17,6 @@ traces, sizing) are importable for notebooks and for driving the real backend in
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -33,15 +31,15 @@ _EXPORTS = {
     "replay": "kvsim.api",
     "requests_frame": "kvsim.api",
     "simulate": "kvsim.api",
-    "CacheConfig": "kvsim.config",
-    "OffloadOptions": "kvsim.config",
-    "RequestContext": "kvsim.context",
-    "InputError": "kvsim.errors",
-    "InputWarning": "kvsim.errors",
-    "LookupResult": "kvsim.offload",
-    "OffloadManager": "kvsim.offload",
-    "Result": "kvsim.results",
-    "sweep": "kvsim.sweep",
+    "CacheConfig": "kvsim.options.offload",
+    "OffloadOptions": "kvsim.options.offload",
+    "RequestContext": "kvsim.core.context",
+    "InputError": "kvsim.core.errors",
+    "InputWarning": "kvsim.core.errors",
+    "LookupResult": "kvsim.manager.offload",
+    "OffloadManager": "kvsim.manager.offload",
+    "Result": "kvsim.report.result",
+    "sweep": "kvsim.sweeps",
     "Request": "kvsim.traces",
     "Trace": "kvsim.traces",
     "open_trace": "kvsim.traces",
@@ -50,12 +48,12 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # what IDEs and mypy see
     from kvsim.api import bundled_trace, generate, mrc, replay, requests_frame, simulate
-    from kvsim.config import CacheConfig, OffloadOptions
-    from kvsim.context import RequestContext
-    from kvsim.errors import InputError, InputWarning
-    from kvsim.offload import LookupResult, OffloadManager
-    from kvsim.results import Result
-    from kvsim.sweep import sweep
+    from kvsim.core.context import RequestContext
+    from kvsim.core.errors import InputError, InputWarning
+    from kvsim.manager.offload import LookupResult, OffloadManager
+    from kvsim.options.offload import CacheConfig, OffloadOptions
+    from kvsim.report.result import Result
+    from kvsim.sweeps import sweep
     from kvsim.traces import Request, Trace, open_trace
     from kvsim.traces.stats import trace_stats
 
@@ -71,21 +69,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
-
-
-class _Package(types.ModuleType):
-    """``kvsim.sweep`` and ``kvsim.replay`` are functions, though submodules share their
-    names: importing a submodule makes Python set it as the package's attribute, which
-    would hide the function once loaded lazily. (``importlib.import_module("kvsim.sweep")``
-    still gives the module.)"""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and name in _EXPORTS:
-            return  # the name stays the function's (__getattr__ loads it when asked)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The Python API: one call per job, returning :class:`kvsim.results.Result` values.
+"""The Python API: one call per job, returning :class:`kvsim.report.result.Result` values.
 
 The command line calls these functions too, so a run from a notebook and a run from the
 shell go through the same code.
@@ -16,7 +16,10 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from kvsim.config import (
+from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
+from kvsim.cachemode.driver import write_requests_csv
+from kvsim.core.errors import InputError, InputWarning
+from kvsim.options.offload import (
     DEFAULT_MODEL,
     CacheConfig,
     OffloadOptions,
@@ -25,19 +28,16 @@ from kvsim.config import (
     options_from_vllm_config,
     refuse_engine_knobs_in_cache_mode,
 )
-from kvsim.errors import InputError, InputWarning
-from kvsim.progress import Progress, ProgressArg
-from kvsim.replay import REQUEST_COLUMNS, CacheReplay
-from kvsim.replay.driver import write_requests_csv
-from kvsim.results import Result
-from kvsim.sizing import tier_capacity
-from kvsim.tier_spec import LOAD_RULES
+from kvsim.options.tiers import LOAD_RULES
+from kvsim.report.progress import Progress, ProgressArg
+from kvsim.report.result import Result
+from kvsim.specs.sizing import tier_capacity
 from kvsim.traces import Request, Trace, as_trace, requests_frame
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kvsim.replay.mrc import MRC
+    from kvsim.cachemode.mrc import MRC
     from kvsim.traces.coerce import TraceLike
 
 __all__ = [
@@ -220,15 +220,15 @@ def replay(
     - ``vllm_config``: vLLM's ``kv_connector_extra_config`` as a dict, inline JSON or a file;
       the keywords above that are given win over it;
     - ``secondary_tiers``: tiers behind the CPU tier, as vLLM's ``TieringOffloadingSpec``
-      ``secondary_tiers`` (e.g. ``[{"type": "fs"}]``, see :mod:`kvsim.tier_spec`); wins over
+      ``secondary_tiers`` (e.g. ``[{"type": "fs"}]``, see :mod:`kvsim.options.tiers`); wins over
       those of ``vllm_config``.
 
     The run:
 
     - ``protocol``: ``prefix`` (vLLM's connector, default) or ``object`` (every chunk key is a
-      get, see :mod:`kvsim.replay.object_protocol`);
+      get, see :mod:`kvsim.cachemode.object_protocol`);
     - ``fused``: ``False`` runs ``lru`` and ``arc`` through the full manager protocol instead
-      of their fused tiers (same decisions, slower; see :class:`kvsim.replay.CacheReplay`);
+      of their fused tiers (same decisions, slower; see :class:`kvsim.cachemode.CacheReplay`);
     - ``limit``: replay only the first N requests; ``fmt``: the trace format (default:
       detected from the file);
     - ``per_request``: keep the ``requests`` table (one row per request; default True);
@@ -280,7 +280,7 @@ def _replay(
     progress: Callable[[int], None] | None,
 ) -> Result:
     if protocol != "prefix":
-        from kvsim.replay.object_protocol import replay_config
+        from kvsim.cachemode.object_protocol import replay_config
 
         requests: Iterable[Request] = tr if progress is None else _counted(tr, progress)
         if requests_csv is not None:
@@ -334,10 +334,10 @@ def mrc(
     cpu_gib: Iterable[float] | None = None,
 ) -> MRC:
     """The hit ratio at every CPU capacity: for ``lru`` in one pass (stack distances, exact
-    at ``sample_rate`` 1, the default; see :mod:`kvsim.replay.mrc`), for any other policy by
+    at ``sample_rate`` 1, the default; see :mod:`kvsim.cachemode.mrc`), for any other policy by
     miniature simulation (replays of a trace sampled at ``sample_rate``, default 0.1, on
     caches scaled alike, corrected by LRU's error on the same sample; at most 24
-    capacities; see :mod:`kvsim.replay.miniature`). ``seeds`` > 1 averages that many
+    capacities; see :mod:`kvsim.cachemode.miniature`). ``seeds`` > 1 averages that many
     miniatures sampled from ``seed`` on (the sampling error falls as their square root; the
     time grows with them): worth it on a small trace, whose sample is a large share of it.
 
@@ -349,9 +349,9 @@ def mrc(
     of it. ``cpu_gib`` (needs ``model``) evaluates the curve at those sizes into
     ``curve.points``: each is ``replay(..., cpu_gib=x, policy="lru")``'s CPU hit ratio.
     """
-    from kvsim.replay.miniature import miniature_mrc
-    from kvsim.replay.mrc import at_sizes, in_capacity_units, lru_mrc
-    from kvsim.sizing import row_bytes
+    from kvsim.cachemode.miniature import miniature_mrc
+    from kvsim.cachemode.mrc import at_sizes, in_capacity_units, lru_mrc
+    from kvsim.specs.sizing import row_bytes
 
     tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
     sizing = OffloadOptions(
@@ -380,7 +380,7 @@ def mrc(
         curve = lru_mrc(
             tr, config.layout, protocol=protocol, sample_rate=rate, seed=seed, points=points
         )
-    else:  # no stack: replay miniatures of the sampled trace (kvsim.replay.miniature)
+    else:  # no stack: replay miniatures of the sampled trace (kvsim.cachemode.miniature)
         curve = miniature_mrc(
             tr,
             dataclasses.replace(config, policy=policy),
@@ -520,9 +520,9 @@ def simulate(
     The engine (vLLM's flags):
 
     - ``gpu``: GPU preset, h100, h200 (default), a100, l40s, gh200, b200, or the path of a
-      GPU spec JSON (:func:`kvsim.hardware.load_gpu_spec`);
+      GPU spec JSON (:func:`kvsim.specs.hardware.load_gpu_spec`);
     - ``max_num_batched_tokens`` and ``max_num_seqs``: default to what ``vllm serve`` picks
-      on ``gpu`` (:func:`kvsim.hardware.vllm_batch_defaults`);
+      on ``gpu`` (:func:`kvsim.specs.hardware.vllm_batch_defaults`);
     - ``long_prefill_token_threshold``: vLLM's (default 0: off);
     - ``gpu_kv_blocks``: GPU KV capacity in ``gpu_block_tokens`` blocks (vLLM
       ``num_gpu_blocks_override``; default from GPU memory); ``gpu_blocks`` is the command
@@ -545,7 +545,7 @@ def simulate(
     - ``record_steps``: keep the per-step table (default True); ``record_tokens``: add a
       ``tokens`` table, one row per output token (``request``, ``token``, ``time_s``);
     - ``percentile_metrics``, ``metric_percentiles``, ``goodput``: what the summary reports,
-      as ``vllm bench serve``'s flags (:mod:`kvsim.bench_metrics`): metrics among ttft, tpot,
+      as ``vllm bench serve``'s flags (:mod:`kvsim.report.serve_metrics`): metrics among ttft, tpot,
       itl, e2el, queue (default all), percentiles (default 99) and SLOs in ms for
       ``request_goodput`` (e.g. ``{"ttft": 2000, "tpot": 50}``);
     - ``progress``: ``True`` shows a bar counting requests (with ``baseline``, a second bar
@@ -557,7 +557,6 @@ def simulate(
     (every numeric summary value as ``run, metric, value`` rows) and a flat summary.
     """
     # The timed engine loads on first use, so `import kvsim` and the CLI stay quick.
-    from kvsim.bench_metrics import BenchSettings, long_table
     from kvsim.engine.compute_model import (
         ComputeParams,
         ComputeProfile,
@@ -572,8 +571,9 @@ def simulate(
     from kvsim.engine.summary import summarize
     from kvsim.engine.tier_report import add_tier_outputs
     from kvsim.engine.transfer_model import get_link
-    from kvsim.hardware import get_gpu, vllm_batch_defaults
-    from kvsim.models import resolve_model
+    from kvsim.report.serve_metrics import BenchSettings, long_table
+    from kvsim.specs.hardware import get_gpu, vllm_batch_defaults
+    from kvsim.specs.models import resolve_model
 
     model = model or DEFAULT_MODEL
     if gpu_blocks is not None:  # the CLI's name for the GPU KV capacity, here too

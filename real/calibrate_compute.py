@@ -34,10 +34,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kvsim.core.errors import InputError
 from kvsim.engine.phase_compute import NUMBERS, PhaseProfile, shipped_profile
-from kvsim.errors import InputError
-from kvsim.hardware import GPUS, GpuSpec
-from kvsim.models import ModelSpec
+from kvsim.specs.hardware import GPUS, GpuSpec
+from kvsim.specs.models import ModelSpec
 
 MIB = 1 << 20
 FALLBACK_GPU = "h200"  # whose shipped profile supplies what one device cannot measure
@@ -263,7 +263,7 @@ def fit(
         / hbm,
     }
     if gpu:
-        peaks = f"the {gpu.name} preset's data-sheet figure (kvsim.hardware)"
+        peaks = f"the {gpu.name} preset's data-sheet figure (kvsim.specs.hardware)"
     else:
         peaks = f"measured: the best rate of the points on {where}"
     sources = {

@@ -39,8 +39,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvsim.core.errors import InputError
 from kvsim.engine.copy_paths import KERNEL_WORD_BYTES, load_uses_kernel
-from kvsim.errors import InputError
 
 if TYPE_CHECKING:
     from real.device import Device, Stream

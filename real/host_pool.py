@@ -1,7 +1,7 @@
 """The host (CPU tier) pool: one region of ``num_chunks`` padded rows, pinned in pieces.
 
 The row size is vLLM's ``kv_bytes_per_chunk`` (the raw chunk rounded up to 4096 bytes,
-see :mod:`kvsim.sizing`), so the pool holds exactly the bytes vLLM would allocate, with
+see :mod:`kvsim.specs.sizing`), so the pool holds exactly the bytes vLLM would allocate, with
 no power-of-two rounding (``pin_memory=True`` would round up). The base is page-aligned
 (``torch.empty`` is only 64-byte aligned: pieces of a pool over 64 GiB would then start
 mid-page), and the pages are touched once up front (``prefault``) as vLLM pre-faults its
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvsim.sizing import PAGE_ALIGNMENT, round_up
+from kvsim.specs.sizing import PAGE_ALIGNMENT, round_up
 from real.cuda_rt import PinError, host_register, host_unregister
 from real.kv_cache import BLOCK_FIRST, LAYER_MAJOR, LAYOUTS, KVGeometry
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvsim.models import ModelSpec
+from kvsim.specs.models import ModelSpec
 
 LAYER_MAJOR = "layer_major"
 BLOCK_FIRST = "block_first"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from kvsim.errors import InputError
+from kvsim.core.errors import InputError
 
 GIB = 1 << 30
 

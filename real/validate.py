@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from kvsim.api import make_options
+from kvsim.core.errors import InputError
 from kvsim.engine.clock import MonotonicClock, VirtualClock
 from kvsim.engine.compute_model import default_compute_profile, make_compute
 from kvsim.engine.engine import Engine, gpu_kv_blocks
 from kvsim.engine.params import EngineParams
 from kvsim.engine.transfer_model import TransferModelParams, get_link
-from kvsim.errors import InputError
-from kvsim.hardware import get_gpu
-from kvsim.models import ModelSpec, get_model
+from kvsim.specs.hardware import get_gpu
+from kvsim.specs.models import ModelSpec, get_model
 from kvsim.traces import as_trace
 from real import compare
 from real.compute import EmulatedCompute

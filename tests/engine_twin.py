@@ -1,6 +1,6 @@
 """kvsim's timed engine under the shared trivial time model, recorded the way
 ``tests/vllm_engine_harness.py`` records vLLM's own engine, so the two runs can be compared
-step by step (tests/test_vllm_engine_differential.py).
+step by step (tests/vllm/test_vllm_engine_differential.py).
 
 Both sides get the same requests and the same knobs: GPU blocks of ``gpu_block_tokens``,
 a CPU tier of ``cpu_chunks`` chunks of ``chunk_tokens``, a forward of ``step_s + per_token_s
@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvsim.config import CacheConfig
 from kvsim.engine.compute_model import LinearCompute
 from kvsim.engine.engine import Engine
 from kvsim.engine.params import EngineParams
 from kvsim.engine.transfer_model import constant_link
 from kvsim.engine.transfer_protocol import STORE
-from kvsim.hardware import get_gpu
-from kvsim.models import get_model
+from kvsim.options.offload import CacheConfig
+from kvsim.specs.hardware import get_gpu
+from kvsim.specs.models import get_model
 from kvsim.traces import Request, Trace
 
 MODEL = "llama-3.1-8b"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import click
 
-from kvsim.errors import InputError, InputWarning
+from kvsim.core.errors import InputError, InputWarning
 
 #: command -> (module under kvsim.cli, attribute, its short help at HELP_LIMIT characters).
 #: Commands load on first use, so ``kvsim --help`` and ``kvsim policies`` never import

@@ -7,10 +7,10 @@ import time
 
 import click
 
+from kvsim.cachemode.bench import bench_replay
 from kvsim.cli.common import check_output_path
-from kvsim.errors import InputError
-from kvsim.io import atomic_write
-from kvsim.replay.bench import bench_replay
+from kvsim.core.errors import InputError
+from kvsim.core.io import atomic_write
 from kvsim.traces import as_trace
 
 DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl")
@@ -170,7 +170,7 @@ def _stages(
     with_vllm: bool | None,
     csv_path: str | None,
 ) -> None:
-    from kvsim.replay.stages import bench_stages
+    from kvsim.cachemode.stages import bench_stages
 
     if limit is not None:
         raise InputError("--stages times the whole trace, as kvsim replay reads it; drop --limit")
@@ -198,7 +198,7 @@ def _miniature_error(
     minimums: tuple[int | None, int | None],
     seeds: int,
 ) -> None:
-    from kvsim.replay.miniature import MIN_CHUNKS, MIN_KEYS, error_table
+    from kvsim.cachemode.miniature import MIN_CHUNKS, MIN_KEYS, error_table
 
     chunks = MIN_CHUNKS if minimums[0] is None else minimums[0]
     keys = MIN_KEYS if minimums[1] is None else minimums[1]

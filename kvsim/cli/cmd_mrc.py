@@ -13,12 +13,12 @@ import click
 from kvsim.api import mrc
 from kvsim.cli.common import check_output_path, format_option, model_options
 from kvsim.cli.trace_cache_options import trace_cache_options
-from kvsim.errors import InputError
-from kvsim.io import atomic_write, figure_format
-from kvsim.units import human_bytes
+from kvsim.core.errors import InputError
+from kvsim.core.io import atomic_write, figure_format
+from kvsim.core.units import human_bytes
 
 if TYPE_CHECKING:
-    from kvsim.replay.mrc import MRC
+    from kvsim.cachemode.mrc import MRC
 
 
 def parse_sizes(text: str | None, option: str = "--cpu-gib") -> list[float] | None:

@@ -9,9 +9,9 @@ import click
 import pandas as pd
 
 from kvsim.cli.common import check_output_path
-from kvsim.errors import InputError
-from kvsim.io import read_json
-from kvsim.results import check_run_folder
+from kvsim.core.errors import InputError
+from kvsim.core.io import read_json
+from kvsim.report.result import check_run_folder
 
 KINDS = ("hit-vs-capacity", "tiers-vs-capacity", "mrc", "ttft-cdf", "usage-timeline", "transfers")
 #: figure size presets (kvsim.plots.PRESETS; named here so the CLI loads matplotlib only to draw)

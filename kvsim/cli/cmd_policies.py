@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from kvsim.models import MODELS
 from kvsim.policies.registry import describe_policies
+from kvsim.specs.models import MODELS
 
 
 @click.command("policies")

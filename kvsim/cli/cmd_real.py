@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import click
 
 from kvsim.cli.common import check_output_path
-from kvsim.errors import InputError
-from kvsim.io import atomic_write
-from kvsim.results import format_table
+from kvsim.core.errors import InputError
+from kvsim.core.io import atomic_write
+from kvsim.report.result import format_table
 
 if TYPE_CHECKING:
     from real.device import Device
@@ -395,8 +395,8 @@ def calibrate_compute_command(
     _need_torch("calibrate-compute")
     from dataclasses import replace
 
-    from kvsim.hardware import get_gpu
-    from kvsim.models import get_model
+    from kvsim.specs.hardware import get_gpu
+    from kvsim.specs.models import get_model
     from real.calibrate_compute import (
         MIB,
         ComputeCalibration,

@@ -18,8 +18,8 @@ from kvsim.cli.common import (
     wants_progress,
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
-from kvsim.errors import InputError
-from kvsim.tier_spec import tier_from_shorthand
+from kvsim.core.errors import InputError
+from kvsim.options.tiers import tier_from_shorthand
 from kvsim.traces import as_trace
 
 

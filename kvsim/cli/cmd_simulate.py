@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from kvsim.api import BASELINE_PREFIX, simulate
-from kvsim.bench_metrics import METRICS, metric_keys
 from kvsim.cli.common import (
     check_output_path,
     note_missing_reuse,
@@ -19,10 +18,11 @@ from kvsim.cli.common import (
     wants_progress,
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
+from kvsim.core.errors import InputError
 from kvsim.engine.chrome_trace import write_chrome_trace
-from kvsim.errors import InputError
-from kvsim.results import Result, format_value
-from kvsim.tier_spec import tier_from_shorthand
+from kvsim.options.tiers import tier_from_shorthand
+from kvsim.report.result import Result, format_value
+from kvsim.report.serve_metrics import METRICS, metric_keys
 from kvsim.traces import as_trace
 
 #: rows before the latency metrics
@@ -157,7 +157,7 @@ def format_comparison(result: Result, baseline: bool) -> str:
 
 
 def write_tables(result: Result, out: str) -> list[str]:
-    """The run's files into ``out`` as one set (see :meth:`kvsim.results.Result.save`)."""
+    """The run's files into ``out`` as one set (see :meth:`kvsim.report.result.Result.save`)."""
     return result.save(out)
 
 

@@ -10,8 +10,8 @@ import yaml
 
 from kvsim.cli.common import wants_progress
 from kvsim.cli.trace_cache_options import trace_cache_options
-from kvsim.errors import InputError
-from kvsim.sweep import (
+from kvsim.core.errors import InputError
+from kvsim.sweeps import (
     EXECUTORS,
     MODES,
     NO_TIERS,

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from kvsim.config import DEFAULT_MODEL
-from kvsim.errors import InputError
-from kvsim.io import refuse_overwriting_inputs
-from kvsim.results import format_table
+from kvsim.core.errors import InputError
+from kvsim.core.io import refuse_overwriting_inputs
+from kvsim.core.units import with_human_bytes
+from kvsim.options.offload import DEFAULT_MODEL
+from kvsim.report.result import format_table
 from kvsim.traces import TRACE_FORMATS
-from kvsim.units import with_human_bytes
 
 if TYPE_CHECKING:
     from kvsim.traces.model import TraceInfo
@@ -206,7 +206,8 @@ def echo_summary(summary: dict[str, Any], as_json: bool, title: str) -> None:
 
 def wants_progress(flag: bool | None) -> bool:
     """``--progress/--no-progress``: a bar on stderr; by default only on a terminal (a log
-    file gets one only when asked, as a line every few seconds, see :mod:`kvsim.progress`)."""
+    file gets one only when asked, as a line every few seconds, see
+    :mod:`kvsim.report.progress`)."""
     return sys.stderr.isatty() if flag is None else flag
 
 

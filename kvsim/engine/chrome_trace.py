@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from kvsim.core.io import atomic_write
 from kvsim.engine.transfer_protocol import DIRECTIONS
-from kvsim.io import atomic_write
 
 _US = 1e6
 

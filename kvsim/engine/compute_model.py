@@ -39,12 +39,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from kvsim.core.errors import InputError
+from kvsim.core.io import read_json
 from kvsim.engine.phase_compute import KIND as PHASES_KIND
 from kvsim.engine.phase_compute import PhaseCompute, PhaseProfile, shipped_profile
-from kvsim.errors import InputError
-from kvsim.hardware import GpuSpec
-from kvsim.io import read_json
-from kvsim.models import ModelSpec
+from kvsim.specs.hardware import GpuSpec
+from kvsim.specs.models import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)

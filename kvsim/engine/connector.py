@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvsim.core.keys import ChunkKey, KeyLayout
 from kvsim.engine.request_state import FINISHED, SimRequest
 from kvsim.engine.transfer_protocol import EXPEDITED, LOAD, STORE, TransferJob, TransferResult
-from kvsim.keys import ChunkKey, KeyLayout
-from kvsim.offload import OffloadManager
+from kvsim.manager.offload import OffloadManager
 
 if TYPE_CHECKING:
     from kvsim.engine.clock import Clock

@@ -5,8 +5,8 @@ protocol of :mod:`kvsim.engine.transfer_protocol`); the forward pass takes what 
 injected compute model says. Defaults: virtual clock, :class:`SimulatedTransferBackend`
 on the GPU's link, the per-phase compute model of the GPU's shipped profile (H100, H200)
 or else :class:`RooflineCompute` of the model on the GPU. The CPU tier is the
-same :class:`kvsim.offload.OffloadManager` and policies as cache mode
-(:meth:`kvsim.offload.OffloadManager.from_config`).
+same :class:`kvsim.manager.offload.OffloadManager` and policies as cache mode
+(:meth:`kvsim.manager.offload.OffloadManager.from_config`).
 
 One engine step at clock time t: ``schedule`` (admission, lookups, store offers) ->
 ``begin_execute`` (flush stall, submit last step's stores, submit loads) -> forward pass ->
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvsim.config import CacheConfig
-from kvsim.context import RequestContext, chunk_positions
+from kvsim.core.context import RequestContext, chunk_positions
+from kvsim.core.errors import InputError
 from kvsim.engine.arrivals import arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
 from kvsim.engine.compute_model import (
@@ -51,11 +51,11 @@ from kvsim.engine.sim_backend import SimulatedTransferBackend
 from kvsim.engine.tier_driver import TierDriver
 from kvsim.engine.transfer_model import TransferModelParams, get_link
 from kvsim.engine.transfer_protocol import TransferBackend, TransferResult
-from kvsim.errors import InputError
-from kvsim.gpu_cache import GpuBlockPool
-from kvsim.hardware import GpuSpec
-from kvsim.models import ModelSpec
-from kvsim.offload import OffloadManager
+from kvsim.manager.gpu_cache import GpuBlockPool
+from kvsim.manager.offload import OffloadManager
+from kvsim.options.offload import CacheConfig
+from kvsim.specs.hardware import GpuSpec
+from kvsim.specs.models import ModelSpec
 from kvsim.tiering.build import build_tiered_manager
 from kvsim.traces.model import Request
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from functools import lru_cache
 
-from kvsim.context import RequestContext
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
 from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.transfer_model import DirectionParams
-from kvsim.keys import ChunkKey
 from kvsim.tiering.devices import TierDevice
 
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvsim.errors import InputError
+from kvsim.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from kvsim.errors import InputError
-from kvsim.models import ModelSpec
+from kvsim.core.errors import InputError
+from kvsim.specs.models import ModelSpec
 
 if TYPE_CHECKING:
     from kvsim.engine.compute_model import StepBatch
@@ -166,7 +166,7 @@ def shipped_profile(gpu: str) -> PhaseProfile | None:
     path = resources.files("kvsim").joinpath(_DATA).joinpath(name)
     if not path.is_file():
         return None
-    from kvsim.io import parse_json
+    from kvsim.core.io import parse_json
 
     where = f"kvsim/{_DATA}/{name}"
     data = parse_json(path.read_text(encoding="utf-8"), where)

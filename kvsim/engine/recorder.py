@@ -15,7 +15,7 @@ import pandas as pd
 from kvsim.engine.connector import ConnectorJob
 from kvsim.engine.request_state import REJECTED, SimRequest
 from kvsim.engine.transfer_protocol import TransferResult
-from kvsim.metrics import (
+from kvsim.report.metric_names import (
     CPU_ALLOCATION_SIZE,
     CPU_CACHE_READ_USAGE_PERC,
     CPU_CACHE_USAGE_PERC,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
 
 WAITING = 0
 WAITING_FOR_KV = 1  # vLLM WAITING_FOR_REMOTE_KVS: an async CPU->GPU load is in flight

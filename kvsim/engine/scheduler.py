@@ -48,12 +48,12 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import cast
 
+from kvsim.core.errors import InputError
 from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.connector import OffloadConnector
 from kvsim.engine.params import EngineParams
 from kvsim.engine.request_state import FINISHED, RUNNING, WAITING, WAITING_FOR_KV, SimRequest
-from kvsim.errors import InputError
-from kvsim.gpu_cache import GpuBlockPool
+from kvsim.manager.gpu_cache import GpuBlockPool
 
 
 def clamp_new_tokens(n: int, budget: int, threshold: int) -> int:

@@ -8,14 +8,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.bench_metrics import (
+from kvsim.engine.transfer_protocol import STORE
+from kvsim.report.serve_metrics import (
     BenchSettings,
     Load,
     OverloadWarning,
     bench_fields,
     inter_token_latencies,
 )
-from kvsim.engine.transfer_protocol import STORE
 
 
 def busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -40,7 +40,7 @@ def summarize(
     transfers: pd.DataFrame,
     bench: BenchSettings | None = None,
 ) -> dict[str, Any]:
-    """The run's summary: vLLM ``bench serve``'s metrics (:mod:`kvsim.bench_metrics`, per
+    """The run's summary: vLLM ``bench serve``'s metrics (:mod:`kvsim.report.serve_metrics`, per
     ``bench``), the load (an overloaded run warns, :class:`OverloadWarning`), then kvsim's
     cache, traffic and link counters."""
     bench = bench or BenchSettings()

@@ -53,9 +53,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsim.core.errors import InputError
+from kvsim.core.io import read_json
 from kvsim.engine.copy_paths import load_uses_kernel
-from kvsim.errors import InputError
-from kvsim.io import read_json
 
 PROFILE_VERSION = 1
 GB = 1e9

@@ -10,7 +10,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from kvsim.keys import ChunkKey
+from kvsim.core.keys import ChunkKey
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadKey, ReqContext
@@ -46,7 +46,7 @@ class _StoreOut:
 class VllmManagerDriver:
     """kvsim's manager interface on top of vLLM's manager (int keys in, int keys out).
 
-    It satisfies :class:`kvsim.offload.ManagerProtocol` with vLLM's ``ReqContext`` as the
+    It satisfies :class:`kvsim.manager.offload.ManagerProtocol` with vLLM's ``ReqContext`` as the
     request context."""
 
     def __init__(

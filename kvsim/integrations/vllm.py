@@ -11,7 +11,7 @@ Every exported class wraps one kvsim policy instance and forwards vLLM's calls t
 
 * vLLM's ``ChunkStatus`` objects are passed through unchanged (kvsim policies only read
   ``ref_cnt``, which ``ChunkStatus`` has);
-* each vLLM ``ReqContext`` gets one kvsim :class:`~kvsim.context.RequestContext`, kept in
+* each vLLM ``ReqContext`` gets one kvsim :class:`~kvsim.core.context.RequestContext`, kept in
   the ReqContext's own state, whose positions are the ReqContext's offload-key positions.
 
 Belady is not exported: it needs the future of the trace, which a live server lacks.
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvsim.context import RequestContext
+from kvsim.core.context import RequestContext
 from kvsim.policies.registry import VLLM_EXPORTS
 
 if TYPE_CHECKING:

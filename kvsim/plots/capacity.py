@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from kvsim.errors import InputError
+from kvsim.core.errors import InputError
 from kvsim.plots.style import (
     REFERENCES,
     Preset,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from kvsim.replay.mrc import MRC
+    from kvsim.cachemode.mrc import MRC
 
 #: capacity columns, preferred first: GiB (a model is known), then chunks (``capacity`` is
 #: the chunk count of a ``kvsim mrc`` table)
@@ -64,7 +64,7 @@ def parameter_names() -> frozenset[str]:
     ``kvsim.simulate`` and ``kvsim.mrc`` (and the offload options), plus a sweep's
     ``trace``, ``mode`` and ``limit``."""
     from kvsim.api import mrc
-    from kvsim.sweep import option_names
+    from kvsim.sweeps import option_names
 
     mrc_keywords = {
         p.name
@@ -299,7 +299,7 @@ def mrc(
     """A miss-ratio curve (as hit ratio) against CPU capacity, log x, as steps.
 
     ``curve`` is a ``kvsim mrc`` table (``capacity`` in chunks, ``hit_ratio``; ``cpu_gib``
-    when a model is known) or a :class:`kvsim.replay.mrc.MRC`. ``x`` is ``"cpu_gib"``,
+    when a model is known) or a :class:`kvsim.cachemode.mrc.MRC`. ``x`` is ``"cpu_gib"``,
     ``"chunks"`` or None (GiB when the table has it). ``exact_from`` (chunks; taken from an
     ``MRC`` of the prefix protocol) marks where the curve becomes exact; ``ceiling``,
     ``baseline`` and ``belady`` are the reference lines of :func:`hit_vs_capacity`.
@@ -354,5 +354,5 @@ def mrc_curve(
     ax: Axes | None = None,
     preset: str | Preset | None = None,
 ) -> Figure:
-    """:func:`mrc` of an :class:`~kvsim.replay.mrc.MRC` (kept for existing callers)."""
+    """:func:`mrc` of an :class:`~kvsim.cachemode.mrc.MRC` (kept for existing callers)."""
     return mrc(curve, title=title, ax=ax, preset=preset)

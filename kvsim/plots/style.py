@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 
-from kvsim.io import FIGURE_FORMATS, atomic_path, figure_format
+from kvsim.core.io import FIGURE_FORMATS, atomic_path, figure_format
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -227,7 +227,7 @@ def save_as(
     fig: Figure, path: str | os.PathLike[str], *, close: bool = True, option: str = "--out"
 ) -> str:
     """Write one figure file atomically, its format (png, pdf or svg) from the extension; any
-    other extension is an :class:`~kvsim.errors.InputError` naming ``option``."""
+    other extension is an :class:`~kvsim.core.errors.InputError` naming ``option``."""
     path = os.fspath(path)
     fmt = figure_format(path, option)
     with mpl.rc_context(_SAVE_RC), atomic_path(path) as tmp:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from kvsim.errors import InputError
+from kvsim.core.errors import InputError
 from kvsim.plots.capacity import (
     CAPACITY_COLUMNS,
     MAX_LINES,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-#: the sweep's tier-set column (kvsim.sweep.TIERS)
+#: the sweep's tier-set column (kvsim.sweeps.TIERS)
 TIERS = "tiers"
 #: median TTFT columns of a timed run's summary, preferred first
 TTFT_COLUMNS = ("median_ttft_ms",)

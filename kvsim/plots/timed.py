@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from kvsim.errors import InputError
+from kvsim.core.errors import InputError
 from kvsim.plots.capacity import _need
 from kvsim.plots.style import (
     REFERENCES,

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from kvsim.results import Result
+    from kvsim.report.result import Result
 
 
 def _name(stats: Result) -> str:

@@ -15,8 +15,8 @@ from collections.abc import Set as AbstractSet
 from enum import Enum
 from typing import Final, TypeVar
 
-from kvsim.context import RequestContext, order_request_keys
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext, order_request_keys
+from kvsim.core.keys import ChunkKey
 from kvsim.policies.base import Chunk, EvictionPolicy
 
 _V = TypeVar("_V")  # what T1 and T2 map keys to: chunks here, None in the fused tier

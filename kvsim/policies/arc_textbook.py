@@ -27,8 +27,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
 from kvsim.policies.queue import QueuePolicy
 
 

@@ -13,13 +13,13 @@ from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey, KeyLayout
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey, KeyLayout
 
 if TYPE_CHECKING:
     from kvsim.traces.model import Request
 
-#: The name policies used before :data:`kvsim.keys.ChunkKey`; kept for users' policies.
+#: The name policies used before :data:`kvsim.core.keys.ChunkKey`; kept for users' policies.
 Key = ChunkKey
 
 

@@ -28,8 +28,8 @@ from collections.abc import Set as AbstractSet
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey, KeyLayout
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey, KeyLayout
 from kvsim.policies.queue import QueuePolicy
 
 if TYPE_CHECKING:

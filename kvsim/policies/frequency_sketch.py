@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from kvsim.keys import ChunkKey
+from kvsim.core.keys import ChunkKey
 
 _MASK64 = (1 << 64) - 1
 

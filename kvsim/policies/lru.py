@@ -27,8 +27,8 @@ from collections.abc import Set as AbstractSet
 from heapq import merge
 from itertools import chain, islice
 
-from kvsim.context import RequestContext, order_request_keys
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext, order_request_keys
+from kvsim.core.keys import ChunkKey
 from kvsim.policies.base import Chunk, ChunkMapPolicy
 
 Rank = tuple[int, int]  # (counter, -end_position); a committed key's is (counter, 0)

@@ -23,8 +23,8 @@ from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
-from kvsim.context import RequestContext, order_request_keys
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext, order_request_keys
+from kvsim.core.keys import ChunkKey
 from kvsim.policies.base import Chunk, ChunkMapPolicy
 
 

@@ -10,8 +10,8 @@ import importlib
 import inspect
 from typing import Any, TypeVar
 
-from kvsim.config import resolve_admission
-from kvsim.errors import InputError, PolicyFault
+from kvsim.core.errors import InputError, PolicyFault
+from kvsim.options.offload import resolve_admission
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.admission.length import LengthAdmission
 from kvsim.policies.admission.probabilistic import ProbabilisticAdmission
@@ -183,7 +183,7 @@ def make_admission(
     spec: str = "always", *, store_threshold: int = 0, max_tracker_size: int = 64_000, **kwargs: Any
 ) -> AdmissionPolicy:
     """Build an admission policy (``always`` with ``store_threshold >= 2`` is the threshold,
-    as :func:`kvsim.config.resolve_admission` decides for every run)."""
+    as :func:`kvsim.options.offload.resolve_admission` decides for every run)."""
     spec = resolve_admission(spec, store_threshold)
     name, _, arg = spec.partition(":")
     builtin = ADMISSION_POLICIES.get(name.lower()) if arg else None

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
 from kvsim.policies.queue import QueuePolicy
 
 

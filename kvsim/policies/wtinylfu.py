@@ -19,8 +19,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
 from kvsim.policies.frequency_sketch import FrequencySketch
 from kvsim.policies.queue import QueuePolicy
 from kvsim.policies.slru import segmented_hit

@@ -7,10 +7,10 @@
 * :mod:`~kvsim.tiering.backpressure`: dropping cascades to a slow tier;
 * :mod:`~kvsim.tiering.primary`: the CPU tier as the orchestrator drives it;
 * :mod:`~kvsim.tiering.metrics`: the ``vllm:kv_offload_tiering_*`` metrics;
-* :mod:`~kvsim.tiering.build`: all of it from a :class:`~kvsim.config.CacheConfig`.
+* :mod:`~kvsim.tiering.build`: all of it from a :class:`~kvsim.options.offload.CacheConfig`.
 
 The tier specifications themselves (vLLM's JSON, the ``--tier`` shorthand) are
-:mod:`kvsim.tier_spec`; the cache-mode driver is :mod:`kvsim.replay.tiered_tier`.
+:mod:`kvsim.options.tiers`; the cache-mode driver is :mod:`kvsim.cachemode.tiered_tier`.
 """
 
 from kvsim.tiering.build import build_tiered_manager

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from kvsim.keys import ChunkKey
+from kvsim.core.keys import ChunkKey
 
 
 class Phase(Enum):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvsim.tier_spec import BackpressureSpec
+from kvsim.options.tiers import BackpressureSpec
 
 _MIB = 1 << 20
 #: consecutive fast completions after which the detector skips the policy (vLLM's)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import cast
 
-from kvsim.config import CacheConfig
-from kvsim.errors import InputError
-from kvsim.offload import OffloadManager
+from kvsim.core.errors import InputError
+from kvsim.manager.offload import OffloadManager
+from kvsim.options.offload import CacheConfig
+from kvsim.options.tiers import TierSpec
 from kvsim.policies.base import FuturePolicy
 from kvsim.policies.registry import make_eviction_policy
-from kvsim.tier_spec import TierSpec
 from kvsim.tiering.backpressure import EMADetector
 from kvsim.tiering.devices import tier_device
 from kvsim.tiering.manager import TieredManager, no_time

@@ -33,9 +33,9 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from kvsim.errors import InputError
-from kvsim.io import read_json
-from kvsim.tier_spec import TierSpec
+from kvsim.core.errors import InputError
+from kvsim.core.io import read_json
+from kvsim.options.tiers import TierSpec
 
 #: the default device of each tier type
 DEFAULT_DEVICES = {"fs": "nvme-gen4", "obj": "object-store", "example": "instant"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
 
 
 @dataclass(slots=True)

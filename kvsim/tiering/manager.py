@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey
-from kvsim.offload import LookupResult, ManagerCounters, PrepareStoreOutput
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
+from kvsim.manager.offload import LookupResult, ManagerCounters, PrepareStoreOutput
 from kvsim.tiering.jobs import JobResult, TransferJob
 from kvsim.tiering.metrics import (
     BACKPRESSURE_STORE_LATENCY_EMA,

@@ -17,8 +17,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvsim.keys import ChunkKey
-from kvsim.offload import LookupResult
+from kvsim.core.keys import ChunkKey
+from kvsim.manager.offload import LookupResult
 from kvsim.tiering.jobs import JobResult, TransferJob
 
 PREFIX = "vllm:kv_offload_tiering_"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvsim.keys import ChunkKey
-from kvsim.offload import OffloadManager, ProtocolError
+from kvsim.core.keys import ChunkKey
+from kvsim.manager.offload import OffloadManager, ProtocolError
 
 
 class PrimaryTier(OffloadManager):

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey
-from kvsim.offload import LookupResult
-from kvsim.tier_spec import TierSpec
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
+from kvsim.manager.offload import LookupResult
+from kvsim.options.tiers import TierSpec
 from kvsim.tiering.async_lookup import AsyncLookups
 from kvsim.tiering.backpressure import EMADetector
 from kvsim.tiering.jobs import JobResult, TransferJob

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from kvsim.context import RequestContext
-from kvsim.keys import ChunkKey
-from kvsim.offload import LookupResult, OffloadManager
+from kvsim.core.context import RequestContext
+from kvsim.core.keys import ChunkKey
+from kvsim.manager.offload import LookupResult, OffloadManager
 
 
 class TierStore(Protocol):

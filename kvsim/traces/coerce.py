@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from kvsim.errors import InputError
+from kvsim.core.errors import InputError
 
 from .model import Request, Trace
 from .readers import native_record_parser, open_trace

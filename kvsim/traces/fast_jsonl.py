@@ -6,7 +6,7 @@ the wrong length or with a repeated id, two objects on one line, bytes that are 
 and the caller then reads that block line by line with the per-record checks of
 :mod:`kvsim.traces.readers`, which name the first bad line and its problem. So the fast path
 decides nothing on its own: it accepts exactly what the line reader accepts, with the same
-values (``tests/test_trace_cache.py`` compares the two on random and mutated lines).
+values (``tests/traces/test_trace_cache.py`` compares the two on random and mutated lines).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from kvsim.errors import InputError
+from kvsim.core.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 A JSONL trace is read in blocks of whole lines. A block that is plainly valid is decoded in
 one call (:mod:`kvsim.traces.fast_jsonl`); any other block is read line by line, one
-``json.loads`` and the record checks per line, which raise :class:`kvsim.errors.InputError`
+``json.loads`` and the record checks per line, which raise :class:`kvsim.core.errors.InputError`
 naming ``file:line`` (1-based; the CSV header is line 1) at the first bad record, after the
 records before it. Records are kept in file order (timestamps going backwards are kept as
 given). Files ending in ``.gz`` are read (and written) through :mod:`gzip` transparently.
@@ -31,8 +31,9 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError
-from ..io import atomic_text
+from kvsim.core.errors import InputError
+from kvsim.core.io import atomic_text
+
 from .model import Request, Trace, TraceInfo, repeated_block_id
 
 if TYPE_CHECKING:

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.errors import InputError
-from kvsim.fenwick import Fenwick
-from kvsim.results import Result
+from kvsim.core.errors import InputError
+from kvsim.core.fenwick import Fenwick
+from kvsim.report.result import Result
 
 from .coerce import as_trace
 from .model import Request, Trace
@@ -249,8 +249,8 @@ def _block_row_bytes(
     without a model)."""
     if model is None:
         return None
-    from kvsim.config import OffloadOptions
-    from kvsim.sizing import row_bytes
+    from kvsim.options.offload import OffloadOptions
+    from kvsim.specs.sizing import row_bytes
 
     config = OffloadOptions(
         cpu_chunks=1,

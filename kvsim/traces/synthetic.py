@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from kvsim.errors import InputError
-from kvsim.io import atomic_text
+from kvsim.core.errors import InputError
+from kvsim.core.io import atomic_text
 
 from .model import Request
 

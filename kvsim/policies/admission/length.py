@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvsim.context import RequestContext
-from kvsim.errors import InputError
-from kvsim.keys import ChunkKey
+from kvsim.core.context import RequestContext
+from kvsim.core.errors import InputError
+from kvsim.core.keys import ChunkKey
 from kvsim.policies.admission.base import AdmissionPolicy, parse_arg
 
 

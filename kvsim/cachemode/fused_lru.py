@@ -1,0 +1,312 @@
+"""vLLM's LRU fused for requests that run one at a time (see :mod:`kvsim.cachemode.fused_tier`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from kvsim.cachemode.fused_tier import FusedTier
+from kvsim.core.keys import ChunkKey
+from kvsim.policies.admission.base import AdmissionPolicy
+
+if TYPE_CHECKING:
+    from kvsim.cachemode.driver import Emit
+
+#: a run's totals: requests, prompt tokens, prompt blocks, GPU hit blocks (none), CPU hit
+#: blocks, stored, evicted, failed stores (what :meth:`FusedLRUTier.run_whole_blocks` returns)
+RunTotals = tuple[int, int, int, int, int, int, int, int]
+
+#: a trace record (:data:`kvsim.traces.columns.Record`) whose block ids are chunk keys
+KeyRecord = tuple[int, float, int, int, Sequence[ChunkKey], "int | None"]
+
+
+class FusedLRUTier(FusedTier):
+    """vLLM's LRU (§3.2) one request at a time.
+
+    * a running request's keys are newer than every committed key (its provisional rank
+      dates from its first access), and among themselves the tail is oldest;
+    * eviction takes committed keys oldest first, then the request's own keys tail first;
+    * at finish the request's resident keys are committed tail first, so the head is newest.
+
+    So the state is one ordered dict of committed keys, least recent first, and the set of
+    the running request's resident keys, which leave the dict while the request runs
+    (:meth:`run_whole_blocks` leaves its loaded keys in place instead, and evicts after
+    the commit).
+    (Plain loops beat ``map`` over an OrderedDict's methods here.)
+    """
+
+    name = "fused-lru"
+
+    def __init__(
+        self,
+        num_chunks: int,
+        chunk_tokens: int,
+        prefill_step: int | None,
+        admission: AdmissionPolicy | None = None,
+    ) -> None:
+        super().__init__(num_chunks, chunk_tokens, prefill_step, admission)
+        self._order: OrderedDict[ChunkKey, None] = (
+            OrderedDict()
+        )  # committed keys, least recent first
+        self._mine: set[ChunkKey] = set()  # the running request's resident keys (provisional ranks)
+        # the common case (every offer admitted, one offer per request) has its own path
+        self._plain = not (self._records or self._filters or prefill_step)
+
+    def serve(
+        self,
+        req_id: Hashable,
+        keys: list[ChunkKey],
+        local_tokens: int,
+        store_chunks: int,
+        input_tokens: int,
+    ) -> tuple[int, int, int, int, int]:
+        """:meth:`FusedTier.serve` without its generality when every offer is admitted at
+        once (no admission filter, no chunked prefill): the same decisions, for the loop
+        that dominates a ``kvsim replay``; anything rarer takes the general path."""
+        if not self._plain:
+            return super().serve(req_id, keys, local_tokens, store_chunks, input_tokens)
+        first, next_store, cpu_hit_tokens = self._load_prefix(keys, local_tokens)
+        order = self._order
+        n = need = 0
+        end = store_chunks if store_chunks > next_store else next_store
+        if store_chunks > next_store:
+            offer = keys[next_store:store_chunks]
+            to_store = self._take_reused(offer)
+            n = len(to_store)
+            if n:
+                counters = self.counters
+                counters.allocation_sizes.observe(n)
+                # keys[first:end] that are not new are the request's provisional keys
+                need = n - (self.num_chunks - len(order) - (end - first - n))
+                if need > len(order):
+                    failed = self._store_evicting_own(keys, offer, to_store, first, end, need)
+                    if failed:
+                        return cpu_hit_tokens, 0, 0, failed, 0
+                    counters.stored_chunks += n
+                    counters.evicted_chunks += need
+                    return cpu_hit_tokens, n, need, 0, 0
+                if need > 0:
+                    popitem = order.popitem
+                    for _ in range(need):
+                        popitem(False)
+                    counters.evicted_chunks += need
+                else:
+                    need = 0
+                counters.stored_chunks += n
+        for key in reversed(keys[first:end]):  # commit tail first: the head is newest
+            order[key] = None
+        return cpu_hit_tokens, n, need, 0, 0
+
+    @property
+    def runs_whole_blocks(self) -> bool:
+        """Whether :meth:`run_whole_blocks` makes this tier's decisions (see there)."""
+        return self._plain
+
+    def run_whole_blocks(
+        self,
+        records: Iterable[KeyRecord],
+        emit: Emit,
+    ) -> RunTotals:
+        """Replay ``records`` where a chunk is one trace block and nothing sits before the
+        CPU tier (no GPU prefix cache): :meth:`serve` with ``local_tokens=0`` and every
+        complete chunk offered, inlined into one loop, since per-request calls cost as
+        much as the dict operations themselves on a typical trace. Each request's row
+        (the driver's ``REQUEST_COLUMNS``) goes to ``emit``. Only for a plain tier
+        (:attr:`runs_whole_blocks`); the rare store that evicts the request's own keys
+        takes :meth:`_store_evicting_own`, as :meth:`serve` does."""
+        assert self._plain
+        block_tokens = self.chunk_tokens  # a chunk is a block
+        order = self._order
+        resident = order.keys()  # a live view
+        popitem = order.popitem
+        move_to_end = order.move_to_end
+        take_reused = self._take_reused
+        capacity = self.num_chunks
+        sizes: list[int] = []
+        n_req = n_tokens = n_blocks = n_hit = n_stored = n_evicted = n_failed = 0
+        for request_id, arrival_s, input_tokens, _, block_hashes, _ in records:
+            keys = block_hashes[: input_tokens // block_tokens]
+            n = len(keys)
+            count = 0  # the connector's scan: the resident prefix, loaded
+            for key in keys:
+                if key not in order:
+                    break
+                count += 1
+            stored = need = failed = 0
+            if n > count:
+                offer = keys[count:]
+                to_store = offer if resident.isdisjoint(offer) else take_reused(offer)
+                stored = len(to_store)
+                if stored:
+                    sizes.append(stored)
+                    committed = len(order) - count  # the loaded keys are provisional
+                    # keys that are not new are the request's provisional keys
+                    need = stored - (capacity - committed - (n - stored))
+                    if need > committed:
+                        stored, need, failed = self._store_own(keys, count, to_store, need)
+                        keys = offer = ()  # committed, its victims evicted
+                    elif need < 0:
+                        need = 0
+                for key in reversed(offer):  # commit tail first: the head is newest
+                    order[key] = None
+            for key in reversed(keys[:count]):
+                move_to_end(key)
+            if keys:
+                # the victims: the least recent committed keys. Evicting them after the
+                # commit rather than before (as serve does) takes the same keys, since
+                # every key of this request is now newer than every committed one
+                for _ in range(need):
+                    popitem(False)
+            n_req += 1
+            n_tokens += input_tokens
+            n_blocks += n
+            n_hit += count
+            n_stored += stored
+            n_evicted += need
+            n_failed += failed
+            emit((request_id, arrival_s, input_tokens, n, 0, count, stored, need, 0, failed > 0))
+        counters = self.counters
+        counters.loaded_chunks += n_hit
+        counters.stored_chunks += n_stored
+        counters.evicted_chunks += n_evicted
+        counters.allocation_sizes.observe_all(sizes)
+        return n_req, n_tokens, n_blocks, 0, n_hit, n_stored, n_evicted, n_failed
+
+    def _load_prefix(self, keys: list[ChunkKey], local_tokens: int) -> tuple[int, int, int]:
+        """The connector's scan and load: ``(first provisional key, next key to offer,
+        CPU hit tokens)``; ``(0, 0, 0)`` when nothing loads."""
+        tpc = self.chunk_tokens
+        if len(keys) * tpc - local_tokens < tpc:
+            return 0, 0, 0
+        order = self._order
+        start = local_tokens // tpc
+        count = 0
+        for key in keys[start:] if start else keys:
+            if key not in order:
+                break
+            count += 1
+        hit_tokens = tpc * (start + count) - local_tokens
+        if hit_tokens < tpc:
+            return 0, 0, 0
+        end = start + count
+        for key in keys[start:end]:  # loaded: raised to provisional
+            del order[key]
+        self.counters.loaded_chunks += count
+        return start, end, hit_tokens
+
+    def _take_reused(self, offer: Sequence[ChunkKey]) -> Sequence[ChunkKey]:
+        """Resident keys offered again are reuse (raised to provisional); the rest."""
+        order = self._order
+        if not any(map(order.__contains__, offer)):
+            return offer
+        found = list(filter(order.__contains__, offer))
+        for key in found:
+            del order[key]
+        reused = set(found)
+        return [k for k in offer if k not in reused]
+
+    def _store_own(
+        self, keys: Sequence[ChunkKey], count: int, to_store: Sequence[ChunkKey], need: int
+    ) -> tuple[int, int, int]:
+        """:meth:`_store_evicting_own` for :meth:`run_whole_blocks`, whose ``count`` loaded
+        keys are still in the dict: they leave it first, as :meth:`serve` has them.
+        Returns ``(stored, evicted, failed)``."""
+        order = self._order
+        for key in keys[:count]:
+            del order[key]
+        if self._store_evicting_own(keys, keys[count:], to_store, 0, len(keys), need):
+            return 0, 0, 1
+        return len(to_store), need, 0
+
+    def _store_evicting_own(
+        self,
+        keys: Sequence[ChunkKey],
+        offer: Sequence[ChunkKey],
+        to_store: Sequence[ChunkKey],
+        first: int,
+        end: int,
+        need: int,
+    ) -> int:
+        """The rare store that must evict the request's own keys too, by the general
+        path's rules, and the request's finish; returns 1 if the allocation failed (the
+        caller counts what was stored and evicted)."""
+        mine = self._mine
+        mine.update(keys[first:end])
+        mine.difference_update(to_store)
+        counters = self.counters
+        failed = not self._evict(need, offer, keys)
+        if failed:
+            counters.allocation_failures += 1
+        else:
+            self._insert(to_store)
+        self._finish(keys)
+        return int(failed)
+
+    @property
+    def num_resident(self) -> int:
+        return len(self._order) + len(self._mine)
+
+    def resident_keys(self) -> list[ChunkKey]:
+        return list(self._order)  # between requests every resident key is committed
+
+    def _lookup(self, keys: Sequence[ChunkKey]) -> int:
+        order = self._order
+        count = 0
+        for key in keys:
+            if key not in order:
+                break
+            count += 1
+        return count
+
+    def _load(self, keys: Sequence[ChunkKey]) -> None:
+        order = self._order
+        for key in keys:  # raised to provisional
+            del order[key]
+        self._mine.update(keys)
+
+    def _offer(self, offer: list[ChunkKey], retry: bool) -> list[ChunkKey]:
+        order = self._order
+        mine = self._mine
+        reused = any(map(order.__contains__, offer))
+        if reused:  # resident ready keys are reuse: raised to provisional
+            found = list(filter(order.__contains__, offer))
+            for key in found:
+                del order[key]
+            mine.update(found)
+        # an offer holds keys of this request only after reuse or a failed offer
+        return [k for k in offer if k not in mine] if reused or retry else offer
+
+    def _evict(self, need: int, offer: Sequence[ChunkKey], keys: Sequence[ChunkKey]) -> bool:
+        order = self._order
+        if need <= len(order):  # the common case: the least recent committed keys
+            popitem = order.popitem
+            for _ in range(need):
+                popitem(False)
+            return True
+        mine = self._mine
+        protected = set(offer)
+        own = [k for k in reversed(keys) if k in mine and k not in protected]  # tail first
+        rest = need - len(order)
+        if len(own) < rest:
+            return False
+        order.clear()
+        mine.difference_update(own[:rest])
+        return True
+
+    def _insert(self, keys: Sequence[ChunkKey]) -> None:
+        self._mine.update(keys)
+
+    def _finish(self, keys: Sequence[ChunkKey]) -> None:
+        mine = self._mine
+        if not mine:
+            return
+        order = self._order
+        if len(mine) == len(keys):  # commit tail first, so the head is the most recent
+            for key in reversed(keys):
+                order[key] = None
+        else:
+            for key in reversed(keys):
+                if key in mine:
+                    order[key] = None
+        mine.clear()

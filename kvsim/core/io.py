@@ -1,0 +1,166 @@
+"""Output files are written whole or not at all: temp file in the same folder, then rename.
+
+Two kinds of target are written differently, because a rename would destroy them: a
+symlink is followed (the temp file goes beside the file it points to, which is replaced,
+and the link stays), and an existing target that is not a regular file (``/dev/stdout``,
+``/dev/null``, a FIFO) is written straight into. Any failure to write names the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from typing import IO, Any
+
+from kvsim.core.errors import InputError
+
+
+def _umask_mode() -> int:
+    """The mode a plain ``open()`` would give a new file (mkstemp makes 0600 files)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _is_special(path: str) -> bool:
+    """An existing target that is neither a regular file nor a folder: a device, a FIFO."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _cannot_write(path: str, exc: OSError) -> InputError:
+    return InputError(f"cannot write ({exc.strerror or exc})", source=path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
+    """Yield a temporary path to write with any library; renamed onto ``path`` on success."""
+    shown = os.fspath(path)
+    if _is_special(shown):  # /dev/stdout, /dev/null, a FIFO: a rename would replace it
+        yield shown
+        return
+    target = os.path.realpath(shown)  # through symlinks: the link itself stays a link
+    if os.path.isdir(target):
+        raise InputError("is a folder, not a file", source=shown)
+    folder = os.path.dirname(target)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder
+        )
+    except OSError as exc:
+        raise _cannot_write(shown, exc) from None
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _cannot_write(shown, exc) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_text(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
+    """A text file written whole or not at all; gzip-compressed (reproducibly: no timestamp)
+    when ``path`` ends in ``.gz``, so every writer of traces agrees with the readers."""
+    compress = os.fspath(path).endswith(".gz")
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw:
+        gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if compress else None
+        out = io.TextIOWrapper(gz if gz is not None else raw, "utf-8", newline="\n")
+        yield out
+        out.flush()
+        out.detach()
+        if gz is not None:
+            gz.close()  # writes the gzip trailer; leaves raw open
+        raw.flush()
+        os.fsync(raw.fileno())
+
+
+@contextlib.contextmanager
+def atomic_write(
+    path: str | os.PathLike[str], mode: str = "w", **open_kwargs: Any
+) -> Iterator[IO[Any]]:
+    """Yield a file object; on success it replaces ``path``, on any error nothing is left."""
+    with atomic_path(path) as tmp, open(tmp, mode, **open_kwargs) as f:
+        yield f
+
+
+FIGURE_FORMATS = ("png", "pdf", "svg")
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file (links and relative paths resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_overwriting_inputs(
+    outputs: dict[str, str | os.PathLike[str] | None],
+    inputs: list[str | os.PathLike[str] | None],
+) -> None:
+    """Exit 2 before any work when an output (``option -> path``) would replace an input."""
+    for option, out in outputs.items():
+        if out is None:
+            continue
+        for inp in inputs:
+            if inp is not None and same_file(out, inp):
+                raise InputError(
+                    f"{option} {os.fspath(out)} is an input of this run; it would be overwritten"
+                )
+
+
+def figure_format(path: str | os.PathLike[str], option: str = "--plot") -> str:
+    """The file format a figure path asks for; checked before a run, not after it."""
+    ext = os.path.splitext(os.fspath(path))[1].lstrip(".").lower() or "png"
+    if ext not in FIGURE_FORMATS:
+        raise InputError(
+            f"{option}: cannot write a .{ext} figure; use one of {', '.join(FIGURE_FORMATS)}"
+        )
+    return ext
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(text: str, source: str) -> Any:
+    """Parse JSON text; malformed text (and Python's NaN/Infinity extension, which no kvsim
+    input may use) is a one-line :class:`InputError` naming ``source``."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})", source=source
+        ) from None
+    except ValueError as exc:
+        raise InputError(f"not valid JSON ({exc})", source=source) from None
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON file; unreadable or malformed files are a one-line :class:`InputError`."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror})", source=path) from None
+    except UnicodeDecodeError:
+        raise InputError("not valid JSON (not UTF-8 text)", source=path) from None
+    return parse_json(text, path)

@@ -1,0 +1,182 @@
+"""A :class:`kvsim.specs.models.ModelSpec` from a Hugging Face ``config.json``, so ``--model``
+takes the very file ``vllm serve`` reads, for models kvsim has no preset of.
+
+KV geometry, as vLLM derives it:
+
+- layers ``num_hidden_layers``; KV heads ``num_key_value_heads`` (absent: one per attention
+  head, as in HF's MHA models); ``head_dim`` (absent or null: ``hidden_size //
+  num_attention_heads``);
+- MLA (DeepSeek-V2/V3, Kimi K2): ``kv_lora_rank`` set -> one latent of ``kv_lora_rank +
+  qk_rope_head_dim`` elements per token and layer;
+- dtype ``torch_dtype`` (or transformers 5's ``dtype``): bfloat16 / float16, and float32 as
+  vLLM's ``--dtype auto`` serves it, downcast to 16 bits; absent: 16 bits likewise.
+
+A multimodal config's language model (``text_config``) is used when the top level has no
+layers. Parameter counts (weights for the timed engine's GPU memory and roofline) are
+estimated from the shapes: embeddings (and an untied LM head), attention projections (MLA's
+low-rank ones), gated MLPs, and MoE experts (routed, shared, router; DeepSeek's
+``first_k_dense_replace`` dense layers), without norms and biases (under 0.1 %).
+Per-layer patterns (sliding-window layers, mixed attention types) are not read: every layer
+is sized as full attention, which is what the CPU tier stores per token.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kvsim.core.errors import InputError
+from kvsim.core.io import read_json
+from kvsim.specs.models import ModelSpec
+
+__all__ = ["model_from_hf_config", "read_hf_config"]
+
+#: config dtype -> bytes per element vLLM serves it in (float32 is downcast by --dtype auto)
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2}
+
+
+def read_hf_config(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """``(file, mapping)`` of a ``config.json`` given as the file or its folder."""
+    path = os.fspath(path)
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise InputError("no config.json in this folder", source=path)
+    data = read_json(file)
+    if not isinstance(data, dict):
+        raise InputError("a Hugging Face config.json must be a JSON object", source=file)
+    return file, data
+
+
+class _Fields:
+    """Typed reads of one config mapping; a missing or wrong field is one line naming the
+    file and the key."""
+
+    def __init__(self, data: Mapping[str, Any], source: str):
+        self.data = data
+        self.source = source
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def integer(self, key: str, default: int | None = None, low: int = 1) -> int:
+        value = self.data.get(key)
+        if value is None:
+            if default is None:
+                raise InputError(f"missing key {key!r}", source=self.source)
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InputError(
+                f"{key} must be an integer >= {low}, got {value!r}", source=self.source
+            )
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise InputError(f"{key} must be true or false, got {value!r}", source=self.source)
+        return value
+
+    def dtype_bytes(self) -> int:
+        key = "torch_dtype" if "torch_dtype" in self.data else "dtype"
+        value = self.data.get(key)
+        if value is None:
+            return 2
+        if not isinstance(value, str) or value.strip().lower() not in _DTYPE_BYTES:
+            known = ", ".join(sorted(_DTYPE_BYTES))
+            raise InputError(f"{key}: unknown dtype {value!r}; known: {known}", source=self.source)
+        return _DTYPE_BYTES[value.strip().lower()]
+
+
+def _language_model(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """The text model's fields: the top level, or ``text_config`` of a multimodal config
+    (which inherits the top level's dtype)."""
+    if "num_hidden_layers" in data or "text_config" not in data:
+        return data
+    text = data["text_config"]
+    if not isinstance(text, dict):
+        raise InputError("text_config must be an object", source=source)
+    inherited = {k: data[k] for k in ("torch_dtype", "dtype") if k in data and k not in text}
+    return {**inherited, **text}
+
+
+def _attention_params(f: _Fields, hidden: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    """Weights of one layer's attention projections (q, k, v, o; MLA's low-rank ones)."""
+    if not f.has("kv_lora_rank"):
+        return hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    kv_rank, rope = f.integer("kv_lora_rank"), f.integer("qk_rope_head_dim")
+    nope = f.integer("qk_nope_head_dim", 0, low=0)
+    v_dim = f.integer("v_head_dim", nope or head_dim)
+    q_dim = heads * (nope + rope)
+    q = (
+        hidden * f.integer("q_lora_rank") + f.integer("q_lora_rank") * q_dim
+        if f.has("q_lora_rank")
+        else hidden * q_dim
+    )
+    kv = hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim)
+    return q + kv + heads * v_dim * hidden
+
+
+def _mlp_params(f: _Fields, hidden: int, layers: int) -> tuple[int, int, int, int]:
+    """``(total, active, experts, experts_per_token)`` of all layers' gated MLPs."""
+    dense = 3 * hidden * f.integer("intermediate_size")
+    experts_key = next(
+        (k for k in ("n_routed_experts", "num_local_experts", "num_experts") if f.has(k)), None
+    )
+    if experts_key is None:
+        return dense * layers, dense * layers, 0, 0
+    experts = f.integer(experts_key)
+    top_k = f.integer("num_experts_per_tok")
+    expert = 3 * hidden * f.integer("moe_intermediate_size", f.integer("intermediate_size"))
+    shared = f.integer("n_shared_experts", 0, low=0) * expert
+    if f.has("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own size
+        shared += 3 * hidden * f.integer("shared_expert_intermediate_size", low=0)
+    router = hidden * experts
+    dense_layers = min(layers, f.integer("first_k_dense_replace", 0, low=0))
+    moe_layers = layers - dense_layers
+    total = dense * dense_layers + moe_layers * (experts * expert + shared + router)
+    active = dense * dense_layers + moe_layers * (top_k * expert + shared + router)
+    return total, active, experts, top_k
+
+
+def model_from_hf_config(path: str | os.PathLike[str]) -> ModelSpec:
+    """The :class:`ModelSpec` a Hugging Face ``config.json`` (file or folder) describes; its
+    name is the path as given, so summaries say which file sized the run."""
+    file, raw = read_hf_config(path)
+    f = _Fields(_language_model(raw, file), file)
+    layers = f.integer("num_hidden_layers")
+    heads = f.integer("num_attention_heads")
+    kv_heads = f.integer("num_key_value_heads", heads)
+    hidden = f.integer("hidden_size")
+    head_dim = f.integer("head_dim", hidden // heads)
+    vocab = f.integer("vocab_size")
+    tied = f.flag("tie_word_embeddings", False)
+    mla = f.has("kv_lora_rank")
+    kv_rank = f.integer("kv_lora_rank") if mla else 0
+    rope = f.integer("qk_rope_head_dim") if mla else 0
+    attention = _attention_params(f, hidden, heads, kv_heads, head_dim)
+    mlp_total, mlp_active, experts, top_k = _mlp_params(f, hidden, layers)
+    embeddings = vocab * hidden * (1 if tied else 2)
+    total = embeddings + layers * attention + mlp_total
+    active = embeddings + layers * attention + mlp_active
+    if not (math.isfinite(total) and total > 0):
+        raise InputError("the shapes give no parameters", source=file)
+    return ModelSpec(
+        name=os.fspath(path),
+        num_layers=layers,
+        num_kv_heads=1 if mla else kv_heads,
+        head_dim=kv_rank + rope if mla else head_dim,
+        num_attention_heads=heads,
+        num_params=float(total),
+        active_params=float(active),
+        is_mla=mla,
+        kv_lora_rank=kv_rank,
+        qk_rope_head_dim=rope,
+        default_dtype_bytes=f.dtype_bytes(),
+        hidden_size=hidden,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        num_experts=experts,
+        experts_per_token=top_k,
+    )

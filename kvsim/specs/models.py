@@ -1,0 +1,239 @@
+"""KV-cache geometry of a few well-known models.
+
+The numbers come from the published Hugging Face ``config.json`` of each model. Only the
+fields that matter for KV-cache sizing (and, later, a roofline compute model) are kept.
+
+Dense (GQA/MHA) models store K and V for every KV head of every layer. Under tensor
+parallelism each worker holds ``max(1, num_kv_heads // tp)`` heads, as vLLM does
+(KV heads are replicated when ``tp`` exceeds their number).
+
+MLA models (DeepSeek-V2/V3) store one compressed latent per token and layer of
+``kv_lora_rank + qk_rope_head_dim`` elements. vLLM replicates that latent on every TP
+worker, so the per-worker byte count does not shrink with ``tp``. For MLA presets,
+``num_kv_heads`` is 1 and ``head_dim`` is ``kv_lora_rank + qk_rope_head_dim``, the shape of
+vLLM's ``MLAAttentionSpec``.
+
+The KV cache's element size is the model's dtype unless ``--kv-cache-dtype`` says otherwise
+(vLLM's names: ``fp8`` stores one byte per element, so a token's KV bytes halve against
+bf16 and the same GiB hold twice the chunks). A model is a preset name or the path of a
+Hugging Face ``config.json`` (:mod:`kvsim.specs.hf_config`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from kvsim.core.errors import InputError
+
+__all__ = [
+    "KV_CACHE_DTYPES",
+    "MODELS",
+    "ModelSpec",
+    "get_model",
+    "kv_dtype_bytes",
+    "resolve_model",
+]
+
+#: vLLM ``--kv-cache-dtype`` values kvsim models -> bytes per element (None: the model's dtype)
+KV_CACHE_DTYPES: dict[str, int | None] = {
+    "auto": None,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+}
+#: vLLM values with packed layouts or per-block scales whose bytes per token kvsim does not model
+_UNMODELLED_KV_DTYPES = (
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "int4_per_token_head",
+)
+
+
+def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
+    """Bytes per KV element of a vLLM ``--kv-cache-dtype`` (None for ``auto``: the model's)."""
+    if not isinstance(kv_cache_dtype, str):
+        raise InputError(f"--kv-cache-dtype must be text, got {kv_cache_dtype!r}")
+    key = kv_cache_dtype.strip().lower()
+    if key in KV_CACHE_DTYPES:
+        return KV_CACHE_DTYPES[key]
+    known = ", ".join(KV_CACHE_DTYPES)
+    if key in _UNMODELLED_KV_DTYPES or key.startswith(("turboquant", "octave")):
+        raise InputError(
+            f"--kv-cache-dtype {kv_cache_dtype!r}: a packed vLLM layout kvsim does not size; "
+            f"use one of {known}"
+        )
+    raise InputError(f"--kv-cache-dtype: unknown value {kv_cache_dtype!r}; known: {known}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """KV-cache geometry and size of one model."""
+
+    name: str
+    num_layers: int
+    num_kv_heads: int  # per model (before the TP split)
+    head_dim: int
+    num_attention_heads: int
+    num_params: float  # total parameters (weight bytes for a roofline compute model)
+    active_params: float  # = num_params for dense models; active per token for MoE
+    is_mla: bool = False
+    kv_lora_rank: int = 0  # MLA latent size per token per layer
+    qk_rope_head_dim: int = 0  # MLA rope part per token per layer
+    default_dtype_bytes: int = 2
+    sliding_window: int | None = None  # not used by the presets; supported by sizing
+    # what the per-phase compute model (kvsim.engine.phase_compute) needs beyond the KV
+    # geometry; 0 = unknown (that model then estimates: hidden = heads x head_dim, no
+    # separate LM head). Values: the models' Hugging Face config.json.
+    hidden_size: int = 0
+    vocab_size: int = 0
+    tie_word_embeddings: bool = False  # the LM head is the input embedding (counted once)
+    num_experts: int = 0  # MoE: routed experts per layer (0: dense)
+    experts_per_token: int = 0  # MoE: routed experts each token activates
+    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype (KV_CACHE_DTYPES); auto: the model's
+
+    @property
+    def kv_element_bytes(self) -> int:
+        """Bytes per stored KV element: ``kv_cache_dtype``'s, or the model's dtype."""
+        d = kv_dtype_bytes(self.kv_cache_dtype)
+        return self.default_dtype_bytes if d is None else d
+
+    def with_kv_cache_dtype(self, kv_cache_dtype: str) -> ModelSpec:
+        """This model with its KV cache stored as ``kv_cache_dtype`` (checked)."""
+        kv_dtype_bytes(kv_cache_dtype)
+        return replace(self, kv_cache_dtype=kv_cache_dtype.strip().lower())
+
+    def _dtype(self, dtype_bytes: int | None) -> int:
+        d = self.kv_element_bytes if dtype_bytes is None else dtype_bytes
+        if d <= 0:
+            raise InputError(f"--dtype-bytes must be positive, got {d}")
+        return int(d)
+
+    def kv_heads_per_worker(self, tp: int = 1) -> int:
+        """KV heads one worker holds at tensor-parallel size ``tp`` (1 for MLA)."""
+        if tp <= 0:
+            raise InputError(f"--tp must be positive, got {tp}")
+        if self.is_mla:
+            return 1
+        return max(1, self.num_kv_heads // tp)
+
+    def kv_bytes_per_token_per_layer(self, dtype_bytes: int | None = None, tp: int = 1) -> int:
+        """Bytes of KV cache one worker stores per token and layer (``dtype_bytes=None``:
+        the KV cache's element size)."""
+        d = self._dtype(dtype_bytes)
+        heads = self.kv_heads_per_worker(tp)  # validates tp
+        if self.is_mla:
+            # The latent is replicated on every TP worker: no split.
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * d
+        return 2 * heads * self.head_dim * d
+
+    def kv_bytes_per_token(self, dtype_bytes: int | None = None, tp: int = 1) -> int:
+        """Bytes of KV cache one worker stores per token, all layers."""
+        return self.num_layers * self.kv_bytes_per_token_per_layer(dtype_bytes, tp)
+
+
+_PRESETS = (
+    ModelSpec(
+        name="llama-3.2-1b",
+        num_layers=16,
+        num_kv_heads=8,
+        head_dim=64,
+        num_attention_heads=32,
+        num_params=1.24e9,
+        active_params=1.24e9,
+        hidden_size=2048,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+    ),
+    ModelSpec(
+        name="llama-3.1-8b",
+        num_layers=32,
+        num_kv_heads=8,
+        head_dim=128,
+        num_attention_heads=32,
+        num_params=8.03e9,
+        active_params=8.03e9,
+        hidden_size=4096,
+        vocab_size=128256,
+    ),
+    ModelSpec(
+        name="llama-3.1-70b",
+        num_layers=80,
+        num_kv_heads=8,
+        head_dim=128,
+        num_attention_heads=64,
+        num_params=70.6e9,
+        active_params=70.6e9,
+        hidden_size=8192,
+        vocab_size=128256,
+    ),
+    ModelSpec(
+        name="qwen2.5-7b",
+        num_layers=28,
+        num_kv_heads=4,
+        head_dim=128,
+        num_attention_heads=28,
+        num_params=7.6e9,
+        active_params=7.6e9,
+        hidden_size=3584,
+        vocab_size=152064,
+    ),
+    ModelSpec(
+        name="qwen3-8b",
+        num_layers=36,
+        num_kv_heads=8,
+        head_dim=128,
+        num_attention_heads=32,
+        num_params=8.2e9,
+        active_params=8.2e9,
+        hidden_size=4096,
+        vocab_size=151936,
+    ),
+    ModelSpec(
+        name="deepseek-v3",
+        num_layers=61,
+        num_kv_heads=1,  # one shared latent (vLLM MLAAttentionSpec)
+        head_dim=512 + 64,  # kv_lora_rank + qk_rope_head_dim
+        num_attention_heads=128,
+        num_params=671e9,
+        active_params=37e9,
+        is_mla=True,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        hidden_size=7168,
+        vocab_size=129280,
+        num_experts=256,
+        experts_per_token=8,
+    ),
+)
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in _PRESETS}
+
+
+def get_model(name: str | os.PathLike[str]) -> ModelSpec:
+    """A preset by name (case-insensitively), or the model a Hugging Face ``config.json``
+    describes (a path to the file, or to a folder holding one)."""
+    text = os.fspath(name)
+    key = str(text).strip().lower()
+    if key in MODELS:
+        return MODELS[key]
+    if os.path.exists(text):
+        from kvsim.specs.hf_config import model_from_hf_config
+
+        return model_from_hf_config(text)
+    known = ", ".join(sorted(MODELS))
+    raise InputError(f"unknown model {name!r}; known: {known}, or a Hugging Face config.json path")
+
+
+def resolve_model(
+    model: ModelSpec | str | os.PathLike[str], kv_cache_dtype: str | None = None
+) -> ModelSpec:
+    """The model a run sizes with: a preset, a ``config.json`` or a spec, with its KV cache
+    stored as ``kv_cache_dtype`` (None or ``auto``: the model's dtype)."""
+    spec = model if isinstance(model, ModelSpec) else get_model(model)
+    return spec if kv_cache_dtype is None else spec.with_kv_cache_dtype(kv_cache_dtype)

@@ -1,0 +1,89 @@
+"""`kvsim bench --stages`: every stage a user waits for, timed (not asserted on: speed is
+measured by benchmarks, never by tests)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from support import SAMPLE, need_vllm, run_main
+
+from kvsim.cachemode.miniature import MIN_CHUNKS
+
+
+def test_stages_table_names_every_stage(tmp_path, capsys):
+    out = tmp_path / "stages.csv"
+    code, _, err = run_main(
+        [
+            "bench",
+            SAMPLE,
+            "--stages",
+            "--policies",
+            "s3fifo",
+            "--repeat",
+            "1",
+            "--no-vllm",
+            "--cpu-chunks",
+            "50",
+            "--csv",
+            str(out),
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert table["stage"].tolist() == [
+        "python",
+        "start-up",
+        "read (parse)",
+        "read (cached)",
+        "replay",
+        "write",
+        "kvsim replay",
+    ]
+    assert (table["seconds"] >= 0).all()
+    assert "s3fifo at 50 chunks" in table.set_index("stage").loc["replay", "note"]
+
+
+def test_stages_refuse_what_they_cannot_time(capsys):
+    code, _, err = run_main(["bench", SAMPLE, "--stages", "--policies", "lru,arc"], capsys)
+    assert code == 2 and "one policy" in err
+    code, _, err = run_main(["bench", SAMPLE, "--stages", "--limit", "10"], capsys)
+    assert code == 2 and "--limit" in err
+
+
+def test_miniature_error_table_covers_each_policy_and_protocol(tmp_path, capsys):
+    out = tmp_path / "err.csv"
+    code, printed, err = run_main(
+        ["bench", SAMPLE, "--miniature-error", "0.5", "--policies", "lru,fifo", "--csv", str(out)],
+        capsys,
+    )
+    assert code == 0, err
+    table = pd.read_csv(out)
+    assert sorted(zip(table["policy"], table["protocol"])) == [
+        ("fifo", "object"),
+        ("fifo", "prefix"),
+        ("lru", "object"),
+        ("lru", "prefix"),
+    ]
+    # LRU is its own control variate: corrected, its miniature is exact
+    assert (table.loc[table["policy"] == "lru", "max_abs_error"] < 1e-12).all()
+    # each capacity's rate is reported: the small trace's miniatures are under the minimum
+    # size, so its smallest capacity is replayed in full (rate 1)
+    rates = [float(r) for r in table["rates"][0].split("/")]
+    assert rates[0] == 1.0 and min(rates) >= 0.5
+    assert (table["rate_at_max"] >= 0.5).all()
+    assert "at 1 (" in printed and f"min {MIN_CHUNKS} chunks per miniature" in printed
+
+
+@pytest.mark.vllm
+def test_stages_time_vllms_loop_in_turns_with_the_command(tmp_path, capsys):
+    need_vllm("vllm.v1.kv_offload.cpu.manager")
+    out = tmp_path / "stages.csv"
+    argv = ["bench", SAMPLE, "--stages", "--policies", "lru", "--repeat", "2", "--vllm"]
+    code, _, err = run_main([*argv, "--cpu-chunks", "50", "--csv", str(out)], capsys)
+    assert code == 0, err
+    table = pd.read_csv(out).set_index("stage")
+    assert table.index[-2:].tolist() == ["kvsim replay", "vllm manager loop"]
+    note = table.loc["vllm manager loop", "note"]
+    ratio = table.loc["vllm manager loop", "seconds"] / table.loc["kvsim replay", "seconds"]
+    assert note == f"best of 2; kvsim replay is {ratio:.1f}x faster"

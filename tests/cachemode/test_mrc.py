@@ -1,0 +1,90 @@
+"""One-pass LRU curves: exact against repeated replays, bounded error when sampled."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from support import SAMPLE, SYNTHETIC
+
+from kvsim.api import replay
+from kvsim.cachemode.mrc import lru_mrc
+from kvsim.cachemode.object_protocol import object_replay
+from kvsim.core.errors import InputError
+from kvsim.core.keys import KeyLayout
+from kvsim.traces import as_trace
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return as_trace(SYNTHETIC, limit=500)
+
+
+def test_prefix_curve_equals_replays(trace):
+    layout = KeyLayout(trace.block_tokens, trace.block_tokens)
+    curve = lru_mrc(trace, layout)
+    assert curve.exact_from == curve.info["longest_request_chunks"]
+    for capacity in (curve.exact_from, 900, 2500, 6000, 20000):
+        s = replay(trace, cpu_chunks=capacity, policy="lru", per_request=False).summary
+        assert curve.hit_ratio(capacity) == pytest.approx(s["cpu_hit_ratio"], abs=1e-12), capacity
+
+
+def test_prefix_curve_with_sub_block_chunks(trace):
+    layout = KeyLayout(trace.block_tokens, 256)
+    curve = lru_mrc(trace, layout)
+    for capacity in (2 * curve.exact_from, 9000):
+        s = replay(trace, cpu_chunks=capacity, chunk_tokens=256, per_request=False).summary
+        assert curve.hit_ratio(capacity) == pytest.approx(s["cpu_hit_ratio"], abs=1e-12)
+
+
+def test_object_curve_equals_replays(trace):
+    layout = KeyLayout(trace.block_tokens, trace.block_tokens)
+    curve = lru_mrc(trace, layout, protocol="object")
+    for capacity in (1, 7, 150, 1200, 5000):
+        s = object_replay(trace, layout, capacity, "lru")
+        assert curve.hit_ratio(capacity) == pytest.approx(s["hit_ratio"], abs=1e-12), capacity
+
+
+def test_shards_error_is_bounded(trace):
+    layout = KeyLayout(trace.block_tokens, trace.block_tokens)
+    exact = lru_mrc(trace, layout)
+    sampled = lru_mrc(trace, layout, sample_rate=0.1, seed=1)
+    assert sampled.sampled < 0.2 * exact.accesses
+    caps = np.arange(exact.exact_from, 12_000, 250)
+    err = max(abs(sampled.hit_ratio(c) - exact.hit_ratio(c)) for c in caps)
+    assert err < 0.02
+
+
+def test_bad_arguments(trace):
+    layout = KeyLayout(trace.block_tokens, trace.block_tokens)
+    with pytest.raises(InputError):
+        lru_mrc(trace, layout, sample_rate=0)
+    with pytest.raises(InputError):
+        lru_mrc(trace, layout, protocol="nope")
+
+
+def test_cli_writes_table_and_plot(tmp_path, capsys):
+    from kvsim.cli import main
+
+    csv, png = tmp_path / "mrc.csv", tmp_path / "mrc.png"
+    with pytest.raises(SystemExit) as exc:
+        main(["mrc", SAMPLE, "--csv", str(csv), "--plot", str(png), "--sample-rate", "0.5"])
+    assert exc.value.code == 0
+    head = csv.read_text().splitlines()
+    assert head[0] == "capacity,hit_ratio,miss_ratio,capacity_tokens" and len(head) > 10
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "mrc.csv",
+        "mrc.png",
+    ]  # no temp files left
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["mrc", SAMPLE, "--policy", "arc", "--json"])
+    assert exc.value.code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["policy"], out["method"], out["sample_rate"]) == ("arc", "miniature", 0.1)
+    with pytest.raises(SystemExit) as exc:
+        main(["mrc", SAMPLE, "--policy", "no-such-policy"])
+    assert exc.value.code == 2
+    assert "no-such-policy" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""The trivial time models runs are compared under, and vLLM's per-GPU batch defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import SAMPLE
+
+import kvsim
+from kvsim.core.errors import InputError
+from kvsim.engine.compute_model import LinearCompute, StepBatch, load_compute_profile
+from kvsim.engine.transfer_model import get_link
+from kvsim.specs.hardware import GPUS, vllm_batch_defaults
+
+
+def write(tmp_path, name: str, data: object) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_linear_profile_is_step_plus_per_token(tmp_path) -> None:
+    path = write(tmp_path, "c.json", {"kind": "linear", "step_s": 0.01, "per_token_s": 1e-4})
+    model = load_compute_profile(path, base=None)  # type: ignore[arg-type]
+    assert model == LinearCompute(0.01, 1e-4)
+    assert model(StepBatch(3, 1, 100, 2, 0, 0.0)) == pytest.approx(0.01 + 102e-4)
+    assert model(StepBatch(0, 0, 0, 0, 0, 0.0)) == 0.0  # an empty step takes no time
+
+
+@pytest.mark.parametrize(
+    ("data", "phrase"),
+    [
+        ({"kind": "linear", "step_s": -1, "per_token_s": 0}, "step_s"),
+        ({"kind": "linear", "step_s": 0.1}, "per_token_s"),
+        ({"kind": "linear", "step_s": 0.1, "per_token_s": 0, "x": 1}, "unknown key"),
+        ({"kind": "cubic"}, "unknown kind"),
+    ],
+)
+def test_bad_linear_profiles_name_the_problem(tmp_path, data, phrase) -> None:
+    with pytest.raises(InputError, match=phrase):
+        load_compute_profile(write(tmp_path, "c.json", data), base=None)  # type: ignore[arg-type]
+
+
+def test_constant_link_is_bytes_over_rate_both_ways_independent(tmp_path) -> None:
+    link = get_link(
+        write(
+            tmp_path, "l.json", {"kind": "constant", "h2d_bytes_per_s": 1e9, "d2h_bytes_per_s": 5e8}
+        )
+    )
+    assert link.h2d.job_time(2_000_000, 64) == pytest.approx(2e-3)
+    assert link.d2h.job_time(2_000_000, 1) == pytest.approx(4e-3)
+    assert link.duplex_factor == 1.0
+    with pytest.raises(InputError, match="d2h_bytes_per_s"):
+        get_link(write(tmp_path, "m.json", {"kind": "constant", "h2d_bytes_per_s": 1e9}))
+
+
+def test_simulate_runs_under_the_trivial_models(tmp_path) -> None:
+    compute = write(tmp_path, "c.json", {"kind": "linear", "step_s": 0.02, "per_token_s": 0.0})
+    link = write(
+        tmp_path, "l.json", {"kind": "constant", "h2d_bytes_per_s": 1e10, "d2h_bytes_per_s": 1e10}
+    )
+    res = kvsim.simulate(SAMPLE, cpu_chunks=200, limit=30, compute_profile=compute, link=link)
+    steps = res.tables["steps"]
+    busy = steps[steps.prefill_tokens + steps.decode_tokens > 0]
+    assert len(busy) > 0 and list(busy.forward_s) == pytest.approx([0.02] * len(busy))
+    assert res.config["compute"] == {"step_s": 0.02, "per_token_s": 0.0}
+    assert res.summary["link"] == "constant"
+
+
+def test_batch_defaults_follow_vllm_serve_per_gpu() -> None:
+    got = {name: vllm_batch_defaults(gpu) for name, gpu in GPUS.items()}
+    assert got["h100"] == got["h200"] == got["gh200"] == (8192, 1024)
+    assert got["a100"] == got["l40s"] == (2048, 256)  # A100 80 GB is held back by name
+    res = kvsim.simulate(SAMPLE, limit=5, gpu="a100")
+    assert (res.config["max_num_batched_tokens"], res.config["max_num_seqs"]) == (2048, 256)

@@ -1,0 +1,509 @@
+"""vLLM 0.33's Triton gather kernel for small CPU->GPU pages (kvsim issue 12, fault 3).
+
+Two halves. The choice of path (:class:`real.copy_path.KernelLoadCopy`, the rule of
+:mod:`kvsim.engine.copy_paths`) and every fallback run without Triton, with a stand-in
+kernel that copies pages with torch. The kernel itself (tests marked ``triton``) runs under
+Triton's CPU interpreter, on CPU tensors through their raw addresses, exactly the code
+compiled on a GPU; CI installs Triton and sets ``KVSIM_REQUIRE_TRITON=1`` so that those
+tests cannot skip there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from kvsim.core.errors import InputError
+from kvsim.engine.copy_paths import (
+    KERNEL_MAX_PAGE_BYTES,
+    KERNEL_MIN_DESCRIPTORS,
+    load_uses_kernel,
+)
+from kvsim.engine.transfer_protocol import LOAD, STORE, TransferJob
+from real import copy_path, gpu_check, triton_load
+from real.calibrate import H2D, Point, calibrate, fit
+from real.copy_path import KernelLoadCopy, TorchCopy, default_copy_path
+from real.device import Device
+from real.host_pool import HostLayout, HostPool
+from real.kv_cache import BLOCK_FIRST, LAYER_MAJOR, GpuKVCache, KVGeometry
+from real.transfer import RealTransferBackend
+from real.triton_load import MAX_PROGRAMS, split_pages, tile_words
+
+REQUIRE_TRITON = os.environ.get("KVSIM_REQUIRE_TRITON") == "1"
+KERNEL = "triton-gather"
+
+
+class TorchPages:
+    """A stand-in for the gather kernel: the same ``copy_pages`` contract, done with torch."""
+
+    name = KERNEL
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []  # (pages, tile)
+
+    def copy_pages(self, dst, src, pages, *, tile):
+        self.calls.append((len(pages), tile))
+        for d, s, w in pages.tolist():
+            dst[d : d + w].copy_(src[s : s + w])
+
+
+def interpreted_kernel() -> triton_load.GatherKernel:
+    """The real kernel under Triton's interpreter: skip without Triton, except under
+    ``KVSIM_REQUIRE_TRITON=1`` (CI), where a missing Triton fails the test."""
+    try:
+        importlib.import_module("triton")
+    except ImportError as exc:
+        if REQUIRE_TRITON:
+            pytest.fail(f"KVSIM_REQUIRE_TRITON=1 but triton cannot be imported: {exc}")
+        pytest.skip(f"triton is not importable ({exc})")
+    return triton_load.GatherKernel(interpret=True)
+
+
+def host_source(dst: torch.Tensor, src: torch.Tensor, host: torch.Tensor) -> bool:
+    """``is_load`` on CPU tensors: the job reads the host pool."""
+    return src.data_ptr() == host.data_ptr()
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.parametrize("n", [1, KERNEL_MIN_DESCRIPTORS - 1, KERNEL_MIN_DESCRIPTORS, 37])
+@pytest.mark.parametrize(
+    "page_bytes", [8, 2048, 16 * 1024, KERNEL_MAX_PAGE_BYTES - 8, KERNEL_MAX_PAGE_BYTES, 65536]
+)
+def test_loads_take_the_kernel_exactly_where_vllm_would(page_bytes, n, pinned):
+    words = page_bytes // 8
+    src = torch.arange(n * words, dtype=torch.int64)
+    dst = torch.zeros(n * words, dtype=torch.int64)
+    kernel = TorchPages()
+    path = KernelLoadCopy(
+        TorchCopy(), kernel, is_load=lambda d, s: s is src, pinned=lambda t: pinned
+    )
+    runs = [(i * words, (n - 1 - i) * words, words) for i in range(n)]
+    want = load_uses_kernel(page_bytes, n, pinned=pinned)
+    assert path.route(dst, src, runs, None) == (KERNEL if want else "copy_")
+    path.copy(dst, src, runs, stream=None, stable_source=True)
+    assert path.jobs == {KERNEL: int(want), "copy_": int(not want)}
+    assert torch.equal(dst, src.view(n, words).flip(0).reshape(-1))
+    # the other direction never goes through the kernel
+    assert path.route(src, dst, runs, None) == "copy_"
+
+
+def test_pages_not_in_whole_words_never_take_the_kernel():
+    """A page of 2052 bytes is under 28 KiB but not 8-byte words: DMA, as in vLLM."""
+    src = torch.arange(20 * 2052, dtype=torch.int32).to(torch.uint8)
+    dst = torch.zeros_like(src)
+    path = KernelLoadCopy(
+        TorchCopy(), TorchPages(), is_load=lambda d, s: True, pinned=lambda t: True
+    )
+    runs = [(i * 2052, i * 2052, 2052) for i in range(20)]
+    assert path.route(dst, src, runs, None) == "copy_"
+    aligned = [(i * 2048, i * 2048, 2048) for i in range(20)]  # uint8, but whole words
+    assert path.route(dst, src, aligned, None) == KERNEL
+
+
+def test_forced_modes():
+    src = torch.arange(4 * 8192, dtype=torch.int64)
+    dst = torch.zeros_like(src)
+    runs = [(i * 8192, i * 8192, 8192) for i in range(4)]  # 4 pages of 64 KiB: DMA by rule
+    kw = dict(is_load=lambda d, s: True, pinned=lambda t: True)
+    assert KernelLoadCopy(TorchCopy(), TorchPages(), **kw).route(dst, src, runs, None) == "copy_"
+    forced = KernelLoadCopy(TorchCopy(), TorchPages(), mode="kernel", **kw)
+    assert forced.route(dst, src, runs, None) == KERNEL
+    small = [(i * 8, i * 8, 8) for i in range(40)]
+    never = KernelLoadCopy(TorchCopy(), TorchPages(), mode="dma", **kw)
+    assert never.route(dst, src, small, None) == "copy_"
+    unpinned = KernelLoadCopy(TorchCopy(), TorchPages(), mode="kernel", is_load=kw["is_load"])
+    assert unpinned.route(dst, src, runs, None) == "copy_"  # CPU tensors are not pinned
+    with pytest.raises(ValueError, match="load path"):
+        KernelLoadCopy(TorchCopy(), TorchPages(), mode="fast")
+
+
+def test_split_pages_restores_the_descriptors_coalescing_merged():
+    runs = [(0, 100, 6), (20, 0, 2), (40, 50, 5)]
+    got = split_pages(runs, 2).tolist()
+    assert got == [
+        [0, 100, 2],
+        [2, 102, 2],
+        [4, 104, 2],
+        [20, 0, 2],
+        [40, 50, 2],
+        [42, 52, 2],
+        [44, 54, 1],  # not a whole number of pages: a shorter last one
+    ]
+    assert split_pages(runs, None).tolist() == [list(r) for r in runs]
+    assert split_pages([], 4).shape == (0, 3)
+
+
+def test_tiles_follow_vllm():
+    """next_pow2(largest page), at most 8 KiB, in 8-byte words."""
+    assert tile_words(8) == 1
+    assert tile_words(24) == 4
+    assert tile_words(2048) == 256
+    assert tile_words(16 * 1024) == 1024
+    assert tile_words(20 * 1024) == 1024
+
+
+# --------------------------------------------------------------------------- choosing
+
+
+def _cuda_stub():
+    return SimpleNamespace(is_cuda=True, torch_device=torch.device("cuda", 0))
+
+
+def _fake_batch(monkeypatch):
+    batch = copy_path.BatchCopy(lambda *a: 0, handle_of=lambda s: 0)
+    monkeypatch.setattr(copy_path, "resolve_batch_copy", lambda: (batch, "resolved"))
+    return batch
+
+
+def test_without_triton_cuda_loads_stay_on_dma(monkeypatch):
+    batch = _fake_batch(monkeypatch)
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton raises ImportError
+    monkeypatch.setattr(triton_load, "_resolved", {})
+    kernel, why = triton_load.resolve_gather_kernel(_cuda_stub())
+    assert kernel is None and "triton not importable" in why
+    assert default_copy_path(_cuda_stub(), load="auto") is batch
+
+
+def test_a_failing_probe_keeps_dma(monkeypatch):
+    """A Triton that imports but cannot compile or launch (no C compiler, no unified
+    addressing) must not take over the loads."""
+
+    class Broken:
+        def __init__(self, **kw):
+            raise RuntimeError("no C compiler")
+
+    monkeypatch.setattr(triton_load, "import_triton", lambda: (object(), "importable"))
+    monkeypatch.setattr(triton_load, "GatherKernel", Broken)
+    monkeypatch.setattr(triton_load, "_resolved", {})
+    monkeypatch.setattr(triton_load.torch.version, "hip", None)
+    kernel, why = triton_load.resolve_gather_kernel(_cuda_stub())
+    assert kernel is None and "probe failed (RuntimeError: no C compiler)" in why
+
+
+def test_cuda_with_the_kernel_wraps_dma_unless_told_otherwise(monkeypatch):
+    batch = _fake_batch(monkeypatch)
+    kernel = TorchPages()
+    monkeypatch.setattr(triton_load, "resolve_gather_kernel", lambda d: (kernel, "ok"))
+    path = default_copy_path(_cuda_stub())
+    assert isinstance(path, KernelLoadCopy) and path.dma is batch and path.kernel is kernel
+    assert path.mode == "auto" and path.name == f"cuMemcpyBatchAsync+{KERNEL}"
+    assert default_copy_path(_cuda_stub(), load="dma") is batch
+    assert default_copy_path(_cuda_stub(), load="kernel").mode == "kernel"
+    assert isinstance(default_copy_path(_cuda_stub(), prefer="copy_"), TorchCopy)
+    monkeypatch.setenv("KVSIM_LOAD_PATH", "dma")
+    assert default_copy_path(_cuda_stub()) is batch
+    monkeypatch.setenv("KVSIM_LOAD_PATH", "fastest")
+    with pytest.raises(InputError, match="KVSIM_LOAD_PATH"):
+        default_copy_path(_cuda_stub())
+
+
+@pytest.mark.parametrize("kind", ["eager", "deferred"])
+def test_a_cpu_device_never_looks_for_triton(kind, monkeypatch):
+    def boom(device):
+        raise AssertionError("resolved the gather kernel on a CPU device")
+
+    monkeypatch.setattr(triton_load, "resolve_gather_kernel", boom)
+    monkeypatch.setenv("KVSIM_LOAD_PATH", "kernel")
+    assert isinstance(Device("cpu", mode=kind).copy_path(), TorchCopy)
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+SMALL = KVGeometry(4, 2048)
+
+
+def _backend(kind, layout, kernel, geom=SMALL, units=1, pinned=True):
+    dev = Device("cpu", mode=kind)
+    gpu = GpuKVCache(geom, 32, layout, dev.torch_device)
+    host = HostPool(HostLayout(geom, units, layout), 32)
+    path = KernelLoadCopy(
+        TorchCopy(),
+        kernel,
+        is_load=lambda d, s: host_source(d, s, host.data),
+        pinned=lambda t: pinned,
+    )
+    return gpu, path, RealTransferBackend(dev, gpu, host, copy_path=path)
+
+
+def _store_then_load(gpu, be, blocks, chunks, keys, into):
+    be.submit(TransferJob(1, STORE, blocks, chunks, 0, len(blocks), keys), 0.0)
+    be.drain()
+    gpu.data.zero_()  # a load that copied nothing cannot pass
+    be.submit(TransferJob(2, LOAD, into, chunks, 0, len(into), keys), 0.0)
+    be.drain()
+    assert [r.success for r in be.records] == [True, True], [r.error for r in be.records]
+    assert be.integrity.checked_blocks == len(into) and be.integrity.mismatched_bytes == 0
+
+
+@pytest.mark.parametrize("kind", ["eager", "deferred"])
+@pytest.mark.parametrize(
+    "layout,blocks,want",
+    [
+        (LAYER_MAJOR, 4, KERNEL),  # 4 blocks x 4 layers = 16 pages of 2 KiB
+        (LAYER_MAJOR, 3, "copy_"),  # 12 pages: too few for a launch
+        (BLOCK_FIRST, 16, KERNEL),  # cross-layer: one 8 KiB page per block
+        (BLOCK_FIRST, 4, "copy_"),
+    ],
+)
+def test_backend_loads_route_by_vllms_descriptors(kind, layout, blocks, want):
+    kernel = TorchPages()
+    gpu, path, be = _backend(kind, layout, kernel)
+    chunks = list(range(7, 7 + blocks))
+    keys = [f"k{c}" for c in chunks]
+    into = list(range(31, 31 - blocks, -1))
+    _store_then_load(gpu, be, list(range(blocks)), chunks, keys, into)
+    assert path.jobs == {KERNEL: int(want == KERNEL), "copy_": 1 + int(want != KERNEL)}
+    for b, k in zip(into, keys):
+        assert torch.equal(gpu.block_view(b), gpu.expected((k, 0)))
+    if want == KERNEL:
+        page = 2048 if layout == LAYER_MAJOR else 8192
+        assert kernel.calls == [(be.records[1].descriptors * 2048 // page, tile_words(page))]
+
+
+@pytest.mark.parametrize("kind", ["eager", "deferred"])
+def test_merged_runs_are_counted_as_the_pages_vllm_copies(kind):
+    """Two sub-blocks of a chunk land in consecutive GPU blocks, so the backend merges each
+    pair of 16 KiB pages into a 32 KiB run, over vLLM's threshold: the decision must be on
+    the 16 KiB pages (vLLM never merges), and the kernel copies 16 of them."""
+    kernel = TorchPages()
+    gpu, path, be = _backend(kind, LAYER_MAJOR, kernel, KVGeometry(2, 16 * 1024), units=2)
+    chunks, keys = [3, 9, 5, 12], ["a", "b", "c", "d"]
+    _store_then_load(gpu, be, list(range(8)), chunks, keys, list(range(16, 24)))
+    load = be.records[1]
+    assert load.descriptors == 16 and load.copies == 8  # merged pairwise
+    assert kernel.calls == [(16, 1024)] and path.jobs[KERNEL] == 1
+
+
+@pytest.mark.parametrize("kind", ["eager", "deferred"])
+def test_unpinned_host_memory_loads_through_dma(kind):
+    kernel = TorchPages()
+    gpu, path, be = _backend(kind, LAYER_MAJOR, kernel, pinned=False)
+    _store_then_load(gpu, be, [0, 1, 2, 3], [4, 5, 6, 7], list("wxyz"), [20, 21, 22, 23])
+    assert kernel.calls == [] and path.jobs == {KERNEL: 0, "copy_": 2}
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def test_calibration_times_the_kernel_where_a_load_would_use_it():
+    dev = Device("cpu", mode="threaded")
+    live: dict[int, int] = {}
+    path = KernelLoadCopy(
+        TorchCopy(),
+        TorchPages(),
+        is_load=lambda d, s: any(p <= s.data_ptr() < p + n for p, n in live.items()),
+        pinned=lambda t: True,
+    )
+    _params, fitted = calibrate(
+        dev,
+        copy_path=path,
+        sizes=(4096, 64 * 1024),
+        counts=(1, 16),
+        max_bytes=1 << 20,
+        repeats=1,
+        pin=True,
+        register=lambda p, n: live.__setitem__(p, n),
+        unregister=live.pop,
+    )
+    kernel_points = sorted(map(tuple, fitted["point_paths"][KERNEL]))
+    # loads of 4 KiB pages are also timed at 64 and 256 copies, for the kernel fit
+    assert kernel_points == [("both", 4096, 16), *(("h2d", 4096, n) for n in (16, 64, 256))]
+    assert len(fitted["point_paths"]["copy_"]) == 12 - 2
+    assert path.jobs[KERNEL] == 4 * 2  # 4 points x (warm-up + 1 repeat)
+    assert fitted["copy_path"] == f"copy_+{KERNEL}"
+    assert _params.h2d.kernel is not None and _params.h2d.kernel.curve[0][0] == 4096
+
+
+# --------------------------------------------------------------------------- gpu_check
+
+
+def test_gpu_check_small_pages_without_the_kernel_fails_its_goal():
+    res = gpu_check.small_page_loads(
+        Device("cpu", mode="eager"),
+        geometry=KVGeometry(8, 16 * 1024),
+        blocks=16,
+        jobs=2,
+        blocks_per_job=4,
+    )
+    assert "kernel" not in res and res["kernel_status"] == "not a CUDA device"
+    dma = res["dma"]
+    assert dma["mismatched_bytes"] == 0 and dma["checked_blocks"] == 3 * 4 and dma["gbps"] > 0
+    goal = gpu_check._small_page_goal(res)
+    assert not goal["passed"] and "kernel not available (not a CUDA device)" in goal["detail"]
+    bad = {**res, "dma": {**dma, "mismatched_bytes": 8}}
+    assert "8 mismatched bytes" in gpu_check._small_page_goal(bad)["detail"]
+    assert not gpu_check._small_page_goal({"error": "x"})["passed"]
+
+
+def test_small_page_goal_needs_every_kernel_job_and_every_byte():
+    run = {"path": "p", "gbps": 10.0, "jobs": 2, "failed_jobs": 0, "checked_blocks": 8}
+    ok = {
+        "kernel_status": "ok",
+        "dma": {**run, "mismatched_bytes": 0, "jobs_by_path": {"copy_": 2}},
+        "kernel": {**run, "gbps": 25.0, "mismatched_bytes": 0, "jobs_by_path": {KERNEL: 2}},
+    }
+    goal = gpu_check._small_page_goal(ok)
+    assert goal["passed"] and "kernel 25 GB/s, DMA (p) 10 GB/s" in goal["detail"]
+    assert "kernel/DMA x2.50" in goal["detail"] and "16 blocks checked" in goal["detail"]
+    partial = {**ok, "kernel": {**ok["kernel"], "jobs_by_path": {KERNEL: 1, "copy_": 1}}}
+    corrupt = {**ok, "kernel": {**ok["kernel"], "mismatched_bytes": 8}}
+    failed = {**ok, "dma": {**ok["dma"], "failed_jobs": 1}}
+    for bad in (partial, corrupt, failed):
+        assert not gpu_check._small_page_goal(bad)["passed"]
+    data = {
+        "calibration": {},
+        "bandwidth": [],
+        "integrity": [{"mismatched_bytes": 0}],
+        "validation": {"integrity_mismatched_bytes": 0},
+    }
+    assert gpu_check.exit_status({**data, "small_pages": ok}) == 0
+    assert gpu_check.exit_status({**data, "small_pages": corrupt}) == 1
+    assert gpu_check.exit_status({**data, "small_pages": {"error": "boom"}}) == 1
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+def _pages_with_gaps(rng, sizes):
+    """Destination pages in random order with 1-3 sentinel words between them, sources
+    scattered elsewhere: ``(pages [n, 3], dst words, src words)``."""
+    order = list(range(len(sizes)))
+    rng.shuffle(order)
+    dst_at, at = {}, rng.randint(1, 3)
+    for i in order:
+        dst_at[i] = at
+        at += sizes[i] + rng.randint(1, 3)
+    src_order = list(range(len(sizes)))
+    rng.shuffle(src_order)
+    src_at, s = {}, 0
+    for i in src_order:
+        src_at[i] = s
+        s += sizes[i] + rng.randint(0, 2)
+    pages = np.array([(dst_at[i], src_at[i], w) for i, w in enumerate(sizes)], dtype=np.int64)
+    return pages, at + 2, s
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize(
+    "n,sizes,tile",
+    [
+        (1, "small", None),
+        (5, "small", None),  # fewer pages than programs
+        (MAX_PROGRAMS, "small", None),
+        (MAX_PROGRAMS + 1, "mixed", None),  # one program takes two
+        (37, "mixed", None),  # not a multiple of the grid
+        (9, "mixed", 4),  # pages of several tiles, the last partial
+        (7, "large", None),  # 20 KiB pages: 3 tiles of 8 KiB
+    ],
+)
+def test_kernel_copies_exactly_the_pages(n, sizes, tile):
+    kernel = interpreted_kernel()
+    rng = random.Random(n * 31 + (tile or 0))
+    if sizes == "small":
+        words = [rng.choice([1, 2, 3, 5, 8]) for _ in range(n)]
+    elif sizes == "large":
+        words = [20 * 1024 // 8] * n
+    else:
+        words = [rng.randint(1, 40) for _ in range(n)]
+    pages, dst_words, src_words = _pages_with_gaps(rng, words)
+    src = torch.randint(0, 2**62, (src_words,), dtype=torch.int64)
+    src_before = src.clone()
+    dst = torch.full((dst_words,), -7, dtype=torch.int64)
+    want = dst.clone()
+    for d, s, w in pages.tolist():
+        want[d : d + w] = src[s : s + w]
+    tile = tile or tile_words(max(words) * 8)
+    kernel.copy_pages(dst, src, pages, tile=tile)
+    assert torch.equal(dst, want)  # the pages, and not one word around them
+    assert torch.equal(src, src_before)
+    assert kernel.launches == 1
+
+
+@pytest.mark.triton
+def test_kernel_on_int8_views_of_the_same_bytes():
+    """Offsets in bytes (uint8 tensors, whole 8-byte words) address the same memory."""
+    kernel = interpreted_kernel()
+    src = torch.arange(64, dtype=torch.int64)
+    dst = torch.zeros(64, dtype=torch.int64)
+    pages = np.array([(8 * 8, 40 * 8, 16), (0, 0, 24)], dtype=np.int64)  # bytes
+    kernel.copy_pages(dst.view(torch.uint8), src.view(torch.uint8), pages, tile=4)
+    want = torch.zeros(64, dtype=torch.int64)
+    want[8:10], want[0:3] = src[40:42], src[0:3]
+    assert torch.equal(dst, want)
+    with pytest.raises(ValueError, match="8-byte words"):
+        kernel.copy_pages(dst.view(torch.uint8), src.view(torch.uint8), pages + 4, tile=4)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("kind", ["eager", "deferred"])
+@pytest.mark.parametrize("layout", [LAYER_MAJOR, BLOCK_FIRST])
+def test_backend_loads_through_the_interpreted_kernel_are_byte_exact(kind, layout):
+    kernel = interpreted_kernel()
+    gpu, path, be = _backend(kind, layout, kernel)
+    blocks = 16
+    chunks = random.Random(1).sample(range(32), blocks)
+    keys = [f"c{c}" for c in chunks]
+    into = random.Random(2).sample(range(32), blocks)
+    _store_then_load(gpu, be, list(range(blocks)), chunks, keys, into)
+    assert path.jobs == {KERNEL: 1, "copy_": 1} and kernel.launches == 1
+    for b, k in zip(into, keys):
+        assert torch.equal(gpu.block_view(b), gpu.expected((k, 0)))
+
+
+@pytest.mark.triton
+def test_gpu_check_small_pages_with_the_interpreted_kernel_passes(monkeypatch):
+    """The section's own code with the real kernel: on CPU tensors a load is a job whose
+    source is the section's host pool (on CUDA: host to device)."""
+    kernel = interpreted_kernel()
+    dev = Device("cpu", mode="eager")
+    pools: list[HostPool] = []
+    make_pool, real_paths = gpu_check._pool, gpu_check.load_paths
+
+    def remembered_pool(*args, **kwargs):
+        pools.append(make_pool(*args, **kwargs))
+        return pools[-1]
+
+    def with_kernel(device):
+        dma = real_paths(device)[0]["dma"]
+        load = KernelLoadCopy(
+            dma,
+            kernel,
+            is_load=lambda d, s: host_source(d, s, pools[-1].data),
+            pinned=lambda t: True,
+        )
+        return {"kernel": load, "dma": dma}, "interpreted"
+
+    monkeypatch.setattr(gpu_check, "_pool", remembered_pool)
+    monkeypatch.setattr(gpu_check, "load_paths", with_kernel)
+    res = gpu_check.small_page_loads(
+        dev, geometry=KVGeometry(8, 16 * 1024), blocks=16, jobs=2, blocks_per_job=4
+    )
+    assert res["kernel"]["jobs_by_path"] == {KERNEL: 2, "copy_": 0}  # the timed jobs
+    assert res["dma"]["jobs_by_path"] == {"copy_": 2}
+    for name in ("kernel", "dma"):
+        assert res[name]["mismatched_bytes"] == 0 and res[name]["checked_blocks"] == 12
+    goal = gpu_check._small_page_goal(res)
+    assert goal["passed"], goal
+    assert "kernel/DMA x" in goal["detail"]
+
+
+def test_kernel_points_stay_out_of_the_dma_curve():
+    """A load timed through the kernel is another path: the copy-engine fit ignores it and
+    the report keeps it apart."""
+    dma = [Point(H2D, s, n, 1e-5 + n * s / 10e9, "copy_") for s in (4096, 65536) for n in (1, 8)]
+    slow = Point(H2D, 4096, 64, 1.0, KERNEL)
+    with_kernel, without = fit([*dma, slow])["directions"][H2D], fit(dma)["directions"][H2D]
+    assert with_kernel["curve_gbps"] == without["curve_gbps"]
+    assert with_kernel["overhead_s"] == without["overhead_s"]
+    assert with_kernel["kernel_points"] == [[4096, 64, 1.0]] and without["kernel_points"] == []

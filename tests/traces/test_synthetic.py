@@ -1,0 +1,222 @@
+"""Synthetic generators: determinism, Mooncake format, prefix chaining, promised statistics."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import Counter, defaultdict
+
+import pytest
+from click.testing import CliRunner
+from support import SAMPLE
+
+from kvsim.cli import cli
+from kvsim.core.errors import InputError
+from kvsim.traces import open_trace
+from kvsim.traces.stats import trace_stats
+from kvsim.traces.synthetic import KINDS, generate, to_frame, write_mooncake
+
+
+def _check_prefix_chained(reqs, bt=512):
+    """Every id sits at one index with one parent: an id names a whole prefix."""
+    where: dict[int, tuple[int, int]] = {}
+    for r in reqs:
+        assert len(r.block_hashes) == math.ceil(r.input_tokens / bt)
+        parent = -1
+        for i, h in enumerate(r.block_hashes):
+            assert where.setdefault(h, (i, parent)) == (i, parent)
+            parent = h
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deterministic_and_prefix_chained(kind):
+    a = generate(kind, 300, seed=7)
+    assert a == generate(kind, 300, seed=7)
+    assert a != generate(kind, 300, seed=8)
+    assert [r.request_id for r in a] == list(range(300))
+    assert all(b.arrival_s >= a_.arrival_s for a_, b in itertools.pairwise(a))
+    _check_prefix_chained(a)
+
+
+@pytest.mark.parametrize("kind", ["chat", "rag"])
+def test_mooncake_file_round_trip(tmp_path, kind):
+    reqs = generate(kind, 200, seed=1, rate=5.0)
+    path = tmp_path / "t.jsonl"
+    assert write_mooncake(path, reqs) == 200
+    back = list(open_trace(str(path)))
+    assert open_trace(str(path)).format == "mooncake"
+    assert [(r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes) for r in back] == [
+        (r.arrival_s, r.input_tokens, r.output_tokens, r.block_hashes) for r in reqs
+    ]
+
+
+def test_same_prefix_same_ids_across_requests():
+    # two single-turn requests behind the same system prompt share its full blocks, and the
+    # block where the prompt ends (shared with the unique user part) differs
+    reqs = generate("system-prompt", 400, seed=0, n_prompts=1, system_tokens=1300, length_cv=0)
+    firsts = {r.block_hashes[:2] for r in reqs}
+    assert len(firsts) == 1  # 1300 tokens = 2 full blocks + 276 tokens
+    assert len({r.block_hashes[2] for r in reqs}) == 400
+
+
+def test_chat_sessions_reread_their_history():
+    reqs = generate("chat", 600, seed=3, active_sessions=8, turns=6)
+    by_session = defaultdict(list)
+    for r in reqs:
+        by_session[r.session_id].append(r)
+    multi = [s for s in by_session.values() if len(s) > 1]
+    assert len(multi) > 20
+    for turns in multi:
+        for prev, nxt in itertools.pairwise(turns):
+            full = prev.input_tokens // 512
+            assert nxt.block_hashes[:full] == prev.block_hashes[:full]
+            assert nxt.input_tokens > prev.input_tokens + prev.output_tokens
+    assert (
+        statistics.mean(len(s) for s in by_session.values()) > 2.5
+    )  # geometric, mean 6, cut at the end
+
+
+def test_agent_context_grows_each_step():
+    reqs = generate("agent", 400, seed=2, steps=8, active_sessions=2)
+    by_session = defaultdict(list)
+    for r in reqs:
+        by_session[r.session_id].append(r)
+    for steps in by_session.values():
+        sizes = [r.input_tokens for r in steps]
+        assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+    hit = trace_stats(reqs).summary["infinite_cache_hit_ratio"]
+    assert hit > 0.8  # each step re-reads everything before it
+
+
+def test_poisson_rate():
+    reqs = generate("rag", 4000, seed=5, rate=2.0, n_docs=20)
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(reqs)]
+    assert statistics.mean(gaps) == pytest.approx(0.5, rel=0.06)
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(1.0, abs=0.1)
+
+
+def test_bursty_is_burstier_with_the_on_off_mean_rate():
+    reqs = generate("system-prompt", 4000, seed=5, arrival="bursty", rate=4.0, on_s=10, off_s=30)
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(reqs)]
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) > 2.0
+    # long-run rate: 4 req/s for 1/4 of the time
+    assert len(reqs) / reqs[-1].arrival_s == pytest.approx(1.0, rel=0.3)
+
+
+def test_replayed_arrivals():
+    reqs = generate("chat", 50, seed=0, arrival="replay", arrival_trace=SAMPLE)
+    src = [r.arrival_s for r in open_trace(SAMPLE, limit=50)]
+    assert [r.arrival_s for r in reqs] == pytest.approx([t - src[0] for t in src])
+    with pytest.raises(InputError, match="fewer than"):
+        generate("chat", 500, arrival="replay", arrival_trace=SAMPLE)
+
+
+def test_rag_document_popularity_is_zipf():
+    n_docs, s = 50, 1.0
+    reqs = generate(
+        "rag",
+        3000,
+        seed=11,
+        n_docs=n_docs,
+        zipf_s=s,
+        docs_per_request=1,
+        system_tokens=512,
+        doc_tokens=1024,
+        length_cv=0,
+    )
+    first_doc = Counter(r.block_hashes[1] for r in reqs)  # block 0 is the system prompt
+    assert len(first_doc) <= n_docs
+    h = sum(1 / (i + 1) ** s for i in range(n_docs))
+    top = first_doc.most_common(1)[0][1] / len(reqs)
+    assert top == pytest.approx(1 / h, abs=0.03)
+
+
+def test_system_prompt_count_and_lengths():
+    reqs = generate(
+        "system-prompt",
+        2000,
+        seed=4,
+        n_prompts=5,
+        zipf_s=0,
+        system_tokens=1024,
+        output_tokens=100,
+        length_cv=0.3,
+    )
+    shared = Counter(r.block_hashes[:2] for r in reqs)
+    assert len(shared) == 5 and min(shared.values()) > 300  # uniform popularity
+    assert statistics.mean(r.output_tokens for r in reqs) == pytest.approx(100, rel=0.05)
+
+
+def test_mix_weights():
+    reqs = generate(
+        "mix", 2000, seed=9, weights={"chat": 3, "rag": 1}, component_knobs={"rag": {"n_docs": 10}}
+    )
+    share_chat = sum(r.session_id is not None for r in reqs) / len(reqs)
+    assert share_chat == pytest.approx(0.75, abs=0.04)
+    _check_prefix_chained(reqs)
+    frame = to_frame(reqs)
+    assert (
+        list(frame.columns)[:3] == ["request", "arrival_s", "prompt_tokens"] and len(frame) == 2000
+    )
+
+
+def test_bad_knobs():
+    with pytest.raises(InputError, match="unknown knob"):
+        generate("chat", 10, turnz=3)
+    with pytest.raises(InputError, match="unknown workload kind"):
+        generate("nope", 10)
+    with pytest.raises(InputError, match="rate must be > 0"):
+        generate("chat", 10, rate=0)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "phrase"),
+    [
+        ({"turns": "abc"}, "turns must be a number"),
+        ({"turns": -3}, "turns must be >= 1"),
+        ({"rate": float("inf")}, "rate must be finite"),
+        ({"rate": float("nan")}, "rate must be finite"),
+        ({"active_sessions": 2.5}, "whole number"),
+        ({"arrival": 3}, "arrival must be text"),
+    ],
+)
+def test_knob_values_are_checked_before_generating(knobs, phrase):
+    with pytest.raises(InputError, match=phrase):
+        generate("chat", 10, **knobs)
+
+
+def test_mix_weights_must_be_a_mapping_of_numbers():
+    with pytest.raises(InputError, match="weights must be a mapping"):
+        generate("mix", 10, weights=[1, 2])
+    with pytest.raises(InputError, match=r"weights\.chat must be a number"):
+        generate("mix", 10, weights={"chat": "x"})
+
+
+def test_cli_gen_is_reproducible(tmp_path):
+    runner = CliRunner()
+    outs = []
+    for name in ("a.jsonl", "b.jsonl"):
+        res = runner.invoke(
+            cli,
+            [
+                "trace",
+                "gen",
+                "agent",
+                "-n",
+                "120",
+                "--seed",
+                "4",
+                "--rate",
+                "3",
+                "--set",
+                "steps=6",
+                "-o",
+                str(tmp_path / name),
+            ],
+        )
+        assert res.exit_code == 0, res.output
+        outs.append((tmp_path / name).read_bytes())
+    assert outs[0] == outs[1] and outs[0].count(b"\n") == 120
+    res = runner.invoke(cli, ["trace", "gen", "--help"])
+    assert "docs_per_request" in res.output
