@@ -7,6 +7,8 @@ file and line, or the option, that is wrong.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class InputError(ValueError):
     """Bad user input: a malformed trace line, an impossible option, an unknown name."""
@@ -33,3 +35,12 @@ class PolicyFault(InputError):
 class InputWarning(UserWarning):
     """Input kvsim can use but changed or doubts (out-of-order arrivals it sorted); the CLI
     prints it as one ``kvsim: warning:`` line."""
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to ``name``, or ``""``: the one
+    wording of that hint for options, keys and names everywhere."""
+    import difflib  # only to word an error
+
+    guess = difflib.get_close_matches(str(name), sorted(known), n=1)
+    return f" (did you mean {guess[0]!r}?)" if guess else ""
