@@ -12,8 +12,7 @@ import os
 from dataclasses import dataclass
 
 from kvsim.core.errors import InputError
-
-GIB = 1 << 30
+from kvsim.core.units import GIB
 
 
 def available_memory() -> int | None:

@@ -31,6 +31,7 @@ import pandas as pd
 
 from kvsim.api import make_options
 from kvsim.core.errors import InputError
+from kvsim.core.units import GIB
 from kvsim.engine.clock import MonotonicClock, VirtualClock
 from kvsim.engine.compute_model import default_compute_profile, make_compute
 from kvsim.engine.engine import Engine, gpu_kv_blocks
@@ -273,7 +274,7 @@ def run_validation(
     )
     n_blocks = spec.gpu_blocks or min(
         gpu_kv_blocks(model, gpu, base),
-        int(spec.max_gpu_kv_gib * 2**30 // geometry.block_bytes),
+        int(spec.max_gpu_kv_gib * GIB // geometry.block_bytes),
     )
     if n_blocks < 1:
         raise InputError(

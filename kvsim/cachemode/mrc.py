@@ -33,6 +33,7 @@ import pandas as pd
 from kvsim.core.errors import InputError
 from kvsim.core.fenwick import Fenwick
 from kvsim.core.keys import ChunkKey, KeyLayout
+from kvsim.core.units import GIB
 from kvsim.traces.model import Request
 
 _MASK64 = (1 << 64) - 1
@@ -120,7 +121,7 @@ class MRC:
 
     def gib(self, capacity: float) -> float | None:
         """GiB of ``capacity`` chunks, as vLLM allocates them (None without a model)."""
-        return None if self.row_bytes is None else capacity * self.row_bytes / 2**30
+        return None if self.row_bytes is None else capacity * self.row_bytes / GIB
 
     def reach(self, fractions: Sequence[float] = REACH_FRACTIONS) -> pd.DataFrame:
         """The capacity that reaches each share of the ceiling, in chunks, tokens and GiB
@@ -178,7 +179,7 @@ def in_capacity_units(
     t = curve.table.copy()
     t["capacity_tokens"] = t["capacity"].astype(np.int64) * int(chunk_tokens)
     if row_bytes is not None:
-        t["cpu_gib"] = t["capacity"].astype(np.int64) * int(row_bytes) / 2**30
+        t["cpu_gib"] = t["capacity"].astype(np.int64) * int(row_bytes) / GIB
     curve.table = t
     curve.chunk_tokens = int(chunk_tokens)
     curve.row_bytes = None if row_bytes is None else int(row_bytes)

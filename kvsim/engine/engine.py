@@ -32,6 +32,7 @@ from typing import Any
 
 from kvsim.core.context import RequestContext, chunk_positions
 from kvsim.core.errors import InputError
+from kvsim.core.units import GIB
 from kvsim.engine.arrivals import arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
 from kvsim.engine.compute_model import (
@@ -91,7 +92,7 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
     avail = (
         gpu.memory_bytes * params.gpu_memory_utilization
         - weights
-        - params.activation_reserve_gib * 2**30
+        - params.activation_reserve_gib * GIB
     )
     per_block = model.kv_bytes_per_token(tp=params.tp) * block_tokens
     n = int(avail // per_block)

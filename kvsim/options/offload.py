@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kvsim.core.errors import InputError
 from kvsim.core.io import parse_json, read_json
 from kvsim.core.keys import KeyLayout
+from kvsim.core.units import GIB
 from kvsim.options.tiers import TIERING_SPEC_NAME, TierSpec, as_tier_specs, parse_secondary_tiers
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ class OffloadOptions:
         if self.cpu_bytes is not None:
             cpu_bytes, option = self.cpu_bytes, "cpu_bytes_to_use"
         elif self.cpu_gib is not None:
-            cpu_bytes, option = int(self.cpu_gib * 2**30), "--cpu-gib"
+            cpu_bytes, option = int(self.cpu_gib * GIB), "--cpu-gib"
         else:
             raise AssertionError("no CPU tier size although _check_one_size saw one")
         if cpu_bytes <= 0:

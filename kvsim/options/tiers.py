@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim.core.errors import InputError
-from kvsim.core.units import human_bytes
+from kvsim.core.units import GIB, human_bytes
 
 #: the ``spec_name`` that makes vLLM read ``secondary_tiers``
 TIERING_SPEC_NAME = "TieringOffloadingSpec"
@@ -92,7 +92,7 @@ _UNIT_BYTES = {
     "pb": 10**15,
     "kib": 2**10,
     "mib": 2**20,
-    "gib": 2**30,
+    "gib": GIB,
     "tib": 2**40,
     "pib": 2**50,
 }

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, fields
 
 from kvsim.core.errors import InputError
+from kvsim.core.units import GIB
 
 MIB = 2**20
 
@@ -44,9 +45,6 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("b200", 2250e12, 8.0e12, 183359 * MIB, "pcie5"),
     )
 }
-
-
-GIB = 1 << 30
 
 
 def vllm_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:

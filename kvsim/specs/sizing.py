@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputError
+from kvsim.core.units import GIB
 from kvsim.specs.models import ModelSpec, get_model
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def round_up(x: int, multiple: int) -> int:
 
 def gib(x: float) -> int:
     """``x`` GiB in bytes, as vLLM converts ``--kv-offloading-size``."""
-    return int(x * 2**30)
+    return int(x * GIB)
 
 
 @dataclass(frozen=True)
@@ -255,5 +256,5 @@ def tier_capacity(config: CacheConfig, offload: bool = True) -> dict[str, Any]:
         **out,
         "kv_bytes_per_token": chunk // config.chunk_tokens,
         "cpu_bytes": size,
-        "cpu_gib": size / 2**30,
+        "cpu_gib": size / GIB,
     }

@@ -30,6 +30,7 @@ import pandas as pd
 
 from kvsim.core.errors import InputError
 from kvsim.core.fenwick import Fenwick
+from kvsim.core.units import GIB
 from kvsim.report.result import Result
 
 from .coerce import as_trace
@@ -266,7 +267,7 @@ def _block_row_bytes(
 
 def _lru_gib(distances: np.ndarray, row: int) -> np.ndarray:
     """GiB of an LRU tier that keeps reuses at these distances: ``distance + 1`` chunks."""
-    gib: np.ndarray = (distances.astype(float) + 1.0) * row / 2**30
+    gib: np.ndarray = (distances.astype(float) + 1.0) * row / GIB
     return gib
 
 
@@ -280,5 +281,5 @@ def _gib_summary(
         **{
             f"reuse_distance_p{q}_gib": float(d.at["reuse_lru_size", f"p{q}"]) for q in (50, 90, 99)
         },
-        "unique_blocks_gib": unique_blocks * row / 2**30,
+        "unique_blocks_gib": unique_blocks * row / GIB,
     }
