@@ -727,6 +727,8 @@ class Scheduler:
         self._release(req)
         req.block_keys = []  # a finished request is never looked up again; its cached blocks
         # keep their keys in the pool, and the request's row needs none of them
+        if self.connector is None:  # else the connector's last offer still reads them
+            req.blocks = []
 
     @property
     def has_requests(self) -> bool:
