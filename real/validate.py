@@ -300,7 +300,7 @@ def run_validation(
     gpu_cache: GpuKVCache | None = None
     backend: RealTransferBackend | None = None
     try:
-        gpu_cache = GpuKVCache(geometry, n_blocks, spec.layout, device.torch_device)
+        gpu_cache = GpuKVCache(geometry, n_blocks, spec.layout, device)
 
         # 1. simulated
         sim = Engine(

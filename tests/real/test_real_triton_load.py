@@ -27,7 +27,7 @@ from kvsim.engine.copy_paths import (
     load_uses_kernel,
 )
 from kvsim.engine.transfer_protocol import LOAD, STORE, TransferJob
-from real import copy_path, gpu_check, triton_load
+from real import copy_path, gpu_check, host_pool, triton_load
 from real.calibrate import H2D, Point, calibrate, fit
 from real.copy_path import KernelLoadCopy, TorchCopy, default_copy_path
 from real.device import Device
@@ -41,17 +41,28 @@ KERNEL = "triton-gather"
 
 
 class TorchPages:
-    """A stand-in for the gather kernel: the same ``copy_pages`` contract, done with torch."""
+    """A stand-in for the gather kernel: the same ``copy_pages`` contract, done with torch;
+    it records which tiles were prepared before any launch used them."""
 
     name = KERNEL
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []  # (pages, tile)
+        self.tiles: set[int] = set()
+        self.unprepared: list[int] = []
+
+    def prepare(self, tile, device):
+        self.tiles.add(tile)
 
     def copy_pages(self, dst, src, pages, *, tile):
         self.calls.append((len(pages), tile))
+        if tile not in self.tiles:
+            self.unprepared.append(tile)
         for d, s, w in pages.tolist():
             dst[d : d + w].copy_(src[s : s + w])
+
+
+STREAM = Device("cpu").compute_stream  # eager: a path's enqueued copies run at once
 
 
 def interpreted_kernel() -> triton_load.GatherKernel:
@@ -90,7 +101,7 @@ def test_loads_take_the_kernel_exactly_where_vllm_would(page_bytes, n, pinned):
     runs = [(i * words, (n - 1 - i) * words, words) for i in range(n)]
     want = load_uses_kernel(page_bytes, n, pinned=pinned)
     assert path.route(dst, src, runs, None) == (KERNEL if want else "copy_")
-    path.copy(dst, src, runs, stream=None, stable_source=True)
+    path.copy(dst, src, runs, stream=STREAM, stable_source=True)
     assert path.jobs == {KERNEL: int(want), "copy_": int(not want)}
     assert torch.equal(dst, src.view(n, words).flip(0).reshape(-1))
     # the other direction never goes through the kernel
@@ -182,12 +193,53 @@ def test_a_failing_probe_keeps_dma(monkeypatch):
         def __init__(self, **kw):
             raise RuntimeError("no C compiler")
 
+    live: dict[int, int] = {}
+    monkeypatch.setattr(host_pool, "cuda_register", live.__setitem__)
+    monkeypatch.setattr(host_pool, "cuda_unregister", live.pop)
     monkeypatch.setattr(triton_load, "import_triton", lambda: (object(), "importable"))
     monkeypatch.setattr(triton_load, "GatherKernel", Broken)
     monkeypatch.setattr(triton_load, "_resolved", {})
     monkeypatch.setattr(triton_load.torch.version, "hip", None)
-    kernel, why = triton_load.resolve_gather_kernel(_cuda_stub())
+    kernel, why = triton_load.resolve_gather_kernel(Device("cpu"))
+    assert kernel is None and why == "not a CUDA device"
+    kernel, why = triton_load._probe(Device("cpu"))
     assert kernel is None and "probe failed (RuntimeError: no C compiler)" in why
+    assert live == {}  # the probe's pool is released
+
+
+def test_a_refused_pin_keeps_dma_and_says_why(monkeypatch):
+    """The kernel reads page-locked memory only: no pinning, no kernel."""
+
+    def refuse(ptr, n):
+        raise RuntimeError("cudaHostRegister failed (injected)")
+
+    monkeypatch.setattr(host_pool, "cuda_register", refuse)
+    monkeypatch.setattr(triton_load, "import_triton", lambda: (object(), "importable"))
+    monkeypatch.setattr(triton_load.torch.version, "hip", None)
+    kernel, why = triton_load._probe(Device("cpu"))
+    assert kernel is None and "pinning refused" in why and "injected" in why
+
+
+@pytest.mark.triton
+def test_the_probe_reads_registered_memory_with_the_tile_jobs_use(monkeypatch):
+    """The probe copies pages under, at and over one 8 KiB tile (the tile of every page
+    over 4 KiB) out of a pool registered as the host pool is, then keeps that tile."""
+    kernel = interpreted_kernel()
+    live: dict[int, int] = {}
+    monkeypatch.setattr(host_pool, "cuda_register", live.__setitem__)
+    monkeypatch.setattr(host_pool, "cuda_unregister", live.pop)
+    registered: list[bool] = []
+    real_copy = kernel.copy_pages
+
+    def spy(dst, src, pages, *, tile):
+        registered.append(host_pool.host_pinned(src))
+        real_copy(dst, src, pages, tile=tile)
+
+    kernel.copy_pages = spy
+    got, why = triton_load.probe_copy(Device("cpu"), lambda: kernel)
+    assert got is kernel and "exact" in why, why
+    assert registered == [True] and tile_words(16 * 1024) == triton_load.PROBE_TILE
+    assert kernel.tiles == {triton_load.PROBE_TILE} and live == {}
 
 
 def test_cuda_with_the_kernel_wraps_dma_unless_told_otherwise(monkeypatch):
@@ -266,9 +318,11 @@ def test_backend_loads_route_by_vllms_descriptors(kind, layout, blocks, want):
     assert path.jobs == {KERNEL: int(want == KERNEL), "copy_": 1 + int(want != KERNEL)}
     for b, k in zip(into, keys):
         assert torch.equal(gpu.block_view(b), gpu.expected((k, 0)))
+    page = 2048 if layout == LAYER_MAJOR else 8192
+    assert kernel.tiles == {tile_words(page)}  # compiled when the backend started
     if want == KERNEL:
-        page = 2048 if layout == LAYER_MAJOR else 8192
         assert kernel.calls == [(be.records[1].descriptors * 2048 // page, tile_words(page))]
+        assert kernel.unprepared == []  # no job launched a tile nobody had compiled
 
 
 @pytest.mark.parametrize("kind", ["eager", "deferred"])
@@ -283,6 +337,40 @@ def test_merged_runs_are_counted_as_the_pages_vllm_copies(kind):
     load = be.records[1]
     assert load.descriptors == 16 and load.copies == 8  # merged pairwise
     assert kernel.calls == [(16, 1024)] and path.jobs[KERNEL] == 1
+
+
+@pytest.mark.parametrize("kind", ["eager", "deferred", "threaded"])
+@pytest.mark.parametrize("pin", [True, False])
+def test_loads_from_a_registered_pool_take_the_kernel_on_every_stand_in(kind, pin):
+    """Issue 29, fault 1, end to end: with the copy path's own pinned predicate (no test
+    override), a small-page load from the pool goes through the kernel exactly when the
+    pool registered its memory. (``Tensor.is_pinned()`` on the old pool's view said no.)"""
+    live: dict[int, int] = {}
+    dev = Device("cpu", mode=kind)
+    gpu = GpuKVCache(SMALL, 32, LAYER_MAJOR, dev)
+    host = HostPool(
+        HostLayout(SMALL, 1, LAYER_MAJOR),
+        32,
+        pin=pin,
+        register=live.__setitem__,
+        unregister=live.pop,
+    )
+    kernel = TorchPages()
+    path = KernelLoadCopy(TorchCopy(), kernel, is_load=lambda d, s: s is host.data)
+    be = RealTransferBackend(dev, gpu, host, copy_path=path)
+    _store_then_load(gpu, be, [0, 1, 2, 3], [4, 9, 6, 7], list("abcd"), [20, 21, 22, 23])
+    assert path.jobs == {KERNEL: int(pin), "copy_": 2 - int(pin)}
+    host.close()
+    assert live == {}
+
+
+def test_a_dma_only_path_compiles_nothing():
+    kernel = TorchPages()
+    path = KernelLoadCopy(TorchCopy(), kernel, mode="dma")
+    path.prepare(2048, torch.device("cpu"))
+    assert kernel.tiles == set()
+    KernelLoadCopy(TorchCopy(), kernel, mode="kernel").prepare(64 * 1024, torch.device("cpu"))
+    assert kernel.tiles == {tile_words(8192)}  # forced: any page size, at most 8 KiB tiles
 
 
 @pytest.mark.parametrize("kind", ["eager", "deferred"])
@@ -457,6 +545,7 @@ def test_backend_loads_through_the_interpreted_kernel_are_byte_exact(kind, layou
     into = random.Random(2).sample(range(32), blocks)
     _store_then_load(gpu, be, list(range(blocks)), chunks, keys, into)
     assert path.jobs == {KERNEL: 1, "copy_": 1} and kernel.launches == 1
+    assert kernel.unprepared_launches == 0  # its tile was compiled when the backend started
     for b, k in zip(into, keys):
         assert torch.equal(gpu.block_view(b), gpu.expected((k, 0)))
 
