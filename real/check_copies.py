@@ -76,6 +76,8 @@ def _gated_burst(
         tails[d] = device.new_event()
         tails[d].record(backend.streams[d])
     backend.drain()
+    for tail in tails.values():
+        tail.synchronize()  # an event's time is read only once it completed
     recs = backend.records[first:]
     out: dict[str, Any] = {"submit_s": submit_s, "gate_held": gate_held}
     spans = {}

@@ -235,10 +235,18 @@ def _meminfo_gib() -> float | None:
 
 
 def numa_pages(address: int) -> dict[str, int]:
-    """Pages per NUMA node of the mapping that starts at ``address`` (``numa_maps``)."""
+    """Pages per NUMA node of the mapping holding ``address`` (``/proc/self/maps`` for the
+    mapping, which the kernel may have merged with a neighbour; ``numa_maps`` for its
+    pages)."""
+    start = None
+    for ln in (_read("/proc/self/maps") or "").splitlines():
+        lo, hi = (int(v, 16) for v in ln.split()[0].split("-"))
+        if lo <= address < hi:
+            start = lo
+            break
     for ln in (_read("/proc/self/numa_maps") or "").splitlines():
         fields = ln.split()
-        if fields and int(fields[0], 16) == address:
+        if start is not None and fields and int(fields[0], 16) == start:
             return {
                 f[1:].split("=")[0]: int(f.split("=")[1])
                 for f in fields

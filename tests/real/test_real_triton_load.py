@@ -27,7 +27,7 @@ from kvsim.engine.copy_paths import (
     load_uses_kernel,
 )
 from kvsim.engine.transfer_protocol import LOAD, STORE, TransferJob
-from real import copy_path, gpu_check, host_pool, triton_load
+from real import check_copies, check_goals, copy_path, host_pool, triton_load
 from real.calibrate import H2D, Point, calibrate, fit
 from real.copy_path import KernelLoadCopy, TorchCopy, default_copy_path
 from real.device import Device
@@ -416,48 +416,54 @@ def test_calibration_times_the_kernel_where_a_load_would_use_it():
 # --------------------------------------------------------------------------- gpu_check
 
 
+def _small_pages(device, **kw):
+    sizes = dict(page_sizes=(16 * 1024,), layers=8, blocks=16, jobs=2, blocks_per_job=4)
+    return check_copies.small_page_loads(device, **{**sizes, **kw})
+
+
 def test_gpu_check_small_pages_without_the_kernel_fails_its_goal():
-    res = gpu_check.small_page_loads(
-        Device("cpu", mode="eager"),
-        geometry=KVGeometry(8, 16 * 1024),
-        blocks=16,
-        jobs=2,
-        blocks_per_job=4,
-    )
-    assert "kernel" not in res and res["kernel_status"] == "not a CUDA device"
-    dma = res["dma"]
-    assert dma["mismatched_bytes"] == 0 and dma["checked_blocks"] == 3 * 4 and dma["gbps"] > 0
-    goal = gpu_check._small_page_goal(res)
+    res = _small_pages(Device("cpu", mode="eager"))
+    [row] = res["pages"]
+    assert "kernel" not in row and res["kernel_status"] == "not a CUDA device"
+    assert row["auto"] == "kernel"  # 32 pages of 16 KiB: vLLM's rule would launch it
+    dma = row["dma"]
+    assert dma["mismatched_bytes"] == 0 and dma["checked_blocks"] == 2 * 4 and dma["gbps"] > 0
+    goal = check_goals.small_page_goal(res)
     assert not goal["passed"] and "kernel not available (not a CUDA device)" in goal["detail"]
-    bad = {**res, "dma": {**dma, "mismatched_bytes": 8}}
-    assert "8 mismatched bytes" in gpu_check._small_page_goal(bad)["detail"]
-    assert not gpu_check._small_page_goal({"error": "x"})["passed"]
+    bad = {**res, "pages": [{**row, "dma": {**dma, "mismatched_bytes": 8}}]}
+    assert "8 mismatched bytes" in check_goals.small_page_goal(bad)["detail"]
+    assert not check_goals.small_page_goal({"error": "x"})["passed"]
 
 
 def test_small_page_goal_needs_every_kernel_job_and_every_byte():
     run = {"path": "p", "gbps": 10.0, "jobs": 2, "failed_jobs": 0, "checked_blocks": 8}
-    ok = {
-        "kernel_status": "ok",
+    row = {
+        "page_bytes": 16 * 1024,
+        "auto": "kernel",
         "dma": {**run, "mismatched_bytes": 0, "jobs_by_path": {"copy_": 2}},
         "kernel": {**run, "gbps": 25.0, "mismatched_bytes": 0, "jobs_by_path": {KERNEL: 2}},
     }
-    goal = gpu_check._small_page_goal(ok)
+    ok = {"kernel_status": "ok", "pages": [row]}
+    goal = check_goals.small_page_goal(ok)
     assert goal["passed"] and "kernel 25 GB/s, DMA (p) 10 GB/s" in goal["detail"]
     assert "kernel/DMA x2.50" in goal["detail"] and "16 blocks checked" in goal["detail"]
-    partial = {**ok, "kernel": {**ok["kernel"], "jobs_by_path": {KERNEL: 1, "copy_": 1}}}
-    corrupt = {**ok, "kernel": {**ok["kernel"], "mismatched_bytes": 8}}
-    failed = {**ok, "dma": {**ok["dma"], "failed_jobs": 1}}
+
+    def variant(**changes):
+        return {**ok, "pages": [{**row, **changes}]}
+
+    partial = variant(kernel={**row["kernel"], "jobs_by_path": {KERNEL: 1, "copy_": 1}})
+    corrupt = variant(kernel={**row["kernel"], "mismatched_bytes": 8})
+    failed = variant(dma={**row["dma"], "failed_jobs": 1})
     for bad in (partial, corrupt, failed):
-        assert not gpu_check._small_page_goal(bad)["passed"]
+        assert not check_goals.small_page_goal(bad)["passed"]
     data = {
-        "calibration": {},
-        "bandwidth": [],
         "integrity": [{"mismatched_bytes": 0}],
         "validation": {"integrity_mismatched_bytes": 0},
     }
-    assert gpu_check.exit_status({**data, "small_pages": ok}) == 0
-    assert gpu_check.exit_status({**data, "small_pages": corrupt}) == 1
-    assert gpu_check.exit_status({**data, "small_pages": {"error": "boom"}}) == 1
+    sections = ("integrity", "validation", "small_pages")
+    assert check_goals.exit_status({**data, "small_pages": ok}, sections) == 0
+    assert check_goals.exit_status({**data, "small_pages": corrupt}, sections) == 1
+    assert check_goals.exit_status({**data, "small_pages": {"error": "boom"}}, sections) == 1
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -552,12 +558,12 @@ def test_backend_loads_through_the_interpreted_kernel_are_byte_exact(kind, layou
 
 @pytest.mark.triton
 def test_gpu_check_small_pages_with_the_interpreted_kernel_passes(monkeypatch):
-    """The section's own code with the real kernel: on CPU tensors a load is a job whose
-    source is the section's host pool (on CUDA: host to device)."""
+    """The section's own code with the real kernel forced on: on CPU tensors a load is a
+    job whose source is the section's host pool (on CUDA: host to device)."""
     kernel = interpreted_kernel()
     dev = Device("cpu", mode="eager")
     pools: list[HostPool] = []
-    make_pool, real_paths = gpu_check._pool, gpu_check.load_paths
+    make_pool, real_paths = check_copies.host_pool, check_copies.load_paths
 
     def remembered_pool(*args, **kwargs):
         pools.append(make_pool(*args, **kwargs))
@@ -568,21 +574,23 @@ def test_gpu_check_small_pages_with_the_interpreted_kernel_passes(monkeypatch):
         load = KernelLoadCopy(
             dma,
             kernel,
+            mode="kernel",
             is_load=lambda d, s: host_source(d, s, pools[-1].data),
             pinned=lambda t: True,
         )
         return {"kernel": load, "dma": dma}, "interpreted"
 
-    monkeypatch.setattr(gpu_check, "_pool", remembered_pool)
-    monkeypatch.setattr(gpu_check, "load_paths", with_kernel)
-    res = gpu_check.small_page_loads(
-        dev, geometry=KVGeometry(8, 16 * 1024), blocks=16, jobs=2, blocks_per_job=4
-    )
-    assert res["kernel"]["jobs_by_path"] == {KERNEL: 2, "copy_": 0}  # the timed jobs
-    assert res["dma"]["jobs_by_path"] == {"copy_": 2}
-    for name in ("kernel", "dma"):
-        assert res[name]["mismatched_bytes"] == 0 and res[name]["checked_blocks"] == 12
-    goal = gpu_check._small_page_goal(res)
+    monkeypatch.setattr(check_copies, "host_pool", remembered_pool)
+    monkeypatch.setattr(check_copies, "load_paths", with_kernel)
+    res = _small_pages(dev, page_sizes=(16 * 1024, 32 * 1024))
+    for row in res["pages"]:  # 32 KiB pages too: forced, whatever vLLM's rule says
+        assert row["kernel"]["jobs_by_path"] == {KERNEL: 2, "copy_": 0}
+        assert row["kernel"]["unprepared_launches"] == 0  # compiled when the backend started
+        assert row["dma"]["jobs_by_path"] == {"copy_": 2}
+        for name in ("kernel", "dma"):
+            assert row[name]["mismatched_bytes"] == 0 and row[name]["checked_blocks"] == 8
+    assert [r["auto"] for r in res["pages"]] == ["kernel", "dma"]
+    goal = check_goals.small_page_goal(res)
     assert goal["passed"], goal
     assert "kernel/DMA x" in goal["detail"]
 
