@@ -18,6 +18,7 @@ from real import check_copies, check_env, check_goals, gpu_check
 from real.device import Device
 from real.host_pool import PinError
 from real.kv_cache import BLOCK_FIRST, LAYER_MAJOR, KVGeometry
+from real.triton_load import GatherKernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -229,7 +230,7 @@ def test_the_tests_section_runs_the_real_suite_without_itself(monkeypatch, tmp_p
     assert out == {
         "returncode": 0,
         "summary": "226 passed in 20.1s",
-        "tail": seen["cmd"] and "....\n226 passed in 20.1s\n",
+        "tail": "....\n226 passed in 20.1s\n",
     }
     assert seen["cmd"][1:4] == ["-m", "pytest", "tests/real"] and gpu_check.SELF_TEST in seen["cmd"]
     assert seen["cwd"] == gpu_check.ROOT and seen["timeout"] == 95.0
@@ -302,3 +303,39 @@ def test_pcie_link_reads_generation_width_numa_and_the_path_up(tmp_path):
         {"device": "0000:00:01.0", "speed": "32.0 GT/s PCIe", "width": "16"}
     ]
     assert "error" in check_env.pcie_link("0000:99:00.0", devices=str(devices))
+
+
+def test_small_page_goal_needs_every_kernel_job_and_every_byte():
+    run = {"path": "p", "gbps": 10.0, "jobs": 2, "failed_jobs": 0, "checked_blocks": 8}
+    row = {
+        "page_bytes": 16 * 1024,
+        "auto": "kernel",
+        "dma": {**run, "mismatched_bytes": 0, "jobs_by_path": {"copy_": 2}},
+        "kernel": {
+            **run,
+            "gbps": 25.0,
+            "mismatched_bytes": 0,
+            "jobs_by_path": {GatherKernel.name: 2},
+        },
+    }
+    ok = {"kernel_status": "ok", "pages": [row]}
+    goal = check_goals.small_page_goal(ok)
+    assert goal["passed"] and "kernel 25 GB/s, DMA (p) 10 GB/s" in goal["detail"]
+    assert "kernel/DMA x2.50" in goal["detail"] and "16 blocks checked" in goal["detail"]
+
+    def variant(**changes):
+        return {**ok, "pages": [{**row, **changes}]}
+
+    partial = variant(kernel={**row["kernel"], "jobs_by_path": {GatherKernel.name: 1, "copy_": 1}})
+    corrupt = variant(kernel={**row["kernel"], "mismatched_bytes": 8})
+    failed = variant(dma={**row["dma"], "failed_jobs": 1})
+    for bad in (partial, corrupt, failed):
+        assert not check_goals.small_page_goal(bad)["passed"]
+    data = {
+        "integrity": [{"mismatched_bytes": 0}],
+        "validation": {"integrity_mismatched_bytes": 0},
+    }
+    sections = ("integrity", "validation", "small_pages")
+    assert check_goals.exit_status({**data, "small_pages": ok}, sections) == 0
+    assert check_goals.exit_status({**data, "small_pages": corrupt}, sections) == 1
+    assert check_goals.exit_status({**data, "small_pages": {"error": "boom"}}, sections) == 1

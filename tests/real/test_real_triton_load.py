@@ -435,37 +435,6 @@ def test_gpu_check_small_pages_without_the_kernel_fails_its_goal():
     assert not check_goals.small_page_goal({"error": "x"})["passed"]
 
 
-def test_small_page_goal_needs_every_kernel_job_and_every_byte():
-    run = {"path": "p", "gbps": 10.0, "jobs": 2, "failed_jobs": 0, "checked_blocks": 8}
-    row = {
-        "page_bytes": 16 * 1024,
-        "auto": "kernel",
-        "dma": {**run, "mismatched_bytes": 0, "jobs_by_path": {"copy_": 2}},
-        "kernel": {**run, "gbps": 25.0, "mismatched_bytes": 0, "jobs_by_path": {KERNEL: 2}},
-    }
-    ok = {"kernel_status": "ok", "pages": [row]}
-    goal = check_goals.small_page_goal(ok)
-    assert goal["passed"] and "kernel 25 GB/s, DMA (p) 10 GB/s" in goal["detail"]
-    assert "kernel/DMA x2.50" in goal["detail"] and "16 blocks checked" in goal["detail"]
-
-    def variant(**changes):
-        return {**ok, "pages": [{**row, **changes}]}
-
-    partial = variant(kernel={**row["kernel"], "jobs_by_path": {KERNEL: 1, "copy_": 1}})
-    corrupt = variant(kernel={**row["kernel"], "mismatched_bytes": 8})
-    failed = variant(dma={**row["dma"], "failed_jobs": 1})
-    for bad in (partial, corrupt, failed):
-        assert not check_goals.small_page_goal(bad)["passed"]
-    data = {
-        "integrity": [{"mismatched_bytes": 0}],
-        "validation": {"integrity_mismatched_bytes": 0},
-    }
-    sections = ("integrity", "validation", "small_pages")
-    assert check_goals.exit_status({**data, "small_pages": ok}, sections) == 0
-    assert check_goals.exit_status({**data, "small_pages": corrupt}, sections) == 1
-    assert check_goals.exit_status({**data, "small_pages": {"error": "boom"}}, sections) == 1
-
-
 # --------------------------------------------------------------------------- the kernel
 
 
