@@ -309,7 +309,7 @@ class _Engine:
         self.records: dict[int, RequestRecord] = {}
         self._unadmitted: set[str] = set()
         sched_cls = finish_order_pinned(vllm_config.scheduler_config.get_scheduler_cls())
-        self.scheduler: Scheduler = sched_cls(  # type: ignore[assignment]
+        self.scheduler: Scheduler = sched_cls(
             vllm_config=vllm_config,
             kv_cache_config=kv_config,
             structured_output_manager=StructuredOutputManager(vllm_config),

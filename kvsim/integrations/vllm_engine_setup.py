@@ -128,7 +128,7 @@ class VllmRun:
 # --------------------------------------------------------------------------- finish order
 
 
-class _InsertionOrderedSet(set):  # type: ignore[type-arg]
+class _InsertionOrderedSet(set):
     """A set that iterates in insertion order (it is still a ``set`` for every other use)."""
 
     def __init__(self, items: Any = ()) -> None:
