@@ -6,7 +6,6 @@ runs, a corrupt journal line is a warning, workers die with the driver, one swee
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -22,9 +21,9 @@ from support import ROOT, SAMPLE
 from support import run_main as support_run_main
 
 from kvsim.core.errors import InputError
-from kvsim.sweeps import CRASH_LIMIT, read_journal, sweep
-
-sweep_module = importlib.import_module("kvsim.sweeps")  # ``kvsim.sweep`` is also the function
+from kvsim.sweeps import CRASH_LIMIT, SweepSpec, option_names, read_journal, sweep
+from kvsim.sweeps import journal as journal_module
+from kvsim.sweeps.inputs import trace_fingerprint
 
 PLUGIN = '''
 """Policies that misbehave the way a cell's process can: killed, killed once, blocked."""
@@ -180,7 +179,7 @@ def test_resume_reruns_a_regenerated_trace_and_a_new_kvsim(tmp_path, monkeypatch
     fresh = sweep(spec, executor="serial")
     assert after.requests.tolist() == fresh.requests.tolist() != before.requests.tolist()
     assert after.combined_hit_ratio.tolist() == fresh.combined_hit_ratio.tolist()
-    monkeypatch.setattr(sweep_module, "kvsim_version", lambda: "99.0")
+    monkeypatch.setattr(journal_module, "kvsim_version", lambda: "99.0")
     assert resume()[1] == [0]  # another kvsim may give another answer
 
 
@@ -189,16 +188,16 @@ def test_fingerprint_sees_a_change_in_the_middle_only_through_size_or_mtime(tmp_
     is the one change the fingerprint cannot see (a rewrite moves the mtime)."""
     trace = tmp_path / "t.bin"
     trace.write_bytes(b"a" * (3 << 20))
-    first = sweep_module.trace_fingerprint(str(trace))
+    first = trace_fingerprint(str(trace))
     stat = trace.stat()
     with open(trace, "r+b") as f:
         f.seek(3 << 19)
         f.write(b"b")
     os.utime(trace, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert sweep_module.trace_fingerprint(str(trace)) == first
+    assert trace_fingerprint(str(trace)) == first
     os.utime(trace, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
-    assert sweep_module.trace_fingerprint(str(trace)) != first
-    assert sweep_module.trace_fingerprint(str(tmp_path / "nope")) == "missing"
+    assert trace_fingerprint(str(trace)) != first
+    assert trace_fingerprint(str(tmp_path / "nope")) == "missing"
 
 
 # --------------------------------------------------------------------------- 12, 4: the spec
@@ -310,7 +309,7 @@ def test_a_bad_value_is_refused_in_a_fresh_process_and_through_the_api(tmp_path)
 
 def test_good_specs_still_pass():
     """The checks know every keyword of both modes (a timed spec with engine knobs)."""
-    spec = sweep_module.SweepSpec.from_mapping(
+    spec = SweepSpec.from_mapping(
         {
             "traces": [SAMPLE, {"kind": "chat", "n_requests": 10, "seed": 1}],
             "mode": "timed",
@@ -320,7 +319,7 @@ def test_good_specs_still_pass():
         }
     )
     assert len(spec.cells()) == 4
-    assert sweep_module.option_names("cache") >= {"policy", "cpu_chunks", "fused", "protocol"}
+    assert option_names("cache") >= {"policy", "cpu_chunks", "fused", "protocol"}
 
 
 # --------------------------------------------------------------------------- 5: the journal
@@ -406,8 +405,9 @@ def test_the_portable_watchdog_alone_ends_an_orphan(tmp_path):
     """Without Linux's parent-death signal, the worker's watchdog thread sees the new parent."""
     ready = tmp_path / "ready"
     child = (
-        "import sys, time; from kvsim.sweeps import _exit_with_parent; sys.platform = 'other'; "
-        f"_exit_with_parent(None); open({str(ready)!r}, 'w').close(); time.sleep(60)"
+        "import sys, time; from kvsim.sweeps.executors import exit_with_parent; "
+        "sys.platform = 'other'; "
+        f"exit_with_parent(None); open({str(ready)!r}, 'w').close(); time.sleep(60)"
     )
     parent = (
         "import subprocess, sys, time; "
