@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -83,17 +84,7 @@ def _spec_data(
     """The sweep as a mapping: SPEC's values (if any), then the command-line options over
     them (traces add up; a grid option, ``--tier-set`` too, replaces that field's grid and
     its fixed option)."""
-    data: dict[str, Any] = {}
-    if spec:
-        loaded = SweepSpec.load(spec)
-        data = {
-            "name": loaded.name,
-            "mode": loaded.mode,
-            "traces": loaded.traces,
-            "limit": loaded.limit,
-            "options": loaded.options,
-            "grid": dict(loaded.grid),
-        }
+    data: dict[str, Any] = dataclasses.asdict(SweepSpec.load(spec)) if spec else {}
     data["traces"] = list(data.get("traces", [])) + list(traces)
     if mode:
         data["mode"] = mode
@@ -200,7 +191,7 @@ def sweep_command(
     data = _spec_data(spec, traces, mode, limit, grid_opts, tier_sets)
     if not data["traces"]:
         raise InputError("give a SPEC file or at least one --trace")
-    s = SweepSpec.from_mapping(data)
+    s = SweepSpec.from_mapping(data, source=spec or "kvsim sweep")
     if address and executor != "ray":
         raise InputError("--address is for --executor ray")
     out = out or f"sweep-{s.name}"

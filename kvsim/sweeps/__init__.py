@@ -42,7 +42,8 @@ from kvsim.sweeps.executors import CRASH_LIMIT, EXECUTORS
 from kvsim.sweeps.inputs import trace_fingerprint
 from kvsim.sweeps.journal import JOURNAL, read_journal, run_key
 from kvsim.sweeps.run import sweep, to_frame, write_results
-from kvsim.sweeps.spec import MODES, SweepSpec, check_value, option_names
+from kvsim.sweeps.spec import SweepSpec, check_value
+from kvsim.sweeps.spec_schema import MODES, option_names, sweep_spec_json_schema
 from kvsim.sweeps.tier_sets import (
     NO_TIERS,
     TIER_JOIN,
@@ -69,6 +70,7 @@ __all__ = [
     "run_cell",
     "run_key",
     "sweep",
+    "sweep_spec_json_schema",
     "tier_set",
     "tier_set_label",
     "tier_shares",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputError
+from kvsim.options.schema import short_repr
 from kvsim.report.progress import Progress, ProgressArg
 from kvsim.report.result import write_metadata
 from kvsim.report.tables import write_table
@@ -19,7 +20,6 @@ from kvsim.sweeps.executors import EXECUTORS, executor
 from kvsim.sweeps.inputs import trace_text
 from kvsim.sweeps.journal import Journal, Warn, folder_lock, read_journal, reusable, run_keys
 from kvsim.sweeps.spec import SweepSpec
-from kvsim.sweeps.values import is_int, shown
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -95,8 +95,8 @@ def _check_run(name: str, workers: int | None) -> int:
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")
     if workers is None:
         return os.cpu_count() or 1
-    if not is_int(workers) or workers < 1:
-        raise InputError(f"workers must be an integer >= 1, got {shown(workers)}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"workers must be an integer >= 1, got {short_repr(workers)}")
     return workers
 
 

@@ -7,13 +7,14 @@ A value is one tier *set*: the text ``none``, tiers joined by ``+`` in ``kvsim r
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from kvsim.core.errors import InputError
+from kvsim.options.schema import short_repr
 from kvsim.options.tiers import as_tier_specs, tier_from_shorthand, tier_to_shorthand
-from kvsim.sweeps.values import is_real, shown
 
 #: the sweep's axis of secondary-tier sets: a cell's ``secondary_tiers``, with a row label
 TIERS = "tiers"
@@ -49,7 +50,7 @@ def tier_set(value: Any, where: str = TIERS) -> list[dict[str, Any]]:
     else:
         raise InputError(
             f"{where}: a tier set is text such as 'fs:capacity=2TiB+obj' or {NO_TIERS!r}, "
-            f"or a list of tier objects; got {shown(value)}"
+            f"or a list of tier objects; got {short_repr(value)}"
         )
     tiers = []
     for i, item in enumerate(items):
@@ -66,7 +67,7 @@ def tier_set(value: Any, where: str = TIERS) -> list[dict[str, Any]]:
         else:
             raise InputError(
                 f"{where}: each tier is TYPE[:KEY=VALUE,...] (tiers joined by "
-                f"{TIER_JOIN!r}) or a tier object; got {shown(item)}"
+                f"{TIER_JOIN!r}) or a tier object; got {short_repr(item)}"
             )
     return tiers
 
@@ -113,13 +114,17 @@ def tier_shares(summary: Mapping[str, Any]) -> dict[str, Any]:
             out["cpu_tier_hit_blocks"] = summary["cpu_hit_blocks"]
     if "cpu_tier_hit_ratio" in summary or out:
         out["secondary_tier_hit_ratio"] = float(
-            sum(v for k, v in summary.items() if _TIER_HIT.fullmatch(k) and is_real(v))
+            sum(v for k, v in summary.items() if _TIER_HIT.fullmatch(k) and _number(v))
         )
     prompt = summary.get("total_input_tokens")
-    if is_real(prompt) and "cpu_hit_tokens" in summary:  # a timed run
+    if _number(prompt) and "cpu_hit_tokens" in summary:  # a timed run
         hits = summary.get("gpu_hit_tokens", 0) + summary.get("cpu_hit_tokens", 0)
         out["combined_hit_share"] = hits / prompt if prompt else 0.0
         out["secondary_tier_hit_share"] = float(
-            sum(v for k, v in summary.items() if _TIER_SHARE.fullmatch(k) and is_real(v))
+            sum(v for k, v in summary.items() if _TIER_SHARE.fullmatch(k) and _number(v))
         )
     return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
