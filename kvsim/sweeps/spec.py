@@ -88,7 +88,7 @@ class SweepSpec:
         data = _plain(data)
         mode = data.get("mode", "cache")
         struct = spec_struct(mode if mode in MODES else "cache")
-        _check_option_keys(data, struct, str(mode), source)
+        _check_option_keys(data, str(mode), source)
         _load(struct, data, source)
         options = dict(data.get("options", {}))
         grid = {k: v if isinstance(v, list) else [v] for k, v in data.get("grid", {}).items()}
@@ -206,9 +206,7 @@ def _with_hint(message: str) -> str:
     return f"{message} (YAML read it as text: write a plain number such as {plain})"
 
 
-def _check_option_keys(
-    data: Mapping[str, Any], struct: type[Schema], mode: str, source: str
-) -> None:
+def _check_option_keys(data: Mapping[str, Any], mode: str, source: str) -> None:
     """Two keys that deserve more than 'unknown key': ``secondary_tiers`` (a sweep names
     tier sets ``tiers``) and an option of the other mode."""
     for section in _SECTIONS:
