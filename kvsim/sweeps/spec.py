@@ -1,16 +1,8 @@
-"""The sweep spec: traces, a mode, fixed options and a grid of option values, checked whole
-before any cell runs (names, types, ranges, a CPU tier size), so a typo is one error, not a
-grid of failed cells. What each key takes is described once, in
-:mod:`kvsim.sweeps.spec_schema`; this module reads a spec file and adds the rules between
-keys.
-
-Spec (YAML or a mapping)::
-
-    mode: cache                  # or timed
-    traces: [traces/samples/mooncake_small.jsonl, {kind: chat, n_requests: 500, seed: 1}]
-    limit: 200                   # optional, requests per trace
-    options: {model: llama-3.1-8b}            # fixed for every cell
-    grid: {policy: [lru, arc], cpu_chunks: [100, 400, 1600], store_threshold: [0, 2]}
+"""The sweep spec (see :mod:`kvsim.sweeps` for an example): traces, a mode, fixed options and
+a grid of option values, checked whole before any cell runs (names, types, ranges, a CPU
+tier size), so a typo is one error, not a grid of failed cells. What each key takes is
+described once, in :mod:`kvsim.sweeps.spec_schema`; this module reads a spec file and adds
+the rules between keys.
 
 A cell holds the values as the spec wrote them (``cpu_gib: 64`` stays an integer), so its id
 and its row do not depend on how a check converts them.
