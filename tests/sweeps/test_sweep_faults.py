@@ -224,7 +224,7 @@ BASE = f"traces: [{SAMPLE}]\nlimit: 20\n"
         ("grid: {polcy: [lru], cpu_chunks: [10]}", "grid.polcy: unknown key"),
         ("grid: {polcy: [lru], cpu_chunks: [10]}", "did you mean 'policy'"),
         ("grid: {cpu_chunks: [-5]}", "grid.cpu_chunks[0]: Expected `int` >= 1, got -5"),
-        ("grid: {cpu_chunks: [abc]}", "grid.cpu_chunks[0]: Expected `int`"),
+        ("grid: {cpu_chunks: [abc]}", "grid.cpu_chunks[0]: Expected `int"),
         ("grid: {cpu_chunks: [abc]}", "got 'abc'"),
         (
             "grid: {cpu_chunks: [1e3]}",
@@ -242,7 +242,7 @@ BASE = f"traces: [{SAMPLE}]\nlimit: 20\n"
         ("grid: {cpu_chunks: []}", "grid.cpu_chunks: Expected `array` of length >= 1, got []"),
         ("grid: [1, 2]", "grid: Expected `object`"),
         ("options: [model, x]\ngrid: {cpu_chunks: [10]}", "options: Expected `object`"),
-        ("options: {cpu_gib: '64'}", "options.cpu_gib: Expected `float`"),
+        ("options: {cpu_gib: '64'}", "options.cpu_gib: Expected `float"),
         ("options: {cpu_gib: abc}", "options.cpu_gib"),
         ("options: {cpu_gib: .nan}", "options.cpu_gib: Expected `float` > 0.0, got nan"),
         ("options: {cpu_gib: .inf}", "options.cpu_gib: must be a finite number, got inf"),
@@ -274,7 +274,7 @@ def test_a_bad_spec_is_one_error_before_any_cell(tmp_path, run_main, body, needl
         ("traces: [[a.jsonl]]", "traces[0]: Expected `str | object`"),
         ("traces: [{kind: chat, n_requests: abc}]", "traces[0].n_requests: Expected `int`"),
         ("traces: [{kind: chat, n_requests: 0}]", "traces[0].n_requests: Expected `int` >= 1"),
-        ("traces: [{n_requests: 10}]", "traces[0]: Object missing required field `kind`"),
+        ("traces: [{n_requests: 10}]", ("traces[0]", "kind", "missing")),
         ("traces: [{kind: chta}]", "traces[0]: unknown workload kind 'chta'"),
         ("traces: [{kind: chat, rte: 2}]", "traces[0]: unknown knob(s) for chat: rte"),
     ],
@@ -283,14 +283,15 @@ def test_bad_limit_and_traces(tmp_path, run_main, body, needle):
     text = f"traces: [{SAMPLE}]\n" if not body.startswith("traces") else ""
     spec = write_spec(tmp_path / "spec.yaml", text + body + "\ngrid: {cpu_chunks: [10]}\n")
     code, err = run_main("sweep", spec, "--out", str(tmp_path / "out"))
-    assert code == 2 and len(err) == 1 and needle in err[0], err
+    needles = (needle,) if isinstance(needle, str) else needle
+    assert code == 2 and len(err) == 1 and all(n in err[0] for n in needles), err
 
 
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--cpu-gib", "abc"], "--cpu-gib: Expected `float`"),
-        (["--cpu-gib", "nan"], "--cpu-gib: Expected `float`"),  # YAML's NaN is .nan
+        (["--cpu-gib", "abc"], "--cpu-gib: Expected `float"),
+        (["--cpu-gib", "nan"], "--cpu-gib: Expected `float"),  # YAML's NaN is .nan
         (["--cpu-gib", ".inf"], "--cpu-gib: must be a finite number, got inf"),
         (["--cpu-gib", "4,-1"], "--cpu-gib: Expected `float` > 0.0, got -1"),
         (["--cpu-chunks", "-5"], "--cpu-chunks: Expected `int` >= 1, got -5"),
