@@ -78,13 +78,22 @@ _Ctx = TypeVar("_Ctx")
 
 
 class StoreResult(Protocol):
-    """What a manager's ``prepare_store`` returns when it succeeds (read-only)."""
+    """What a manager's ``prepare_store`` returns when it succeeds (read-only).
+
+    Invariants: ``keys_to_store`` is a sub-sequence of the offer, in offer order, and holds
+    only keys that were not resident; ``evicted_keys`` are no longer resident and none of
+    them is in the offer.
+    """
 
     @property
-    def keys_to_store(self) -> Sequence[ChunkKey]: ...
+    def keys_to_store(self) -> Sequence[ChunkKey]:
+        """The offered keys that now have a chunk each, write pending: the keys to copy."""
+        ...
 
     @property
-    def evicted_keys(self) -> Sequence[ChunkKey]: ...
+    def evicted_keys(self) -> Sequence[ChunkKey]:
+        """The keys evicted to make room for them."""
+        ...
 
 
 class ManagerProtocol(Protocol[_Ctx]):
@@ -93,25 +102,103 @@ class ManagerProtocol(Protocol[_Ctx]):
 
     ``_Ctx`` is the manager's request context: :class:`~kvsim.core.context.RequestContext` for
     kvsim's manager, vLLM's ``ReqContext`` for the adapter. Arguments are positional.
+
+    A request's calls come in this order: ``new_context``, ``on_new_request``, then any
+    number of lookups, loads and stores (each ``prepare_*`` followed, possibly after other
+    requests' calls, by its ``complete_*``), then ``on_request_finished``. A chunk is in one
+    of three states: *pending* (a store was prepared, its copy has not completed: visible to
+    lookups, not loadable, not evictable), *ready* (loadable; evictable while no load pins
+    it) or *pinned* (ready, with loads in flight). Keys are only hashed and compared.
     """
 
-    def new_context(self, req_id: Hashable, positions: dict[ChunkKey, int], /) -> _Ctx: ...
+    def new_context(self, req_id: Hashable, positions: dict[ChunkKey, int], /) -> _Ctx:
+        """Make the context for one request.
 
-    def on_new_request(self, ctx: _Ctx, /) -> None: ...
+        Args:
+            req_id: the request's identity (unique among the requests in flight).
+            positions: each of the request's chunk keys -> the token position its chunk
+                ends at (chunk ``i`` of a prompt ends at ``(i + 1) * chunk_tokens``). Policies
+                that order a request's keys (vLLM's LRU) read these; a key without a position
+                is ordered by when the request first observed it.
 
-    def lookup_prefix(self, keys: Iterable[ChunkKey], /) -> tuple[int, bool]: ...
+        Returns:
+            The context to pass to every later call for this request.
+        """
+        ...
 
-    def prepare_load(self, keys: Sequence[ChunkKey], ctx: _Ctx, /) -> list[int]: ...
+    def on_new_request(self, ctx: _Ctx, /) -> None:
+        """The request is seen for the first time: start recording its accesses. Called
+        once, before any other call that takes ``ctx``."""
+        ...
 
-    def complete_load(self, keys: Iterable[ChunkKey], ctx: _Ctx, /) -> None: ...
+    def lookup_prefix(self, keys: Iterable[ChunkKey], /) -> tuple[int, bool]:
+        """How much of a prompt's head is in the tier (the connector's scan). No side effects.
 
-    def prepare_store(self, keys: Iterable[ChunkKey], ctx: _Ctx, /) -> StoreResult | None: ...
+        Args:
+            keys: the request's chunk keys, head first.
 
-    def complete_store(
-        self, keys: Iterable[ChunkKey], ctx: _Ctx, /, success: bool = True
-    ) -> None: ...
+        Returns:
+            ``(count, pending)``: ``count`` leading keys are resident (ready or pending; the
+            scan stops at the first absent key), and ``pending`` says whether any of them is
+            pending, in which case the caller waits and asks again rather than load.
+        """
+        ...
 
-    def on_request_finished(self, ctx: _Ctx, /) -> None: ...
+    def prepare_load(self, keys: Sequence[ChunkKey], ctx: _Ctx, /) -> list[int]:
+        """Pin ready chunks for reading; each stays unevictable until its ``complete_load``.
+
+        Args:
+            keys: keys that a lookup found ready (all of them resident and ready).
+            ctx: the loading request's context; the keys count as reused by it.
+
+        Returns:
+            The chunk id of each key, co-indexed with ``keys``.
+
+        Raises:
+            ProtocolError: (kvsim's manager) a key is absent or pending.
+        """
+        ...
+
+    def complete_load(self, keys: Iterable[ChunkKey], ctx: _Ctx, /) -> None:
+        """The copies of an earlier ``prepare_load`` are done: unpin each key once (a chunk
+        whose last pin goes becomes evictable again)."""
+        ...
+
+    def prepare_store(self, keys: Iterable[ChunkKey], ctx: _Ctx, /) -> StoreResult | None:
+        """Allocate chunks for the new keys of an offer: all of them, or none.
+
+        Keys already resident (ready or pending) are not stored again; the admission policy
+        may decline some new ones (counted as skipped stores). Room is made by evicting ready,
+        unpinned chunks whose keys are not in the offer, as the eviction policy picks them.
+
+        Args:
+            keys: the offered keys, head first (a prompt's complete chunks past what is
+                already stored).
+            ctx: the storing request's context; the offer counts as its access (new keys
+                as inserted, ready resident ones as reused).
+
+        Returns:
+            The keys to copy and the keys evicted (:class:`StoreResult`; both empty when
+            nothing is new), or None when too few chunks could be freed: then nothing was
+            allocated or evicted (the offer is still recorded as the request's access).
+        """
+        ...
+
+    def complete_store(self, keys: Iterable[ChunkKey], ctx: _Ctx, /, success: bool = True) -> None:
+        """The copies of an earlier ``prepare_store`` are done.
+
+        Args:
+            keys: keys of that store; keys that are not pending are ignored.
+            ctx: the storing request's context.
+            success: True: the pending chunks become ready (loadable, evictable). False: the
+                copy failed; the pending chunks are dropped and their ids freed.
+        """
+        ...
+
+    def on_request_finished(self, ctx: _Ctx, /) -> None:
+        """The request is done: hand its recorded accesses to the eviction policy (its
+        ``on_request_finished`` hook), exactly once; later calls do nothing."""
+        ...
 
 
 def _check_victims(policy: EvictionPolicy, victims: object, need: int) -> None:
@@ -158,7 +245,22 @@ class _RequestAccess:
 
 
 class OffloadManager:
-    """CPU tier bookkeeping; see docs/vllm-offload-semantics.md §2."""
+    """CPU tier bookkeeping; see docs/vllm-offload-semantics.md §2.
+
+    It satisfies :class:`ManagerProtocol` (see there for the call order and chunk states)
+    and adds vLLM's ``lookup``, ``touch``, events, stats and ``reset_cache``.
+
+    Attributes:
+        num_chunks: the tier's capacity in chunks (chunk ids are ``0 .. num_chunks - 1``).
+        policy: the eviction policy; it holds the same resident keys as the manager.
+        admission: the admission policy (the default admits every key).
+        events: stored and removed keys for :meth:`take_events`; None unless
+            ``enable_events``.
+        counters: cumulative totals since construction (:class:`ManagerCounters`).
+
+    Invariants: ``num_resident == num_evictable + num_write_pending + pinned chunks``, and
+    ``num_resident + num_free == num_chunks``; every resident key is the policy's too.
+    """
 
     def __init__(
         self,
@@ -206,18 +308,22 @@ class OffloadManager:
 
     @property
     def num_free(self) -> int:
+        """Chunks holding no key (never used, or freed by an eviction or a failed store)."""
         return len(self._free_list) + self.num_chunks - self._num_allocated
 
     @property
     def num_resident(self) -> int:
+        """Chunks holding a key: pending, ready or pinned."""
         return self._num_allocated - len(self._free_list)
 
     @property
     def num_evictable(self) -> int:
+        """Ready chunks no load pins: what an eviction can take."""
         return self._num_evictable
 
     @property
     def num_write_pending(self) -> int:
+        """Chunks whose store was prepared and has not completed."""
         return self._num_write_pending
 
     def _allocate(self, n: int) -> list[Chunk]:
@@ -271,6 +377,7 @@ class OffloadManager:
         return RequestContext(req_id, positions)
 
     def on_new_request(self, ctx: RequestContext) -> None:
+        """Start recording ``ctx``'s accesses (see :meth:`ManagerProtocol.on_new_request`)."""
         self._access(ctx)
 
     def lookup(self, key: ChunkKey, ctx: RequestContext | None = None) -> LookupResult:
@@ -319,9 +426,16 @@ class OffloadManager:
         return list(map(_CHUNK_ID, found))
 
     def touch(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
+        """vLLM's ``touch``: mark resident ``keys`` recently used, the first most recent
+        (:meth:`EvictionPolicy.touch`). Not part of :class:`ManagerProtocol`: vLLM 0.33's
+        connector never calls it (a request's recency is committed when it finishes), and
+        neither does kvsim; it stays for vLLM's interface, checked against vLLM's manager
+        by ``tests/vllm/test_vllm_differential.py``."""
         self.policy.touch(keys, ctx)
 
     def complete_load(self, keys: Iterable[ChunkKey], ctx: RequestContext | None = None) -> None:
+        """Unpin each key once (see :meth:`ManagerProtocol.complete_load`); raises
+        :class:`ProtocolError` for a key that is not being loaded."""
         get = self._chunks.get
         unpinned: list[ChunkKey] = []
         for key in keys:
@@ -491,6 +605,9 @@ class OffloadManager:
         """The last manager call of an engine step (a no-op for the CPU tier)."""
 
     def take_events(self) -> Iterator[OffloadingEvent]:
+        """The events since the last call, oldest first, and forget them (nothing without
+        ``enable_events``). A failed store's event is kept only for its keys that are still
+        absent: one stored again meanwhile was announced by its new store."""
         if self.events is None:
             return
         events, self.events = self.events, []
@@ -514,6 +631,8 @@ class OffloadManager:
         self._num_allocated = 0
 
     def gauges(self) -> dict[str, float]:
+        """vLLM's usage gauges, as fractions of the capacity: in use (pending or pinned),
+        write (pending) and read (in use minus write)."""
         n = self.num_chunks
         used = self._num_allocated - len(self._free_list) - self._num_evictable
         usage = used / n if n else 0.0
