@@ -33,6 +33,13 @@ CONVERSATION = str(TRACES / "mooncake_fast25_conversation_trace.jsonl")
 
 #: set by CI: a vLLM differential test that cannot import vLLM fails instead of skipping
 REQUIRE_VLLM = os.environ.get("KVSIM_REQUIRE_VLLM") == "1"
+#: set by CI: a ``triton`` test that cannot import Triton (or torch) fails instead of skipping
+REQUIRE_TRITON = os.environ.get("KVSIM_REQUIRE_TRITON") == "1"
+
+
+#: marks a test whose timed runs are overloaded on purpose (small workloads sized to run
+#: fast): the OverloadWarning they raise is expected there, so it is not shown
+expect_overload = pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.OverloadWarning")
 
 
 def need_vllm(module: str) -> ModuleType:
@@ -136,6 +143,14 @@ def trace_cache_entries() -> list[Path]:
 
 def has_files(folder: Path) -> bool:
     return folder.exists() and any(folder.iterdir())
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def labelled_lines(ax: Any) -> list[Any]:
+    """The lines of a matplotlib axes that a legend shows (no ``_``-prefixed helpers)."""
+    return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
 
 
 # --- vLLM's keys ----------------------------------------------------------------------------

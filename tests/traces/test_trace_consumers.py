@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support import SAMPLE, copy_to, has_files, run_main, trace_cache_folder
+from support import SAMPLE, copy_to, expect_overload, has_files, run_main, trace_cache_folder
 
 import kvsim
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
@@ -142,6 +142,7 @@ def _timed_spec(trace: str) -> dict:
     }
 
 
+@expect_overload
 def test_sweep_runs_a_timed_baseline_once_per_engine_configuration(tmp_path, monkeypatch):
     from kvsim.engine import engine as engine_module
     from kvsim.sweeps import SweepSpec, run_cell, sweep
@@ -172,6 +173,7 @@ def test_sweep_runs_a_timed_baseline_once_per_engine_configuration(tmp_path, mon
     )
 
 
+@expect_overload
 def test_timed_sweep_with_shared_baselines_agrees_across_executors(tmp_path):
     from kvsim.sweeps import sweep
 
