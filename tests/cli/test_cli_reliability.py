@@ -501,6 +501,7 @@ def test_an_error_on_a_trace_without_reuse_is_still_one_line(capsys):
     ],
 )
 def test_validate_refuses_runs_that_would_compare_nothing(extra, phrase, capsys):
+    pytest.importorskip("torch", reason="kvsim validate checks for torch first")
     code, _, err = run(["validate", SAMPLE, "--limit", "5", *extra], capsys)
     one_line_error(code, err)
     assert phrase in err

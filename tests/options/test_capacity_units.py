@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 import pytest
-from support import SAMPLE, run_main
+from support import SAMPLE, expect_overload, run_main
 
 import kvsim
 from kvsim.core.errors import InputError
@@ -323,6 +323,7 @@ def test_no_enable_prefix_caching(capsys):
     fails_in_one_line(["mrc", SAMPLE, "--no-enable-prefix-caching"], capsys, "no-enable-prefix")
 
 
+@expect_overload
 def test_fp8_halves_bytes_and_doubles_chunks(capsys):
     bf16, fp8 = get_model("llama-3.1-8b"), resolve_model("llama-3.1-8b", "fp8")
     assert fp8.kv_bytes_per_token() * 2 == bf16.kv_bytes_per_token() == 131072
@@ -451,6 +452,7 @@ def test_links_are_the_engines_presets():
     assert {g.link for g in GPUS.values()} <= set(LINKS)
 
 
+@expect_overload
 def test_gpu_spec_file_equals_the_preset(tmp_path, capsys):
     path = write_json(tmp_path / "gpu.json", L40S_SPEC)
     spec = load_gpu_spec(path)
