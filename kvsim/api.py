@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.cachemode.driver import write_requests_csv
-from kvsim.core.errors import InputError, InputWarning
-from kvsim.options.offload import (
-    DEFAULT_MODEL,
-    CacheConfig,
-    OffloadOptions,
+from kvsim.core.errors import InputError, InputWarning, did_you_mean
+from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
+from kvsim.options.tiers import LOAD_RULES
+from kvsim.options.vllm import (
+    KVConnectorExtraConfig,
     engine_knobs_from_vllm_config,
+    extra_config,
     load_vllm_config,
     options_from_vllm_config,
     refuse_engine_knobs_in_cache_mode,
 )
-from kvsim.options.tiers import LOAD_RULES
 from kvsim.report.progress import Progress, ProgressArg
 from kvsim.report.result import Result
 from kvsim.specs.sizing import tier_capacity
@@ -79,24 +79,25 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
     )
 
 
-_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(OffloadOptions))
+VllmConfig = str | dict[str, Any] | KVConnectorExtraConfig
 
 
-def vllm_extra(vllm_config: str | dict[str, Any] | None) -> dict[str, Any] | None:
-    """A ``kv_connector_extra_config`` given inline, as a dict, or as a file."""
+def vllm_extra(vllm_config: VllmConfig | None) -> KVConnectorExtraConfig | None:
+    """A ``kv_connector_extra_config`` given inline, as a dict (or a whole
+    ``kv_transfer_config``), as a file, or already checked."""
     if vllm_config is None:
         return None
-    return vllm_config if isinstance(vllm_config, dict) else load_vllm_config(vllm_config)
+    if isinstance(vllm_config, str):
+        return load_vllm_config(vllm_config)
+    return extra_config(vllm_config, "vllm_config")
 
 
-def make_options(vllm_config: str | dict[str, Any] | None = None, **options: Any) -> OffloadOptions:
+def make_options(vllm_config: VllmConfig | None = None, **options: Any) -> OffloadOptions:
     """Options from keywords, on top of a vLLM ``kv_connector_extra_config`` if given; an
     unknown keyword is an error, not ignored."""
-    unknown = sorted(set(options) - _OPTION_NAMES)
-    if unknown:
-        raise InputError(
-            f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTION_NAMES))}"
-        )
+    for name in options:
+        if name not in OFFLOAD_FIELDS:
+            raise InputError(f"unknown option {name!r}" + did_you_mean(name, OFFLOAD_FIELDS))
     base = OffloadOptions()
     extra = vllm_extra(vllm_config)
     if extra is not None:
@@ -125,12 +126,9 @@ def named_options(fn: Callable[P, R]) -> Callable[P, R]:
     def checked(*args: P.args, **kwargs: P.kwargs) -> R:
         for name in kwargs:
             if name not in known:
-                import difflib  # only to word an error
-
-                guess = difflib.get_close_matches(name, known, n=1)
-                hint = f" (did you mean {guess[0]!r}?)" if guess else ""
                 raise InputError(
-                    f"{fn.__name__}(): unknown option {name!r}{hint}; see help(kvsim.{fn.__name__})"
+                    f"{fn.__name__}(): unknown option {name!r}{did_you_mean(name, known)}; "
+                    f"see help(kvsim.{fn.__name__})"
                 )
         return fn(*args, **kwargs)
 
@@ -180,7 +178,7 @@ def replay(
     kv_cache_dtype: str = "auto",
     seed: int = 0,
     prefill_chunk_tokens: int | None = None,
-    vllm_config: str | dict[str, Any] | None = None,
+    vllm_config: VllmConfig | None = None,
     secondary_tiers: list[dict[str, Any]] | None = None,
     protocol: str = "prefix",
     fused: bool | None = None,
@@ -470,7 +468,7 @@ def simulate(
     kv_cache_dtype: str = "auto",
     seed: int = 0,
     prefill_chunk_tokens: int | None = None,
-    vllm_config: str | dict[str, Any] | None = None,
+    vllm_config: VllmConfig | None = None,
     secondary_tiers: list[dict[str, Any]] | None = None,
     tier_load_rule: str | None = None,
     baseline: bool = False,
