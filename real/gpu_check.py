@@ -1,7 +1,8 @@
 """One-shot device check: ``PYTHONPATH=. python3 -m real.gpu_check --out DIR``.
 
 Runs from a checkout with nothing installed (it needs only torch, numpy, pandas, click,
-pyarrow and, for the batched copy, cuda-bindings), in well under 4 minutes on one H200,
+pyarrow, msgspec, which the H200 image lacks: carry its wheel, and, for the batched copy,
+cuda-bindings), in well under 4 minutes on one H200,
 and writes ``DIR/gpu_check.json`` after every section (so a crash or a timeout still leaves
 everything measured so far) and ``DIR/profile.json`` after calibration. Sections:
 

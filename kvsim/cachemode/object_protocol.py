@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from kvsim.core.context import RequestContext
 from kvsim.core.keys import ChunkKey, KeyLayout
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
 from kvsim.traces.model import Request

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, cast
 from kvsim.core.context import RequestContext
 from kvsim.core.errors import PolicyFault
 from kvsim.core.keys import ChunkKey
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
 from kvsim.policies.registry import make_admission, make_eviction_policy

@@ -9,7 +9,6 @@ vLLM's ``kv_connector_extra_config`` is translated into these options by
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
@@ -18,6 +17,7 @@ from msgspec import Meta
 from kvsim.core.errors import InputError
 from kvsim.core.keys import KeyLayout
 from kvsim.core.units import GIB
+from kvsim.options.config import CacheConfig, resolve_admission
 from kvsim.options.schema import Schema, check_fields
 from kvsim.options.tiers import TierSpec, as_tier_specs
 
@@ -25,48 +25,19 @@ if TYPE_CHECKING:
     from kvsim.specs.models import ModelSpec
     from kvsim.specs.sizing import CPUTierSizing
 
+__all__ = [
+    "DEFAULT_MODEL",
+    "OFFLOAD_FIELDS",
+    "CacheConfig",
+    "Count",
+    "NonNegative",
+    "OffloadOptions",
+    "Text",
+    "option_name",
+    "resolve_admission",
+]
+
 DEFAULT_MODEL = "llama-3.1-8b"
-
-
-def resolve_admission(admission: str, store_threshold: int) -> str:
-    """The admission rule a run uses: vLLM's ``store_threshold >= 2`` turns the default
-    ``always`` into the threshold rule. The one place that decides it."""
-    if admission.lower() == "always" and store_threshold >= 2:
-        return "threshold"
-    return admission
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    """Everything cache-mode replay needs, resolved and validated."""
-
-    num_chunks: int
-    block_tokens: int
-    chunk_tokens: int
-    gpu_blocks: int = 0
-    policy: str = "lru"
-    policy_module: str | None = None
-    admission: str = "always"
-    store_threshold: int = 0
-    max_tracker_size: int = 64_000
-    chunk_bytes: int | None = None
-    model: str | None = None
-    seed: int = 0
-    prefill_chunk_tokens: int | None = None
-    kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype the chunk bytes were sized with
-    secondary_tiers: tuple[TierSpec, ...] = ()  # behind the CPU tier (kvsim.tiering)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "admission", resolve_admission(self.admission, self.store_threshold)
-        )
-
-    @property
-    def layout(self) -> KeyLayout:
-        return KeyLayout(self.block_tokens, self.chunk_tokens)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def option_name(field: str) -> str:
@@ -268,6 +239,7 @@ class OffloadOptions(Schema, frozen=True):
             prefill_chunk_tokens=self.prefill_chunk_tokens,
             kv_cache_dtype=self.kv_cache_dtype.strip().lower(),
             secondary_tiers=self.secondary_tiers,
+            model_spec=spec,
         )
 
     # --- resolve's steps, in the order their errors are reported ---

@@ -18,6 +18,8 @@ __all__ = ["SCHEMAS", "register_schema", "schema_named"]
 
 SCHEMAS: dict[str, str] = {
     "offload-options": "kvsim.options.offload:OffloadOptions",
+    "replay-options": "kvsim.options.runs:ReplayOptions",
+    "simulate-options": "kvsim.options.runs:SimulateOptions",
     "engine-params": "kvsim.options.engine:EngineParams",
     "kv-connector-extra-config": "kvsim.options.vllm:KVConnectorExtraConfig",
     "kv-transfer-config": "kvsim.options.vllm:KVTransferConfig",

@@ -172,6 +172,10 @@ def _one_line(
         steps.append(key)
         value = value.get(key) if isinstance(value, Mapping) else None
         msg = "unknown key" + did_you_mean(key, _known_keys(schema, steps[:-1]))
+    elif msg.startswith("Invalid enum value"):
+        choices = _choices(_type_at(schema, steps))
+        if choices:
+            msg = "must be one of " + ", ".join(map(str, choices))
     if field is not None:  # one field's value, checked alone (check_fields)
         steps.insert(0, field)
         names = field_names
@@ -221,6 +225,15 @@ def _unwrap(t: Any) -> Any:
         if len(structs) == 1:
             return structs[0]
     return t
+
+
+def _choices(t: Any) -> tuple[Any, ...]:
+    """A ``Literal``'s values, through ``Meta`` and ``X | None``."""
+    if isinstance(t, mi.Metadata):
+        return _choices(t.type)
+    if isinstance(t, mi.UnionType):
+        return tuple(v for u in t.types for v in _choices(u))
+    return tuple(t.values) if isinstance(t, mi.LiteralType) else ()
 
 
 def _known_keys(schema: Any, steps: list[str | int]) -> list[str]:

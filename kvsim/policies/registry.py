@@ -11,7 +11,7 @@ import inspect
 from typing import Any, TypeVar
 
 from kvsim.core.errors import InputError, PolicyFault
-from kvsim.options.offload import resolve_admission
+from kvsim.options.config import resolve_admission
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.admission.length import LengthAdmission
 from kvsim.policies.admission.probabilistic import ProbabilisticAdmission

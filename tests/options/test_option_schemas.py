@@ -89,7 +89,7 @@ def test_a_kv_transfer_config_as_measurement_files_embed_it_loads():
     assert cfg.kv_connector_extra_config.value("eviction_policy") == "lru"
     bad = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     assert _error(load, KVTransferConfig, bad, source="m.yaml").startswith(
-        "m.yaml: kv_connector: Invalid enum value 'NixlConnector'"
+        "m.yaml: kv_connector: must be one of OffloadingConnector, got 'NixlConnector'"
     )
 
 
