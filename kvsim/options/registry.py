@@ -23,6 +23,7 @@ SCHEMAS: dict[str, str] = {
     "engine-params": "kvsim.options.engine:EngineParams",
     "kv-connector-extra-config": "kvsim.options.vllm:KVConnectorExtraConfig",
     "kv-transfer-config": "kvsim.options.vllm:KVTransferConfig",
+    "gpu-spec": "kvsim.specs.hardware:GpuSpec",
 }
 
 

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import contextvars
 import math
 import numbers
 import re
@@ -65,6 +66,7 @@ class Schema(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tr
 _PATH = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.S)
 _STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
 _GOT_TYPE = re.compile(r", got `[^`]*`$")  # msgspec names the value's type; we show the value
 _short = reprlib.Repr()
 _short.maxstring = 60
@@ -101,10 +103,24 @@ def load(
     Returns:
         the validated, frozen instance.
     """
+    token = _LOADING.set(True)
     try:
         return msgspec.convert(data, schema, strict=True)
     except msgspec.ValidationError as exc:
+        if isinstance(exc.__cause__, InputError):  # check_fields' own line, from __post_init__
+            m = _PATH.match(str(exc))
+            steps = [k or int(i) for k, i in _STEP.findall((m and m.group("path")) or "$")]
+            path = _dotted([*prefix.split(".")] if prefix else [], steps)
+            text = str(exc.__cause__)
+            raise InputError(f"{path}.{text}" if path else text, source=source) from None
         raise _one_line(exc, schema, data, source, prefix, names) from None
+    finally:
+        _LOADING.reset(token)
+
+
+#: set while :func:`load` builds a structure, so that a ``check_fields`` inside it names
+#: keys as the file writes them (not as command-line flags)
+_LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("loading", default=False)
 
 
 def check_fields(
@@ -120,6 +136,8 @@ def check_fields(
     Raises:
         InputError: ``SOURCE: name: problem, got VALUE`` for the first field that fails.
     """
+    if _LOADING.get():
+        names = None
     for f in msgspec.structs.fields(type(obj)):
         value = getattr(obj, f.name)
         if value is f.default or (value is None and f.default is None):
@@ -172,6 +190,10 @@ def _one_line(
         steps.append(key)
         value = value.get(key) if isinstance(value, Mapping) else None
         msg = "unknown key" + did_you_mean(key, _known_keys(schema, steps[:-1]))
+    elif missing := _MISSING.match(msg):
+        steps.append(missing.group("key"))
+        where = _dotted([*prefix.split(".")] if prefix else [], steps)
+        return InputError(f"{where}: missing (a required key)", source=source)
     elif msg.startswith("Invalid enum value"):
         choices = _choices(_type_at(schema, steps))
         if choices:

@@ -18,6 +18,7 @@ from msgspec import UNSET, Meta, UnsetType, field
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import parse_json, read_json
+from kvsim.options.config import resolve_admission
 from kvsim.options.offload import Count, NonNegative, OffloadOptions, Text
 from kvsim.options.schema import Schema, load
 from kvsim.options.tiers import TIERING_SPEC_NAME, parse_secondary_tiers
@@ -247,7 +248,8 @@ class KVConnectorExtraConfig(Schema, frozen=True):
         if self.cpu_bytes_to_use is not UNSET and self.num_cpu_blocks is not UNSET:
             raise ValueError("give cpu_bytes_to_use or num_cpu_blocks, not both")
         tiering = self.spec_name == TIERING_SPEC_NAME
-        if tiering and self.store_threshold is not UNSET and self.store_threshold >= 2:
+        threshold = self.store_threshold if self.store_threshold is not UNSET else 0
+        if tiering and resolve_admission("always", threshold) != "always":
             raise ValueError(f"store_threshold is not supported for {TIERING_SPEC_NAME}")
 
     def given(self) -> dict[str, Any]:
