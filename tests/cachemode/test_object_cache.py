@@ -13,7 +13,7 @@ from kvsim.core.keys import KeyLayout
 from kvsim.policies.registry import make_eviction_policy
 from kvsim.traces import as_trace
 
-# kvsim name -> libCacheSim class name. All six match exactly (see README).
+# kvsim name -> libCacheSim class name. All six match exactly (see docs/policies.md).
 MATCHED = {
     "lru": "LRU",
     "fifo": "FIFO",

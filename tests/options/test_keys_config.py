@@ -134,7 +134,7 @@ def test_vllm_older_num_cpu_blocks_sizes_the_tier():
 
 
 def test_the_config_deployed_into_vllm_maps_back_without_vllm():
-    """The JSON the README deploys into vLLM names kvsim's exported CachePolicy; fed back to
+    """The JSON docs/policies.md deploys into vLLM names kvsim's exported CachePolicy; fed back to
     kvsim it runs the kvsim policy itself, without importing vLLM or the adapter module."""
     import subprocess
     import sys

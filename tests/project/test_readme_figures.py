@@ -1,8 +1,9 @@
-"""The README's "two questions" section: its figures exist and its commands name real options.
+"""The README's "two questions" section and the docs' tier answer: their figures exist and
+their commands name real options.
 
-The section answers the two main questions end to end with commands a reader copies; a
-renamed option or a lost figure would make it lie, so both are checked here. The numbers
-it pastes are real outputs of those commands and are not re-run (that takes minutes).
+The sections answer the main questions end to end with commands a reader copies; a renamed
+option or a lost figure would make them lie, so both are checked here. The numbers they
+paste are real outputs of those commands and are not re-run (that takes minutes).
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ MAX_FIGURE_BYTES = 160_000
 
 
 def _readme() -> str:
-    return (ROOT / "README.md").read_text(encoding="utf-8")
+    return _read("README.md")
+
+
+def _read(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
 
 
 def _section(readme: str, title: str = SECTION_TITLE) -> str:
@@ -64,7 +69,7 @@ def _resolve(words: list[str]) -> tuple[click.Command, str]:
             break
         ctx = click.Context(command)
         found = command.get_command(ctx, word)
-        assert found is not None, f"README shows an unknown command: kvsim {word}"
+        assert found is not None, f"shown: an unknown command: kvsim {word}"
         command = found
         names.append(word)
     return command, " ".join(names)
@@ -87,12 +92,11 @@ def _unknown_options(line: str) -> tuple[str, list[str]]:
     return name, [w for w in used if w not in known]
 
 
-def test_section_sits_between_whats_inside_and_cache_mode():
+def test_section_comes_after_the_quick_start_and_before_the_command_table():
     readme = _readme()
     titles = [line for line in readme.splitlines() if line.startswith("## ")]
     i = titles.index(SECTION_TITLE)
-    assert titles[i - 1] == "## What's inside"
-    assert titles[i + 1].startswith("## Cache mode")
+    assert titles.index("## Quick start") < i < titles.index("## Commands")
 
 
 @pytest.mark.parametrize("figure", FIGURES)
@@ -100,12 +104,13 @@ def test_figure_exists_is_shown_and_made_by_a_shown_command(figure):
     _check_figure(_section(_readme()), figure)
 
 
-def _check_figure(section: str, figure: str) -> None:
-    """A small PNG, displayed in ``section`` and made there by a shown `kvsim plot`."""
+def _check_figure(section: str, figure: str, shown_as: str | None = None) -> None:
+    """A small PNG, displayed in ``section`` (as ``shown_as``: the link relative to the
+    page) and made there by a shown `kvsim plot`."""
     data = (ROOT / figure).read_bytes()
     assert data[:8] == PNG_MAGIC
     assert 10_000 < len(data) <= MAX_FIGURE_BYTES
-    assert f"]({figure})" in section  # displayed as an image
+    assert f"]({shown_as or figure})" in section  # displayed as an image
     makers = [c for c in _shown_commands(section) if f"--out {figure}" in c]
     assert makers and all(c.startswith("kvsim plot ") for c in makers)
 
@@ -115,7 +120,7 @@ def _checked_command_names(section: str) -> set[str]:
     names = set()
     for line in _shown_commands(section):
         name, unknown = _unknown_options(line)
-        assert not unknown, f"README section: `{line}` uses {unknown}, unknown to kvsim {name}"
+        assert not unknown, f"section: `{line}` uses {unknown}, unknown to kvsim {name}"
         names.add(name)
     return names
 
@@ -146,15 +151,16 @@ def test_the_shown_trace_model_and_gpu_exist():
     assert simulate and all("--baseline" in c for c in simulate)
 
 
-TIER_TITLE = "#### Is an NVMe tier worth it?"
+TIER_PAGE = "docs/secondary-tiers.md"
+TIER_TITLE = "## Is an NVMe tier worth it?"
 TIER_FIGURE = "docs/figures/tiers_timed.png"
 
 
 def test_the_tier_answer_shows_its_figure_and_real_commands():
     """The secondary-tier answer (issue 16): its figure exists and is made by a shown
     command, every option it shows exists, and the sweep spec it runs is in the checkout."""
-    section = _section(_readme(), TIER_TITLE)
-    _check_figure(section, TIER_FIGURE)
+    section = _section(_read(TIER_PAGE), TIER_TITLE)
+    _check_figure(section, TIER_FIGURE, shown_as="figures/tiers_timed.png")
     assert {"replay", "sweep", "plot", "simulate"} <= _checked_command_names(section)
     commands = _shown_commands(section)
     specs = {w for c in commands for w in shlex.split(c) if w.endswith(".yaml")}

@@ -225,9 +225,9 @@ def test_a_real_timed_tier_sweep_draws_its_figure(tmp_path):
     assert len(figure.axes) == 2  # hit share and median TTFT
 
 
-def test_the_readmes_timed_tier_spec_is_valid():
-    """examples/sweep_tiers_timed.yaml (the README's tier answer) checks as a spec: 15 cells,
-    the five tier sets as the README's table names them."""
+def test_the_docs_timed_tier_spec_is_valid():
+    """examples/sweep_tiers_timed.yaml (the tier answer in docs/secondary-tiers.md) checks as
+    a spec: 15 cells, the five tier sets as the page's table names them."""
     from support import ROOT
 
     spec = SweepSpec.load(ROOT / "examples" / "sweep_tiers_timed.yaml")
