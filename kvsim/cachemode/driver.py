@@ -34,7 +34,7 @@ from kvsim.cachemode.row_writer import csv_rows
 from kvsim.core.io import atomic_path
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import ManagerProtocol, OffloadManager, admission_from_config
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
 from kvsim.policies.registry import eviction_policy_class

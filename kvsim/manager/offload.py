@@ -22,7 +22,7 @@ from kvsim.core.errors import PolicyFault
 from kvsim.core.keys import ChunkKey
 from kvsim.manager.protocol import ManagerProtocol as ManagerProtocol  # re-exported
 from kvsim.manager.protocol import StoreResult as StoreResult  # re-exported
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
 from kvsim.policies.registry import make_admission, make_eviction_policy

@@ -178,12 +178,12 @@ def option_names(mode: str) -> frozenset[str]:
     :class:`kvsim.options.offload.OffloadOptions` fields (read from the code, so they stay
     in step)."""
     from kvsim.api import replay, simulate
-    from kvsim.options.offload import OffloadOptions
+    from kvsim.options.offload import OFFLOAD_FIELDS
 
     fn = replay if mode == "cache" else simulate
     params = inspect.signature(fn).parameters.values()
     own = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    fields = {f.name for f in dataclasses.fields(OffloadOptions)}
+    fields = set(OFFLOAD_FIELDS)
     return frozenset(((own | fields) - _NOT_OPTIONS) | {TIERS})
 
 

@@ -198,6 +198,7 @@ def test_backend_and_clock_are_pluggable():
         model=get_model("llama-3.1-8b"),
         gpu=get_gpu("h200"),
         compute=lambda b: one_second_steps(b) * 0.005,
+        transfer=link(0.001),
         backend=backend,
         clock=MonotonicClock(),
     )

@@ -154,7 +154,7 @@ def test_prefill_seconds_by_hand():
 def test_load_rule_without_tiers_or_unknown_is_an_error():
     with pytest.raises(InputError, match="needs secondary tiers"):
         kvsim.simulate(TRACE, cpu_chunks=50, limit=2, tier_load_rule="pays-off")
-    with pytest.raises(InputError, match="tier-load-rule must be one of"):
+    with pytest.raises(InputError, match="--tier-load-rule: must be one of off, pays-off"):
         kvsim.simulate(
             TRACE, cpu_chunks=50, limit=2, secondary_tiers=[{"type": "fs"}], tier_load_rule="x"
         )

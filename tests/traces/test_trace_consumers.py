@@ -144,7 +144,7 @@ def _timed_spec(trace: str) -> dict:
 
 @expect_overload
 def test_sweep_runs_a_timed_baseline_once_per_engine_configuration(tmp_path, monkeypatch):
-    from kvsim.engine import engine as engine_module
+    from kvsim.engine import setup as engine_module  # where simulate builds its engines
     from kvsim.sweeps import SweepSpec, run_cell, sweep
 
     path = copy_to(SAMPLE, tmp_path)
