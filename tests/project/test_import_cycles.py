@@ -17,7 +17,13 @@ KNOWN: set[frozenset[str]] = {
     frozenset({"kvsim.engine.compute_model", "kvsim.engine.phase_compute"}),
     # fused_lru names the driver's types only
     frozenset({"kvsim.cachemode.driver", "kvsim.cachemode.fused_lru"}),
-    frozenset({"real.copy_path", "real.device", "real.triton_load"}),
+    frozenset(
+        {"real.copy_path", "real.device", "real.host_pool", "real.kv_cache", "real.triton_load"}
+    ),
+    # type-only: the report names the spec it describes
+    frozenset({"real.validate", "real.validation_report"}),
+    # the layout is a value both need; the reader calls the decoder lazily
+    frozenset({"kvsim.traces.fast_jsonl", "kvsim.traces.formats.jsonl"}),
 }
 
 
