@@ -6,14 +6,17 @@
 * :mod:`real.kv_cache`: the paged GPU KV cache (layer-major or block-first), key patterns;
 * :mod:`real.cuda_rt`: ``cudaHostRegister`` that leaves no pending CUDA error;
 * :mod:`real.host_pool`: the page-aligned pinned host region sized by vLLM's arithmetic;
+* :mod:`real.staging`: one host staging ring for a backend's small arrays;
 * :mod:`real.lifetime`: memory released only once the device is idle;
-* :mod:`real.copy_path`: ``copy_`` per run, or one ``cuMemcpyBatchAsync`` per job;
+* :mod:`real.copy_path`: ``copy_`` per run, one ``cuMemcpyBatchAsync`` per job, the kernel;
 * :mod:`real.transfer`: :class:`RealTransferBackend` (submit / poll / wait);
 * :mod:`real.compute`: the emulated forward pass on the compute stream;
 * :mod:`real.machine`: CPU-only defaults sized to the machine's free memory;
 * :mod:`real.calibrate`: the copy-curve measurement that feeds the simulator's model;
-* :mod:`real.validate`: simulated vs real run of one trace, and the comparison report;
-* :mod:`real.gpu_check`: the one-shot device check script.
+* :mod:`real.validate`: simulated vs real run of one trace (:mod:`real.validation_report`,
+  :mod:`real.compare`, :mod:`real.job_noise`, :mod:`real.trace_slice`);
+* :mod:`real.gpu_check`: the one-shot device check script (:mod:`real.check_env`,
+  :mod:`real.check_copies`, :mod:`real.check_goals`).
 
 Everything runs on CPU tensors when CUDA is not available.
 """

@@ -93,16 +93,25 @@ def transfer_durations(
             for r in recs
         ]
         out[label] = error_stats(pred, [r.duration for r in recs])
+    matched = match_simulated(sim_jobs, real_jobs)
+    by_id = {r.job_id: r for r in ok}
+    pairs = [(sim, by_id[jid].duration) for jid, sim in matched.items() if jid in by_id]
+    out["matched_to_simulated_run"] = error_stats([p for p, _ in pairs], [m for _, m in pairs])
+    out["simulated_s_by_job"] = matched
+    return out
+
+
+def match_simulated(sim_jobs: Sequence[SimJob], real_jobs: Sequence[RealJob]) -> dict[int, float]:
+    """Real job id -> the duration the simulated run gave its matching job: same kind
+    (store/load), same request, same chunk count, taken in order; successful jobs only."""
     sim_by: dict[tuple[str, object, int], list[float]] = defaultdict(list)
     for direction, request, chunks, dur in sim_jobs:
         sim_by[(_kind(direction), request, chunks)].append(dur)
-    pred, meas = [], []
+    out: dict[int, float] = {}
     for rec, request, chunks in real_jobs:
         lst = sim_by.get((_kind(rec.direction), request, chunks))
         if rec.success and lst:
-            pred.append(lst.pop(0))
-            meas.append(rec.duration)
-    out["matched_to_simulated_run"] = error_stats(pred, meas)
+            out[rec.job_id] = lst.pop(0)
     return out
 
 

@@ -2,6 +2,13 @@
 
 A *run* is ``(dst, src, words)``: word offsets into two flat tensors of the same dtype.
 
+``copy`` is called on the host when a job is submitted, as a CUDA API call is: it enqueues
+the job's copies on ``stream`` and returns; the bytes move when the stream reaches them. A
+path that copies with tensor operations wraps them in ``stream.run`` (on CUDA that runs them
+at once under the stream, on the CPU stand-ins it queues them); the batched path hands the
+driver the stream itself. ``prepare`` is called when a backend starts, with the size of the
+pages its jobs will copy, so that nothing is compiled inside a timed job.
+
 * :class:`TorchCopy`: one ``Tensor.copy_`` per run (``non_blocking`` on CUDA). The CPU
   path, and the CUDA fallback. Each call costs several microseconds of host time, so
   vLLM's per-layer 64 KiB pages top out near 7-10 GB/s this way.
@@ -55,9 +62,13 @@ LOAD_MODES = ("auto", "dma", "kernel")  # KVSIM_LOAD_PATH: vLLM's rule, never, o
 
 
 class CopyPath(Protocol):
-    """Copies runs from ``src`` to ``dst`` on ``stream`` (called inside ``stream.run``)."""
+    """Enqueues copies of runs from ``src`` to ``dst`` on ``stream`` (called on the host)."""
 
     name: str
+
+    def prepare(self, page_bytes: int, device: torch.device) -> None:
+        """Get ready for jobs of ``page_bytes`` pages on ``device`` (compile what they run)."""
+        ...
 
     def route(
         self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
@@ -78,9 +89,12 @@ class CopyPath(Protocol):
 
 
 class TorchCopy:
-    """One ``copy_`` per run."""
+    """One ``copy_`` per run, on the stream."""
 
     name = "copy_"
+
+    def prepare(self, page_bytes: int, device: torch.device) -> None:
+        return None
 
     def route(
         self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
@@ -98,8 +112,13 @@ class TorchCopy:
         page_words: int | None = None,
     ) -> None:
         nb = dst.is_cuda or src.is_cuda
-        for d, s, n in runs:
-            dst[d : d + n].copy_(src[s : s + n], non_blocking=nb)
+        table = list(runs)
+
+        def copies() -> None:
+            for d, s, n in table:
+                dst[d : d + n].copy_(src[s : s + n], non_blocking=nb)
+
+        stream.run(copies)
 
 
 class _MemLocation(ctypes.Structure):
@@ -151,7 +170,12 @@ def cuda_stream_handle(stream: Stream) -> int:
 
 class BatchCopy:
     """One ``cuMemcpyBatchAsync`` per job (``fn``: the driver entry point, or a stand-in
-    with the same signature; ``handle_of``: the stream's ``CUstream``)."""
+    with the same signature; ``handle_of``: the stream's ``CUstream``).
+
+    The driver is called at once, on the host, with the stream's handle: it reads the
+    descriptor arrays during the call and enqueues the copies on that stream (so the arrays
+    may go once it returns), and with ``SRC_ACCESS_ORDER_ANY`` may read a load's source at
+    any time from the call on, before earlier work on the stream has run."""
 
     name = "cuMemcpyBatchAsync"
 
@@ -168,6 +192,9 @@ class BatchCopy:
         self.max_descriptors = max_descriptors
         self.handle_of = handle_of
         self.calls = 0
+
+    def prepare(self, page_bytes: int, device: torch.device) -> None:
+        return None
 
     def route(
         self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
@@ -234,9 +261,12 @@ def resolve_batch_copy() -> tuple[BatchCopy | None, str]:
 
 class PageKernel(Protocol):
     """Copies pages (``[n, 3]`` element offsets: dst, src, length) on the current stream,
-    ``tile`` words at a time (:class:`real.triton_load.GatherKernel`)."""
+    ``tile`` words at a time (:class:`real.triton_load.GatherKernel`); ``prepare`` compiles
+    (and loads) the kernel for one tile size ahead of any timed launch."""
 
     name: str
+
+    def prepare(self, tile: int, device: torch.device) -> None: ...
 
     def copy_pages(
         self, dst: torch.Tensor, src: torch.Tensor, pages: npt.NDArray[np.int64], *, tile: int
@@ -257,7 +287,11 @@ def _host_to_device(dst: torch.Tensor, src: torch.Tensor) -> bool:
 
 
 def _pinned(t: torch.Tensor) -> bool:
-    return bool(t.is_pinned())  # true for cudaHostRegister'd memory too
+    """The pool's own answer (its registered pieces), or torch's for ``pin_memory()``
+    tensors: ``Tensor.is_pinned()`` alone asks about the storage base, not the view."""
+    from real.host_pool import host_pinned
+
+    return host_pinned(t)
 
 
 class KernelLoadCopy:
@@ -286,6 +320,14 @@ class KernelLoadCopy:
         self.pinned = pinned
         self.name = f"{dma.name}+{kernel.name}"
         self.jobs: dict[str, int] = {kernel.name: 0, dma.name: 0}
+
+    def prepare(self, page_bytes: int, device: torch.device) -> None:
+        """Compile the kernel's tile for these pages (unless loads never take it)."""
+        self.dma.prepare(page_bytes, device)
+        if self.mode != "dma":
+            from real.triton_load import tile_words
+
+            self.kernel.prepare(tile_words(page_bytes), device)
 
     def _pages(
         self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
@@ -334,7 +376,12 @@ class KernelLoadCopy:
 
         self.jobs[self.kernel.name] += 1
         tile = tile_words(int(pages[:, 2].max()) * dst.element_size())
-        self.kernel.copy_pages(dst, src, pages, tile=tile)
+        kernel = self.kernel
+
+        def launch() -> None:
+            kernel.copy_pages(dst, src, pages, tile=tile)
+
+        stream.run(launch)
 
 
 def default_copy_path(

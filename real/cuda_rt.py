@@ -42,6 +42,11 @@ def _libcudart() -> ctypes.CDLL | None:
     return None
 
 
+def libcudart() -> ctypes.CDLL | None:
+    """The CUDA runtime library torch loaded (for queries torch does not expose)."""
+    return _libcudart()
+
+
 def clear_last_error() -> None:
     """Reset the CUDA runtime's last error (``cudaGetLastError``), as vLLM does."""
     lib = _libcudart()

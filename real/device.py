@@ -2,8 +2,9 @@
 
 The transfer backend only ever calls ``stream.run(fn)``, ``stream.wait_event(ev)``,
 ``stream.wait_stream(other)``, ``event.record(stream)``, ``event.query()``,
-``event.synchronize()`` and ``event.time()``. On CUDA these are torch streams and timing
-events. On CPU a stream is a FIFO of closures and an event is a marker in it; three modes:
+``event.synchronize()``, ``event.time()`` and ``end.seconds_since(start)``. On CUDA these
+are torch streams and timing events. On CPU a stream is a FIFO of closures and an event is
+a marker in it; three modes:
 
 * ``eager``: every operation runs when it is enqueued (everything completes in order);
 * ``deferred`` (tests): operations wait in their stream until something needs them
@@ -20,17 +21,22 @@ Like torch's CUDA stream pool, a CPU device hands out at most 32 distinct side s
 then repeats them; :meth:`Device.stream` caches streams by name and never returns one this
 device already uses for another name. Event times are on the device's clock
 (``time.perf_counter`` unless injected); CUDA event times are mapped onto it through a
-reference event.
+reference event. That mapping is a float32 count of milliseconds since the reference
+(``cudaEventElapsedTime``), whose quantum grows with the reference's age (about 8 us two
+minutes on), so a duration is never a difference of two such times: ``seconds_since``
+measures it from its own start event (as vLLM times its transfers), and ``reanchor`` starts a
+fresh reference where a run or a measurement begins.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
@@ -57,6 +63,8 @@ class Event(Protocol):
     def synchronize(self) -> None: ...
 
     def time(self) -> float: ...
+
+    def seconds_since(self, start: Event) -> float: ...
 
 
 class Stream(Protocol):
@@ -132,6 +140,10 @@ class CpuEvent:
         if self._time is None:
             raise RuntimeError("event time read before the event completed")
         return self._time
+
+    def seconds_since(self, start: Event) -> float:
+        """Seconds from ``start`` to this event (both complete; the clock is float64)."""
+        return self.time() - cast(CpuEvent, start).time()
 
 
 class CpuStream:
@@ -247,8 +259,15 @@ class CudaEvent:
         self._ev.synchronize()
 
     def time(self) -> float:
+        """Device-clock time of the event: the reference's clock time plus the float32
+        milliseconds since the reference event (coarser as the reference ages)."""
         ref_event, ref_time = self._device._reference()
         return ref_time + ref_event.elapsed_time(self._ev) / 1e3
+
+    def seconds_since(self, start: Event) -> float:
+        """Seconds from ``start`` to this event, measured between the two events
+        (``cudaEventElapsedTime``: about half a microsecond of resolution at any age)."""
+        return _cuda_event(start)._ev.elapsed_time(self._ev) / 1e3
 
 
 class CudaStream:
@@ -410,6 +429,24 @@ class Device:
     def new_event(self) -> Event:
         return CudaEvent(self) if self.is_cuda else CpuEvent(self)
 
+    @contextlib.contextmanager
+    def on_compute_stream(self) -> Iterator[None]:
+        """Tensor work issued inside goes to the compute stream (CUDA); on CPU it runs at
+        once, as every CPU tensor operation does. For buffers built at construction that
+        every stream later reads: each job's stream waits for the compute stream."""
+        if self.is_cuda:
+            with torch.cuda.stream(as_cuda_stream(self.compute_stream).raw):
+                yield
+        else:
+            yield
+
+    def staging_allocator(self) -> Callable[[int], torch.Tensor]:
+        """How host staging words are allocated: page-locked on CUDA (asynchronous copies),
+        plain memory on the CPU stand-ins (:mod:`real.staging`)."""
+        from real.staging import host_words, pinned_words
+
+        return pinned_words if self.is_cuda else host_words
+
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.torch_device)
 
@@ -497,6 +534,12 @@ class Device:
     def set_clock(self, clock: Clock) -> None:
         """Switch to another clock (a run's monotonic clock); re-anchors CUDA event times."""
         self.clock = clock
+        self.reanchor()
+
+    def reanchor(self) -> None:
+        """A fresh reference for absolute CUDA event times (where a run or a measurement
+        starts), so their float32 quantum stays that of a young reference. Times of events
+        read before and after are on the same clock, up to the anchoring error."""
         self._ref = None
         if self.is_cuda:
             self._reference()

@@ -2,16 +2,23 @@
 
 The row size is vLLM's ``kv_bytes_per_chunk`` (the raw chunk rounded up to 4096 bytes,
 see :mod:`kvsim.specs.sizing`), so the pool holds exactly the bytes vLLM would allocate, with
-no power-of-two rounding (``pin_memory=True`` would round up). The base is page-aligned
-(``torch.empty`` is only 64-byte aligned: pieces of a pool over 64 GiB would then start
-mid-page), and the pages are touched once up front (``prefault``) as vLLM pre-faults its
-region, so first-touch page faults never land inside a timed copy.
+no power-of-two rounding (``pin_memory=True`` would round up). The region is an anonymous
+``mmap`` (as vLLM's shared offload region is), so the tensor's *storage* starts on a page,
+not only its data: ``torch.empty`` is only 64-byte aligned, and a page-aligned view into a
+larger ``torch.empty`` buffer leaves the storage base in an unregistered page, where
+``Tensor.is_pinned()`` (which asks CUDA about the storage base, not the view) answers
+False for a registered pool. The pages are touched once up front (``prefault``) as vLLM
+pre-faults its region, so first-touch page faults never land inside a timed copy.
 
 On CUDA the region is page-locked with ``cudaHostRegister`` in row-aligned pieces of at
 most 64 GiB (one call over 512 GiB fails, vLLM issue #51080); copies never span two pieces
 (``piece_words``). Any failure unregisters the pieces already done, clears the CUDA error
 (:mod:`real.cuda_rt`); with ``require_pin`` it then raises, otherwise the pool stays
 pageable (transfers still work, only slower), as vLLM does.
+
+Every registered piece is also recorded here (:func:`is_registered`), so a copy path asks
+the pool's registrations whether a tensor is page-locked instead of trusting
+``Tensor.is_pinned()`` alone (:func:`host_pinned`), on CUDA and on the CPU stand-ins alike.
 
 Within a row, sub-block ``j`` of layer ``l`` lives at
 ``l * page * units + j * page`` (layer-major, vLLM's per-tensor slot order) or at
@@ -20,6 +27,9 @@ Within a row, sub-block ``j`` of layer ``l`` lives at
 
 from __future__ import annotations
 
+import bisect
+import mmap
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,9 +45,19 @@ HOST_PAGE = 4096
 Register = Callable[[int, int], None]  # (pointer, bytes); raises on failure
 Unregister = Callable[[int], None]
 
-__all__ = ["HostLayout", "HostPool", "PinError", "aligned_empty", "keep_forever"]
+__all__ = [
+    "HostLayout",
+    "HostPool",
+    "PinError",
+    "aligned_empty",
+    "host_pinned",
+    "is_registered",
+    "keep_forever",
+]
 
 _LEAKED: list[object] = []  # memory a device may still be copying into: never freed
+_REGISTERED: list[tuple[int, int]] = []  # (start, end) byte ranges page-locked by a pool, sorted
+_REGISTERED_LOCK = threading.Lock()
 
 
 def keep_forever(*objects: object) -> None:
@@ -53,11 +73,51 @@ def cuda_unregister(ptr: int) -> None:
     host_unregister(ptr)
 
 
-def aligned_empty(nbytes: int, dtype: torch.dtype, align: int = HOST_PAGE) -> torch.Tensor:
-    """An uninitialised CPU tensor of ``nbytes`` whose first byte is ``align``-aligned."""
-    raw = torch.empty(nbytes + align, dtype=torch.uint8)
-    start = -raw.data_ptr() % align
-    return raw[start : start + nbytes].view(dtype)
+def aligned_empty(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled CPU tensor of ``nbytes`` (a positive multiple of the dtype's size) on
+    an anonymous ``mmap``: its storage, and so its first byte, starts on a page. The tensor
+    keeps the mapping alive; the pages are only backed once touched."""
+    if nbytes <= 0:
+        raise ValueError(f"a host region needs a positive size, got {nbytes} bytes")
+    region = mmap.mmap(-1, nbytes)
+    return torch.frombuffer(region, dtype=dtype)
+
+
+def _record_registered(start: int, nbytes: int) -> None:
+    with _REGISTERED_LOCK:
+        bisect.insort(_REGISTERED, (start, start + nbytes))
+
+
+def _forget_registered(start: int) -> None:
+    with _REGISTERED_LOCK:
+        i = bisect.bisect_left(_REGISTERED, (start, -1))
+        if i < len(_REGISTERED) and _REGISTERED[i][0] == start:
+            del _REGISTERED[i]
+
+
+def is_registered(ptr: int, nbytes: int) -> bool:
+    """Whether every byte of ``[ptr, ptr + nbytes)`` lies in pieces a pool registered
+    (adjacent pieces count as one range; a copy never spans two, but a whole pool does)."""
+    end, at = ptr + max(nbytes, 1), ptr
+    with _REGISTERED_LOCK:
+        i = max(bisect.bisect_right(_REGISTERED, (ptr, float("inf"))) - 1, 0)
+        for start, stop in _REGISTERED[i:]:
+            if start > at:
+                return False
+            at = max(at, stop)
+            if at >= end:
+                return True
+    return False
+
+
+def host_pinned(t: torch.Tensor) -> bool:
+    """Whether ``t`` is page-locked host memory: bytes a pool registered (what the pool
+    says, for any view of it), or memory torch pinned itself (``pin_memory()``)."""
+    if t.device.type != "cpu":
+        return False
+    if is_registered(t.data_ptr(), t.numel() * t.element_size()):
+        return True
+    return bool(t.is_pinned())  # torch's pinned allocator (its storage base is the data)
 
 
 @dataclass(frozen=True)
@@ -151,6 +211,7 @@ class HostPool:
                 size = min(piece_bytes, self.nbytes - start)
                 register(base + start, size)
                 self.pieces.append((base + start, size))
+                _record_registered(base + start, size)
         except BaseException as exc:
             self._unpin()
             self.pin_error = str(exc) or type(exc).__name__
@@ -165,6 +226,7 @@ class HostPool:
         errors = []
         while self.pieces:
             ptr, _ = self.pieces.pop()
+            _forget_registered(ptr)
             try:
                 if self._unregister is not None:
                     self._unregister(ptr)
@@ -182,7 +244,17 @@ class HostPool:
         """Keep the memory pinned and allocated for the life of the process: for when the
         device may still be copying into it (waiting for it failed)."""
         keep_forever(self.data)
-        self.pieces.clear()
+        self.pieces.clear()  # still registered (and recorded as such) for good
+
+    def holds_pinned(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lies in this pool while the pool is page-locked (the pool's own
+        answer, which :func:`host_pinned` must agree with)."""
+        return self.pinned and self.contains(t)
+
+    def contains(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s bytes lie inside this pool's region."""
+        a, base = t.data_ptr(), self.data.data_ptr()
+        return base <= a and a + t.numel() * t.element_size() <= base + self.nbytes
 
     def __enter__(self) -> HostPool:
         return self

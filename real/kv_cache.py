@@ -12,17 +12,28 @@ page). Two layouts:
 Either way ``block_view(b)`` is the same logical ``[num_layers, page]`` array, and every
 computed block is filled from a pattern derived from its key, so a load can be checked
 byte for byte wherever the bytes travelled.
+
+The cache and its word pattern are built when the cache is, on the device's compute stream
+(:meth:`real.device.Device.on_compute_stream`): every fill runs on that stream and every
+check on a job stream that first waits for it, so no stream can read the pattern before
+it is written. (Built lazily, the pattern would belong to whichever stream first asked,
+and the compute stream could read it before that stream had written it.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvsim.specs.models import ModelSpec
+
+if TYPE_CHECKING:
+    from real.device import Device
 
 LAYER_MAJOR = "layer_major"
 BLOCK_FIRST = "block_first"
@@ -89,7 +100,9 @@ def key_terms(seeds: torch.Tensor, num_layers: int) -> torch.Tensor:
 
 
 class GpuKVCache:
-    """``num_blocks`` blocks of ``geometry`` in ``layout`` on ``device`` (a torch device).
+    """``num_blocks`` blocks of ``geometry`` in ``layout`` on ``device`` (a
+    :class:`real.device.Device`: built on its compute stream; or a torch device, for tools
+    and tests of CPU tensors: built on torch's current stream).
 
     A block holding key ``k`` has word ``w`` of layer ``l`` equal to
     ``word_pattern[w] ^ key_terms(seed(k))[l]``: every word differs between keys, layers
@@ -105,7 +118,7 @@ class GpuKVCache:
         geometry: KVGeometry,
         num_blocks: int,
         layout: str = BLOCK_FIRST,
-        device: torch.device | str = "cpu",
+        device: Device | torch.device | str = "cpu",
     ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -114,16 +127,22 @@ class GpuKVCache:
         self.geometry = geometry
         self.num_blocks = num_blocks
         self.layout = layout
-        self.device = torch.device(device)
         g = geometry
         if layout == LAYER_MAJOR:
             shape = (g.num_layers, num_blocks, g.page_words)
         else:
             shape = (num_blocks, g.num_layers, g.page_words)
-        self.data = torch.zeros(shape, dtype=g.dtype, device=self.device)
+        where: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if isinstance(device, (torch.device, str)):
+            self.device = torch.device(device)
+        else:
+            self.device = device.torch_device
+            where = device.on_compute_stream()
+        with where:
+            self.data = torch.zeros(shape, dtype=g.dtype, device=self.device)
+            self._words = word_pattern(g.page_words, self.device)
         self.flat = self.data.view(-1)
         self._block_dim = 1 if layout == LAYER_MAJOR else 0
-        self._words: torch.Tensor | None = None
         self._local = threading.local()
 
     @property
@@ -150,9 +169,7 @@ class GpuKVCache:
     # --- patterns, batched
 
     def _word_pattern(self) -> torch.Tensor:
-        if self._words is None:
-            self._words = word_pattern(self.geometry.page_words, self.device)
-        return self._words
+        return self._words  # built with the cache, on the compute stream
 
     def _scratch(self, slot: int, shape: tuple[int, ...]) -> torch.Tensor | None:
         """A reusable int64 buffer of ``shape`` for this thread (CPU only: fresh large CPU

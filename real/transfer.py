@@ -16,18 +16,27 @@ jobs strictly FIFO while the directions overlap (PCIe is full duplex). Per job, 
    conflicting access, so memory is never reused before an earlier job is done with it.
    The compute stream never waits for loads: like vLLM's scheduler, the engine runs a
    request only after ``poll`` reported its load finished;
-4. start and end events are recorded around the copies; ``poll`` reports a direction's
-   head only once its end event completed, so completions are in submission order;
+4. start and end events are recorded around the copies, which the copy path enqueues
+   from the host at submission; ``poll`` reports a direction's head only once its end event
+   completed, so completions are in submission order. A job's duration is measured from
+   its start event to its end event (never as a difference of two absolute times, whose
+   float32 quantum grows as the run goes on, see :mod:`real.device`);
 5. a copy that raises ends the job with ``success=False`` (the engine then calls
    ``complete_store(success=False)``, which frees the chunk).
+
+When the backend starts it has the copy path compile what its jobs will run (the gather
+kernel's tile for its page size), so no compile lands inside a timed job.
 
 Integrity: a store first writes its blocks' key patterns on the compute stream (emulating
 the forward that computed them; one batched fill per job). A load enqueues, right behind
 its copies on its own stream, one batched comparison of all its blocks with their
-patterns; the per-block mismatch counts go to host memory (pinned on CUDA) and a ``done``
-event is recorded after them. ``poll`` reads the counts only once that event completed,
-so nothing in ``poll`` waits for the device, and a later job into the same block (which
-waits for ``done``) can never be checked in its place.
+patterns; the per-block mismatch counts go to host memory and a ``done`` event is recorded
+after them. ``poll`` reads the counts only once that event completed, so nothing in
+``poll`` waits for the device, and a later job into the same block (which waits for
+``done``) can never be checked in its place. Block ids, seeds and counts travel through one
+staging buffer allocated when the backend starts (pinned on CUDA; :mod:`real.staging`), a
+slice reused only once the event after its last use completed and the host read it: no
+page-locked allocation happens inside a job.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from real.copy_path import CopyPath, Run
 from real.device import Device, Event, Stream
 from real.host_pool import HostPool
 from real.kv_cache import LAYER_MAJOR, GpuKVCache, key_seed
+from real.staging import Lease, StagingBuffer
 
 Fault = Callable[[TransferJob], bool]
 Pair = tuple[int, int, int, object]  # (gpu block, chunk, sub-block, identity or None)
@@ -80,8 +90,9 @@ class JobRecord:
     descriptors: int  # page copies before coalescing (blocks x layers or blocks)
     copies: int  # descriptors handed to the copy path after coalescing
     submit_time: float
-    start_time: float = 0.0
+    start_time: float = 0.0  # device clock: from the reference event (coarse late in a run)
     end_time: float = 0.0
+    duration_s: float = 0.0  # start event to end event, measured between the two
     success: bool = True
     error: str | None = None
     mismatched_blocks: int = 0
@@ -89,15 +100,18 @@ class JobRecord:
 
     @property
     def duration(self) -> float:
-        return self.end_time - self.start_time
+        """The job's measured copy time (``duration_s``)."""
+        return self.duration_s
 
 
 @dataclass
 class _Check:
-    """A load's pending byte check: counts land in ``out`` (host) before ``done`` fires."""
+    """A load's pending byte check: counts land in ``out`` (host) before ``done`` fires;
+    ``lease`` is the staging slice of its ids, seeds and counts."""
 
     out: torch.Tensor
     unchecked: int
+    lease: Lease
 
 
 @dataclass
@@ -186,6 +200,9 @@ class RealTransferBackend:
         self._ready: list[TransferResult] = []
         self.integrity = Integrity()
         self.records: list[JobRecord] = []
+        self.jobs: dict[int, TransferJob] = {}  # every job submitted (to replay one alone)
+        self.staging = StagingBuffer(device.staging_allocator())
+        self.copy_path.prepare(self.page_words * g.word_bytes, device.torch_device)
 
     # ------------------------------------------------------------------ planning
 
@@ -290,14 +307,16 @@ class RealTransferBackend:
 
     # ------------------------------------------------------------------ device tensors
 
-    def _index_tensors(self, pairs: Sequence[Pair]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Host int64 tensors of the keyed blocks and their seeds (pinned on CUDA)."""
+    def _stage_keys(self, pairs: Sequence[Pair], extra: int = 0) -> tuple[Lease, int, int]:
+        """The keyed blocks' ids then their seeds in a staging slice (``extra`` more words
+        after them); returns ``(lease, keyed blocks, unkeyed blocks)``."""
         keyed = [(b, key_seed(ident)) for b, _, _, ident in pairs if ident is not None]
-        blocks = torch.tensor([b for b, _ in keyed], dtype=torch.int64)
-        seeds = torch.tensor([s for _, s in keyed], dtype=torch.int64)
-        if self.device.is_cuda:
-            blocks, seeds = blocks.pin_memory(), seeds.pin_memory()
-        return blocks, seeds, len(pairs) - len(keyed)
+        n = len(keyed)
+        lease = self.staging.take(2 * n + extra)
+        if n:
+            ids = torch.tensor([v for kv in zip(*keyed) for v in kv], dtype=torch.int64)
+            lease.words[: 2 * n].copy_(ids)
+        return lease, n, len(pairs) - n
 
     def _on_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device.torch_device, non_blocking=True)
@@ -309,29 +328,36 @@ class RealTransferBackend:
         in one batched operation per job."""
         compute = self.device.compute_stream
         self.wait_blocks_free(compute, [p[0] for p in pairs])
-        blocks, seeds, _ = self._index_tensors(pairs)
-        if not blocks.numel():
+        lease, n, _ = self._stage_keys(pairs)
+        if not n:
+            lease.release()
             return
-        gpu, on_device = self.gpu, self._on_device
+        gpu, on_device, staged = self.gpu, self._on_device, lease.words
 
         def fill() -> None:
-            gpu.fill_many(on_device(blocks), on_device(seeds))
+            both = on_device(staged)
+            gpu.fill_many(both[:n], both[n:])
 
         compute.run(fill)
+        fence = self.device.new_event()
+        fence.record(compute)
+        lease.guard(fence)
 
     def _enqueue_check(self, stream: Stream, pairs: Sequence[Pair]) -> _Check:
-        blocks, seeds, unchecked = self._index_tensors(pairs)
-        n = int(blocks.numel())
-        out = torch.zeros(n, dtype=torch.int64, pin_memory=self.device.is_cuda)
+        """Queue the byte check of a load's blocks on its stream (``done`` guards the
+        staging slice; ``_settle`` releases it once it read the counts)."""
+        count = sum(1 for p in pairs if p[3] is not None)
+        lease, n, unchecked = self._stage_keys(pairs, extra=count)
+        out = lease.words[2 * n :]
         if n:
-            gpu, on_device = self.gpu, self._on_device
+            gpu, on_device, staged = self.gpu, self._on_device, lease.words[: 2 * n]
 
             def check() -> None:
-                counts = gpu.mismatch_counts(on_device(blocks), on_device(seeds))
-                out.copy_(counts, non_blocking=True)
+                both = on_device(staged)
+                out.copy_(gpu.mismatch_counts(both[:n], both[n:]), non_blocking=True)
 
             stream.run(check)
-        return _Check(out, unchecked)
+        return _Check(out, unchecked, lease)
 
     # ------------------------------------------------------------------ protocol
 
@@ -368,51 +394,50 @@ class RealTransferBackend:
         stable = not to_host and not any(  # nothing in flight writes the source chunks
             o.job.direction == STORE and chunks & {c for _, c, _, _ in o.pairs} for o in conflicts
         )
-        stream.run(self._copy_fn(inflight, runs, to_host, stream, stable))
+        self._enqueue_copies(inflight, runs, to_host, stream, stable)
         end.record(stream)
         if not to_host and self.verify_loads:
             inflight.check = self._enqueue_check(stream, pairs)
             inflight.done = self.device.new_event()
             inflight.done.record(stream)
+            lease = inflight.check.lease
+            lease.guard(inflight.done, hold=True)
+            lease.reclaim = lambda: self._read_check(inflight, wait=True)
+        self.jobs[job.job_id] = job
         for res, writes in inflight.resources:
             self._touching.setdefault(res, []).append((inflight, writes))
         self._queues[job.direction].append(inflight)
         self._by_id[job.job_id] = inflight
         self._unsettled.append(inflight)
 
-    def _copy_fn(
+    def _enqueue_copies(
         self,
         inflight: _InFlight,
         runs: Sequence[Run],
         to_host: bool,
         stream: Stream,
         stable_source: bool,
-    ) -> Callable[[], None]:
+    ) -> None:
+        """Hand the job's runs to the copy path now, as vLLM's worker issues its copies at
+        submission; a path that raises (a driver error, the test's fault hook after
+        enqueueing half the runs) fails the job instead of the run."""
         gpu_flat, host_flat = self.gpu.flat, self.host.data
         dst, src = (host_flat, gpu_flat) if to_host else (gpu_flat, host_flat)
         path, page = self.copy_path, self.page_words
         fail = self.fault is not None and self.fault(inflight.job)
-
-        def copy() -> None:
-            try:
-                if fail:
-                    half = runs[: len(runs) // 2]
-                    path.copy(
-                        dst, src, half, stream=stream, stable_source=stable_source, page_words=page
-                    )
-                    raise InjectedCopyError(f"injected failure in job {inflight.job.job_id}")
-                path.copy(
-                    dst, src, runs, stream=stream, stable_source=stable_source, page_words=page
-                )
-            except Exception as exc:  # a failed copy is a result, not a crash
-                inflight.error = f"{type(exc).__name__}: {exc}"
-
-        return copy
+        try:
+            part = runs[: len(runs) // 2] if fail else runs
+            path.copy(dst, src, part, stream=stream, stable_source=stable_source, page_words=page)
+            if fail:
+                raise InjectedCopyError(f"injected failure in job {inflight.job.job_id}")
+        except Exception as exc:  # a failed copy is a result, not a crash
+            inflight.error = f"{type(exc).__name__}: {exc}"
 
     def _finish(self, inflight: _InFlight) -> TransferResult:
         job, rec = inflight.job, inflight.record
         rec.start_time = inflight.start.time()
         rec.end_time = inflight.end.time()
+        rec.duration_s = inflight.end.seconds_since(inflight.start)
         rec.success = inflight.error is None
         rec.error = inflight.error
         inflight.finished = True
@@ -428,26 +453,39 @@ class RealTransferBackend:
             job.submit_time,
         )
 
+    def _read_check(self, inflight: _InFlight, *, wait: bool) -> bool:
+        """Account a load's byte check once its ``done`` event completed (``wait``: block
+        on it) and give its staging slice back; True once read (or nothing to read)."""
+        check = inflight.check
+        if check is None or check.lease.released:
+            return True
+        if wait:
+            inflight.done.synchronize()
+        elif not inflight.done.query():
+            return False
+        if inflight.error is None:
+            counts = check.out.numpy()
+            bad = int((counts > 0).sum())
+            integ = self.integrity
+            integ.checked_blocks += int(counts.size)
+            integ.unchecked_blocks += check.unchecked
+            integ.mismatched_blocks += bad
+            integ.mismatched_bytes += int(counts.sum())
+            inflight.record.mismatched_blocks = bad
+        check.lease.release()
+        return True
+
     def _settle(self, block: bool = False) -> None:
-        """Account the checks of finished jobs whose ``done`` event completed, and free
-        their memory (a job's memory stays busy until its result was handed out, too)."""
+        """Account the checks whose ``done`` event completed, and free the memory of jobs
+        that are done and whose result was handed out (it stays busy until then)."""
         left = []
         for inflight in self._unsettled:
             if block:
                 inflight.done.synchronize()
-            if not inflight.finished or not inflight.done.query():
+            read = self._read_check(inflight, wait=False)
+            if not (read and inflight.finished and inflight.done.query()):
                 left.append(inflight)
                 continue
-            check = inflight.check
-            if check is not None and inflight.error is None:
-                counts = check.out.numpy()
-                bad = int((counts > 0).sum())
-                integ = self.integrity
-                integ.checked_blocks += int(counts.size)
-                integ.unchecked_blocks += check.unchecked
-                integ.mismatched_blocks += bad
-                integ.mismatched_bytes += int(counts.sum())
-                inflight.record.mismatched_blocks = bad
             self._release(inflight)
         self._unsettled = left
 

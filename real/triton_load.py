@@ -13,15 +13,23 @@ under unified addressing). This module supplies the kernel in kvsim's terms:
   a persistent grid of ``min(12, n)`` programs with tiles of ``next_pow2(largest page)``
   bytes (at most 8 KiB), compiled with ``triton.jit`` on CUDA or run by Triton's CPU
   interpreter (``interpret=True``) so tests execute the same code on CPU tensors;
-* :func:`resolve_gather_kernel`: the kernel for a CUDA device once a probe copy from
-  page-locked memory came back byte-exact, else ``(None, reason)``. Triton stays optional:
-  nothing here imports it before a CUDA device asks.
+* :func:`resolve_gather_kernel`: the kernel for a CUDA device once a probe copy came back
+  byte-exact, else ``(None, reason)``. The probe reads memory page-locked the way the host
+  pool is (``cudaHostRegister``, not ``pin_memory()``: the kernel dereferences the host
+  address, which must be usable on the device) with the 8 KiB tile that every page over
+  4 KiB uses. Triton stays optional: nothing here imports it before a CUDA device asks.
+
+A tile size is compiled (and its module loaded) by :meth:`GatherKernel.prepare`, which a
+backend calls when it starts, for the page size of its jobs: a compile takes seconds and
+must never land inside a timed job (``unprepared_launches`` counts launches that could
+have). On CUDA the page table reaches the device through one pinned staging ring
+(:mod:`real.staging`), each slice reused only once the launch that read it completed.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +37,7 @@ import numpy.typing as npt
 import torch
 
 from kvsim.engine.copy_paths import KERNEL_WORD_BYTES
+from real.staging import StagingBuffer, pinned_words
 
 if TYPE_CHECKING:
     from real.copy_path import Run
@@ -37,6 +46,9 @@ if TYPE_CHECKING:
 MAX_PROGRAMS = 12  # vLLM's NUM_SMS: the smallest slice of an H100 near peak for 8-32 KiB
 MAX_TILE_BYTES = 8192
 PROBE_PAGES = 17  # at least KERNEL_MIN_DESCRIPTORS, and not a multiple of the grid
+PROBE_TILE = MAX_TILE_BYTES // KERNEL_WORD_BYTES  # the tile of every page over 4 KiB
+PROBE_PAGE_WORDS = (3, PROBE_TILE, PROBE_TILE + 500)  # under, at and over one tile
+STAGING_WORDS = 1 << 16  # page tables of several thousand pages in flight
 
 
 def tile_words(page_bytes: int) -> int:
@@ -100,20 +112,58 @@ class GatherKernel:
             # one binary for every job length (no recompiles as n changes)
             self._fn = triton.jit(gather_words, do_not_specialize=["n"])
         self.launches = 0
+        self.tiles: set[int] = set()  # tile sizes prepared (compiled and loaded)
+        self.unprepared_launches = 0  # launches of a tile no prepare() had compiled
+        self._staging: StagingBuffer | None = None
+
+    def prepare(self, tile: int, device: torch.device) -> None:
+        """Compile and load the kernel for ``tile`` words with one small device-to-device
+        copy (checked), so no job pays for it; once per tile size."""
+        if tile in self.tiles:
+            return
+        words = 2 * tile + 8
+        src = torch.arange(words, dtype=torch.int64, device=device)
+        dst = torch.full((words,), -1, dtype=torch.int64, device=device)
+        pages = np.array([[0, words - tile - 5, tile + 5], [tile + 6, 0, 2]], dtype=np.int64)
+        self._launch(dst, src, pages, tile)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        want = torch.full((words,), -1, dtype=torch.int64)
+        for d, s_, w in pages.tolist():
+            want[d : d + w] = torch.arange(s_, s_ + w)
+        if not torch.equal(dst.cpu(), want):
+            raise RuntimeError(f"the gather kernel's tile of {tile} words copied wrong bytes")
+        self.tiles.add(tile)
 
     def copy_pages(
         self, dst: torch.Tensor, src: torch.Tensor, pages: npt.NDArray[np.int64], *, tile: int
     ) -> None:
         """Copy ``pages`` (``[n, 3]`` element offsets) from ``src`` to ``dst`` on the current
         stream; ``tile`` words per step (:func:`tile_words`)."""
-        n = len(pages)
-        if n == 0:
+        if len(pages) == 0:
             return
-        table = torch.from_numpy(page_table(dst, src, pages))
-        if dst.is_cuda:  # staged through pinned memory; the caching allocator keeps it alive
-            table = table.pin_memory().to(dst.device, non_blocking=True)
-        self._fn[(min(MAX_PROGRAMS, n),)](table, n, TILE=tile)
+        if tile not in self.tiles:
+            self.unprepared_launches += 1
+        self._launch(dst, src, pages, tile)
         self.launches += 1
+
+    def _launch(
+        self, dst: torch.Tensor, src: torch.Tensor, pages: npt.NDArray[np.int64], tile: int
+    ) -> None:
+        n = len(pages)
+        table = torch.from_numpy(page_table(dst, src, pages))
+        if not dst.is_cuda:  # Triton's interpreter reads the host table directly
+            self._fn[(min(MAX_PROGRAMS, n),)](table, n, TILE=tile)
+            return
+        if self._staging is None:
+            self._staging = StagingBuffer(pinned_words, STAGING_WORDS)
+        lease = self._staging.take(3 * n)
+        lease.words.copy_(table.view(-1))
+        on_device = lease.words.to(dst.device, non_blocking=True)
+        self._fn[(min(MAX_PROGRAMS, n),)](on_device, n, TILE=tile)
+        fence = torch.cuda.Event()
+        fence.record()  # the current stream: the one the table's copy and the launch are on
+        lease.guard(fence)
 
 
 _resolved: dict[int, tuple[GatherKernel | None, str]] = {}
@@ -129,9 +179,9 @@ def import_triton() -> tuple[Any, str]:
 
 def resolve_gather_kernel(device: Device) -> tuple[GatherKernel | None, str]:
     """The compiled kernel for a CUDA device, once it copied a probe of 17 pages from
-    page-locked host memory byte for byte; ``(None, reason)`` on CPU, without Triton, on
-    ROCm, or when the probe fails (no compiler, no unified addressing). Resolved once per
-    GPU."""
+    host memory registered as the pool's is, byte for byte; ``(None, reason)`` on CPU,
+    without Triton, on ROCm, when pinning is refused (the kernel reads pinned memory only)
+    or when the probe fails (no compiler, no unified addressing). Resolved once per GPU."""
     if not device.is_cuda:
         return None, "not a CUDA device"
     index = device.torch_device.index or 0
@@ -146,22 +196,49 @@ def _probe(device: Device) -> tuple[GatherKernel | None, str]:
         return None, reason
     if torch.version.hip is not None:
         return None, "ROCm: vLLM keeps host mappings off the Triton path there"
+    kernel, why = probe_copy(device, GatherKernel)
+    version = getattr(triton, "__version__", "?")
+    return kernel, (f"triton {version}: {why}" if kernel is not None else why)
+
+
+def probe_copy(
+    device: Device, make_kernel: Callable[[], GatherKernel]
+) -> tuple[GatherKernel | None, str]:
+    """Gather 17 pages of 3, 1024 and 1524 words (under, at and over the 8 KiB tile), in
+    reverse order with a gap after each, from a small pool registered as the host pool is,
+    into ``device`` memory; the kernel when every word, and no gap, came back right."""
+    from real.host_pool import HostLayout, HostPool, PinError
+    from real.kv_cache import KVGeometry
+
+    sizes = np.resize(np.array(PROBE_PAGE_WORDS, dtype=np.int64), PROBE_PAGES)
+    slots = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]])
+    words = int(slots[-1] + sizes[-1] + 1)
     try:
-        kernel = GatherKernel()
-        # pages of 3 words (smaller than the tile: the mask is exercised), every other
-        # slot, gathered in reverse order; the gaps between them must stay untouched
-        page, words = 3, 2 * PROBE_PAGES * 3
-        src = torch.arange(words, dtype=torch.int64).pin_memory()
+        pool = HostPool(
+            HostLayout(KVGeometry(1, 4096), 1), -(-words // 512), pin=True, require_pin=True
+        )
+    except PinError as exc:
+        return None, f"pinning refused, and the kernel reads page-locked memory only ({exc})"
+    try:
+        kernel = make_kernel()
+        src = pool.data[:words]
+        src.copy_(torch.arange(words, dtype=torch.int64))
         dst = torch.full((words,), -1, dtype=torch.int64, device=device.torch_device)
-        slots = np.arange(PROBE_PAGES, dtype=np.int64) * 2 * page
-        pages = np.stack([slots, slots[::-1], np.full(PROBE_PAGES, page)], axis=1)
-        kernel.copy_pages(dst, src, pages, tile=tile_words(page * KERNEL_WORD_BYTES))
-        torch.cuda.synchronize(device.torch_device)
+        pages = np.stack([slots, slots[::-1], sizes], axis=1)
+        kernel.copy_pages(dst, src, pages, tile=PROBE_TILE)
+        device.run_pending()
         want = torch.full((words,), -1, dtype=torch.int64)
         for d, s, w in pages.tolist():
             want[d : d + w] = src[s : s + w]
         if not torch.equal(dst.cpu(), want):
             return None, "the probe copy from page-locked memory came back wrong"
+        kernel.tiles.add(PROBE_TILE)
     except Exception as exc:  # no C compiler for Triton's launcher, no UVA, ...
         return None, f"probe failed ({type(exc).__name__}: {exc})"
-    return kernel, f"triton {getattr(triton, '__version__', '?')}: probe copy exact"
+    finally:
+        try:
+            device.run_pending()
+            pool.close()
+        except Exception:  # the device failed: it may still read the pool, so keep it
+            pool.leak()
+    return kernel, "probe copy from registered memory exact"

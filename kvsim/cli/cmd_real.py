@@ -215,6 +215,23 @@ def calibrate_command(
     help="Multiply every modelled forward pass (both runs; default 1 on CUDA, 0.25 on CPU).",
 )
 @click.option("--policy", default="lru", show_default=True, help="Eviction policy.")
+@click.option(
+    "--select",
+    type=click.Choice(["all", "conversations"]),
+    default="all",
+    show_default=True,
+    help="Which requests: the first --limit, or the first --limit turns of multi-turn "
+    "conversations among 10 x --limit requests (later turns load what earlier ones stored; "
+    "a Mooncake stretch otherwise has almost no loads).",
+)
+@click.option(
+    "--noise-jobs",
+    type=click.IntRange(min=0),
+    default=24,
+    show_default=True,
+    help="Jobs of the run replayed alone 5 times each after it, to report the measurement's "
+    "own noise beside the job-time error (0: skip).",
+)
 @click.option("--device", "device_kind", type=click.Choice(["auto", "cuda", "cpu"]), default="auto")
 @click.option(
     "--out",
@@ -239,6 +256,8 @@ def validate_command(
     time_scale: float,
     compute_scale: float | None,
     policy: str,
+    select: str,
+    noise_jobs: int,
     device_kind: str,
     out: str | None,
     as_json: bool,
@@ -246,7 +265,8 @@ def validate_command(
 ) -> None:
     """Run TRACE twice through the same engine, manager and policies: simulated transfers
     on the virtual clock, then real copies (CUDA, or CPU tensors without it) on a
-    monotonic clock; print how far simulation and hardware differ.
+    monotonic clock; print how far simulation and hardware differ, beside the noise of
+    the measurement itself and caveats (too few load jobs, an error within the noise).
 
     \b
     Example:
@@ -284,6 +304,8 @@ def validate_command(
         compute_scale=compute_scale if compute_scale is not None else default_scale,
         policy=policy,
         allow_unpinned=allow_unpinned,
+        select=select,
+        noise_jobs=noise_jobs,
     )
     params = get_link(profile) if profile else None
     try:
@@ -297,7 +319,10 @@ def validate_command(
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
+        notes = summary.pop("caveats")
         click.echo(format_table(summary, "kvsim validate (simulated vs real)"))
+        for note in notes:
+            click.echo(f"caveat: {note}")
 
 
 def _int_list(option: str, text: str | None) -> tuple[int, ...] | None:

@@ -258,6 +258,7 @@ def test_the_engine_tells_the_model_what_decodes_read():
 
     from kvsim.engine.engine import Engine
     from kvsim.engine.params import EngineParams
+    from kvsim.engine.transfer_model import LINK_PRESETS
     from kvsim.options.offload import CacheConfig
     from kvsim.traces import Request, Trace
 
@@ -269,6 +270,7 @@ def test_the_engine_tells_the_model_what_decodes_read():
         model=LLAMA8,
         gpu=get_gpu("h200"),
         compute=spy,
+        transfer=LINK_PRESETS["pcie5"],
         offload=False,
     )
     engine.run(Trace.from_requests(reqs, 16))

@@ -6,6 +6,7 @@ import pytest
 
 from kvsim.specs.models import get_model
 from kvsim.specs.sizing import size_for_model
+from real import host_pool
 from real.host_pool import HostLayout, HostPool, PinError
 from real.kv_cache import BLOCK_FIRST, LAYER_MAJOR, KVGeometry
 
@@ -143,3 +144,47 @@ def test_failed_cuda_register_leaves_no_pending_error(monkeypatch):
     with pytest.raises(PinError):
         HostPool(HostLayout(KVGeometry(2, 2048), 1), 4, pin=True, require_pin=True)
     assert fake.last_error == 0
+
+
+def test_pool_storage_starts_on_the_page():
+    """Issue 29, fault 1: torch answers ``is_pinned()`` for a tensor's storage base, not
+    its data pointer. A page-aligned view into a larger ``torch.empty`` left the base 4 KiB
+    short of the registered pages; the pool's storage itself must start on the page."""
+    for chunks in (1, 3, 17):
+        pool = HostPool(HostLayout(KVGeometry(2, 2048), 1), chunks)
+        base = pool.data.untyped_storage().data_ptr()
+        assert base == pool.data.data_ptr() and base % 4096 == 0
+
+
+def test_the_copy_paths_pinned_predicate_agrees_with_the_pool():
+    """The predicate the copy path routes loads by (its default, not a test's override)
+    says what the pool says, for the whole pool and any view of it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from real.copy_path import KernelLoadCopy, TorchCopy
+
+    reg = FakeRegistrar()
+    layout = HostLayout(KVGeometry(4, 2048), 2, LAYER_MAJOR)
+    pinned = HostPool(
+        layout,
+        6,
+        pin=True,
+        max_piece_bytes=2 * 16384,
+        register=reg.register,
+        unregister=reg.unregister,
+    )
+    pageable = HostPool(layout, 6)
+    assert pinned.num_pieces == 3  # the whole pool spans three registrations
+    path = KernelLoadCopy(TorchCopy(), SimpleNamespace(name="kernel"))
+    for pool in (pinned, pageable):
+        views = [pool.data, pool.row(5), pool.block_view(2, 1), pool.data[7:99]]
+        for view in views:
+            assert path.pinned(view) == pool.holds_pinned(view) == pool.pinned
+    assert not path.pinned(torch.empty(64, dtype=torch.int64))  # not the pool's memory
+    # torch's own rule asks about the storage base: registered too, now that it is the pool's
+    base = pinned.data.untyped_storage().data_ptr()
+    assert host_pool.is_registered(base, 1)
+    pinned.close()
+    assert not path.pinned(pinned.data) and not pinned.holds_pinned(pinned.data)

@@ -27,7 +27,7 @@ from kvsim.engine.copy_paths import (
     load_uses_kernel,
 )
 from kvsim.engine.transfer_protocol import LOAD, STORE, TransferJob
-from real import copy_path, gpu_check, triton_load
+from real import check_copies, check_goals, copy_path, host_pool, triton_load
 from real.calibrate import H2D, Point, calibrate, fit
 from real.copy_path import KernelLoadCopy, TorchCopy, default_copy_path
 from real.device import Device
@@ -41,17 +41,28 @@ KERNEL = "triton-gather"
 
 
 class TorchPages:
-    """A stand-in for the gather kernel: the same ``copy_pages`` contract, done with torch."""
+    """A stand-in for the gather kernel: the same ``copy_pages`` contract, done with torch;
+    it records which tiles were prepared before any launch used them."""
 
     name = KERNEL
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []  # (pages, tile)
+        self.tiles: set[int] = set()
+        self.unprepared: list[int] = []
+
+    def prepare(self, tile, device):
+        self.tiles.add(tile)
 
     def copy_pages(self, dst, src, pages, *, tile):
         self.calls.append((len(pages), tile))
+        if tile not in self.tiles:
+            self.unprepared.append(tile)
         for d, s, w in pages.tolist():
             dst[d : d + w].copy_(src[s : s + w])
+
+
+STREAM = Device("cpu").compute_stream  # eager: a path's enqueued copies run at once
 
 
 def interpreted_kernel() -> triton_load.GatherKernel:
@@ -90,7 +101,7 @@ def test_loads_take_the_kernel_exactly_where_vllm_would(page_bytes, n, pinned):
     runs = [(i * words, (n - 1 - i) * words, words) for i in range(n)]
     want = load_uses_kernel(page_bytes, n, pinned=pinned)
     assert path.route(dst, src, runs, None) == (KERNEL if want else "copy_")
-    path.copy(dst, src, runs, stream=None, stable_source=True)
+    path.copy(dst, src, runs, stream=STREAM, stable_source=True)
     assert path.jobs == {KERNEL: int(want), "copy_": int(not want)}
     assert torch.equal(dst, src.view(n, words).flip(0).reshape(-1))
     # the other direction never goes through the kernel
@@ -182,12 +193,53 @@ def test_a_failing_probe_keeps_dma(monkeypatch):
         def __init__(self, **kw):
             raise RuntimeError("no C compiler")
 
+    live: dict[int, int] = {}
+    monkeypatch.setattr(host_pool, "cuda_register", live.__setitem__)
+    monkeypatch.setattr(host_pool, "cuda_unregister", live.pop)
     monkeypatch.setattr(triton_load, "import_triton", lambda: (object(), "importable"))
     monkeypatch.setattr(triton_load, "GatherKernel", Broken)
     monkeypatch.setattr(triton_load, "_resolved", {})
     monkeypatch.setattr(triton_load.torch.version, "hip", None)
-    kernel, why = triton_load.resolve_gather_kernel(_cuda_stub())
+    kernel, why = triton_load.resolve_gather_kernel(Device("cpu"))
+    assert kernel is None and why == "not a CUDA device"
+    kernel, why = triton_load._probe(Device("cpu"))
     assert kernel is None and "probe failed (RuntimeError: no C compiler)" in why
+    assert live == {}  # the probe's pool is released
+
+
+def test_a_refused_pin_keeps_dma_and_says_why(monkeypatch):
+    """The kernel reads page-locked memory only: no pinning, no kernel."""
+
+    def refuse(ptr, n):
+        raise RuntimeError("cudaHostRegister failed (injected)")
+
+    monkeypatch.setattr(host_pool, "cuda_register", refuse)
+    monkeypatch.setattr(triton_load, "import_triton", lambda: (object(), "importable"))
+    monkeypatch.setattr(triton_load.torch.version, "hip", None)
+    kernel, why = triton_load._probe(Device("cpu"))
+    assert kernel is None and "pinning refused" in why and "injected" in why
+
+
+@pytest.mark.triton
+def test_the_probe_reads_registered_memory_with_the_tile_jobs_use(monkeypatch):
+    """The probe copies pages under, at and over one 8 KiB tile (the tile of every page
+    over 4 KiB) out of a pool registered as the host pool is, then keeps that tile."""
+    kernel = interpreted_kernel()
+    live: dict[int, int] = {}
+    monkeypatch.setattr(host_pool, "cuda_register", live.__setitem__)
+    monkeypatch.setattr(host_pool, "cuda_unregister", live.pop)
+    registered: list[bool] = []
+    real_copy = kernel.copy_pages
+
+    def spy(dst, src, pages, *, tile):
+        registered.append(host_pool.host_pinned(src))
+        real_copy(dst, src, pages, tile=tile)
+
+    kernel.copy_pages = spy
+    got, why = triton_load.probe_copy(Device("cpu"), lambda: kernel)
+    assert got is kernel and "exact" in why, why
+    assert registered == [True] and tile_words(16 * 1024) == triton_load.PROBE_TILE
+    assert kernel.tiles == {triton_load.PROBE_TILE} and live == {}
 
 
 def test_cuda_with_the_kernel_wraps_dma_unless_told_otherwise(monkeypatch):
@@ -266,9 +318,11 @@ def test_backend_loads_route_by_vllms_descriptors(kind, layout, blocks, want):
     assert path.jobs == {KERNEL: int(want == KERNEL), "copy_": 1 + int(want != KERNEL)}
     for b, k in zip(into, keys):
         assert torch.equal(gpu.block_view(b), gpu.expected((k, 0)))
+    page = 2048 if layout == LAYER_MAJOR else 8192
+    assert kernel.tiles == {tile_words(page)}  # compiled when the backend started
     if want == KERNEL:
-        page = 2048 if layout == LAYER_MAJOR else 8192
         assert kernel.calls == [(be.records[1].descriptors * 2048 // page, tile_words(page))]
+        assert kernel.unprepared == []  # no job launched a tile nobody had compiled
 
 
 @pytest.mark.parametrize("kind", ["eager", "deferred"])
@@ -283,6 +337,40 @@ def test_merged_runs_are_counted_as_the_pages_vllm_copies(kind):
     load = be.records[1]
     assert load.descriptors == 16 and load.copies == 8  # merged pairwise
     assert kernel.calls == [(16, 1024)] and path.jobs[KERNEL] == 1
+
+
+@pytest.mark.parametrize("kind", ["eager", "deferred", "threaded"])
+@pytest.mark.parametrize("pin", [True, False])
+def test_loads_from_a_registered_pool_take_the_kernel_on_every_stand_in(kind, pin):
+    """Issue 29, fault 1, end to end: with the copy path's own pinned predicate (no test
+    override), a small-page load from the pool goes through the kernel exactly when the
+    pool registered its memory. (``Tensor.is_pinned()`` on the old pool's view said no.)"""
+    live: dict[int, int] = {}
+    dev = Device("cpu", mode=kind)
+    gpu = GpuKVCache(SMALL, 32, LAYER_MAJOR, dev)
+    host = HostPool(
+        HostLayout(SMALL, 1, LAYER_MAJOR),
+        32,
+        pin=pin,
+        register=live.__setitem__,
+        unregister=live.pop,
+    )
+    kernel = TorchPages()
+    path = KernelLoadCopy(TorchCopy(), kernel, is_load=lambda d, s: s is host.data)
+    be = RealTransferBackend(dev, gpu, host, copy_path=path)
+    _store_then_load(gpu, be, [0, 1, 2, 3], [4, 9, 6, 7], list("abcd"), [20, 21, 22, 23])
+    assert path.jobs == {KERNEL: int(pin), "copy_": 2 - int(pin)}
+    host.close()
+    assert live == {}
+
+
+def test_a_dma_only_path_compiles_nothing():
+    kernel = TorchPages()
+    path = KernelLoadCopy(TorchCopy(), kernel, mode="dma")
+    path.prepare(2048, torch.device("cpu"))
+    assert kernel.tiles == set()
+    KernelLoadCopy(TorchCopy(), kernel, mode="kernel").prepare(64 * 1024, torch.device("cpu"))
+    assert kernel.tiles == {tile_words(8192)}  # forced: any page size, at most 8 KiB tiles
 
 
 @pytest.mark.parametrize("kind", ["eager", "deferred"])
@@ -328,48 +416,23 @@ def test_calibration_times_the_kernel_where_a_load_would_use_it():
 # --------------------------------------------------------------------------- gpu_check
 
 
+def _small_pages(device, **kw):
+    sizes = dict(page_sizes=(16 * 1024,), layers=8, blocks=16, jobs=2, blocks_per_job=4)
+    return check_copies.small_page_loads(device, **{**sizes, **kw})
+
+
 def test_gpu_check_small_pages_without_the_kernel_fails_its_goal():
-    res = gpu_check.small_page_loads(
-        Device("cpu", mode="eager"),
-        geometry=KVGeometry(8, 16 * 1024),
-        blocks=16,
-        jobs=2,
-        blocks_per_job=4,
-    )
-    assert "kernel" not in res and res["kernel_status"] == "not a CUDA device"
-    dma = res["dma"]
-    assert dma["mismatched_bytes"] == 0 and dma["checked_blocks"] == 3 * 4 and dma["gbps"] > 0
-    goal = gpu_check._small_page_goal(res)
+    res = _small_pages(Device("cpu", mode="eager"))
+    [row] = res["pages"]
+    assert "kernel" not in row and res["kernel_status"] == "not a CUDA device"
+    assert row["auto"] == "kernel"  # 32 pages of 16 KiB: vLLM's rule would launch it
+    dma = row["dma"]
+    assert dma["mismatched_bytes"] == 0 and dma["checked_blocks"] == 2 * 4 and dma["gbps"] > 0
+    goal = check_goals.small_page_goal(res)
     assert not goal["passed"] and "kernel not available (not a CUDA device)" in goal["detail"]
-    bad = {**res, "dma": {**dma, "mismatched_bytes": 8}}
-    assert "8 mismatched bytes" in gpu_check._small_page_goal(bad)["detail"]
-    assert not gpu_check._small_page_goal({"error": "x"})["passed"]
-
-
-def test_small_page_goal_needs_every_kernel_job_and_every_byte():
-    run = {"path": "p", "gbps": 10.0, "jobs": 2, "failed_jobs": 0, "checked_blocks": 8}
-    ok = {
-        "kernel_status": "ok",
-        "dma": {**run, "mismatched_bytes": 0, "jobs_by_path": {"copy_": 2}},
-        "kernel": {**run, "gbps": 25.0, "mismatched_bytes": 0, "jobs_by_path": {KERNEL: 2}},
-    }
-    goal = gpu_check._small_page_goal(ok)
-    assert goal["passed"] and "kernel 25 GB/s, DMA (p) 10 GB/s" in goal["detail"]
-    assert "kernel/DMA x2.50" in goal["detail"] and "16 blocks checked" in goal["detail"]
-    partial = {**ok, "kernel": {**ok["kernel"], "jobs_by_path": {KERNEL: 1, "copy_": 1}}}
-    corrupt = {**ok, "kernel": {**ok["kernel"], "mismatched_bytes": 8}}
-    failed = {**ok, "dma": {**ok["dma"], "failed_jobs": 1}}
-    for bad in (partial, corrupt, failed):
-        assert not gpu_check._small_page_goal(bad)["passed"]
-    data = {
-        "calibration": {},
-        "bandwidth": [],
-        "integrity": [{"mismatched_bytes": 0}],
-        "validation": {"integrity_mismatched_bytes": 0},
-    }
-    assert gpu_check.exit_status({**data, "small_pages": ok}) == 0
-    assert gpu_check.exit_status({**data, "small_pages": corrupt}) == 1
-    assert gpu_check.exit_status({**data, "small_pages": {"error": "boom"}}) == 1
+    bad = {**res, "pages": [{**row, "dma": {**dma, "mismatched_bytes": 8}}]}
+    assert "8 mismatched bytes" in check_goals.small_page_goal(bad)["detail"]
+    assert not check_goals.small_page_goal({"error": "x"})["passed"]
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -457,18 +520,19 @@ def test_backend_loads_through_the_interpreted_kernel_are_byte_exact(kind, layou
     into = random.Random(2).sample(range(32), blocks)
     _store_then_load(gpu, be, list(range(blocks)), chunks, keys, into)
     assert path.jobs == {KERNEL: 1, "copy_": 1} and kernel.launches == 1
+    assert kernel.unprepared_launches == 0  # its tile was compiled when the backend started
     for b, k in zip(into, keys):
         assert torch.equal(gpu.block_view(b), gpu.expected((k, 0)))
 
 
 @pytest.mark.triton
 def test_gpu_check_small_pages_with_the_interpreted_kernel_passes(monkeypatch):
-    """The section's own code with the real kernel: on CPU tensors a load is a job whose
-    source is the section's host pool (on CUDA: host to device)."""
+    """The section's own code with the real kernel forced on: on CPU tensors a load is a
+    job whose source is the section's host pool (on CUDA: host to device)."""
     kernel = interpreted_kernel()
     dev = Device("cpu", mode="eager")
     pools: list[HostPool] = []
-    make_pool, real_paths = gpu_check._pool, gpu_check.load_paths
+    make_pool, real_paths = check_copies.host_pool, check_copies.load_paths
 
     def remembered_pool(*args, **kwargs):
         pools.append(make_pool(*args, **kwargs))
@@ -479,21 +543,23 @@ def test_gpu_check_small_pages_with_the_interpreted_kernel_passes(monkeypatch):
         load = KernelLoadCopy(
             dma,
             kernel,
+            mode="kernel",
             is_load=lambda d, s: host_source(d, s, pools[-1].data),
             pinned=lambda t: True,
         )
         return {"kernel": load, "dma": dma}, "interpreted"
 
-    monkeypatch.setattr(gpu_check, "_pool", remembered_pool)
-    monkeypatch.setattr(gpu_check, "load_paths", with_kernel)
-    res = gpu_check.small_page_loads(
-        dev, geometry=KVGeometry(8, 16 * 1024), blocks=16, jobs=2, blocks_per_job=4
-    )
-    assert res["kernel"]["jobs_by_path"] == {KERNEL: 2, "copy_": 0}  # the timed jobs
-    assert res["dma"]["jobs_by_path"] == {"copy_": 2}
-    for name in ("kernel", "dma"):
-        assert res[name]["mismatched_bytes"] == 0 and res[name]["checked_blocks"] == 12
-    goal = gpu_check._small_page_goal(res)
+    monkeypatch.setattr(check_copies, "host_pool", remembered_pool)
+    monkeypatch.setattr(check_copies, "load_paths", with_kernel)
+    res = _small_pages(dev, page_sizes=(16 * 1024, 32 * 1024))
+    for row in res["pages"]:  # 32 KiB pages too: forced, whatever vLLM's rule says
+        assert row["kernel"]["jobs_by_path"] == {KERNEL: 2, "copy_": 0}
+        assert row["kernel"]["unprepared_launches"] == 0  # compiled when the backend started
+        assert row["dma"]["jobs_by_path"] == {"copy_": 2}
+        for name in ("kernel", "dma"):
+            assert row[name]["mismatched_bytes"] == 0 and row[name]["checked_blocks"] == 8
+    assert [r["auto"] for r in res["pages"]] == ["kernel", "dma"]
+    goal = check_goals.small_page_goal(res)
     assert goal["passed"], goal
     assert "kernel/DMA x" in goal["detail"]
 

@@ -18,19 +18,6 @@ from real.validate import ValidationSpec, default_trace, run_validation
 KINDS = ["eager", "deferred"]
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """The CLI's CPU device sets process-wide threading knobs; undo them here."""
-    import sys
-
-    import torch
-
-    n, interval = torch.get_num_threads(), sys.getswitchinterval()
-    yield
-    torch.set_num_threads(n)
-    sys.setswitchinterval(interval)
-
-
 def spec_for(kind: str) -> ValidationSpec:
     """The eager run keeps the tested time scale (its hit decisions must match the
     simulation's exactly); the deferred device shifts completions by design, so its run is
@@ -199,3 +186,130 @@ def test_validate_rejects_bad_layout(capsys):
             ]
         )
     assert exc.value.code == 2 and "max-gpu-kv-gib" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue 29
+
+
+def _req(i, arrival, hashes):
+    from kvsim.traces.model import Request
+
+    return Request(i, arrival, 512 * len(hashes), 10, tuple(hashes))
+
+
+def test_conversation_turns_keep_requests_sharing_two_blocks_rebased():
+    from real.trace_slice import conversation_turns
+
+    reqs = [
+        _req(0, 5.0, [0, 1, 2]),
+        _req(1, 6.0, [0, 3]),  # shares only the common first block
+        _req(2, 7.0, [0, 1, 2, 4]),  # a later turn of request 0
+        _req(3, 8.0, [0]),
+        _req(4, 9.0, [0, 5, 6]),
+        _req(5, 9.5, [0, 5, 7]),
+    ]
+    kept = conversation_turns(reqs)
+    assert [r.request_id for r in kept] == [0, 2, 4, 5]
+    assert [r.arrival_s for r in kept] == [0.0, 2.0, 4.0, 4.5]
+    assert [r.request_id for r in conversation_turns(reqs, 2)] == [0, 2]
+    assert conversation_turns(reqs[1:2]) == []
+
+
+def test_the_conversation_slice_is_written_as_a_trace_that_reads_back(tmp_path):
+    from kvsim.traces import as_trace
+    from real.trace_slice import write_mooncake
+    from real.validate import mooncake_trace, selected_trace
+
+    spec = replace(ValidationSpec.for_cpu_check(), limit=40)
+    kept = list(selected_trace(mooncake_trace(), spec))
+    assert len(kept) == 40 and kept[0].arrival_s == 0.0
+    window = list(as_trace(mooncake_trace(), limit=400))
+    seconds = [r.block_hashes[1] for r in window if len(r.block_hashes) > 1]
+    assert all(seconds.count(r.block_hashes[1]) > 1 for r in kept)
+    write_mooncake(kept, tmp_path / "slice.jsonl")
+    back = list(as_trace(str(tmp_path / "slice.jsonl")))
+    assert [(r.arrival_s, r.prompt_tokens, r.block_hashes) for r in back] == [
+        (r.arrival_s, r.prompt_tokens, r.block_hashes) for r in kept
+    ]
+
+
+@pytest.mark.parametrize("plan", ["for_cpu_check", "for_gpu_check"])
+def test_the_check_plans_load_enough_to_matter(plan):
+    """The first 200 Mooncake requests gave two load jobs; the plans' conversation turns
+    give dozens (counted on the simulated run, which makes the same decisions)."""
+    from real.validate import mooncake_trace, prepare, simulate
+    from real.validation_report import MIN_JOBS
+
+    _req_table, transfers, _end = simulate(
+        prepare(mooncake_trace(), getattr(ValidationSpec, plan)())
+    )
+    loads = int((transfers.direction != "store").sum())
+    assert loads >= MIN_JOBS and int((transfers.direction == "store").sum()) >= 5 * MIN_JOBS
+
+
+def test_noise_is_the_spread_of_a_jobs_own_repeats():
+    from real.job_noise import noise_stats
+
+    stats = noise_stats(
+        [[1.0, 1.1, 0.9, 1.0, 1.0], [2.0, 2.0, 3.0, 2.0, 1.0]],
+        in_run=[2.0, 2.0],
+        modelled=[1.5, 2.0],
+    )
+    assert stats["jobs"] == 2 and stats["repeats"] == 5
+    assert stats["median_abs_dev_pct"] == pytest.approx(0.0)  # each job's median deviation
+    assert stats["in_run_over_alone_median"] == pytest.approx(1.5)  # x2 and x1
+    assert stats["model_err_alone_median_pct"] == pytest.approx(25.0)  # 50% and 0%
+    spread = noise_stats([[1.0, 1.2, 0.8, 1.0, 1.3]])
+    assert spread["median_abs_dev_pct"] == pytest.approx(20.0)
+    assert noise_stats([[1.0]])["jobs"] == 0
+
+
+def test_noise_samples_both_directions_across_sizes():
+    from kvsim.engine.transfer_protocol import LOAD, STORE, TransferJob
+    from real.job_noise import sample_jobs
+    from real.transfer import JobRecord
+
+    records, jobs = [], {}
+    for i in range(20):
+        d = STORE if i % 4 else LOAD
+        records.append(
+            JobRecord(
+                i,
+                d,
+                nbytes=100 * (i + 1),
+                blocks=1,
+                descriptors=1,
+                copies=1,
+                submit_time=0.0,
+                success=i != 7,
+            )
+        )
+        jobs[i] = TransferJob(i, d, [i], [i], 100 * (i + 1), 1)
+    picked = sample_jobs(records, jobs, 6)
+    dirs = [j.direction for j in picked]
+    assert dirs.count(STORE) == 3 and dirs.count(LOAD) == 3 and 7 not in {j.job_id for j in picked}
+    stores = [j.nbytes for j in picked if j.direction == STORE]
+    assert stores[0] == min(r.nbytes for r in records if r.direction == STORE and r.success)
+
+
+def test_caveats_say_what_the_errors_cannot_show():
+    from real.validation_report import caveats
+
+    t = {"store": {"n": 400}, "load": {"n": 3}, "all": {"median_abs_pct_err": 9.0}}
+    notes = caveats(t, {"median_abs_dev_pct": 6.0})
+    assert any("only 3 load jobs" in n for n in notes)
+    assert any("within twice the noise" in n for n in notes)
+    t = {**t, "load": {"n": 90}, "all": {"median_abs_pct_err": 40.0}}
+    assert caveats(t, {"median_abs_dev_pct": 6.0}) == []
+
+
+def test_validate_reports_noise_and_load_jobs_beside_the_error(report):
+    _kind, report = report
+    s = report.summary()
+    assert s["load_jobs"] > 0 and s["store_jobs"] > 0
+    assert s["noise_jobs"] > 0 and s["job_noise_median_pct"] is not None
+    assert s["job_err_alone_median_pct"] is not None and s["jobs_in_run_over_alone"] > 0
+    assert isinstance(s["caveats"], list)
+    rows = report.as_dict()["jobs"]
+    matched = [r for r in rows if r["simulated_s"] is not None]
+    assert matched and all(r["measured_s"] > 0 for r in rows if r["success"])

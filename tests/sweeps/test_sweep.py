@@ -12,7 +12,7 @@ import time
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import ROOT, SAMPLE
+from support import ROOT, SAMPLE, expect_overload
 
 import kvsim
 from kvsim.cli import cli
@@ -261,6 +261,7 @@ def test_generated_trace_cells_and_cli_grid(tmp_path):
     ]
 
 
+@expect_overload
 def test_timed_cells_run_or_fail_cleanly():
     df = sweep(
         {"traces": [SAMPLE], "mode": "timed", "limit": 20, "grid": {"cpu_chunks": [100]}},
