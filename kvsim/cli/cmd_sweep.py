@@ -12,6 +12,8 @@ import yaml
 from kvsim.cli.common import wants_progress
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
+from kvsim.options.offload import OffloadOptions
+from kvsim.options.schema import field
 from kvsim.sweeps import (
     EXECUTORS,
     MODES,
@@ -27,7 +29,7 @@ from kvsim.sweeps import (
 if TYPE_CHECKING:
     from kvsim.cli.common import FC
 
-#: grid options: CLI name -> option field; values are comma-separated lists.
+#: offload options swept from the command line; values are comma-separated lists
 GRID_OPTIONS = (
     "policy",
     "admission",
@@ -62,13 +64,14 @@ def _values(name: str, text: str) -> list[Any]:
 
 
 def _grid_options(f: FC) -> FC:
+    """One ``--NAME V1,V2,...`` per grid option, its help text the option's own."""
     for name in reversed(GRID_OPTIONS):
         f = click.option(
             f"--{name.replace('_', '-')}",
             name,
             default=None,
             metavar="V1,V2,...",
-            help=f"Sweep {name} over these values.",
+            help=f"Sweep over these values. {field(OffloadOptions, name).description}",
         )(f)
     return f
 

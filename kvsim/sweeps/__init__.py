@@ -43,7 +43,7 @@ from kvsim.sweeps.inputs import trace_fingerprint
 from kvsim.sweeps.journal import JOURNAL, read_journal, run_key
 from kvsim.sweeps.run import sweep, to_frame, write_results
 from kvsim.sweeps.spec import SweepSpec, check_value
-from kvsim.sweeps.spec_schema import MODES, option_names, sweep_spec_json_schema
+from kvsim.sweeps.spec_schema import MODES, SweepSpecFile, option_names
 from kvsim.sweeps.tier_sets import (
     NO_TIERS,
     TIER_JOIN,
@@ -63,6 +63,7 @@ __all__ = [
     "TIERS",
     "TIER_JOIN",
     "SweepSpec",
+    "SweepSpecFile",
     "cell_id",
     "check_value",
     "option_names",
@@ -70,7 +71,6 @@ __all__ = [
     "run_cell",
     "run_key",
     "sweep",
-    "sweep_spec_json_schema",
     "tier_set",
     "tier_set_label",
     "tier_shares",

@@ -11,12 +11,13 @@ and its row do not depend on how a check converts them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -24,7 +25,6 @@ from kvsim.core.errors import InputError
 from kvsim.options.schema import Schema, load, short_repr
 from kvsim.sweeps.cells import count_cells, expand
 from kvsim.sweeps.spec_schema import (
-    GENERATOR_KEYS,
     MODES,
     GeneratedTrace,
     option_type,
@@ -127,11 +127,16 @@ def check_value(name: str, value: Any, where: str) -> None:
         tier_set(value, where)
         return
     try:
-        msgspec.convert(value, option_type(name), strict=True)
-    except msgspec.ValidationError as exc:
-        problem = str(exc).split(" - at `$", 1)[0]
-        raise InputError(_with_hint(f"{where}: {problem}, got {short_repr(value)}")) from None
+        load(_one_option(name), {name: value}, source=None, names=lambda _: where)
+    except InputError as e:
+        raise InputError(_with_hint(str(e))) from None
     _check_finite(value, where, None)
+
+
+@functools.cache
+def _one_option(name: str) -> type[Schema]:
+    fields = [(name, option_type(name))]
+    return cast(type[Schema], msgspec.defstruct(f"Option_{name}", fields, bases=(Schema,)))
 
 
 def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,11 +178,11 @@ def _read_yaml(path: str) -> Any:
         raise InputError(f"bad YAML ({problem})", source=path, line=line) from None
 
 
-def _load(struct: type[Schema], data: Mapping[str, Any], source: str, prefix: str = "") -> None:
+def _load(struct: type[Schema], data: Mapping[str, Any], source: str) -> None:
     """``data`` checked against ``struct`` (a number YAML read as text is named with the
     number to write)."""
     try:
-        load(struct, data, source=source, prefix=prefix)
+        load(struct, data, source=source)
     except InputError as e:
         raise InputError(_with_hint(str(e))) from None
 
@@ -237,13 +242,11 @@ def _check_finite(value: Any, where: str, source: str | None) -> None:
 
 
 def _check_generator(trace: Mapping[str, Any], where: str, source: str) -> None:
-    """A generated trace's size and seed, then its kind and knobs, checked by the generator
-    itself (asked for no requests), so a typo fails here and not in every cell of the trace."""
+    """A generated trace's kind and knobs, checked by the generator itself (asked for no
+    requests), so a typo fails here and not in every cell of the trace."""
     from kvsim.traces.synthetic import generate
 
-    head = {k: v for k, v in trace.items() if k in GENERATOR_KEYS}
-    _load(GeneratedTrace, head, source, prefix=where)
-    knobs = {k: v for k, v in trace.items() if k not in GENERATOR_KEYS}
+    knobs = {k: v for k, v in trace.items() if k not in GeneratedTrace.__struct_fields__}
     try:
         generate(trace["kind"], 0, trace.get("seed", 0), **knobs)
     except InputError as e:

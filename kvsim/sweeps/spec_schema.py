@@ -1,115 +1,48 @@
 """The sweep spec file described once, with :mod:`kvsim.options.schema`: its keys, the keys
-of ``options`` and ``grid`` (the keywords of ``replay`` or ``simulate``, by mode) and what
-each value must be. From this description come the checks (one line naming the key and the
-value, the closest key for a typo), and the JSON Schema editors use
-(:func:`sweep_spec_json_schema`).
+of ``options`` and ``grid`` and what each value must be. From this description come the
+checks (one line naming the key and the value, the closest key for a typo) and the JSON
+Schema editors use (``kvsim schema sweep``).
 
-A grid axis is a list of an option's values (a single value is an axis of one). ``tiers`` is
-the sweep's own axis of secondary-tier sets (:mod:`kvsim.sweeps.tier_sets` checks its
-values); a generated trace is a mapping checked by :mod:`kvsim.traces.synthetic`.
+An option's type, bounds and help text are not restated here: they are the fields of the
+options the jobs take (:class:`~kvsim.options.offload.OffloadOptions`, and
+:class:`~kvsim.options.runs.ReplayOptions` or :class:`~kvsim.options.runs.SimulateOptions`
+by mode). A grid axis is a list of an option's values (a single value is an axis of one).
+``tiers`` is the sweep's own axis of secondary-tier sets (:mod:`kvsim.sweeps.tier_sets`
+checks its values); a generated trace's knobs are checked by :mod:`kvsim.traces.synthetic`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Annotated, Any, Literal, cast
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from kvsim.options.schema import Schema, json_schema
+from kvsim.options.offload import Count, OffloadOptions, Text
+from kvsim.options.runs import ReplayOptions, SimulateOptions
+from kvsim.options.schema import Schema
 from kvsim.sweeps.tier_sets import TIERS
 
 MODES = ("cache", "timed")
 Mode = Literal["cache", "timed"]
 
-#: API keywords a cell cannot set: the sweep sets them, or they write files of their own
-NOT_OPTIONS = frozenset(
-    {"trace", "limit", "per_request", "requests_csv", "progress", "secondary_tiers"}
-)
+#: job keywords a cell cannot set: the sweep sets them, or they write files of their own
+NOT_OPTIONS = frozenset({"limit", "per_request", "requests_csv", "secondary_tiers"})
 
-# What each option's value must be. The options helper's schema for the run options
-# (kvsim.options) replaces this table once it is on main: each rule then has one home.
-Count = Annotated[int, Meta(ge=1)]
-NonNegative = Annotated[int, Meta(ge=0)]
-Text = Annotated[str, Meta(min_length=1)]
-Positive = Annotated[float, Meta(gt=0)]
-Fraction = Annotated[float, Meta(gt=0, le=1)]
-Texts = Text | list[Text]
-
-_OPTION_TYPES: dict[str, Any] = {
-    **dict.fromkeys(
-        (
-            "cpu_chunks",
-            "cpu_bytes",
-            "chunk_tokens",
-            "block_tokens",
-            "gpu_block_tokens",
-            "tp",
-            "max_tracker_size",
-            "prefill_chunk_tokens",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "gpu_kv_blocks",
-        ),
-        Count,
+TierSetField = Annotated[
+    Any,
+    Meta(
+        description=(
+            "Secondary tiers behind the CPU tier, one tier set: 'none', tiers joined by '+' in "
+            "kvsim replay --tier's shorthand (fs:capacity=1TiB+obj), or a list of vLLM tier "
+            "objects."
+        )
     ),
-    **dict.fromkeys(
-        ("gpu_blocks", "store_threshold", "long_prefill_token_threshold", "sync_load_budget_bytes"),
-        NonNegative,
-    ),
-    "seed": int,
-    **dict.fromkeys(("cpu_gib", "time_scale", "poisson_rate"), Positive),
-    "gpu_memory_utilization": Fraction,
-    **dict.fromkeys(
-        (
-            "fused",
-            "baseline",
-            "enable_prefix_caching",
-            "offload_prompt_only",
-            "async_scheduling",
-            "record_steps",
-            "record_tokens",
-        ),
-        bool,
-    ),
-    **dict.fromkeys(
-        (
-            "model",
-            "policy",
-            "policy_module",
-            "admission",
-            "kv_cache_dtype",
-            "protocol",
-            "fmt",
-            "gpu",
-            "link",
-            "compute_profile",
-            "tier_load_rule",
-        ),
-        Text,
-    ),
-    "vllm_config": Text | dict[str, Any],
-    "percentile_metrics": Texts,
-    "metric_percentiles": Text | list[float],
-    "goodput": Texts | dict[str, float],
-    TIERS: Annotated[
-        Any,
-        Meta(
-            description=(
-                "Secondary tiers behind the CPU tier, one tier set: 'none', tiers joined by '+' "
-                "in kvsim replay --tier's shorthand (fs:capacity=1TiB+obj), or a list of vLLM "
-                "tier objects."
-            )
-        ),
-    ],
-}
-#: a keyword of the API that the table above does not know yet: any single value
-_ANY_SCALAR = bool | int | float | str
+]
 
 
-class GeneratedTrace(Schema, frozen=True):
+class GeneratedTrace(Schema, frozen=True, forbid_unknown_fields=False):
     """A generated workload as a trace (``kvsim.generate``); its other keys are the kind's
     knobs (``kvsim trace gen --help``), which the generator checks."""
 
@@ -118,25 +51,30 @@ class GeneratedTrace(Schema, frozen=True):
     seed: Annotated[int, Meta(description="Seed of the generator.")] = 0
 
 
-#: a generated trace's own keys (the rest are its kind's knobs)
-GENERATOR_KEYS = frozenset(GeneratedTrace.__struct_fields__)
-
-
 @functools.cache
-def option_names(mode: str) -> frozenset[str]:
-    """The keywords a cell of ``mode`` may set: the API function's own keywords, read from
-    its signature so they stay in step, and ``tiers``."""
-    from kvsim.api import replay, simulate
+def option_types(mode: str) -> dict[str, Any]:
+    """Option name -> what its value must be, for a cell of ``mode``: the fields of the
+    offload options and of the mode's job options, and ``tiers``."""
+    job = ReplayOptions if mode == "cache" else SimulateOptions
+    fields = [*msgspec.structs.fields(OffloadOptions), *msgspec.structs.fields(job)]
+    types = {f.encode_name: f.type for f in fields if f.encode_name not in NOT_OPTIONS}
+    return {**types, TIERS: TierSetField}
 
-    fn = replay if mode == "cache" else simulate
-    params = inspect.signature(fn).parameters.values()
-    own = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    return frozenset((own - NOT_OPTIONS) | {TIERS})
+
+def option_names(mode: str) -> frozenset[str]:
+    """The options a cell of ``mode`` may set."""
+    return frozenset(option_types(mode))
 
 
 def option_type(name: str) -> Any:
-    """What a value of option ``name`` must be (a type msgspec checks: bounds, help)."""
-    return _OPTION_TYPES.get(name, _ANY_SCALAR)
+    """What a value of option ``name`` must be, in whichever mode takes it."""
+    return {**option_types("timed"), **option_types("cache")}[name]
+
+
+def other_mode_only(mode: str) -> frozenset[str]:
+    """Options that only the other mode takes (named as such in an error)."""
+    other = "timed" if mode == "cache" else "cache"
+    return option_names(other) - option_names(mode)
 
 
 def _axis(t: Any) -> Any:
@@ -145,7 +83,7 @@ def _axis(t: Any) -> Any:
     values = Annotated[list[t], Meta(min_length=1)]
     try:
         msgspec.inspect.type_info(values | t)
-    except TypeError:  # t is itself list-like (or Any): only a list is an axis
+    except TypeError:  # t is itself list-like: only a list is an axis
         return values
     return values | t
 
@@ -157,9 +95,8 @@ def _struct(name: str, types: dict[str, Any], doc: str) -> type[Schema]:
     return struct
 
 
-def _spec_struct(names: frozenset[str], title: str) -> type[Schema]:
-    """The whole spec file's structure with ``options`` and ``grid`` keyed by ``names``."""
-    types = {n: option_type(n) for n in names}
+def _spec_struct(types: dict[str, Any], title: str) -> type[Schema]:
+    """The whole spec file's structure with ``options`` and ``grid`` taking ``types``."""
     options = _struct(
         f"{title}Options", types, "Options fixed in every cell (replay / simulate keywords)."
     )
@@ -168,9 +105,9 @@ def _spec_struct(names: frozenset[str], title: str) -> type[Schema]:
         {n: _axis(t) for n, t in types.items()},
         "Options swept: each a list of values; every combination is one cell.",
     )
-    traces = Annotated[list[Text | dict[str, Any]], Meta(min_length=1)] | Text | dict[str, Any]
+    trace = Text | GeneratedTrace
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [
-        ("traces", traces),
+        ("traces", Annotated[list[trace], Meta(min_length=1)] | trace),
         ("name", Text | int, "sweep"),
         ("mode", Mode, "cache"),
         ("limit", Count | None, None),
@@ -189,36 +126,9 @@ def _spec_struct(names: frozenset[str], title: str) -> type[Schema]:
 def spec_struct(mode: str) -> type[Schema]:
     """The spec file's structure for a sweep in ``mode``: the other mode's options are
     unknown keys."""
-    return _spec_struct(option_names(mode), f"{mode.capitalize()}SweepSpec")
+    return _spec_struct(option_types(mode), f"{mode.capitalize()}SweepSpec")
 
 
-def other_mode_only(mode: str) -> frozenset[str]:
-    """Options that only the other mode takes (named as such in an error)."""
-    other = "timed" if mode == "cache" else "cache"
-    return option_names(other) - option_names(mode)
-
-
-def sweep_spec_json_schema() -> dict[str, Any]:
-    """A JSON Schema (draft 2020-12) of a sweep spec, for editors: ``options`` and ``grid``
-    take the keywords of either mode. A generated trace is an object with ``kind``
-    (``kvsim trace gen --help`` lists kinds and knobs)."""
-    schema = json_schema(_spec_struct(option_names("cache") | option_names("timed"), "SweepSpec"))
-    generated = json_schema(GeneratedTrace)["$defs"]["GeneratedTrace"]
-    generated = {**generated, "additionalProperties": True}  # the kind's knobs
-    schema["$defs"]["GeneratedTrace"] = generated
-    ref = {"$ref": "#/$defs/GeneratedTrace"}
-    _replace_objects(schema["$defs"]["SweepSpec"]["properties"]["traces"], ref)
-    return schema
-
-
-def _replace_objects(node: dict[str, Any], ref: dict[str, str]) -> None:
-    """Each bare ``{"type": "object"}`` under ``node`` (a trace given as a mapping) becomes
-    ``ref``."""
-    for key in ("anyOf", "items"):
-        child = node.get(key)
-        if isinstance(child, dict):
-            _replace_objects(child, ref)
-        elif isinstance(child, list):
-            node[key] = [ref if c == {"type": "object"} else c for c in child]
-            for c in node[key]:
-                _replace_objects(c, ref)
+#: the spec file for editors (``kvsim schema sweep``): ``options`` and ``grid`` take the
+#: options of either mode
+SweepSpecFile = _spec_struct({**option_types("timed"), **option_types("cache")}, "SweepSpec")

@@ -4,7 +4,6 @@ cells are counted before they are built and hold the values as written."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -15,14 +14,15 @@ from support import ROOT, SAMPLE
 
 from kvsim.core.errors import InputError
 from kvsim.options.offload import OffloadOptions
-from kvsim.sweeps import (
-    MODES,
-    SweepSpec,
-    check_value,
-    option_names,
-    spec_schema,
-    sweep_spec_json_schema,
-)
+from kvsim.options.registry import schema_named
+from kvsim.options.schema import json_schema
+from kvsim.sweeps import SweepSpec, check_value, option_names
+from kvsim.sweeps.spec_schema import NOT_OPTIONS
+
+
+def sweep_spec_json_schema() -> dict:
+    return json_schema(schema_named("sweep"))  # what `kvsim schema sweep` prints
+
 
 GOOD = [
     {"traces": [SAMPLE], "grid": {"cpu_chunks": [10, 20], "policy": ["lru", "arc"]}},
@@ -79,32 +79,38 @@ def test_the_json_schema_carries_the_options_kinds_and_bounds():
     assert options["additionalProperties"] is False and grid["additionalProperties"] is False
     every = option_names("cache") | option_names("timed")
     assert set(options["properties"]) == set(grid["properties"]) == every
-    assert options["properties"]["cpu_chunks"] == {"type": "integer", "minimum": 1}
-    assert {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1} in grid[
-        "properties"
-    ]["cpu_chunks"]["anyOf"]
+    own = json_schema(OffloadOptions)["$defs"]["OffloadOptions"]["properties"]["cpu_chunks"]
+    own = {k: v for k, v in own.items() if k != "default"}
+    assert options["properties"]["cpu_chunks"] == own  # OffloadOptions' kind, bound and help
+    assert {"type": "array", "items": own, "minItems": 1} in grid["properties"]["cpu_chunks"][
+        "anyOf"
+    ]
     assert defs["GeneratedTrace"]["required"] == ["kind"]
-    assert defs["GeneratedTrace"]["additionalProperties"] is True  # the kind's knobs
+    assert defs["GeneratedTrace"].get("additionalProperties", True) is True  # the kind's knobs
 
 
-def test_every_keyword_of_both_modes_has_its_kind_described():
-    """A keyword added to replay() or simulate() without a kind would be checked as 'any
-    single value'; this names it."""
-    for mode in MODES:
-        missing = sorted(n for n in option_names(mode) if n not in spec_schema._OPTION_TYPES)
-        assert not missing, f"{mode}: {missing}"
+def test_a_cell_takes_every_keyword_of_its_modes_job():
+    """The options a cell may set are exactly the API's keywords (read from the job's
+    signature), less those the sweep sets, plus the tiers axis."""
+    import inspect
+
+    from kvsim.api import replay, simulate
+
+    for mode, job in (("cache", replay), ("timed", simulate)):
+        params = inspect.signature(job).parameters.values()
+        keywords = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        assert option_names(mode) == (keywords - NOT_OPTIONS - {"progress"}) | {"tiers"}
     assert "gpu" in option_names("timed") and "gpu" not in option_names("cache")
     assert "protocol" in option_names("cache") and "protocol" not in option_names("timed")
 
 
 @pytest.mark.parametrize(
-    "name", [f.name for f in dataclasses.fields(OffloadOptions) if f.name != "secondary_tiers"]
+    "name", [n for n in OffloadOptions.__struct_fields__ if n != "secondary_tiers"]
 )
 def test_a_sweep_takes_an_offload_option_value_exactly_when_the_api_does(name):
-    """The drift issue 23 found (a sweep refused seed -1, which replay() takes) cannot come
-    back unseen. Probes leave out None and '' (the API's 'not given'), which a spec never
-    needs to write."""
-    for value in (-1, 0, 1, 7, 2.5, math.inf, "x", True, [1]):
+    """The drift issue 23 found (a sweep refused seed -1, which replay() took) cannot come
+    back unseen."""
+    for value in (-1, 0, 1, 7, 2.5, math.inf, "x", "", True, None, [1]):
         try:
             OffloadOptions(**{name: value})
             api = True
@@ -130,12 +136,12 @@ def test_cells_are_counted_before_any_is_built():
 
 def test_cells_hold_the_values_as_written():
     spec = SweepSpec.from_mapping(
-        {"traces": [Path(SAMPLE)], "options": {"cpu_gib": 64}, "grid": {"seed": [-1, 2]}}
+        {"traces": [Path(SAMPLE)], "options": {"cpu_gib": 64}, "grid": {"seed": [1, 2]}}
     )
     cells = spec.cells()
     assert spec.n_cells == len(cells) == 2
     assert type(cells[0]["cpu_gib"]) is int and cells[0]["cpu_gib"] == 64  # not 64.0
-    assert cells[0]["trace"] == SAMPLE and [c["seed"] for c in cells] == [-1, 2]
+    assert cells[0]["trace"] == SAMPLE and [c["seed"] for c in cells] == [1, 2]
 
 
 def test_an_empty_section_is_no_section():
