@@ -171,6 +171,8 @@ def _read_yaml(path: str) -> Any:
         raise InputError("sweep spec not found", source=path) from None
     except UnicodeDecodeError:
         raise InputError("a sweep spec is YAML text, not binary", source=path) from None
+    except OSError as e:  # a folder, no permission
+        raise InputError(f"cannot read the sweep spec ({e.strerror or e})", source=path) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None

@@ -147,3 +147,23 @@ def test_cells_hold_the_values_as_written():
 def test_an_empty_section_is_no_section():
     spec = SweepSpec.from_mapping({"traces": [SAMPLE], "options": None, "grid": {"cpu_chunks": 4}})
     assert spec.options == {} and spec.grid == {"cpu_chunks": [4]}
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\xff\xfe\x00binary", "a sweep spec is YAML text, not binary"),
+        (b"grid: [1,\n", "bad YAML"),
+        (b"- a\n- b\n", "a sweep spec is a mapping, got ['a', 'b']"),
+        (None, "cannot read the sweep spec"),  # a folder
+    ],
+)
+def test_an_unreadable_spec_file_is_one_line_naming_it(tmp_path, content, message):
+    path = tmp_path / "spec.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(InputError) as info:
+        SweepSpec.load(path)
+    assert str(info.value).startswith(f"{path}:") and message in str(info.value)
