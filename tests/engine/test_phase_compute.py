@@ -183,7 +183,7 @@ def test_phases_is_the_default_on_h100_and_h200_only():
 
 
 def test_a_gpu_spec_named_h200_with_other_peaks_keeps_the_efficiencies():
-    from dataclasses import replace
+    from msgspec.structs import replace  # GpuSpec is a Schema (msgspec Struct)
 
     custom = replace(get_gpu("h200"), hbm_bytes_per_s=5.5e12)
     got = default_compute_profile(custom)
