@@ -24,6 +24,7 @@ SCHEMAS: dict[str, str] = {
     "kv-connector-extra-config": "kvsim.options.vllm:KVConnectorExtraConfig",
     "kv-transfer-config": "kvsim.options.vllm:KVTransferConfig",
     "gpu-spec": "kvsim.specs.hardware:GpuSpec",
+    "sweep": "kvsim.sweeps.spec_schema:SweepSpecFile",
 }
 
 
