@@ -10,28 +10,24 @@ import dataclasses
 import functools
 import gzip
 import inspect
-import math
 import os
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.cachemode.driver import write_requests_csv
-from kvsim.core.errors import InputError, InputWarning
-from kvsim.options.offload import (
-    DEFAULT_MODEL,
-    CacheConfig,
-    OffloadOptions,
-    engine_knobs_from_vllm_config,
+from kvsim.core.errors import InputError, did_you_mean
+from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
+from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
+from kvsim.options.vllm import (
+    KVConnectorExtraConfig,
+    extra_config,
     load_vllm_config,
     options_from_vllm_config,
     refuse_engine_knobs_in_cache_mode,
 )
-from kvsim.options.tiers import LOAD_RULES
 from kvsim.report.progress import Progress, ProgressArg
 from kvsim.report.result import Result
-from kvsim.specs.sizing import tier_capacity
 from kvsim.traces import Request, Trace, as_trace, requests_frame
 
 if TYPE_CHECKING:
@@ -79,24 +75,25 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
     )
 
 
-_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(OffloadOptions))
+VllmConfig = str | dict[str, Any] | KVConnectorExtraConfig
 
 
-def vllm_extra(vllm_config: str | dict[str, Any] | None) -> dict[str, Any] | None:
-    """A ``kv_connector_extra_config`` given inline, as a dict, or as a file."""
+def vllm_extra(vllm_config: VllmConfig | None) -> KVConnectorExtraConfig | None:
+    """A ``kv_connector_extra_config`` given inline, as a dict (or a whole
+    ``kv_transfer_config``), as a file, or already checked."""
     if vllm_config is None:
         return None
-    return vllm_config if isinstance(vllm_config, dict) else load_vllm_config(vllm_config)
+    if isinstance(vllm_config, str):
+        return load_vllm_config(vllm_config)
+    return extra_config(vllm_config, "vllm_config")
 
 
-def make_options(vllm_config: str | dict[str, Any] | None = None, **options: Any) -> OffloadOptions:
+def make_options(vllm_config: VllmConfig | None = None, **options: Any) -> OffloadOptions:
     """Options from keywords, on top of a vLLM ``kv_connector_extra_config`` if given; an
     unknown keyword is an error, not ignored."""
-    unknown = sorted(set(options) - _OPTION_NAMES)
-    if unknown:
-        raise InputError(
-            f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(_OPTION_NAMES))}"
-        )
+    for name in options:
+        if name not in OFFLOAD_FIELDS:
+            raise InputError(f"unknown option {name!r}" + did_you_mean(name, OFFLOAD_FIELDS))
     base = OffloadOptions()
     extra = vllm_extra(vllm_config)
     if extra is not None:
@@ -125,12 +122,9 @@ def named_options(fn: Callable[P, R]) -> Callable[P, R]:
     def checked(*args: P.args, **kwargs: P.kwargs) -> R:
         for name in kwargs:
             if name not in known:
-                import difflib  # only to word an error
-
-                guess = difflib.get_close_matches(name, known, n=1)
-                hint = f" (did you mean {guess[0]!r}?)" if guess else ""
                 raise InputError(
-                    f"{fn.__name__}(): unknown option {name!r}{hint}; see help(kvsim.{fn.__name__})"
+                    f"{fn.__name__}(): unknown option {name!r}{did_you_mean(name, known)}; "
+                    f"see help(kvsim.{fn.__name__})"
                 )
         return fn(*args, **kwargs)
 
@@ -180,7 +174,7 @@ def replay(
     kv_cache_dtype: str = "auto",
     seed: int = 0,
     prefill_chunk_tokens: int | None = None,
-    vllm_config: str | dict[str, Any] | None = None,
+    vllm_config: VllmConfig | None = None,
     secondary_tiers: list[dict[str, Any]] | None = None,
     protocol: str = "prefix",
     fused: bool | None = None,
@@ -241,44 +235,31 @@ def replay(
     :class:`kvsim.Result` whose ``summary`` holds the totals and ratios and whose
     ``requests`` table has one row per request.
     """
-    tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
-    extra = vllm_extra(vllm_config)
+    given = dict(locals())  # the keywords as called: nothing else is local yet
+    run = ReplayOptions(**_pick(given, REPLAY_FIELDS))
+    tr = as_trace(trace, fmt=run.fmt, block_tokens=block_tokens, limit=run.limit)
+    extra = vllm_extra(run.vllm_config)
     if extra is not None:
         refuse_engine_knobs_in_cache_mode(extra)
-    config = make_options(
-        extra,
-        cpu_gib=cpu_gib,
-        cpu_chunks=cpu_chunks,
-        cpu_bytes=cpu_bytes,
-        model=model,
-        policy=policy,
-        policy_module=policy_module,
-        admission=admission,
-        store_threshold=store_threshold,
-        max_tracker_size=max_tracker_size,
-        block_tokens=block_tokens,
-        chunk_tokens=chunk_tokens,
-        gpu_block_tokens=gpu_block_tokens,
-        gpu_blocks=gpu_blocks,
-        tp=tp,
-        kv_cache_dtype=kv_cache_dtype,
-        seed=seed,
-        prefill_chunk_tokens=prefill_chunk_tokens,
-        secondary_tiers=secondary_tiers,
-    ).resolve(tr.block_tokens)
+    config = make_options(extra, **_pick(given, OFFLOAD_FIELDS)).resolve(tr.block_tokens)
     with Progress(progress, _request_total(tr) if progress is True else None, "replaying") as bar:
-        return _replay(tr, config, protocol, fused, per_request, requests_csv, bar.callback)
+        return _replay(tr, config, run, bar.callback)
+
+
+def _pick(given: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """The keywords of ``given`` that ``names`` lists (one structure's fields), paths as
+    text."""
+    return {
+        name: os.fspath(given[name]) if isinstance(given[name], os.PathLike) else given[name]
+        for name in names
+        if name in given
+    }
 
 
 def _replay(
-    tr: Trace,
-    config: CacheConfig,
-    protocol: str,
-    fused: bool | None,
-    per_request: bool,
-    requests_csv: str | os.PathLike[str] | None,
-    progress: Callable[[int], None] | None,
+    tr: Trace, config: CacheConfig, run: ReplayOptions, progress: Callable[[int], None] | None
 ) -> Result:
+    protocol, requests_csv = run.protocol, run.requests_csv
     if protocol != "prefix":
         from kvsim.cachemode.object_protocol import replay_config
 
@@ -289,26 +270,26 @@ def _replay(
             summary={
                 "trace": str(tr.path),
                 **replay_config(requests, config, protocol),
-                **tier_capacity(config),
+                **config.capacity_summary(),
             },
             tables={},
             config=config.as_dict(),
         )
     # the trace is read for its future only by policies that need it
-    run = CacheReplay(config, requests_for_future=tr, fused=fused)
+    replay = CacheReplay(config, requests_for_future=tr, fused=run.fused)
     tables = {}
     if requests_csv is not None:
-        summary = write_requests_csv(requests_csv, run, tr, progress)
-    elif per_request:
+        summary = write_requests_csv(requests_csv, replay, tr, progress)
+    elif run.per_request:
         import pandas as pd
 
         rows: list[tuple[Any, ...]] = []
-        summary = run.run(tr, rows.append, progress=progress)
+        summary = replay.run(tr, rows.append, progress=progress)
         tables["requests"] = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
     else:
-        summary = run.run(tr, progress=progress)
+        summary = replay.run(tr, progress=progress)
     return Result(
-        summary={"trace": str(tr.path), **summary, **tier_capacity(config)},
+        summary={"trace": str(tr.path), **summary, **config.capacity_summary()},
         tables=tables,
         config=config.as_dict(),
     )
@@ -404,51 +385,6 @@ def mrc(
     return curve
 
 
-def in_arrival_order(tr: Trace) -> tuple[Trace, int]:
-    """``tr`` with its requests in arrival order, for the timed engine, and their number.
-
-    The engine admits requests as it reads them; one stamped earlier than a request before
-    it would be measured from a time the engine has already passed (a TTFT of hours for one
-    Azure row a day early). A trace in order is streamed as it is (one extra pass reads the
-    timestamps); otherwise it is sorted stably, with a warning saying how many moved.
-    """
-    late = 0
-    count = 0
-    latest = -math.inf
-    for req in tr:
-        count += 1
-        if req.arrival_s < latest:
-            late += 1
-        else:
-            latest = req.arrival_s
-    if not late:
-        return tr, count
-    warnings.warn(
-        f"{tr.path}: {late:,} request(s) arrive earlier than a request before them; "
-        "the timed run sorts the trace by arrival time (stable)",
-        InputWarning,
-        stacklevel=3,
-    )
-    ordered = sorted(tr, key=lambda r: r.arrival_s)
-    return Trace.from_requests(ordered, tr.block_tokens, name=str(tr.path)), count
-
-
-def timed_tiers(config: CacheConfig, rule: str | None, sized: bool) -> CacheConfig:
-    """``config`` with every secondary tier under load rule ``rule`` (None: as given);
-    tiers need a CPU tier (``sized``) in front of them."""
-    if config.secondary_tiers and not sized:
-        raise InputError("secondary tiers sit behind the CPU tier: give it a size (--cpu-gib)")
-    if rule is None:
-        return config
-    if rule not in LOAD_RULES:
-        raise InputError(f"--tier-load-rule must be one of {', '.join(LOAD_RULES)}, got {rule!r}")
-    if not config.secondary_tiers:
-        raise InputError("--tier-load-rule needs secondary tiers (--tier or secondary_tiers)")
-    value = None if rule == "off" else rule
-    tiers = tuple(dataclasses.replace(t, load_rule=value) for t in config.secondary_tiers)
-    return dataclasses.replace(config, secondary_tiers=tiers)
-
-
 @named_options
 def simulate(
     trace: TraceLike,
@@ -470,7 +406,7 @@ def simulate(
     kv_cache_dtype: str = "auto",
     seed: int = 0,
     prefill_chunk_tokens: int | None = None,
-    vllm_config: str | dict[str, Any] | None = None,
+    vllm_config: VllmConfig | None = None,
     secondary_tiers: list[dict[str, Any]] | None = None,
     tier_load_rule: str | None = None,
     baseline: bool = False,
@@ -556,149 +492,47 @@ def simulate(
     :class:`kvsim.Result` with tables ``requests``, ``transfers``, ``steps``, ``metrics``
     (every numeric summary value as ``run, metric, value`` rows) and a flat summary.
     """
+    given = dict(locals())  # the keywords as called: nothing else is local yet
     # The timed engine loads on first use, so `import kvsim` and the CLI stay quick.
-    from kvsim.engine.compute_model import (
-        ComputeParams,
-        ComputeProfile,
-        PhaseProfile,
-        default_compute_profile,
-        describe_compute,
-        load_compute_profile,
-        make_compute,
-    )
-    from kvsim.engine.engine import Engine
-    from kvsim.engine.params import EngineParams
-    from kvsim.engine.summary import summarize
-    from kvsim.engine.tier_report import add_tier_outputs
-    from kvsim.engine.transfer_model import get_link
+    from kvsim.engine.setup import compose, in_arrival_order, run_engine
     from kvsim.report.serve_metrics import BenchSettings, long_table
-    from kvsim.specs.hardware import get_gpu, vllm_batch_defaults
-    from kvsim.specs.models import resolve_model
 
-    model = model or DEFAULT_MODEL
     if gpu_blocks is not None:  # the CLI's name for the GPU KV capacity, here too
         if gpu_kv_blocks is not None:
             raise InputError("give gpu_blocks or gpu_kv_blocks, not both (the same capacity)")
-        gpu_kv_blocks = gpu_blocks
+        given["gpu_kv_blocks"] = gpu_blocks
+    timed = SimulateOptions(**_pick(given, SIMULATE_FIELDS))
     bench = BenchSettings.make(percentile_metrics, metric_percentiles, goodput)
     tr, n_requests = in_arrival_order(as_trace(trace, block_tokens=block_tokens, limit=limit))
     sized = any(v is not None for v in (cpu_gib, cpu_chunks, cpu_bytes, vllm_config))
     extra = vllm_extra(vllm_config)
-    knobs = engine_knobs_from_vllm_config(extra) if extra is not None else {}
-    if offload_prompt_only is None:  # an explicit argument wins over --vllm-config
-        offload_prompt_only = knobs.get("offload_prompt_only", True)
-    if sync_load_budget_bytes is None:
-        sync_load_budget_bytes = knobs.get("sync_load_budget_bytes", 0)
-    opts = make_options(
-        extra,
-        model=model,
-        cpu_gib=cpu_gib,
-        cpu_chunks=cpu_chunks if sized else 1,
-        cpu_bytes=cpu_bytes,
-        policy=policy,
-        policy_module=policy_module,
-        admission=admission,
-        store_threshold=store_threshold,
-        max_tracker_size=max_tracker_size,
-        block_tokens=block_tokens,
-        chunk_tokens=chunk_tokens,
-        gpu_block_tokens=gpu_block_tokens,
-        tp=tp,
-        kv_cache_dtype=kv_cache_dtype,
-        seed=seed,
-        prefill_chunk_tokens=prefill_chunk_tokens,
-        secondary_tiers=secondary_tiers,
-    )
-    config = timed_tiers(opts.resolve(tr.block_tokens), tier_load_rule, sized)
-    # every name resolves here, once: the engine takes the spec objects
-    model_spec = resolve_model(model, kv_cache_dtype)
-    gpu_spec = get_gpu(gpu)
-    default_tokens, default_seqs = vllm_batch_defaults(gpu_spec)
-    params = EngineParams(
-        max_num_batched_tokens=max_num_batched_tokens or default_tokens,
-        max_num_seqs=max_num_seqs or default_seqs,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        gpu_blocks=gpu_kv_blocks,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enable_prefix_caching=enable_prefix_caching,
-        offload_prompt_only=offload_prompt_only,
-        sync_load_budget_bytes=sync_load_budget_bytes,
-        gpu_block_tokens=opts.gpu_block_tokens,
-        async_scheduling=async_scheduling,
-        tp=opts.tp,
-        time_scale=time_scale,
-        poisson_rate=poisson_rate,
-        seed=seed,
-        record_steps=record_steps,
-    )
-    transfer = get_link(link) if link else get_link(gpu_spec.link)
-    profile: ComputeProfile = default_compute_profile(gpu_spec)  # phases on H100/H200
-    if compute_profile is not None:
-        profile = load_compute_profile(compute_profile, ComputeParams.for_gpu(gpu_spec))
-        if isinstance(profile, PhaseProfile) and profile.gpu != gpu_spec.name:
-            warnings.warn(
-                f"{compute_profile}: a profile for {profile.gpu} on --gpu {gpu_spec.name}: its "
-                "numbers are used as they are",
-                InputWarning,
-                stacklevel=2,
-            )
-    compute = make_compute(model_spec, profile, opts.tp)
-    future = tr if sized else None  # read only by policies that need the future
-
-    def run(
-        offload: bool, counted: Callable[[int], None] | None
-    ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-        engine = Engine(
-            config,
-            params,
-            model=model_spec,
-            gpu=gpu_spec,
-            compute=compute,
-            transfer=transfer,
-            offload=offload,
-            requests_for_future=future if offload else None,
-            progress=counted,
-        ).run(tr)
-        rec = engine.recorder
-        tables = {
-            "requests": rec.request_table(),
-            "transfers": rec.transfer_table(),
-            "steps": rec.step_table(),
-        }
-        if record_tokens:
-            tables["tokens"] = rec.token_table()
-        summary = summarize(engine, tables["requests"], tables["transfers"], bench)
-        if engine.tiers is not None:
-            add_tier_outputs(engine.tiers, tables, summary, config.chunk_tokens)
-        return summary, tables
+    offload = _pick(given, [n for n in OFFLOAD_FIELDS if n != "gpu_blocks"])
+    offload.update(model=model or DEFAULT_MODEL, cpu_chunks=cpu_chunks if sized else 1)
+    setup = compose(make_options(extra, **offload), timed, extra, tr.block_tokens, sized)
 
     label = "simulating (offload)" if baseline and sized else "simulating"
     with Progress(progress, n_requests, label) as bar:
-        summary, tables = run(sized, bar.callback)
+        summary, tables = run_engine(setup, tr, sized, bench, record_tokens, bar.callback)
         summary = {
             "trace": str(tr.path),
-            "gpu": gpu_spec.name,
-            "model": model,
-            "link": transfer.link,
-            **tier_capacity(config, offload=sized),
+            "gpu": setup.gpu.name,
+            "model": offload["model"],
+            "link": setup.link.link,
+            **setup.config.capacity_summary(offload=sized),
             **summary,
         }
         if baseline:
             bar.next_pass("baseline (no offload)")
-            base_summary, base_tables = run(False, bar.callback)
+            base_summary, base_tables = run_engine(
+                setup, tr, False, bench, record_tokens, bar.callback
+            )
             summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
-            tables[BASELINE_PREFIX + "requests"] = base_tables["requests"]
-            tables[BASELINE_PREFIX + "steps"] = base_tables["steps"]
-            if record_tokens:
-                tables[BASELINE_PREFIX + "tokens"] = base_tables["tokens"]
+            for name in ("requests", "steps", "tokens"):
+                if name in base_tables:
+                    tables[BASELINE_PREFIX + name] = base_tables[name]
     tables["metrics"] = long_table(summary, BASELINE_PREFIX)  # run, metric, value
     config_out = {
-        **config.as_dict(),
-        **params.as_dict(),
-        "gpu": gpu_spec.name,
-        "link": transfer.to_dict(),
-        "compute": describe_compute(profile),
-        "offload": sized,
+        **setup.describe(),
         "limit": limit,
         "baseline": baseline,
         "bench": bench.as_dict(),

@@ -2,7 +2,8 @@
 
 Runs from a checkout with nothing installed beyond the device image (torch, numpy, pandas,
 click, pyarrow; cuda-bindings for vLLM's batched copy; Triton for its gather kernel; pytest
-for the last section), in under five minutes on one H200 with no network. Sections, in
+for the last section) and msgspec, which the H200 image lacks: carry its wheel, as
+docs/real-backend.md says. It runs in under five minutes on one H200 with no network. Sections, in
 order (each within a time budget, ``--budget-s``; one that would not fit is skipped):
 
 1. ``environment``: versions (torch, CUDA runtime and driver, Triton, cuda-bindings), the

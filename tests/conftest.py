@@ -5,13 +5,8 @@ Triton's CPU interpreter: the only place the kernel's code runs without a GPU)."
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from support import REQUIRE_VLLM
-
-#: set by CI: a ``triton`` test that cannot import Triton fails instead of skipping
-REQUIRE_TRITON = os.environ.get("KVSIM_REQUIRE_TRITON") == "1"
+from support import REQUIRE_TRITON, REQUIRE_VLLM
 
 # marker -> (the variable that requires its tests, whether it is set, what they are)
 _REQUIRED = {
@@ -27,6 +22,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "triton: runs the Triton gather kernel under Triton's CPU interpreter (skipped "
         "without triton, except under KVSIM_REQUIRE_TRITON=1)",
+    )
+    # torch's own modules use an API torch deprecates, and warn 14 times while vLLM imports
+    # them (at the collection of the vLLM tests): not kvsim's code, nothing to act on here
+    config.addinivalue_line(
+        "filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
     )
 
 

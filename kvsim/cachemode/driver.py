@@ -34,7 +34,7 @@ from kvsim.cachemode.row_writer import csv_rows
 from kvsim.core.io import atomic_path
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import ManagerProtocol, OffloadManager, admission_from_config
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
 from kvsim.policies.registry import eviction_policy_class
@@ -246,26 +246,16 @@ class CacheReplay:
         unit_tokens = layout.unit_tokens
         units_per_chunk = layout.units_per_chunk
         tpc = layout.chunk_tokens
-        unit_keys_of = layout.unit_keys
+        unit_keys_of, chunk_keys_of = layout.unit_keys, layout.chunk_keys
         serve = self.tier.serve
         gpu = self.gpu
         gpu_on = gpu.enabled
         gpu_blocks = gpu.num_blocks
         n_req = n_tokens = n_units = n_gpu = n_cpu = n_stored = n_evicted = n_fail = 0
 
-        block_tokens = layout.block_tokens
-        whole_blocks = layout.split == 1  # a unit is a trace block: keys are a slice
-
         for request_id, arrival_s, input_tokens, _, block_hashes, _ in records:
-            if whole_blocks and block_hashes.__class__ is list:
-                unit_keys = block_hashes[: input_tokens // block_tokens]
-            else:
-                unit_keys = unit_keys_of(block_hashes, input_tokens)
-            chunk_keys = (
-                unit_keys
-                if units_per_chunk == 1
-                else unit_keys[units_per_chunk - 1 :: units_per_chunk]
-            )
+            unit_keys = unit_keys_of(block_hashes, input_tokens)
+            chunk_keys = chunk_keys_of(unit_keys)
             n_chunks = len(chunk_keys)
 
             gpu_hit = 0

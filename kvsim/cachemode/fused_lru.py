@@ -7,7 +7,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from kvsim.cachemode.fused_tier import FusedTier
-from kvsim.core.keys import ChunkKey
+from kvsim.core.keys import ChunkKey, KeyLayout
 from kvsim.policies.admission.base import AdmissionPolicy
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class FusedLRUTier(FusedTier):
         (:attr:`runs_whole_blocks`); the rare store that evicts the request's own keys
         takes :meth:`_store_evicting_own`, as :meth:`serve` does."""
         assert self._plain
-        block_tokens = self.chunk_tokens  # a chunk is a block
+        unit_keys = KeyLayout(self.chunk_tokens, self.chunk_tokens).unit_keys  # a chunk is a block
         order = self._order
         resident = order.keys()  # a live view
         popitem = order.popitem
@@ -126,7 +126,7 @@ class FusedLRUTier(FusedTier):
         sizes: list[int] = []
         n_req = n_tokens = n_blocks = n_hit = n_stored = n_evicted = n_failed = 0
         for request_id, arrival_s, input_tokens, _, block_hashes, _ in records:
-            keys = block_hashes[: input_tokens // block_tokens]
+            keys: Sequence[ChunkKey] = unit_keys(block_hashes, input_tokens)
             n = len(keys)
             count = 0  # the connector's scan: the resident prefix, loaded
             for key in keys:

@@ -44,7 +44,7 @@ from kvsim.cachemode.mrc import MRC, key_scorer, lru_mrc, rate_threshold
 from kvsim.cachemode.object_protocol import PROTOCOLS, replay_config
 from kvsim.core.errors import InputError
 from kvsim.core.keys import ChunkKey
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.traces.model import Request
 
 #: the fewest chunks a miniature may hold: a capacity whose miniature at the asked rate would

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from kvsim.core.context import RequestContext
 from kvsim.core.keys import ChunkKey, KeyLayout
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig, resolve_admission
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
 from kvsim.traces.model import Request
@@ -153,7 +153,7 @@ def object_cache(
 
     pol = make_eviction_policy(policy, capacity, policy_module)
     adm = None
-    if admission != "always" or store_threshold >= 2:
+    if resolve_admission(admission, store_threshold) != "always":
         adm = make_admission(
             admission, store_threshold=store_threshold, max_tracker_size=max_tracker_size, seed=seed
         )

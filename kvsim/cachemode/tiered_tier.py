@@ -32,7 +32,7 @@ from kvsim.cachemode.protocol_tier import offer_stores
 from kvsim.core.context import RequestContext, chunk_positions
 from kvsim.core.keys import ChunkKey
 from kvsim.manager.offload import LookupResult, ManagerCounters
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.options.tiers import describe_tier
 from kvsim.tiering import TieredManager
 from kvsim.tiering.build import build_tiered_manager, tier_capacity_chunks

@@ -62,6 +62,11 @@ COMMAND_TABLE: dict[str, tuple[str, str, str]] = {
         "replay_command",
         "Replay TRACE in cache mode: requests one at a time, no timing.",
     ),
+    "schema": (
+        "cmd_schema",
+        "schema_command",
+        "Print the JSON Schema of NAME (e.g. kv-transfer-config); without NAME, list...",
+    ),
     "simulate": (
         "cmd_simulate",
         "simulate_command",

@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvsim.api import mrc
-from kvsim.cli.common import check_output_path, format_option, model_options
+from kvsim.cli.common import check_output_path, format_option, model_options, schema_option
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write, figure_format
 from kvsim.core.units import human_bytes
+from kvsim.options.offload import OffloadOptions
+from kvsim.options.runs import ReplayOptions
 
 if TYPE_CHECKING:
     from kvsim.cachemode.mrc import MRC
@@ -178,13 +180,9 @@ def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
     "...): less sampling error, proportionally slower.",
 )
 @format_option
-@click.option(
-    "--limit", type=click.IntRange(min=1), default=None, help="Only the first N requests."
-)
-@click.option("--block-tokens", type=int, default=None, help="Tokens per trace hash block.")
-@click.option(
-    "--chunk-tokens", type=int, default=None, help="Tokens per CPU chunk (default: one block)."
-)
+@schema_option(ReplayOptions, "limit")
+@schema_option(OffloadOptions, "block_tokens")
+@schema_option(OffloadOptions, "chunk_tokens")
 @click.option(
     "--points",
     type=click.IntRange(min=2),
@@ -207,13 +205,7 @@ def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
     help="Write the curve plot (png, pdf or svg).",
 )
 @model_options
-@click.option(
-    "--gpu-block-tokens",
-    type=int,
-    default=16,
-    show_default=True,
-    help="vLLM GPU block size (--block-size): chunks are whole GPU blocks.",
-)
+@schema_option(OffloadOptions, "gpu_block_tokens", show_default=True)
 @click.option(
     "--cpu-gib",
     "--kv-offloading-size",

@@ -15,10 +15,13 @@ from kvsim.cli.common import (
     note_missing_reuse,
     offload_options,
     pop_offload_kwargs,
+    schema_option,
     wants_progress,
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
+from kvsim.options.offload import OffloadOptions
+from kvsim.options.runs import ReplayOptions
 from kvsim.options.tiers import tier_from_shorthand
 from kvsim.traces import as_trace
 
@@ -27,24 +30,9 @@ from kvsim.traces import as_trace
 @click.argument("trace", type=click.Path(dir_okay=False))
 @offload_options
 @format_option
-@click.option(
-    "--prefill-chunk-tokens",
-    type=int,
-    default=None,
-    help=(
-        "Offer stores per chunked-prefill step of N tokens, as vLLM does "
-        "(default: one offer per request)."
-    ),
-)
-@click.option(
-    "--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests."
-)
-@click.option(
-    "--requests-csv",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write one row per request (trace order) to this CSV.",
-)
+@schema_option(OffloadOptions, "prefill_chunk_tokens")
+@schema_option(ReplayOptions, "limit")
+@schema_option(ReplayOptions, "requests_csv", type=click.Path(dir_okay=False))
 @click.option(
     "--out",
     "out_dir",
@@ -60,20 +48,8 @@ from kvsim.traces import as_trace
     default=None,
     help="Progress bar on stderr (default: when stderr is a terminal).",
 )
-@click.option(
-    "--protocol",
-    type=click.Choice(["prefix", "object"]),
-    default="prefix",
-    show_default=True,
-    help="prefix: vLLM's connector; object: every chunk is a get, a miss inserts it.",
-)
-@click.option(
-    "--fused/--no-fused",
-    default=True,
-    show_default=True,
-    help="lru, arc: the fused one-request-at-a-time tier, or the full manager protocol "
-    "(the same decisions, several times slower; for cross-checking).",
-)
+@schema_option(ReplayOptions, "protocol", show_default=True)
+@schema_option(ReplayOptions, "fused", "--fused/--no-fused", default=True, show_default=True)
 @click.option(
     "--no-enable-prefix-caching",
     "no_prefix_caching",

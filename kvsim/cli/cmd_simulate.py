@@ -5,24 +5,28 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from kvsim.api import BASELINE_PREFIX, simulate
 from kvsim.cli.common import (
+    FC,
     check_output_path,
     note_missing_reuse,
     offload_options,
     pop_offload_kwargs,
+    schema_option,
     wants_progress,
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
 from kvsim.engine.chrome_trace import write_chrome_trace
+from kvsim.options.runs import SimulateOptions
 from kvsim.options.tiers import tier_from_shorthand
 from kvsim.report.result import Result, format_value
-from kvsim.report.serve_metrics import METRICS, metric_keys
+from kvsim.report.serve_metrics import metric_keys
 from kvsim.traces import as_trace
 
 #: rows before the latency metrics
@@ -156,6 +160,11 @@ def format_comparison(result: Result, baseline: bool) -> str:
     return "\n".join(lines)
 
 
+def _option(name: str, *flags: str, **overrides: Any) -> Callable[[FC], FC]:
+    """A ``simulate`` option from :class:`SimulateOptions`' description of ``name``."""
+    return schema_option(SimulateOptions, name, *flags, **overrides)
+
+
 def write_tables(result: Result, out: str) -> list[str]:
     """The run's files into ``out`` as one set (see :meth:`kvsim.report.result.Result.save`)."""
     return result.save(out)
@@ -164,46 +173,14 @@ def write_tables(result: Result, out: str) -> list[str]:
 @click.command("simulate")
 @click.argument("trace", type=click.Path(dir_okay=False))
 @offload_options
-@click.option(
-    "--gpu",
-    "--gpu-spec",
-    "gpu",
-    default="h200",
-    show_default=True,
-    help="GPU preset (h100, h200, a100, l40s, gh200, b200) or a GPU spec JSON file.",
-)
-@click.option(
-    "--baseline", is_flag=True, help="Also run without offloading and print both side by side."
-)
-@click.option(
-    "--limit", type=click.IntRange(min=1), default=None, help="Simulate only the first N requests."
-)
-@click.option(
-    "--time-scale",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Multiply trace timestamps by this (0.5 = twice the request rate).",
-)
-@click.option(
-    "--poisson-rate",
-    type=float,
-    default=None,
-    help="Re-time arrivals as Poisson at this rate (req/s, seeded).",
-)
-@click.option(
-    "--max-num-batched-tokens",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Token budget per step (default: vllm serve's for the GPU; H100/H200: 8192).",
-)
-@click.option(
-    "--max-num-seqs",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Running requests per step (default: vllm serve's for the GPU; H100/H200: 1024).",
-)
-@click.option("--gpu-memory-utilization", type=float, default=0.92, show_default=True)
+@_option("gpu", show_default=True)
+@_option("baseline", is_flag=True, default=False)
+@_option("limit")
+@_option("time_scale", show_default=True)
+@_option("poisson_rate")
+@_option("max_num_batched_tokens")
+@_option("max_num_seqs")
+@_option("gpu_memory_utilization", show_default=True)
 @click.option(
     "--no-prefix-caching",
     "--no-enable-prefix-caching",
@@ -216,39 +193,10 @@ def write_tables(result: Result, out: str) -> list[str]:
     is_flag=True,
     help="Store decode chunks too (vLLM offload_prompt_only=false).",
 )
-@click.option(
-    "--sync-load-budget-bytes",
-    type=click.IntRange(min=0),
-    default=None,
-    help=(
-        "vLLM sync_load_budget_bytes: small CPU hits load in the same step "
-        "(default: --vllm-config's, else 0)."
-    ),
-)
-@click.option(
-    "--async-scheduling/--no-async-scheduling",
-    default=True,
-    show_default=True,
-    help="vLLM's async scheduling (its default): schedule the next step while one runs.",
-)
-@click.option(
-    "--link",
-    default=None,
-    help=(
-        "Link preset (pcie5, pcie4, gh200), a calibration profile JSON, or a constant link "
-        '{"kind": "constant", "h2d_bytes_per_s": X, "d2h_bytes_per_s": Y} in a JSON file.'
-    ),
-)
-@click.option(
-    "--compute-profile",
-    type=click.Path(dir_okay=False, exists=True),
-    default=None,
-    help=(
-        'Step-time model: a {"kind": "phases"} profile (`kvsim calibrate-compute`; default: '
-        "the shipped one on h100/h200), roofline coefficients replacing the GPU preset's, or "
-        'a linear step time {"kind": "linear", "step_s": A, "per_token_s": B}.'
-    ),
-)
+@_option("sync_load_budget_bytes")
+@_option("async_scheduling", "--async-scheduling/--no-async-scheduling", show_default=True)
+@_option("link")
+@_option("compute_profile", type=click.Path(dir_okay=False, exists=True))
 @click.option(
     "--out",
     "out_dir",
@@ -262,27 +210,9 @@ def write_tables(result: Result, out: str) -> list[str]:
     default=None,
     help="Write a Perfetto / Chrome trace of steps and transfers.",
 )
-@click.option(
-    "--percentile-metrics",
-    default=None,
-    metavar="M1,M2,...",
-    help=f"Metrics to report mean/median/std/percentiles of (ms): {', '.join(METRICS)} "
-    "(default: all; queue is arrival to first scheduling).",
-)
-@click.option(
-    "--metric-percentiles",
-    default="99",
-    show_default=True,
-    metavar="P1,P2,...",
-    help="Percentiles of each metric, as vllm bench serve's (e.g. 50,90,99).",
-)
-@click.option(
-    "--goodput",
-    multiple=True,
-    metavar="METRIC:MS",
-    help='SLOs for request goodput, e.g. --goodput "ttft:2000 tpot:50" (ttft, tpot, e2el in '
-    "ms; repeatable): completed requests meeting all of them, per second.",
-)
+@_option("percentile_metrics")
+@_option("metric_percentiles", default="99", show_default=True)
+@_option("goodput", multiple=True)
 @click.option(
     "--save-detailed",
     is_flag=True,
@@ -299,13 +229,7 @@ def write_tables(result: Result, out: str) -> list[str]:
     "obj:capacity=10TiB. device= picks its device model (nvme-gen4, the fs default; "
     "nvme-gen5; shared-fs; object-store, the obj default; instant; or a device JSON file).",
 )
-@click.option(
-    "--tier-load-rule",
-    type=click.Choice(["off", "pays-off"]),
-    default=None,
-    help="pays-off (beyond vLLM): a secondary-tier hit that would promote and load slower "
-    "than it recomputes is a miss. Default: off, vLLM's (every hit loads).",
-)
+@_option("tier_load_rule")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option(
     "--progress/--no-progress",

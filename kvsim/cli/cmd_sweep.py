@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,8 @@ import yaml
 from kvsim.cli.common import wants_progress
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
+from kvsim.options.offload import OffloadOptions
+from kvsim.options.schema import field
 from kvsim.sweeps import (
     EXECUTORS,
     MODES,
@@ -26,7 +29,7 @@ from kvsim.sweeps import (
 if TYPE_CHECKING:
     from kvsim.cli.common import FC
 
-#: grid options: CLI name -> option field; values are comma-separated lists.
+#: offload options swept from the command line; values are comma-separated lists
 GRID_OPTIONS = (
     "policy",
     "admission",
@@ -61,13 +64,14 @@ def _values(name: str, text: str) -> list[Any]:
 
 
 def _grid_options(f: FC) -> FC:
+    """One ``--NAME V1,V2,...`` per grid option, its help text the option's own."""
     for name in reversed(GRID_OPTIONS):
         f = click.option(
             f"--{name.replace('_', '-')}",
             name,
             default=None,
             metavar="V1,V2,...",
-            help=f"Sweep {name} over these values.",
+            help=f"Sweep over these values. {field(OffloadOptions, name).description}",
         )(f)
     return f
 
@@ -83,17 +87,7 @@ def _spec_data(
     """The sweep as a mapping: SPEC's values (if any), then the command-line options over
     them (traces add up; a grid option, ``--tier-set`` too, replaces that field's grid and
     its fixed option)."""
-    data: dict[str, Any] = {}
-    if spec:
-        loaded = SweepSpec.load(spec)
-        data = {
-            "name": loaded.name,
-            "mode": loaded.mode,
-            "traces": loaded.traces,
-            "limit": loaded.limit,
-            "options": loaded.options,
-            "grid": dict(loaded.grid),
-        }
+    data: dict[str, Any] = dataclasses.asdict(SweepSpec.load(spec)) if spec else {}
     data["traces"] = list(data.get("traces", [])) + list(traces)
     if mode:
         data["mode"] = mode
@@ -200,7 +194,7 @@ def sweep_command(
     data = _spec_data(spec, traces, mode, limit, grid_opts, tier_sets)
     if not data["traces"]:
         raise InputError("give a SPEC file or at least one --trace")
-    s = SweepSpec.from_mapping(data)
+    s = SweepSpec.from_mapping(data, source=spec or "kvsim sweep")
     if address and executor != "ray":
         raise InputError("--address is for --executor ray")
     out = out or f"sweep-{s.name}"

@@ -12,7 +12,7 @@ from kvsim.cli.common import check_output_path, model_options
 from kvsim.core.errors import InputError
 from kvsim.core.units import with_human_bytes
 from kvsim.report.result import format_table, write_metadata
-from kvsim.traces.readers import write_native
+from kvsim.traces import write_native
 from kvsim.traces.synthetic import ARRIVALS, KINDS, KNOBS, generate, write_mooncake
 
 MOONCAKE_BLOCK_TOKENS = 512

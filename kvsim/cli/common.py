@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -13,7 +13,9 @@ import click
 from kvsim.core.errors import InputError
 from kvsim.core.io import refuse_overwriting_inputs
 from kvsim.core.units import with_human_bytes
-from kvsim.options.offload import DEFAULT_MODEL
+from kvsim.options.offload import OFFLOAD_FIELDS, OffloadOptions
+from kvsim.options.runs import ReplayOptions
+from kvsim.options.schema import Schema, field, fields
 from kvsim.report.result import format_table
 from kvsim.traces import TRACE_FORMATS
 
@@ -24,160 +26,85 @@ if TYPE_CHECKING:
 FC = TypeVar("FC", bound=Callable[..., Any])
 
 
-def _model_option_list(model_help: str) -> list[Callable[[FC], FC]]:
-    """``--model``, ``--tp`` and ``--kv-cache-dtype``: what sizes a chunk in bytes, under
-    kvsim's names and vLLM's (``--tensor-parallel-size``)."""
-    return [
-        click.option("--model", default=None, metavar="NAME|CONFIG.JSON", help=model_help),
-        click.option(
-            "--tp",
-            "--tensor-parallel-size",
-            "tp",
-            type=int,
-            default=None,
-            help="Tensor-parallel world size for sizing (default 1).",
-        ),
-        click.option(
-            "--kv-cache-dtype",
-            default=None,
-            metavar="DTYPE",
-            help=(
-                "vLLM's KV cache dtype: auto (the model's, default), bfloat16, float16, fp8, "
-                "fp8_e4m3, fp8_e5m2, fp8_inc; fp8 halves the KV bytes per token."
-            ),
-        ),
-    ]
+def schema_option(
+    schema: type[Schema], name: str, *flags: str, **overrides: Any
+) -> Callable[[FC], FC]:
+    """A click option for field ``name`` of ``schema``: its flag (``--`` + the name with
+    dashes, and the ``aliases`` of its ``Meta(extra=...)``), type, choices, metavar and help
+    text come from the schema; ``flags`` replace the flags (a ``--x/--no-x`` switch),
+    ``overrides`` any click keyword. The default is None, so an option not given leaves the
+    API's default (or ``--vllm-config``'s value) in place."""
+    f = field(schema, name)
+    decls = list(flags) or ["--" + name.replace("_", "-"), *f.extra.get("aliases", ())]
+    kwargs: dict[str, Any] = {"default": None, "help": f.description}
+    if f.choices is not None:
+        kwargs["type"] = click.Choice([str(c) for c in f.choices])
+    elif f.kind in (int, float):
+        kwargs["type"] = f.kind
+    if "metavar" in f.extra:
+        kwargs["metavar"] = f.extra["metavar"]
+    if overrides.get("show_default"):
+        kwargs["default"] = f.default
+    kwargs.update(overrides)
+    return click.option(*decls, name, **kwargs)
 
 
-_MODEL_HELP = (
-    "Model preset (see `kvsim models`) or a Hugging Face config.json path, for the KV bytes "
-    "per token"
-)
-
-
-def model_options(f: FC) -> FC:
-    """``--model`` (optional: it adds GiB to chunk counts), ``--tp``, ``--kv-cache-dtype``."""
-    for option in reversed(_model_option_list(_MODEL_HELP + "; adds GiB to the output.")):
-        f = option(f)
-    return f
-
-
-def offload_options(f: FC) -> FC:
-    """CPU tier, policy and key-layout options (the fields of ``OffloadOptions``); vLLM's
-    names (``--kv-offloading-size``, ``--tensor-parallel-size``) are aliases."""
-    options = [
-        click.option("--cpu-chunks", type=int, help="CPU tier capacity in chunks."),
-        click.option(
-            "--cpu-gib",
-            "--kv-offloading-size",
-            "cpu_gib",
-            type=float,
-            help=(
-                "CPU tier size in GiB (vLLM's --kv-offloading-size: cpu_bytes_to_use / 2**30 "
-                f"over all TP workers), sized for --model (default {DEFAULT_MODEL})."
-            ),
-        ),
-        *_model_option_list(_MODEL_HELP + f" (default {DEFAULT_MODEL})."),
-        click.option(
-            "--policy",
-            default=None,
-            help="Eviction policy: lru (default), arc, ... or module:Class.",
-        ),
-        click.option(
-            "--admission",
-            default=None,
-            help="Admission policy (default always; see `kvsim policies`).",
-        ),
-        click.option(
-            "--store-threshold",
-            type=int,
-            default=None,
-            help="vLLM store_threshold: offers before a chunk is stored (>= 2 enables).",
-        ),
-        click.option(
-            "--max-tracker-size",
-            type=int,
-            default=None,
-            help="vLLM max_tracker_size of the threshold counter table (default 64000).",
-        ),
-        click.option(
-            "--block-tokens",
-            type=int,
-            default=None,
-            help="Tokens per trace hash block (default: the trace format's, 512 for Mooncake).",
-        ),
-        click.option(
-            "--chunk-tokens",
-            type=int,
-            default=None,
-            help="Tokens per CPU chunk (default: one trace block; vLLM block_size).",
-        ),
-        click.option(
-            "--gpu-block-tokens",
-            type=int,
-            default=None,
-            help=(
-                "vLLM GPU block size (--block-size, default 16): sizes CPU chunks; in "
-                "simulate also the GPU KV blocks."
-            ),
-        ),
-        click.option(
-            "--gpu-blocks",
-            type=int,
-            default=None,
-            help=(
-                "replay: GPU prefix-cache size in key-unit blocks, 0 (default) disables it; "
-                "simulate: GPU KV capacity in --gpu-block-tokens blocks (vLLM "
-                "num_gpu_blocks_override), default from GPU memory."
-            ),
-        ),
-        click.option(
-            "--vllm-config",
-            default=None,
-            metavar="JSON|FILE",
-            help="vLLM kv_connector_extra_config (inline JSON or a file); explicit options win.",
-        ),
-        click.option(
-            "--seed", type=int, default=None, help="Seed for randomised policies (default 0)."
-        ),
-    ]
+def _apply(f: FC, options: Sequence[Callable[[FC], FC]]) -> FC:
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def format_option(f: FC) -> FC:
-    """``--format``: one of the trace formats kvsim reads (default: detected)."""
-    return click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(list(TRACE_FORMATS)),
-        default=None,
-        help="Trace format (default: detected from the file).",
-    )(f)
+def _with_default(name: str) -> str:
+    """``name``'s help text, saying its default where the text does not."""
+    f = field(OffloadOptions, name)
+    text = f.description or ""
+    if "default" in text or f.default is None:
+        return text
+    return f"{text.rstrip('.')} (default {f.default})."
 
 
-OFFLOAD_KEYS = (
-    "cpu_chunks",
-    "cpu_gib",
-    "model",
-    "tp",
-    "kv_cache_dtype",
-    "policy",
-    "admission",
-    "store_threshold",
-    "max_tracker_size",
-    "block_tokens",
-    "chunk_tokens",
-    "gpu_block_tokens",
-    "gpu_blocks",
-    "seed",
-    "prefill_chunk_tokens",
+#: the offload options on the command line, in --help's order (the rest: API / vllm_config)
+CLI_OFFLOAD_FIELDS = tuple(
+    f.name
+    for f in fields(OffloadOptions)
+    if f.extra.get("cli", True) and f.name != "prefill_chunk_tokens"
 )
+_MODEL_FIELDS = ("model", "tp", "kv_cache_dtype")
+
+
+def model_options(f: FC) -> FC:
+    """``--model`` (optional: it adds GiB to chunk counts), ``--tp``, ``--kv-cache-dtype``:
+    what sizes a chunk in bytes, under kvsim's names and vLLM's (``--tensor-parallel-size``)."""
+    help_text = (field(OffloadOptions, "model").description or "") + " Adds GiB to the output."
+    return _apply(
+        f,
+        [
+            schema_option(OffloadOptions, "model", help=help_text),
+            schema_option(OffloadOptions, "tp"),
+            schema_option(OffloadOptions, "kv_cache_dtype"),
+        ],
+    )
+
+
+def offload_options(f: FC) -> FC:
+    """CPU tier, policy and key-layout options (the fields of ``OffloadOptions`` that the
+    command line takes, from its schema); vLLM's names (``--kv-offloading-size``,
+    ``--tensor-parallel-size``) are aliases; and ``--vllm-config``."""
+    options = [schema_option(OffloadOptions, n, help=_with_default(n)) for n in CLI_OFFLOAD_FIELDS]
+    return _apply(f, [*options, schema_option(ReplayOptions, "vllm_config")])
 
 
 def pop_offload_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {k: kwargs.pop(k) for k in OFFLOAD_KEYS if k in kwargs}
+    """The offload options of a command's keywords (removed from ``kwargs``)."""
+    return {k: kwargs.pop(k) for k in OFFLOAD_FIELDS if k in kwargs}
+
+
+def format_option(f: FC) -> FC:
+    """``--format``: one of the trace formats kvsim reads (default: detected)."""
+    return schema_option(ReplayOptions, "fmt", "--format", type=click.Choice(list(TRACE_FORMATS)))(
+        f
+    )
 
 
 def check_output_path(path: str | None, option: str, *inputs: str | None) -> None:

@@ -12,13 +12,18 @@ prefixes. kvsim works on *units* of ``unit_tokens = min(block_tokens, chunk_toke
 A CPU chunk groups ``units_per_chunk`` units; as in vLLM its key is the key of its last
 unit (the hash of the last block inside the chunk). Only complete units and complete
 chunks have keys.
+
+This module is the one place keys are made: :meth:`KeyLayout.unit_keys` (trace ids ->
+unit keys), :meth:`KeyLayout.chunk_keys` (unit keys -> chunk keys) and
+:func:`request_private_key` (chunks that have no trace id, a timed request's output).
+Everything else receives keys and only hashes and compares them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NewType, cast
+from typing import NewType
 
 from kvsim.core.errors import InputError
 
@@ -63,18 +68,35 @@ class KeyLayout:
         return max(1, self.chunk_tokens // self.block_tokens)
 
     def unit_keys(self, block_hashes: Sequence[int], input_tokens: int) -> list[ChunkKey]:
-        """Keys of the complete units of a prompt, head first."""
-        split = self.split
-        if split == 1:
-            keys = list(block_hashes[: input_tokens // self.block_tokens])
-        else:
-            n = min(input_tokens // self.unit_tokens, len(block_hashes) * split)
-            keys = [block_hashes[i // split] * split + i % split for i in range(n)]
-        return cast("list[ChunkKey]", keys)  # where trace ids become keys
+        """Keys of the complete units of a prompt, head first (a new list): where trace ids
+        become keys. Called once per request by every replay loop, so it stays cheap."""
+        bt = self.block_tokens
+        if self.chunk_tokens >= bt:  # a unit is a trace block: its key is the trace id
+            ids = block_hashes[: input_tokens // bt]
+            keys = ids if ids.__class__ is list else list(ids)
+            return keys  # type: ignore[return-value]  # the ids are the keys
+        split = bt // self.chunk_tokens
+        n = min(input_tokens // self.chunk_tokens, len(block_hashes) * split)
+        return [block_hashes[i // split] * split + i % split for i in range(n)]  # type: ignore[misc]
 
     def chunk_keys(self, unit_keys: list[ChunkKey]) -> list[ChunkKey]:
-        """Keys of the complete chunks: the key of each chunk's last unit."""
+        """Keys of the complete chunks: the key of each chunk's last unit (``unit_keys``
+        itself when a chunk is one unit: callers that change the list copy it)."""
         k = self.units_per_chunk
         if k == 1:
             return unit_keys
         return unit_keys[k - 1 :: k]
+
+
+#: chunks per request that :func:`request_private_key` can number
+PRIVATE_KEYS_PER_REQUEST = 1 << 24
+
+
+def request_private_key(request_id: int, chunk: int) -> ChunkKey:
+    """The key of a request's ``chunk``-th chunk where the trace has no id for it (the
+    timed engine's decode output): negative and distinct per (request, chunk), so no other
+    request can hit it. Trace ids are prefix hashes, non-negative in every published
+    trace; a trace with negative ids could collide with these (nothing checks it)."""
+    if not 0 <= chunk < PRIVATE_KEYS_PER_REQUEST:
+        raise ValueError(f"chunk {chunk} out of range for a private key")
+    return ChunkKey(-(1 + request_id * PRIVATE_KEYS_PER_REQUEST + chunk))

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvsim.core.keys import ChunkKey, KeyLayout
+from kvsim.core.keys import ChunkKey, KeyLayout, request_private_key
 from kvsim.engine.request_state import FINISHED, SimRequest
 from kvsim.engine.transfer_protocol import EXPEDITED, LOAD, STORE, TransferJob, TransferResult
 from kvsim.manager.offload import OffloadManager
@@ -315,7 +315,7 @@ class OffloadConnector:
             return  # the trace lacks hashes for part of the prompt: no contiguous keys
         positions = req.ctx.positions
         for c in range(len(keys), n):
-            key = ChunkKey(-(1 + req.rid * (1 << 24) + c))
+            key = request_private_key(req.rid, c)
             keys.append(key)
             positions[key] = (c + 1) * self.tpc
 

@@ -2,9 +2,9 @@
 
 Time comes from the injected clock; copies go through the injected transfer backend (the
 protocol of :mod:`kvsim.engine.transfer_protocol`); the forward pass takes what the
-injected compute model says. Defaults: virtual clock, :class:`SimulatedTransferBackend`
-on the GPU's link, the per-phase compute model of the GPU's shipped profile (H100, H200)
-or else :class:`RooflineCompute` of the model on the GPU. The CPU tier is the
+injected compute model says, on the given link (the engine looks no name up: a run's
+composition is :mod:`kvsim.engine.setup`'s). Defaults: virtual clock,
+:class:`SimulatedTransferBackend` on the link. The CPU tier is the
 same :class:`kvsim.manager.offload.OffloadManager` and policies as cache mode
 (:meth:`kvsim.manager.offload.OffloadManager.from_config`).
 
@@ -35,13 +35,7 @@ from kvsim.core.errors import InputError
 from kvsim.core.units import GIB
 from kvsim.engine.arrivals import arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
-from kvsim.engine.compute_model import (
-    ComputeParams,
-    PhaseProfile,
-    StepBatch,
-    default_compute_profile,
-    make_compute,
-)
+from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.connector import OffloadConnector
 from kvsim.engine.events import PHASE_ARRIVAL, PHASE_STEP, PHASE_TRANSFER, EventQueue
 from kvsim.engine.params import EngineParams
@@ -50,11 +44,11 @@ from kvsim.engine.request_state import REJECTED, WAITING_FOR_KV, SimRequest
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.sim_backend import SimulatedTransferBackend
 from kvsim.engine.tier_driver import TierDriver
-from kvsim.engine.transfer_model import TransferModelParams, get_link
+from kvsim.engine.transfer_model import TransferModelParams
 from kvsim.engine.transfer_protocol import TransferBackend, TransferResult
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import OffloadManager
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
 from kvsim.tiering.build import build_tiered_manager
@@ -114,9 +108,8 @@ class Engine:
         *,
         model: ModelSpec,
         gpu: GpuSpec,
-        compute: Callable[[StepBatch], float] | None = None,
-        compute_params: ComputeParams | PhaseProfile | None = None,
-        transfer: TransferModelParams | None = None,
+        compute: Callable[[StepBatch], float],
+        transfer: TransferModelParams,
         backend: TransferBackend | None = None,
         clock: Clock | None = None,
         offload: bool = True,
@@ -130,14 +123,8 @@ class Engine:
         self.gpu = gpu
         self.layout = config.layout
         self.clock = clock if clock is not None else VirtualClock()
-        self.compute = (
-            compute
-            if compute is not None
-            else make_compute(
-                self.model, compute_params or default_compute_profile(self.gpu), tp=params.tp
-            )
-        )
-        self.transfer = transfer or get_link(self.gpu.link)
+        self.compute = compute
+        self.transfer = transfer
         self.backend = backend if backend is not None else SimulatedTransferBackend(self.transfer)
         self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params)
         self.pool = GpuBlockPool(self.num_gpu_blocks)

@@ -29,7 +29,7 @@ from kvsim.engine.clock import Clock
 from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.load_rule import LoadCosts, PaysOffRule
 from kvsim.engine.transfer_model import DirectionParams
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.tiering.devices import DeviceSpec, TierDevice, tier_device
 from kvsim.tiering.jobs import TransferJob
 from kvsim.tiering.manager import TieredManager

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from kvsim.core.keys import ChunkKey
+from kvsim.options.config import THRESHOLD_FILTERS_FROM
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadKey, ReqContext
@@ -65,7 +66,7 @@ class VllmManagerDriver:
         self.inner = CPUOffloadingManager(
             num_chunks=num_chunks,
             cache_policy=policy,
-            store_threshold=store_threshold if store_threshold >= 2 else 1,
+            store_threshold=store_threshold if store_threshold >= THRESHOLD_FILTERS_FROM else 1,
             max_tracker_size=max_tracker_size,
         )
         self._to_int: dict[bytes, ChunkKey] = {}

@@ -165,9 +165,6 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.kv_offload.base import (
     GPULoadStoreSpec,
-    LoadStoreSpec,
-    OffloadingWorker,
-    TransferResult,
 )
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
@@ -177,6 +174,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 from kvsim.integrations.vllm_engine_setup import (
     SAMPLED_TOKEN,
     RequestRecord,
+    SimClock,
+    SimTransferWorker,
     StepRecord,
     TransferRecord,
     VllmRun,
@@ -187,89 +186,6 @@ from kvsim.integrations.vllm_engine_setup import (
     quiet_vllm,
 )
 from kvsim.traces.model import Request
-
-# --------------------------------------------------------------------------- clock + worker
-
-
-@dataclass
-class _Clock:
-    now: float = 0.0
-    compute_tail: float = -math.inf  # end of the last forward launched
-    step: int = -1  # index of the step whose worker calls are running
-
-
-class SimTransferWorker(OffloadingWorker):
-    """vLLM's ``OffloadingWorker`` interface on the simulated clock (see the module docstring
-    for the timing rules). Three FIFOs: ``store`` (GPU->CPU), ``load`` and ``expedited``
-    (CPU->GPU)."""
-
-    def __init__(
-        self,
-        clock: _Clock,
-        transfers: dict[int, TransferRecord],
-        h2d_bytes_per_s: float,
-        d2h_bytes_per_s: float,
-    ) -> None:
-        self.clock = clock
-        self.transfers = transfers
-        self.rates = {
-            "store": d2h_bytes_per_s,
-            "load": h2d_bytes_per_s,
-            "expedited": h2d_bytes_per_s,
-        }
-        self.fifo_free = dict.fromkeys(self.rates, -math.inf)
-        self.in_flight: dict[str, deque[TransferRecord]] = {q: deque() for q in self.rates}
-
-    def _submit(self, job_id: int, queue: str, blocks: int) -> bool:
-        clock = self.clock
-        rec = self.transfers[job_id]
-        assert rec.blocks == blocks, (job_id, rec.blocks, blocks)
-        start = max(clock.now, clock.compute_tail, self.fifo_free[queue])
-        rec.submit_step = clock.step
-        rec.submit_s = clock.now
-        rec.start_s = start
-        rec.end_s = start + rec.nbytes / self.rates[queue]
-        rec.expedited = queue == "expedited"
-        self.fifo_free[queue] = rec.end_s
-        self.in_flight[queue].append(rec)
-        return True
-
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
-        return self._submit(job_id, "store", len(src_spec.block_ids))
-
-    def submit_load(
-        self,
-        job_id: int,
-        src_spec: LoadStoreSpec,
-        dst_spec: GPULoadStoreSpec,
-        expedited: bool = False,
-    ) -> bool:
-        return self._submit(job_id, "expedited" if expedited else "load", len(dst_spec.block_ids))
-
-    def get_finished(self) -> list[TransferResult]:
-        now = self.clock.now
-        out: list[TransferResult] = []
-        for q in ("store", "load", "expedited"):
-            jobs = self.in_flight[q]
-            while jobs and jobs[0].end_s <= now:
-                rec = jobs.popleft()
-                rec.reported_step = self.clock.step
-                out.append(TransferResult(rec.job_id, True, rec.nbytes, rec.end_s - rec.start_s))
-        return out
-
-    def wait(self, job_ids: set[int]) -> None:
-        ends = [self.transfers[j].end_s for j in job_ids if j in self.transfers]
-        assert all(e >= 0 for e in ends), "waiting for a job that was never submitted"
-        if ends:
-            self.clock.now = max(self.clock.now, *ends)
-
-    def next_completion(self) -> float:
-        now = self.clock.now
-        ends = [q[0].end_s for q in self.in_flight.values() if q and q[0].end_s > now]
-        return min(ends, default=math.inf)
-
 
 # --------------------------------------------------------------------------- the engine
 
@@ -303,7 +219,7 @@ class _Engine:
     ) -> None:
         self.vllm_config = vllm_config
         self.p = params
-        self.clock = _Clock()
+        self.clock = SimClock()
         self.transfers: dict[int, TransferRecord] = {}
         self.steps: list[StepRecord] = []
         self.records: dict[int, RequestRecord] = {}

@@ -13,12 +13,14 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from kvsim.core.context import RequestContext
 from kvsim.core.errors import PolicyFault
 from kvsim.core.keys import ChunkKey
-from kvsim.options.offload import CacheConfig
+from kvsim.manager.protocol import ManagerProtocol as ManagerProtocol  # re-exported
+from kvsim.manager.protocol import StoreResult as StoreResult  # re-exported
+from kvsim.options.config import CacheConfig
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
 from kvsim.policies.registry import make_admission, make_eviction_policy
@@ -72,46 +74,6 @@ class OffloadingEvent:
     medium: str = "CPU"
 
 
-_Ctx = TypeVar("_Ctx")
-
-
-class StoreResult(Protocol):
-    """What a manager's ``prepare_store`` returns when it succeeds (read-only)."""
-
-    @property
-    def keys_to_store(self) -> Sequence[ChunkKey]: ...
-
-    @property
-    def evicted_keys(self) -> Sequence[ChunkKey]: ...
-
-
-class ManagerProtocol(Protocol[_Ctx]):
-    """The manager calls cache mode makes (vLLM's ``OffloadingManager`` interface), so that
-    :class:`OffloadManager` and an adapter around vLLM's own manager are interchangeable.
-
-    ``_Ctx`` is the manager's request context: :class:`~kvsim.core.context.RequestContext` for
-    kvsim's manager, vLLM's ``ReqContext`` for the adapter. Arguments are positional.
-    """
-
-    def new_context(self, req_id: Hashable, positions: dict[ChunkKey, int], /) -> _Ctx: ...
-
-    def on_new_request(self, ctx: _Ctx, /) -> None: ...
-
-    def lookup_prefix(self, keys: Iterable[ChunkKey], /) -> tuple[int, bool]: ...
-
-    def prepare_load(self, keys: Sequence[ChunkKey], ctx: _Ctx, /) -> list[int]: ...
-
-    def complete_load(self, keys: Iterable[ChunkKey], ctx: _Ctx, /) -> None: ...
-
-    def prepare_store(self, keys: Iterable[ChunkKey], ctx: _Ctx, /) -> StoreResult | None: ...
-
-    def complete_store(
-        self, keys: Iterable[ChunkKey], ctx: _Ctx, /, success: bool = True
-    ) -> None: ...
-
-    def on_request_finished(self, ctx: _Ctx, /) -> None: ...
-
-
 def _check_victims(policy: EvictionPolicy, victims: object, need: int) -> None:
     """What a plugin's ``evict`` must return: None, or exactly ``need`` (key, chunk) pairs."""
     if victims is None:
@@ -156,7 +118,23 @@ class _RequestAccess:
 
 
 class OffloadManager:
-    """CPU tier bookkeeping; see docs/vllm-offload-semantics.md §2."""
+    """CPU tier bookkeeping; see docs/vllm-offload-semantics.md §2.
+
+    It satisfies :class:`~kvsim.manager.protocol.ManagerProtocol` (see there for the call
+    order and chunk states)
+    and adds vLLM's ``lookup``, ``touch``, events, stats and ``reset_cache``.
+
+    Attributes:
+        num_chunks: the tier's capacity in chunks (chunk ids are ``0 .. num_chunks - 1``).
+        policy: the eviction policy; it holds the same resident keys as the manager.
+        admission: the admission policy (the default admits every key).
+        events: stored and removed keys for :meth:`take_events`; None unless
+            ``enable_events``.
+        counters: cumulative totals since construction (:class:`ManagerCounters`).
+
+    Invariants: ``num_resident == num_evictable + num_write_pending + pinned chunks``, and
+    ``num_resident + num_free == num_chunks``; every resident key is the policy's too.
+    """
 
     def __init__(
         self,
@@ -204,18 +182,22 @@ class OffloadManager:
 
     @property
     def num_free(self) -> int:
+        """Chunks holding no key (never used, or freed by an eviction or a failed store)."""
         return len(self._free_list) + self.num_chunks - self._num_allocated
 
     @property
     def num_resident(self) -> int:
+        """Chunks holding a key: pending, ready or pinned."""
         return self._num_allocated - len(self._free_list)
 
     @property
     def num_evictable(self) -> int:
+        """Ready chunks no load pins: what an eviction can take."""
         return self._num_evictable
 
     @property
     def num_write_pending(self) -> int:
+        """Chunks whose store was prepared and has not completed."""
         return self._num_write_pending
 
     def _allocate(self, n: int) -> list[Chunk]:
@@ -270,6 +252,7 @@ class OffloadManager:
         return RequestContext(req_id, positions)
 
     def on_new_request(self, ctx: RequestContext) -> None:
+        """Start recording ``ctx``'s accesses (see :meth:`ManagerProtocol.on_new_request`)."""
         self._access(ctx)
 
     def lookup(self, key: ChunkKey, ctx: RequestContext | None = None) -> LookupResult:
@@ -318,9 +301,16 @@ class OffloadManager:
         return list(map(_CHUNK_ID, found))
 
     def touch(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
+        """vLLM's ``touch``: mark resident ``keys`` recently used, the first most recent
+        (:meth:`EvictionPolicy.touch`). Not part of :class:`ManagerProtocol`: vLLM 0.33's
+        connector never calls it (a request's recency is committed when it finishes), and
+        neither does kvsim; it stays for vLLM's interface, checked against vLLM's manager
+        by ``tests/vllm/test_vllm_differential.py``."""
         self.policy.touch(keys, ctx)
 
     def complete_load(self, keys: Iterable[ChunkKey], ctx: RequestContext | None = None) -> None:
+        """Unpin each key once (see :meth:`ManagerProtocol.complete_load`); raises
+        :class:`ProtocolError` for a key that is not being loaded."""
         get = self._chunks.get
         unpinned: list[ChunkKey] = []
         for key in keys:
@@ -492,6 +482,9 @@ class OffloadManager:
         """The last manager call of an engine step (a no-op for the CPU tier)."""
 
     def take_events(self) -> Iterator[OffloadingEvent]:
+        """The events since the last call, oldest first, and forget them (nothing without
+        ``enable_events``). A failed store's event is kept only for its keys that are still
+        absent: one stored again meanwhile was announced by its new store."""
         if self.events is None:
             return
         events, self.events = self.events, []
@@ -515,6 +508,8 @@ class OffloadManager:
         self._num_allocated = 0
 
     def gauges(self) -> dict[str, float]:
+        """vLLM's usage gauges, as fractions of the capacity: in use (pending or pinned),
+        write (pending) and read (in use minus write)."""
         n = self.num_chunks
         used = self._num_allocated - len(self._free_list) - self._num_evictable
         usage = used / n if n else 0.0

@@ -43,15 +43,30 @@ class Chunk:
 class EvictionPolicy(ABC):
     """Resident-chunk organisation plus victim selection.
 
-    Subclasses must implement ``get``, ``insert``, ``remove``, ``touch``, ``evict`` and
-    ``clear``. ``evict(n, protected)`` must be atomic: either exactly ``n`` chunks with
-    ``ref_cnt == 0`` that are not in ``protected`` are removed and returned, or ``None``
-    is returned and nothing changes.
+    The offload manager (:class:`kvsim.manager.offload.OffloadManager`) drives a policy
+    through one chunk's life: :meth:`insert` when a store is prepared (the chunk is pending,
+    ``ref_cnt == -1``); :meth:`mark_evictable` when its copy completes or its last load ends
+    (``ref_cnt`` became 0); :meth:`mark_non_evictable` when a load pins it; :meth:`remove`
+    when its copy failed; and out through :meth:`evict`. Around those, the hooks tell the
+    policy about requests: :meth:`on_store_miss` and :meth:`on_request_access` while a
+    request runs, :meth:`on_request_finished` when it is done.
+
+    Invariants the policy keeps: its resident keys are exactly the manager's (insert adds
+    one, remove and evict take them away, nothing else does); it reads ``Chunk.ref_cnt``
+    and never writes it; it never allocates chunk ids, reads a clock or blocks. Every key
+    argument is hashable and comparable only (an ``int`` here, vLLM's ``bytes`` when the
+    policy runs inside vLLM through :mod:`kvsim.integrations.vllm`).
+
+    Subclasses implement the abstract methods (:class:`ChunkMapPolicy` gives ``get`` and
+    ``keys`` for a policy that keeps its chunks in one dict; ``fifo.py`` on ``queue.py`` is
+    the smallest complete one). A registered policy is checked by
+    ``tests/policies/test_policy_contract.py``.
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    #: True when the policy needs the future of the trace (set by the replay driver).
+    #: True when the policy needs the future of the trace (it then implements
+    #: :class:`FuturePolicy`, and the replay hands it the trace before it runs).
     needs_future: ClassVar[bool] = False
 
     def __init__(self, capacity: int) -> None:
@@ -59,33 +74,60 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def get(self, key: ChunkKey) -> Chunk | None:
-        """The resident chunk for ``key``, or None. No side effects."""
+        """The resident chunk for ``key``, or None. No side effects (no recency change)."""
 
     @abstractmethod
     def insert(self, key: ChunkKey, chunk: Chunk, ctx: RequestContext) -> None:
-        """Add a newly allocated (write-pending) chunk."""
+        """Add a newly allocated chunk, write pending.
+
+        Args:
+            key: a key that is not resident.
+            chunk: its chunk, ``ref_cnt == -1``; ``get(key)`` returns this very object after.
+            ctx: the storing request; ``ctx.positions.get(key)`` is the chunk's end token
+                position when the connector recorded one.
+        """
 
     @abstractmethod
     def remove(self, key: ChunkKey) -> None:
-        """Drop a chunk whose store failed."""
+        """Drop a resident, still pending chunk whose store failed. Not an eviction: no
+        ghost entry is made for it (the key was never stored)."""
 
     @abstractmethod
     def touch(self, keys: Iterable[ChunkKey], ctx: RequestContext) -> None:
-        """Legacy recency update; the first key ends up most recent."""
+        """Record a use of ``keys`` now. Recency policies make the first key the most
+        recent (they apply the keys tail first) and ignore keys that are not resident (ARC
+        learns from the ones in its ghost lists); Belady only advances its clock.
+
+        Still used: the object protocol (``cachemode/object_protocol.py``) calls it for
+        every hit, the default :meth:`on_store_miss` and :meth:`on_request_finished` call it
+        (vLLM's defaults), and vLLM's ``CachePolicy`` interface requires it. The offload
+        manager itself commits recency through :meth:`on_request_finished`.
+        """
 
     @abstractmethod
     def evict(
         self, n: int, protected: AbstractSet[ChunkKey]
     ) -> list[tuple[ChunkKey, Chunk]] | None:
-        """Atomically remove exactly ``n`` evictable, unprotected chunks."""
+        """Choose and remove ``n`` victims, atomically.
+
+        Args:
+            n: how many chunks to free (``>= 0``; 0 returns ``[]``).
+            protected: keys that must stay (the offer being stored).
+
+        Returns:
+            Exactly ``n`` ``(key, chunk)`` pairs, each with ``chunk.ref_cnt == 0`` and
+            ``key`` not in ``protected``, now removed from the policy, in the order the
+            policy evicted them; or None when there are fewer than ``n`` such chunks, and
+            then nothing has changed.
+        """
 
     @abstractmethod
     def clear(self) -> None:
-        """Forget everything, including ghost and adaptive state."""
+        """Forget everything, including ghost and adaptive state (vLLM's cache reset)."""
 
     @abstractmethod
     def keys(self) -> Iterable[ChunkKey]:
-        """Resident keys (for tests and gauges; not on the hot path)."""
+        """Resident keys, in no promised order (for tests and gauges; not on the hot path)."""
 
     def __len__(self) -> int:
         return sum(1 for _ in self.keys())
@@ -93,11 +135,24 @@ class EvictionPolicy(ABC):
     # --- optional hooks (vLLM defaults) ---
 
     def on_store_miss(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
-        """Store candidates new to this request, before insertion (ARC ghost learning)."""
+        """A request offers keys the tier does not hold, before they are inserted.
+
+        Args:
+            keys: the admitted, not resident keys of one ``prepare_store`` that this
+                request had not offered before, in offer order (head first). Called before
+                the eviction that makes their room, so none of them is resident yet.
+            ctx: the storing request.
+
+        The default calls :meth:`touch` (vLLM's default, a no-op on absent keys for most
+        policies); ARC overrides it to adapt its target when a key is in a ghost list.
+        """
         self.touch(keys, ctx)
 
     def on_request_access(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> None:
-        """First observation of keys by a running request; no commitment yet."""
+        """A running request observes ``keys`` for the first time: the keys of a load, or
+        of an offer (new ones included, just before they are inserted), each reported
+        once per request, in observation order. Nothing is committed yet (vLLM's LRU gives
+        them provisional ranks); the default does nothing."""
 
     def on_request_finished(
         self,
@@ -106,15 +161,34 @@ class EvictionPolicy(ABC):
         reused: AbstractSet[ChunkKey],
         ctx: RequestContext,
     ) -> None:
-        """Commit one request's accesses, head-to-tail per group."""
+        """Commit one request's accesses, once, when it finishes.
+
+        Args:
+            key_groups: one sequence per KV-cache group (kvsim's manager passes exactly
+                one), each holding every key the request observed, once, head to tail:
+                sorted by ``ctx.positions`` when every key has a position, else in the
+                order the request first observed them. Some keys may no longer be resident
+                (evicted meanwhile, or their store failed) and some may still be pending:
+                a policy skips or handles them.
+            insertion_only: keys this request inserted (its ``prepare_store`` allocated
+                them) and did not reuse: a store is no frequency hit.
+            reused: keys this request found ready and used (loaded, or offered while
+                already stored) and had not inserted itself.
+            ctx: the finished request.
+
+        ``insertion_only`` and ``reused`` are disjoint; a key in neither was observed only
+        (its store found no room). The default touches each group (vLLM's default: every
+        observed key counts as used, the head most recent).
+        """
         for group in key_groups:
             self.touch(group, ctx)
 
     def mark_evictable(self, key: ChunkKey) -> None:
-        """The chunk's ref_cnt became 0."""
+        """The resident chunk of ``key`` reached ``ref_cnt == 0`` (its store completed or
+        its last load ended): it may be evicted now."""
 
     def mark_non_evictable(self, key: ChunkKey) -> None:
-        """The chunk's ref_cnt left 0."""
+        """The resident chunk of ``key`` left ``ref_cnt == 0`` (a load pinned it)."""
 
     # --- batch forms: the manager calls these; override them for speed ---
 
@@ -124,14 +198,17 @@ class EvictionPolicy(ABC):
     def insert_many(
         self, keys: Sequence[ChunkKey], chunks: Sequence[Chunk], ctx: RequestContext
     ) -> None:
+        """:meth:`insert` of each key with its chunk (co-indexed), in order."""
         for key, chunk in zip(keys, chunks):
             self.insert(key, chunk, ctx)
 
     def mark_evictable_many(self, keys: Iterable[ChunkKey]) -> None:
+        """:meth:`mark_evictable` of each key, in order."""
         for key in keys:
             self.mark_evictable(key)
 
     def mark_non_evictable_many(self, keys: Iterable[ChunkKey]) -> None:
+        """:meth:`mark_non_evictable` of each key, in order."""
         for key in keys:
             self.mark_non_evictable(key)
 

@@ -11,7 +11,7 @@ import inspect
 from typing import Any, TypeVar
 
 from kvsim.core.errors import InputError, PolicyFault
-from kvsim.options.offload import resolve_admission
+from kvsim.options.config import THRESHOLD_FILTERS_FROM, resolve_admission
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.admission.length import LengthAdmission
 from kvsim.policies.admission.probabilistic import ProbabilisticAdmission
@@ -195,7 +195,7 @@ def make_admission(
         return policy
     cls = admission_policy_class(spec)
     if cls is StoreThresholdAdmission:
-        return cls(max(store_threshold, 2), max_tracker_size)
+        return cls(max(store_threshold, THRESHOLD_FILTERS_FROM), max_tracker_size)
     try:
         params = inspect.signature(cls).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.core.errors import InputError
-from kvsim.core.io import atomic_path, atomic_write
+from kvsim.core.io import atomic_write
 
 if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
     import pandas as pd
@@ -169,13 +169,11 @@ class Result:
             with contextlib.suppress(OSError, ValueError), open(marker, encoding="utf-8") as f:
                 previous = list(json.load(f).get("files", []))
             os.unlink(marker)
+        from kvsim.report.tables import write_table
+
         written = []
         for name, df in self.tables.items():
-            with atomic_path(os.path.join(out, f"{name}.parquet")) as tmp:
-                df.to_parquet(tmp, engine="pyarrow", index=False)
-            with atomic_write(os.path.join(out, f"{name}.csv"), newline="") as f:
-                df.to_csv(f, index=False)
-            written += [f"{name}.parquet", f"{name}.csv"]
+            written += write_table(df, out, name)
         from kvsim.report.serve_metrics import bench_documents  # a timed run: vLLM's result JSON
 
         documents = {

@@ -8,25 +8,44 @@ profile measured on the real machine replaces them.
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass, fields
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
 
 from kvsim.core.errors import InputError
 from kvsim.core.units import GIB
+from kvsim.options.schema import Schema, check_fields, load
 
 MIB = 2**20
 
 
-@dataclass(frozen=True)
-class GpuSpec:
-    """One GPU type's roofline figures, memory and host link (what the timed engine models)."""
+#: the host-link presets a GPU can name: kvsim.engine.transfer_model.LINK_PRESETS' keys
+#: (listed here because the engine sits layers above; a test keeps the two equal)
+LINKS = ("pcie5", "pcie4", "gh200")
+_Rate = Annotated[float, Meta(gt=0)]
 
-    name: str
-    peak_flops: float  # dense BF16 FLOP/s
-    hbm_bytes_per_s: float
-    memory_bytes: int
-    link: str  # transfer_model.LINK_PRESETS key
+
+class GpuSpec(Schema, frozen=True, kw_only=False):
+    """One GPU type's roofline figures, memory and host link (what the timed engine models);
+    also the GPU spec JSON a user writes for a GPU without a preset (:func:`load_gpu_spec`)."""
+
+    name: Annotated[str, Meta(min_length=1, pattern=r"\S", description="The GPU's name.")]
+    peak_flops: Annotated[_Rate, Meta(description="Dense BF16 tensor FLOP/s.")]
+    hbm_bytes_per_s: Annotated[_Rate, Meta(description="HBM bandwidth, bytes/s.")]
+    memory_bytes: Annotated[
+        int | _Rate, Meta(description="GPU memory in bytes (what nvidia-smi reports).")
+    ]
+    link: Annotated[
+        Literal["pcie5", "pcie4", "gh200"],
+        Meta(description="The host link preset (kvsim.engine.transfer_model.LINK_PRESETS)."),
+    ]
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if isinstance(self.memory_bytes, float):
+            msgspec.structs.force_setattr(self, "memory_bytes", int(self.memory_bytes))
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -71,51 +90,17 @@ def get_gpu(name: str | os.PathLike[str]) -> GpuSpec:
     raise InputError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}, or a GPU spec JSON path")
 
 
-_NUMBER_FIELDS = ("peak_flops", "hbm_bytes_per_s", "memory_bytes")
-#: the host-link presets a GPU can name: kvsim.engine.transfer_model.LINK_PRESETS' keys
-#: (listed here because the engine sits layers above; a test keeps the two equal)
-LINKS = ("pcie5", "pcie4", "gh200")
-
-
 def load_gpu_spec(path: str | os.PathLike[str]) -> GpuSpec:
     """A GPU without a preset, from a JSON object with exactly :class:`GpuSpec`'s fields,
     e.g. ``{"name": "b300", "peak_flops": 2.5e15, "hbm_bytes_per_s": 8e12,
     "memory_bytes": 288e9, "link": "pcie5"}``; each is checked, with a one-line error
-    naming the file and the key."""
+    naming the file and the key (``kvsim schema gpu-spec`` prints the JSON Schema)."""
     from kvsim.core.io import read_json
 
     source = os.fspath(path)
     data = read_json(source)
-    if not isinstance(data, dict):
-        raise InputError("a GPU spec must be a JSON object", source=source)
-    names = [f.name for f in fields(GpuSpec)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise InputError(
-            f"unknown key(s) {', '.join(unknown)}; a GPU spec has {', '.join(names)}",
-            source=source,
-        )
-    missing = [n for n in names if n not in data]
-    if missing:
-        raise InputError(f"missing key(s) {', '.join(missing)}", source=source)
-    for key in ("name", "link"):
-        if not isinstance(data[key], str) or not data[key].strip():
-            raise InputError(f"{key} must be a non-empty string, got {data[key]!r}", source=source)
-    for key in _NUMBER_FIELDS:
-        value = data[key]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not (ok and math.isfinite(value) and value > 0):
-            raise InputError(f"{key} must be a finite number > 0, got {value!r}", source=source)
-    link = data["link"].strip().lower()
-    if link not in LINKS:
-        raise InputError(
-            f"link must be a link preset ({', '.join(LINKS)}), got {data['link']!r}",
-            source=source,
-        )
-    return GpuSpec(
-        name=data["name"].strip(),
-        peak_flops=float(data["peak_flops"]),
-        hbm_bytes_per_s=float(data["hbm_bytes_per_s"]),
-        memory_bytes=int(data["memory_bytes"]),
-        link=link,
-    )
+    if isinstance(data, dict):  # names as kvsim spells them: trimmed, the link in lower case
+        data = {k: v.strip() if k == "name" and isinstance(v, str) else v for k, v in data.items()}
+        if isinstance(data.get("link"), str):
+            data["link"] = data["link"].strip().lower()
+    return load(GpuSpec, data, source=source)

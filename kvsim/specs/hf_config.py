@@ -29,9 +29,8 @@ from typing import Any
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
-from kvsim.specs.models import ModelSpec
 
-__all__ = ["model_from_hf_config", "read_hf_config"]
+__all__ = ["model_fields_from_hf_config", "read_hf_config"]
 
 #: config dtype -> bytes per element vLLM serves it in (float32 is downcast by --dtype auto)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2}
@@ -140,9 +139,10 @@ def _mlp_params(f: _Fields, hidden: int, layers: int) -> tuple[int, int, int, in
     return total, active, experts, top_k
 
 
-def model_from_hf_config(path: str | os.PathLike[str]) -> ModelSpec:
-    """The :class:`ModelSpec` a Hugging Face ``config.json`` (file or folder) describes; its
-    name is the path as given, so summaries say which file sized the run."""
+def model_fields_from_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The :class:`kvsim.specs.models.ModelSpec` fields a Hugging Face ``config.json``
+    (file or folder) describes (``get_model`` builds the spec: this module needs no import
+    of it); its name is the path as given, so summaries say which file sized the run."""
     file, raw = read_hf_config(path)
     f = _Fields(_language_model(raw, file), file)
     layers = f.integer("num_hidden_layers")
@@ -162,7 +162,7 @@ def model_from_hf_config(path: str | os.PathLike[str]) -> ModelSpec:
     active = embeddings + layers * attention + mlp_active
     if not (math.isfinite(total) and total > 0):
         raise InputError("the shapes give no parameters", source=file)
-    return ModelSpec(
+    return dict(
         name=os.fspath(path),
         num_layers=layers,
         num_kv_heads=1 if mla else kv_heads,

@@ -223,9 +223,9 @@ def get_model(name: str | os.PathLike[str]) -> ModelSpec:
     if key in MODELS:
         return MODELS[key]
     if os.path.exists(text):
-        from kvsim.specs.hf_config import model_from_hf_config
+        from kvsim.specs.hf_config import model_fields_from_hf_config
 
-        return model_from_hf_config(text)
+        return ModelSpec(**model_fields_from_hf_config(text))
     known = ", ".join(sorted(MODELS))
     raise InputError(f"unknown model {name!r}; known: {known}, or a Hugging Face config.json path")
 

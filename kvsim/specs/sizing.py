@@ -18,14 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvsim.core.errors import InputError
 from kvsim.core.units import GIB
-from kvsim.specs.models import ModelSpec, get_model
-
-if TYPE_CHECKING:
-    from kvsim.options.offload import CacheConfig
+from kvsim.specs.models import ModelSpec
 
 __all__ = [
     "PAGE_ALIGNMENT",
@@ -39,7 +36,6 @@ __all__ = [
     "size_cpu_tier",
     "size_for_model",
     "sliding_window_size_in_chunks",
-    "tier_capacity",
 ]
 
 PAGE_ALIGNMENT = 4096  # SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT (mmap.PAGESIZE)
@@ -197,7 +193,7 @@ def size_cpu_tier(
 
 
 def size_for_model(
-    model: ModelSpec | str,
+    model: ModelSpec,
     cpu_bytes_to_use: int,
     *,
     gpu_block_tokens: int = 16,
@@ -213,9 +209,10 @@ def size_for_model(
 
     ``replicated_layout=None`` picks vLLM's default: on for MLA models at ``tp > 1``
     (single node, mp backend, CUDA assumed). ``groups=None`` means one full-attention
-    group, or one sliding-window group when the model has ``sliding_window``.
+    group, or one sliding-window group when the model has ``sliding_window``. The model is
+    a spec, looked up by the caller (names are resolved at the edge, once).
     """
-    spec = get_model(model) if isinstance(model, str) else model
+    spec = model
     if gpu_block_tokens <= 0:
         raise InputError(f"--block-size must be positive, got {gpu_block_tokens}")
     if replicated_layout is None:
@@ -240,21 +237,3 @@ def size_for_model(
 def row_bytes(chunk_bytes: int) -> int:
     """Host bytes one chunk takes: its raw bytes rounded up to the page (vLLM's row)."""
     return round_up(int(chunk_bytes), PAGE_ALIGNMENT)
-
-
-def tier_capacity(config: CacheConfig, offload: bool = True) -> dict[str, Any]:
-    """A run's CPU tier in the units memory is bought in, for its summary: the model, the
-    KV dtype, KV bytes per token (all workers' copies), and ``cpu_bytes`` / ``cpu_gib``, the
-    tier as vLLM allocates it (``num_chunks`` rows; at most the ``--cpu-gib`` asked for).
-    Without a model the byte figures are None; without offloading they are 0."""
-    out: dict[str, Any] = {"model": config.model, "kv_cache_dtype": config.kv_cache_dtype}
-    chunk = config.chunk_bytes
-    if chunk is None:
-        return {**out, "kv_bytes_per_token": None, "cpu_bytes": None, "cpu_gib": None}
-    size = config.num_chunks * row_bytes(chunk) if offload else 0
-    return {
-        **out,
-        "kv_bytes_per_token": chunk // config.chunk_tokens,
-        "cpu_bytes": size,
-        "cpu_gib": size / GIB,
-    }

@@ -7,7 +7,7 @@ from typing import cast
 
 from kvsim.core.errors import InputError
 from kvsim.manager.offload import OffloadManager
-from kvsim.options.offload import CacheConfig
+from kvsim.options.config import CacheConfig
 from kvsim.options.tiers import TierSpec
 from kvsim.policies.base import FuturePolicy
 from kvsim.policies.registry import make_eviction_policy

@@ -6,14 +6,9 @@
 """
 
 from .coerce import as_trace, frame_requests, requests_frame
+from .formats.native import write_native
 from .model import Request, Trace, TraceInfo
-from .readers import (
-    DEFAULT_BLOCK_TOKENS,
-    TRACE_FORMATS,
-    open_trace,
-    sniff_format,
-    write_native,
-)
+from .readers import DEFAULT_BLOCK_TOKENS, TRACE_FORMATS, open_trace, sniff_format
 
 __all__ = [
     "DEFAULT_BLOCK_TOKENS",

@@ -16,8 +16,9 @@ failed or stopped early, so the cache never hides a malformed line.
 Where: ``$KVSIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvsim/traces``, else
 ``~/.cache/kvsim/traces``; ``KVSIM_NO_CACHE=1`` turns it off (nothing read or written).
 Never the trace's own folder: an entry that would land beside the trace is not written.
-An entry is written to a temporary file and renamed, so processes reading and writing at
-once (sweep workers) never see half of one; two writers of one entry write the same columns.
+An entry is written to a temporary file and renamed (:func:`kvsim.core.io.atomic_write`),
+so processes reading and writing at once (sweep workers) never see half of one; two
+writers of one entry write the same columns.
 
 Within one process the last trace read stays in memory too (keyed the same way), so sweep
 cells that share a trace parse it, or load it, once.
@@ -30,11 +31,13 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from kvsim.core.errors import InputError
+from kvsim.core.io import atomic_write
 
 from .cache_file import read, read_records, write
 
@@ -51,6 +54,7 @@ ENTRY_FORMAT = 1
 _READER_CODE = (
     "../__init__.py",
     "readers.py",
+    "formats/*.py",
     "fast_jsonl.py",
     "columns.py",
     "source.py",
@@ -143,11 +147,12 @@ def code_version() -> str:
     an entry written by another release, or by an edited checkout, is never read."""
     h = hashlib.blake2b(digest_size=12)
     here = Path(__file__).parent
-    for name in _READER_CODE:
-        try:
-            h.update((here / name).read_bytes())
-        except OSError:
-            h.update(name.encode())
+    for pattern in _READER_CODE:
+        for path in sorted(here.glob(pattern)) or [here / pattern]:
+            try:
+                h.update(path.read_bytes())
+            except OSError:
+                h.update(pattern.encode())
     return h.hexdigest()
 
 
@@ -254,19 +259,11 @@ def _beside(where: str, trace_path: str) -> bool:
 
 
 def _write(path: str, key: dict[str, Any], parts: Parts) -> None:
-    where = os.path.dirname(path)
-    tmp = None
+    """Write the entry whole or not at all (:mod:`kvsim.core.io`); a read-only or full disk
+    only costs the next read its parse, so a failure to write is not an error here."""
     try:
-        os.makedirs(where, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".entry-", suffix=".tmp", dir=where)
-        with os.fdopen(fd, "wb") as f:
+        with atomic_write(path, "wb") as f:
             write(f, key, parts)
-        os.replace(tmp, path)
-        tmp = None
-        STATS["stores"] += 1
-    except OSError:
-        pass  # a read-only or full disk: the trace was read all the same
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    except InputError:  # io names the file and the OS error; the trace was read all the same
+        return
+    STATS["stores"] += 1

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputError
 
+from .formats.native import record_parser
 from .model import Request, Trace
-from .readers import native_record_parser, open_trace
+from .readers import open_trace
 
 if TYPE_CHECKING:
     from typing import TypeAlias, TypeGuard
@@ -77,7 +78,7 @@ def frame_requests(frame: pd.DataFrame, block_tokens: int = 512) -> list[Request
         raise InputError(f"a requests DataFrame needs the columns {', '.join(missing)}")
     ids = frame["request_id"] if "request_id" in frame else range(len(frame))
     sessions = frame["session_id"] if "session_id" in frame else [None] * len(frame)
-    parse = native_record_parser(block_tokens, prompt)
+    parse = record_parser(block_tokens, prompt)
     out = []
     for row, (i, t, n_in, n_out, hashes, s) in enumerate(
         zip(

@@ -4,7 +4,7 @@ A fast path only: :func:`decode_block` returns None whenever the block is not pl
 valid — a line Arrow rejects, a missing or null field, a number out of range, a hash list of
 the wrong length or with a repeated id, two objects on one line, bytes that are not UTF-8 —
 and the caller then reads that block line by line with the per-record checks of
-:mod:`kvsim.traces.readers`, which name the first bad line and its problem. So the fast path
+:mod:`kvsim.traces.formats`, which name the first bad line and its problem. So the fast path
 decides nothing on its own: it accepts exactly what the line reader accepts, with the same
 values (``tests/traces/test_trace_cache.py`` compares the two on random and mutated lines).
 """
@@ -17,56 +17,22 @@ from typing import Any
 import numpy as np
 
 from .columns import TraceColumns
+from .formats.jsonl import JsonlLayout
 
-#: format -> (arrival field, input field, output field, hash field, session field or None,
-#: other fields that must be integers, fields that must be strings, hash list may be empty)
-_LAYOUT: dict[
-    str, tuple[str, str, str, str, str | None, tuple[str, ...], tuple[str, ...], bool]
-] = {
-    "mooncake": ("timestamp", "input_length", "output_length", "hash_ids", None, (), (), False),
-    "bailian": (
-        "timestamp",
-        "input_length",
-        "output_length",
-        "hash_ids",
-        "chat_id",
-        ("parent_chat_id", "turn"),
-        ("type",),
-        False,
-    ),
-    "native": (
-        "arrival_s",
-        "input_tokens",
-        "output_tokens",
-        "block_hashes",
-        "session_id",
-        (),
-        (),
-        True,
-    ),
-}
-#: the Mooncake timestamp is in milliseconds
-_TIME_SCALE = {"mooncake": 1000.0}
-_OPTIONAL_SESSION = {"native"}
-
-_SCHEMAS: dict[str, Any] = {}
+_SCHEMAS: dict[JsonlLayout, Any] = {}
 
 
-def supports(fmt: str) -> bool:
-    return fmt in _LAYOUT
-
-
-def _schema(fmt: str) -> Any:
-    if fmt not in _SCHEMAS:
+def _schema(layout: JsonlLayout) -> Any:
+    if layout not in _SCHEMAS:
         import pyarrow as pa
 
-        ts, inp, out, ids, sid, ints, texts, _ = _LAYOUT[fmt]
-        fields = [(ts, pa.float64()), (inp, pa.int64()), (out, pa.int64())]
-        fields.append((ids, pa.list_(pa.int64())))
-        fields += [(name, pa.int64()) for name in ((sid,) if sid else ()) + ints]
-        fields += [(name, pa.string()) for name in texts]
-        _SCHEMAS[fmt] = pa.schema(fields)
-    return _SCHEMAS[fmt]
+        fields = [(layout.arrival, pa.float64()), (layout.prompt, pa.int64())]
+        fields += [(layout.output, pa.int64()), (layout.hashes, pa.list_(pa.int64()))]
+        session = (layout.session,) if layout.session else ()
+        fields += [(name, pa.int64()) for name in session + layout.ints]
+        fields += [(name, pa.string()) for name in layout.texts]
+        _SCHEMAS[layout] = pa.schema(fields)
+    return _SCHEMAS[layout]
 
 
 #: two JSON values on one line (``}{``, ``} {``, ``}\r{``): the line reader rejects such a
@@ -87,7 +53,7 @@ def _plain_text(block: bytes) -> bool:
     return True
 
 
-def _read(block: bytes, fmt: str) -> Any:
+def _read(block: bytes, layout: JsonlLayout) -> Any:
     import pyarrow as pa
     import pyarrow.json as pj
 
@@ -96,7 +62,7 @@ def _read(block: bytes, fmt: str) -> Any:
             pa.py_buffer(block),
             read_options=pj.ReadOptions(use_threads=False, block_size=max(len(block) + 1, 1 << 16)),
             parse_options=pj.ParseOptions(
-                explicit_schema=_schema(fmt), unexpected_field_behavior="ignore"
+                explicit_schema=_schema(layout), unexpected_field_behavior="ignore"
             ),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -142,16 +108,16 @@ def _distinct_within_rows(hashes: np.ndarray, lengths: np.ndarray) -> bool:
     return not bool(((h[1:] == h[:-1]) & (r[1:] == r[:-1])).any())
 
 
-def decode_block(block: bytes, fmt: str, block_tokens: int) -> TraceColumns | None:
-    """The requests of ``block`` (whole lines of a ``fmt`` JSONL trace, no header; ids from
-    0), or None when the line reader must judge it."""
+def decode_block(block: bytes, layout: JsonlLayout, block_tokens: int) -> TraceColumns | None:
+    """The requests of ``block`` (whole lines of a JSONL trace whose records ``layout``
+    describes, no header; ids from 0), or None when the line reader must judge it."""
     if not _plain_text(block) or _TWO_OBJECTS.search(block):
         return None
-    table = _read(block, fmt)
+    table = _read(block, layout)
     if table is None:  # now each non-blank line is one row, or Arrow has refused the block
         return None
-    ts_name, inp_name, out_name, ids_name, sid_name, ints, texts, allow_empty = _LAYOUT[fmt]
-    cols = [_column(table, name) for name in (ts_name, inp_name, out_name, ids_name, *ints, *texts)]
+    names = (layout.arrival, layout.prompt, layout.output, layout.hashes)
+    cols = [_column(table, name) for name in (*names, *layout.ints, *layout.texts)]
     if any(c is None for c in cols):
         return None
     arrival = _numbers(cols[0], np.float64)
@@ -171,20 +137,20 @@ def decode_block(block: bytes, fmt: str, block_tokens: int) -> TraceColumns | No
     if not ((n_in >= 0).all() and (n_out >= 0).all()):
         return None
     fits = (lengths == n_in // bt) | (lengths == -(-n_in // bt))
-    if allow_empty:
+    if layout.empty_hashes:
         fits |= lengths == 0
     if not fits.all() or not _distinct_within_rows(hashes, lengths):
         return None
     n = table.num_rows
     session = np.zeros(n, np.int64)
     has_session = np.zeros(n, np.bool_)
-    if sid_name is not None:
-        sid = table.column(sid_name).combine_chunks()
-        if sid.null_count and fmt not in _OPTIONAL_SESSION:
+    if layout.session is not None:
+        sid = table.column(layout.session).combine_chunks()
+        if sid.null_count and not layout.session_optional:
             return None
         has_session = _flags(sid.is_valid())
         session = _numbers(sid.fill_null(0), np.int64)
-    scale = _TIME_SCALE.get(fmt)
+    scale = layout.time_scale
     return TraceColumns(
         arrival_s=arrival / scale if scale else arrival.astype(np.float64, copy=True),
         prompt_tokens=n_in.astype(np.int64, copy=False),

@@ -226,9 +226,9 @@ def test_an_unwritable_output_names_the_file(trace, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "phrase"),
     [
-        (["--cpu-gib", "nan", "--model", "llama-3.1-8b"], "--cpu-gib must be finite"),
-        (["--cpu-gib", "inf", "--model", "llama-3.1-8b"], "--cpu-gib must be finite"),
-        (["--cpu-chunks", "10", "--chunk-tokens", "0"], "--chunk-tokens must be >= 1"),
+        (["--cpu-gib", "nan", "--model", "llama-3.1-8b"], "--cpu-gib: must be finite"),
+        (["--cpu-gib", "inf", "--model", "llama-3.1-8b"], "--cpu-gib: must be finite"),
+        (["--cpu-chunks", "10", "--chunk-tokens", "0"], "--chunk-tokens: Expected `int` >= 1"),
         (["--cpu-chunks", "10", "--vllm-config", '{"cpu_bytes_to_use": NaN}'], "NaN"),
         (["--cpu-chunks", "10", "--vllm-config", "missing.json"], "no such file"),
     ],
@@ -242,17 +242,18 @@ def test_bad_option_values_are_one_line(extra, phrase, capsys):
 @pytest.mark.parametrize(
     ("kwargs", "phrase"),
     [
-        ({"cpu_chunks": 10.5}, "whole number"),
-        ({"cpu_chunks": "10"}, "must be a number"),
-        ({"cpu_chunks": True}, "must be a number"),
-        ({"cpu_gib": "64", "model": "llama-3.1-8b"}, "must be a number"),
-        ({"cpu_gib": "abc"}, "must be a number"),
-        ({"cpu_chunks": 10, "policy": LRUPolicy}, "not a class"),
+        ({"cpu_chunks": 10.5}, "--cpu-chunks: Expected `int | null`, got 10.5"),
+        ({"cpu_chunks": "10"}, "--cpu-chunks: Expected `int | null`, got '10'"),
+        ({"cpu_chunks": True}, "--cpu-chunks: Expected `int | null`, got True"),
+        ({"cpu_gib": "64", "model": "llama-3.1-8b"}, "--cpu-gib: Expected `float | null`, got '6"),
+        ({"cpu_gib": "abc"}, "--cpu-gib: Expected `float | null`, got 'abc'"),
+        ({"cpu_chunks": 10, "policy": LRUPolicy}, "--policy: Expected `str`, got <class"),
     ],
 )
 def test_api_misuse_raises_input_errors(kwargs, phrase):
-    with pytest.raises(InputError, match=phrase):
+    with pytest.raises(InputError) as info:
         kvsim.replay(SAMPLE, **kwargs)
+    assert str(info.value).startswith(phrase)
 
 
 def test_api_rejects_what_is_not_a_trace():
@@ -408,7 +409,7 @@ def test_vllm_block_size_errors_name_the_key(capsys):
         ["replay", SAMPLE, "--cpu-chunks", "10", "--vllm-config", '{"block_size": -16}'], capsys
     )
     one_line_error(code, err)
-    assert "block_size must be > 0" in err
+    assert "--vllm-config: block_size: Expected `int` >= 1, got -16" in err
 
 
 def test_mrc_sampling_that_keeps_nothing_is_an_error(capsys):
@@ -501,6 +502,7 @@ def test_an_error_on_a_trace_without_reuse_is_still_one_line(capsys):
     ],
 )
 def test_validate_refuses_runs_that_would_compare_nothing(extra, phrase, capsys):
+    pytest.importorskip("torch", reason="kvsim validate checks for torch first")
     code, _, err = run(["validate", SAMPLE, "--limit", "5", *extra], capsys)
     one_line_error(code, err)
     assert phrase in err

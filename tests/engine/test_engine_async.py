@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from support import SAMPLE
+from support import SAMPLE, expect_overload
 from test_engine_helpers import make_engine, req, tables
 
 from kvsim.api import simulate
@@ -112,6 +112,7 @@ def test_blocks_freed_while_their_step_is_in_flight_return_after_it_is_processed
     assert (a.num_output, a.num_computed, a.stale) == (1, 0, 0)
 
 
+@expect_overload
 def test_async_scheduling_is_the_default_and_can_be_turned_off():
     on = simulate(SAMPLE, limit=10, record_steps=False)
     off = simulate(SAMPLE, limit=10, record_steps=False, async_scheduling=False)

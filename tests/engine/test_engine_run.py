@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import SAMPLE
+from support import SAMPLE, expect_overload
 from test_engine_helpers import CHUNK_BYTES, make_engine, req
 
 from kvsim.api import simulate
@@ -44,6 +44,7 @@ def small_run():
     return simulate(SAMPLE, cpu_gib=8, gpu_kv_blocks=300 * 32, limit=80, time_scale=3, policy="arc")
 
 
+@expect_overload
 def test_conservation(small_run):
     r, tr = small_run.requests, small_run.transfers
     trace = list(open_trace(SAMPLE, limit=80))
@@ -66,6 +67,7 @@ def test_conservation(small_run):
     assert (r.first_token_s >= r.arrival_s).all() and (r.finish_s >= r.first_token_s).all()
 
 
+@expect_overload
 def test_steps_table_has_vllm_gauges(small_run):
     st = small_run.steps
     for col in (
@@ -89,6 +91,7 @@ def test_steps_table_has_vllm_gauges(small_run):
     )
 
 
+@expect_overload
 def test_determinism_with_poisson_retiming():
     kw = dict(cpu_gib=8, gpu_kv_blocks=100 * 32, limit=40, poisson_rate=0.5, seed=7)
     a, b = simulate(SAMPLE, **kw), simulate(SAMPLE, **kw)
@@ -195,6 +198,7 @@ def test_backend_and_clock_are_pluggable():
         model=get_model("llama-3.1-8b"),
         gpu=get_gpu("h200"),
         compute=lambda b: one_second_steps(b) * 0.005,
+        transfer=link(0.001),
         backend=backend,
         clock=MonotonicClock(),
     )
@@ -205,6 +209,7 @@ def test_backend_and_clock_are_pluggable():
     assert not eng.connector.jobs
 
 
+@expect_overload
 def test_api_rejects_requests_too_long_for_the_gpu():
     res = simulate(SAMPLE, limit=20, gpu_kv_blocks=10 * 32, cpu_chunks=100, record_steps=False)
     r = res.requests
@@ -212,6 +217,7 @@ def test_api_rejects_requests_too_long_for_the_gpu():
     assert res.summary["failed"] == int(r.rejected.sum())
 
 
+@expect_overload
 def test_cli_simulate_writes_tables_and_chrome_trace(tmp_path):
     out, trace_file = tmp_path / "out", tmp_path / "out" / "trace.json"
     result = CliRunner().invoke(

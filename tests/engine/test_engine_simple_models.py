@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import SAMPLE
+from support import SAMPLE, expect_overload
 
 import kvsim
 from kvsim.core.errors import InputError
@@ -55,6 +55,7 @@ def test_constant_link_is_bytes_over_rate_both_ways_independent(tmp_path) -> Non
         get_link(write(tmp_path, "m.json", {"kind": "constant", "h2d_bytes_per_s": 1e9}))
 
 
+@expect_overload
 def test_simulate_runs_under_the_trivial_models(tmp_path) -> None:
     compute = write(tmp_path, "c.json", {"kind": "linear", "step_s": 0.02, "per_token_s": 0.0})
     link = write(
@@ -68,6 +69,7 @@ def test_simulate_runs_under_the_trivial_models(tmp_path) -> None:
     assert res.summary["link"] == "constant"
 
 
+@expect_overload
 def test_batch_defaults_follow_vllm_serve_per_gpu() -> None:
     got = {name: vllm_batch_defaults(gpu) for name, gpu in GPUS.items()}
     assert got["h100"] == got["h200"] == got["gh200"] == (8192, 1024)

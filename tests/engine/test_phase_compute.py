@@ -183,7 +183,7 @@ def test_phases_is_the_default_on_h100_and_h200_only():
 
 
 def test_a_gpu_spec_named_h200_with_other_peaks_keeps_the_efficiencies():
-    from dataclasses import replace
+    from msgspec.structs import replace  # GpuSpec is a Schema (msgspec Struct)
 
     custom = replace(get_gpu("h200"), hbm_bytes_per_s=5.5e12)
     got = default_compute_profile(custom)
@@ -258,6 +258,7 @@ def test_the_engine_tells_the_model_what_decodes_read():
 
     from kvsim.engine.engine import Engine
     from kvsim.engine.params import EngineParams
+    from kvsim.engine.transfer_model import LINK_PRESETS
     from kvsim.options.offload import CacheConfig
     from kvsim.traces import Request, Trace
 
@@ -269,6 +270,7 @@ def test_the_engine_tells_the_model_what_decodes_read():
         model=LLAMA8,
         gpu=get_gpu("h200"),
         compute=spy,
+        transfer=LINK_PRESETS["pcie5"],
         offload=False,
     )
     engine.run(Trace.from_requests(reqs, 16))

@@ -252,6 +252,7 @@ def test_old_single_curve_profiles_load_and_keep_their_times(tmp_path):
 
 
 def test_calibrate_output_loads(tmp_path):
+    pytest.importorskip("torch", reason="real/ needs torch")
     from real.calibrate import D2H, H2D, to_profile
 
     direction = {"overhead_s": 1e-5, "per_copy_s": 2e-7, "curve_gbps": {"4096": 5.0, "65536": 40.0}}

@@ -12,13 +12,12 @@ ceiling needs 1 chunk, 90 % 2 and 99 % 3. Llama-3.1-8B in bf16 stores 128 KiB pe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
 
 import pytest
-from support import SAMPLE, run_main
+from support import SAMPLE, expect_overload, run_main
 
 import kvsim
 from kvsim.core.errors import InputError
@@ -323,6 +322,7 @@ def test_no_enable_prefix_caching(capsys):
     fails_in_one_line(["mrc", SAMPLE, "--no-enable-prefix-caching"], capsys, "no-enable-prefix")
 
 
+@expect_overload
 def test_fp8_halves_bytes_and_doubles_chunks(capsys):
     bf16, fp8 = get_model("llama-3.1-8b"), resolve_model("llama-3.1-8b", "fp8")
     assert fp8.kv_bytes_per_token() * 2 == bf16.kv_bytes_per_token() == 131072
@@ -451,10 +451,11 @@ def test_links_are_the_engines_presets():
     assert {g.link for g in GPUS.values()} <= set(LINKS)
 
 
+@expect_overload
 def test_gpu_spec_file_equals_the_preset(tmp_path, capsys):
     path = write_json(tmp_path / "gpu.json", L40S_SPEC)
     spec = load_gpu_spec(path)
-    assert spec == dataclasses.replace(get_gpu("l40s"), name="my-l40s")
+    assert spec == get_gpu("l40s").with_(name="my-l40s")
     sim = ["simulate", SAMPLE, "--limit", "15", "--cpu-gib", "4"]
     a = cli_json([*sim, "--gpu-spec", path], capsys)
     b = cli_json([*sim, "--gpu", "l40s"], capsys)
@@ -466,13 +467,13 @@ def test_gpu_spec_file_equals_the_preset(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        ({"peak_flops": -1}, "peak_flops must be"),
-        ({"memory_bytes": "80GB"}, "memory_bytes must be"),
-        ({"hbm_bytes_per_s": math.inf}, "hbm_bytes_per_s must be"),
-        ({"link": "pcie7"}, "link must be"),
-        ({"name": ""}, "name must be"),
-        ({"nvlink": 1}, "unknown key(s) nvlink"),
-        ({"link": None}, "link must be"),
+        ({"peak_flops": -1}, "peak_flops: Expected `float` > 0.0, got -1"),
+        ({"memory_bytes": "80GB"}, "memory_bytes: Expected `int | float`, got '80GB'"),
+        ({"hbm_bytes_per_s": math.inf}, "hbm_bytes_per_s: must be finite, got inf"),
+        ({"link": "pcie7"}, "link: must be one of gh200, pcie4, pcie5, got 'pcie7'"),
+        ({"name": ""}, "name: Expected `str` of length >= 1, got ''"),
+        ({"nvlink": 1}, "nvlink: unknown key"),
+        ({"link": None}, "link: Expected `str`, got None"),
     ],
 )
 def test_bad_gpu_spec_is_one_line(tmp_path, capsys, change, words):
@@ -487,7 +488,9 @@ def test_bad_gpu_spec_is_one_line(tmp_path, capsys, change, words):
 def test_gpu_spec_missing_key(tmp_path, capsys):
     data = {k: v for k, v in L40S_SPEC.items() if k != "link"}
     path = write_json(tmp_path / "gpu.json", data)
-    fails_in_one_line(["simulate", SAMPLE, "--gpu", path], capsys, path, "missing key(s) link")
+    fails_in_one_line(
+        ["simulate", SAMPLE, "--gpu", path], capsys, path, "link: missing (a required key)"
+    )
 
 
 # --------------------------------------------------------------------------- bad input

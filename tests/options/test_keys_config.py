@@ -8,7 +8,8 @@ import pytest
 
 from kvsim.core.errors import InputError
 from kvsim.core.keys import KeyLayout
-from kvsim.options.offload import OffloadOptions, load_vllm_config, options_from_vllm_config
+from kvsim.options.offload import OffloadOptions
+from kvsim.options.vllm import load_vllm_config, options_from_vllm_config
 
 
 def test_layout_identity():
@@ -111,12 +112,12 @@ def test_vllm_config_errors(extra, needle):
 
 def test_load_vllm_config_forms(tmp_path):
     inner = {"cpu_bytes_to_use": 1024}
-    assert load_vllm_config(json.dumps(inner)) == inner
+    assert load_vllm_config(json.dumps(inner)).given() == inner
     path = tmp_path / "kv.json"
     path.write_text(
         json.dumps({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": inner})
     )
-    assert load_vllm_config(str(path)) == inner
+    assert load_vllm_config(str(path)).given() == inner
     bad = tmp_path / "bad.json"
     bad.write_text("{nope")
     with pytest.raises(InputError, match=r"bad\.json"):

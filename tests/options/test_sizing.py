@@ -101,7 +101,7 @@ def test_llama_8b_tp1():
 
 
 def test_llama_8b_tp2_same_chunk_count():
-    s = size_for_model("LLaMA-3.1-8B", gib(100), tp=2)
+    s = size_for_model(get_model("LLaMA-3.1-8B"), gib(100), tp=2)
     assert s.worker_kv_bytes_per_block == 1 * MiB
     assert s.num_copies == 2
     assert s.slot_bytes_per_worker == 1 * MiB
@@ -216,11 +216,11 @@ def test_negative_bytes_and_too_small():
     with pytest.raises(InputError, match="--cpu-gib"):
         size_cpu_tier(-1, worker_kv_bytes_per_block=16)
     with pytest.raises(InputError, match=r"--cpu-gib .*too small for one chunk \(needs 2097152"):
-        size_for_model("llama-3.1-8b", MiB)
-    s = size_for_model("llama-3.1-8b", MiB, require_one_chunk=False)
+        size_for_model(get_model("llama-3.1-8b"), MiB)
+    s = size_for_model(get_model("llama-3.1-8b"), MiB, require_one_chunk=False)
     assert s.num_chunks == 0 and s.cpu_kv_cache_size_bytes == 0
     with pytest.raises(InputError, match="--tp"):
-        size_for_model("llama-3.1-8b", gib(1), tp=0)
+        size_for_model(get_model("llama-3.1-8b"), gib(1), tp=0)
 
 
 # --------------------------------------------------------------- property

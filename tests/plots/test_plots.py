@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import SAMPLE
+from support import SAMPLE, expect_overload
 
 from kvsim import plots
 from kvsim.cli import cli
@@ -171,6 +171,7 @@ def test_cli_reads_files_and_folders(tmp_path):
     assert res.exit_code != 0 and "results.parquet" in str(res.exception or res.output)
 
 
+@expect_overload
 def test_real_timed_tables():
     """The tables kvsim.simulate returns plot as they are."""
     simulate = pytest.importorskip("kvsim.api").simulate

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
 from matplotlib.text import Text
-from support import SAMPLE, run_main
+from support import SAMPLE, labelled_lines, run_main
 
 from kvsim import plots
 from kvsim.cli.cmd_plot import KINDS, STYLES
@@ -29,12 +29,6 @@ from kvsim.report.result import RUN_MARKER
 
 POLICIES = ("arc", "lru", "s3fifo")
 CAPACITIES = (100, 400, 1600, 6400)
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def _wide_table() -> pd.DataFrame:
@@ -72,10 +66,6 @@ def _tiers_table() -> pd.DataFrame:
     )
 
 
-def _lines(ax):
-    return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
-
-
 def _legend_texts(fig):
     legends = list(fig.legends) + [a.get_legend() for a in fig.axes if a.get_legend()]
     return [t.get_text() for lg in legends for t in lg.get_texts()]
@@ -98,7 +88,7 @@ def test_lines_split_by_parameters_never_metrics():
 
 def test_colour_and_marker_follow_policy_line_style_follows_admission():
     fig = plots.hit_vs_capacity(_wide_table())
-    lines = {tuple(line.get_label().split(", ")): line for line in _lines(fig.axes[0])}
+    lines = {tuple(line.get_label().split(", ")): line for line in labelled_lines(fig.axes[0])}
     assert len(lines) == 6
     for policy in POLICIES:
         a, t = lines[(policy, "always")], lines[(policy, "threshold")]
@@ -157,7 +147,7 @@ def test_mrc_table_is_one_line_in_gib_when_the_table_has_gib():
     )
     fig = plots.mrc(curve, exact_from=64)
     ax = fig.axes[0]
-    assert len(_lines(ax)) == 2 and ax.get_xscale() == "log"  # the curve and "exact from"
+    assert len(labelled_lines(ax)) == 2 and ax.get_xscale() == "log"  # the curve and "exact from"
     assert "chunks" in ax.get_xlabel()
     gib = curve.assign(cpu_gib=curve["capacity"] * 0.0625)  # 64 MiB chunks
     fig = plots.mrc(gib, exact_from=64, ceiling=0.4)
@@ -252,7 +242,7 @@ def test_ttft_cdf_baseline_log_x_and_quantile_marks():
     fig = plots.ttft_cdf(req, baseline=base)
     ax = fig.axes[0]
     assert ax.get_xscale() == "log"
-    labels = [line.get_label() for line in _lines(ax)]
+    labels = [line.get_label() for line in labelled_lines(ax)]
     assert labels == ["offloading", "no offloading (baseline)"]
     for q, gid in ((0.5, "p50"), (0.99, "p99")):
         marks = [line for line in ax.get_lines() if line.get_gid() == gid]
@@ -449,11 +439,11 @@ def test_cli_ttft_cdf_overlays_the_folders_baseline(tmp_path, capsys, captured):
     code, stdout, err = run_main(["plot", run, "--kind", "ttft-cdf"], capsys)
     assert code == 0, err
     assert stdout.split() == [str(run / "ttft-cdf.png"), str(run / "ttft-cdf.svg")]
-    labels = [line.get_label() for line in _lines(captured[0].axes[0])]
+    labels = [line.get_label() for line in labelled_lines(captured[0].axes[0])]
     assert labels == ["offloading", "no offloading (baseline)"]
     # the requests file alone finds its sibling too
     code, _, _ = run_main(["plot", run / "requests.parquet", "--out", tmp_path / "t.png"], capsys)
-    assert code == 0 and len(_lines(captured[1].axes[0])) == 2
+    assert code == 0 and len(labelled_lines(captured[1].axes[0])) == 2
 
 
 def test_cli_usage_timeline_reads_the_capacity_from_the_summary(tmp_path, capsys, captured):

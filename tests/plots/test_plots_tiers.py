@@ -13,19 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
-from support import run_main
+from support import labelled_lines, run_main
 
 from kvsim import plots
 from kvsim.core.errors import InputError
 
 SETS = ("none", "fs:capacity=256GiB", "fs:capacity=1TiB", "fs:capacity=2TiB")
 GIB = (16, 64, 256)
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 def _table(ttft: bool = False, policies: tuple[str, ...] = ("lru",)) -> pd.DataFrame:
@@ -53,15 +47,11 @@ def _table(ttft: bool = False, policies: tuple[str, ...] = ("lru",)) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def _lines(ax):
-    return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
-
-
 def test_one_line_per_tier_set_in_the_sweeps_order_with_its_own_colour():
     df = _table()
     fig = plots.tiers_vs_capacity(df)
     (ax,) = fig.axes
-    lines = _lines(ax)
+    lines = labelled_lines(ax)
     assert [line.get_label() for line in lines] == list(SETS)  # the failed cell is left out
     assert len({to_hex(line.get_color()) for line in lines}) == len(SETS)
     assert len({line.get_marker() for line in lines}) == len(SETS)
@@ -78,9 +68,9 @@ def test_a_timed_sweep_adds_a_ttft_panel_in_the_same_colours():
     fig = plots.tiers_vs_capacity(_table(ttft=True))
     hit, ttft = fig.axes
     assert ttft.get_ylabel() == "TTFT p50 (s)" and "GiB" in ttft.get_xlabel()
-    colours = [[to_hex(line.get_color()) for line in _lines(a)] for a in (hit, ttft)]
+    colours = [[to_hex(line.get_color()) for line in labelled_lines(a)] for a in (hit, ttft)]
     assert colours[0] == colours[1] and len(set(colours[0])) == len(SETS)
-    none = _lines(ttft)[0]
+    none = labelled_lines(ttft)[0]
     expected = _table(ttft=True).query("tiers == 'none' and status == 'ok'").sort_values("cpu_gib")
     assert list(none.get_ydata()) == pytest.approx(list(expected.median_ttft_ms / 1e3))
     assert len(plots.tiers_vs_capacity(_table(ttft=True), ttft=False).axes) == 1
@@ -90,7 +80,7 @@ def test_a_timed_sweep_adds_a_ttft_panel_in_the_same_colours():
 
 def test_another_varying_parameter_sets_the_line_style_not_the_colour():
     fig = plots.tiers_vs_capacity(_table(policies=("arc", "lru")))
-    lines = _lines(fig.axes[0])
+    lines = labelled_lines(fig.axes[0])
     assert len(lines) == 2 * len(SETS)
     by_label = {line.get_label(): line for line in lines}
     arc, lru = by_label["none, arc"], by_label["none, lru"]
@@ -102,7 +92,7 @@ def test_another_varying_parameter_sets_the_line_style_not_the_colour():
 def test_draws_into_the_callers_axes_and_needs_a_tiers_column():
     fig, (a, b) = plt.subplots(1, 2)
     assert plots.tiers_vs_capacity(_table(ttft=True), ax=[a, b]) is fig
-    assert len(_lines(a)) == len(_lines(b)) == len(SETS) and not fig.legends
+    assert len(labelled_lines(a)) == len(labelled_lines(b)) == len(SETS) and not fig.legends
     with pytest.raises(ValueError, match="2 panels"):
         plots.tiers_vs_capacity(_table(ttft=True), ax=a)
     with pytest.raises(InputError, match="tiers"):
@@ -128,7 +118,7 @@ def test_cli_picks_the_tier_figure_for_a_tier_sweep(tmp_path, capsys, monkeypatc
     code, stdout, err = run_main(["plot", folder], capsys)
     assert code == 0, err
     assert stdout.split() == [str(folder / f"tiers-vs-capacity.{e}") for e in ("png", "svg")]
-    assert len(figs[0].axes) == 2 and len(_lines(figs[0].axes[0])) == len(SETS)
+    assert len(figs[0].axes) == 2 and len(labelled_lines(figs[0].axes[0])) == len(SETS)
     code, _, err = run_main(
         [
             "plot",
@@ -141,6 +131,6 @@ def test_cli_picks_the_tier_figure_for_a_tier_sweep(tmp_path, capsys, monkeypatc
         capsys,
     )
     assert code == 0, err
-    assert list(_lines(figs[1].axes[0])[0].get_ydata()) == [0.0] * len(GIB)  # none: no tier
+    assert list(labelled_lines(figs[1].axes[0])[0].get_ydata()) == [0.0] * len(GIB)  # none: no tier
     code, _, err = run_main(["plot", folder, "--kind", "tiers-vs-capacity", "--by", "x"], capsys)
     assert code == 2 and "--by applies to" in err and len(err.strip().splitlines()) == 1

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from support import ready, victims
 
 from kvsim.core.context import RequestContext
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.base import Chunk
 
 CTX = RequestContext("t")
-
-
-def ready(policy, keys, start_id=0):
-    for i, key in enumerate(keys):
-        chunk = Chunk(start_id + i)
-        policy.insert(key, chunk, CTX)
-        chunk.ref_cnt = 0
-        policy.mark_evictable(key)
-
-
-def victims(policy, n, protected=()):
-    out = policy.evict(n, set(protected))
-    return None if out is None else [k for k, _ in out]
 
 
 def state(p):

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
+from support import ready, victims
+
 from kvsim.core.context import RequestContext
 from kvsim.policies.base import Chunk
 from kvsim.policies.lru import LRUPolicy
-
-
-def ready(policy, keys, ctx=None, start_id=0):
-    """Insert ready (ref 0) chunks, as the manager does after complete_store."""
-    ctx = ctx if ctx is not None else RequestContext("ins")
-    for i, key in enumerate(keys):
-        chunk = Chunk(start_id + i)
-        policy.insert(key, chunk, ctx)
-        chunk.ref_cnt = 0
-        policy.mark_evictable(key)
-
-
-def victims(policy, n, protected=()):
-    out = policy.evict(n, set(protected))
-    return None if out is None else [k for k, _ in out]
 
 
 def test_insertion_order_without_positions():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from support import ready
 
 from kvsim.core.context import RequestContext
 from kvsim.policies.base import Chunk, EvictionPolicy
@@ -27,15 +28,6 @@ def policy_cls(request) -> type[EvictionPolicy]:
 
 def ctx_with_positions(name, keys):
     return RequestContext(name, {k: (i + 1) * 16 for i, k in enumerate(keys)})
-
-
-def make_ready(policy, key, chunk_id, ctx):
-    """Insert a pending chunk and complete its store, as the manager does."""
-    chunk = Chunk(chunk_id)
-    policy.insert(key, chunk, ctx)
-    chunk.ref_cnt = 0
-    policy.mark_evictable(key)
-    return chunk
 
 
 def snapshot(policy):
@@ -71,7 +63,7 @@ def test_evict_returns_exactly_n_evictable_unprotected(policy_cls, positions):
     keys = list(range(1, 9))
     ctx = ctx_with_positions("r", keys) if positions else RequestContext("r")
     for i, key in enumerate(keys):
-        make_ready(p, key, i, ctx)
+        ready(p, [key], ctx, start_id=i)
     p.get(1).ref_cnt = 1
     p.mark_non_evictable(1)
     victims = p.evict(3, {2, 3})
@@ -89,7 +81,7 @@ def test_evict_is_atomic_when_short(policy_cls):
     p = policy_cls(6)
     ctx = RequestContext("r")
     for i in range(6):
-        make_ready(p, i, i, ctx)
+        ready(p, [i], ctx, start_id=i)
     p.insert(6, Chunk(6), ctx)  # one pending chunk on top (over capacity is the manager's concern)
     p.get(0).ref_cnt = 1
     p.mark_non_evictable(0)
@@ -116,7 +108,7 @@ def test_random_states_never_yield_ineligible_victims(policy_cls, seed):
             if rng.random() < 0.2:
                 p.insert(key, Chunk(next_id), ctx)  # stays pending
             else:
-                make_ready(p, key, next_id, ctx)
+                ready(p, [key], ctx, start_id=next_id)
             next_id += 1
         resident = list(p.keys())
         p.on_request_access(resident[: rng.randint(0, len(resident))], ctx)
@@ -151,13 +143,13 @@ def test_clear_resets_everything(policy_cls):
     p = policy_cls(4)
     ctx = ctx_with_positions("r", [1, 2, 3])
     for i, key in enumerate([1, 2, 3]):
-        make_ready(p, key, i, ctx)
+        ready(p, [key], ctx, start_id=i)
     p.evict(1, set())  # leave some history (ghosts, frequencies, ...)
     p.clear()
     assert len(p) == 0 and list(p.keys()) == []
     assert p.get(2) is None and p.get(3) is None
     assert p.evict(1, set()) is None
-    make_ready(p, 7, 0, ctx)  # usable again after clear
+    ready(p, [7], ctx, start_id=0)  # usable again after clear
     assert [k for k, _ in p.evict(1, set())] == [7]
 
 
@@ -166,7 +158,7 @@ def test_hooks_accept_contexts_with_and_without_positions(policy_cls):
     bare = RequestContext("bare")
     placed = ctx_with_positions("placed", [1, 2, 3, 4])
     for i, (key, ctx) in enumerate([(1, bare), (2, placed), (3, bare), (4, placed)]):
-        make_ready(p, key, i, ctx)
+        ready(p, [key], ctx, start_id=i)
     for ctx in (bare, placed):
         p.on_store_miss([5, 6], ctx)
         p.on_request_access([1, 2, 9], ctx)
@@ -181,6 +173,6 @@ def test_works_without_prepare_future(policy_cls):
     p = policy_cls(3)
     ctx = RequestContext("r")
     for i in range(3):
-        make_ready(p, i, i, ctx)
+        ready(p, [i], ctx, start_id=i)
     assert len(p.evict(2, {0})) == 2
     assert list(p.keys()) == [0]

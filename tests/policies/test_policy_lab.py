@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from support import SAMPLE, SYNTHETIC
+from support import SAMPLE, SYNTHETIC, expect_overload
 
 from kvsim.api import replay
 from kvsim.cachemode.object_protocol import ObjectCache
@@ -284,6 +284,7 @@ def test_bench_table_covers_every_policy():
         ("sieve", "length:2048"),
     ],
 )
+@expect_overload
 def test_timed_mode_runs_every_kind(policy, admission):
     from kvsim.api import simulate
 
@@ -299,6 +300,7 @@ def test_timed_mode_runs_every_kind(policy, admission):
     assert r.summary["cpu_hit_tokens"] > 0
 
 
+@expect_overload
 def test_timed_belady_beats_lru():
     from kvsim.api import simulate
 

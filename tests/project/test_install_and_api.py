@@ -4,7 +4,6 @@ the Result object, and one name for a request's prompt length."""
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import hashlib
 import inspect
@@ -19,11 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support import ROOT, SAMPLE, run_main
+from support import ROOT, SAMPLE, expect_overload, run_main
 
 import kvsim
 from kvsim.api import BUNDLED_TRACE
-from kvsim.options.offload import OffloadOptions
+from kvsim.options.offload import OFFLOAD_FIELDS, OffloadOptions
 from kvsim.report.progress import LogLines, Progress
 
 try:
@@ -194,7 +193,7 @@ def test_signatures_are_explicit_and_documented(fn):
     assert not [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
     keywords = _keywords(fn)
     # every offload option is a keyword of both modes (the CLI and sweeps rely on it)
-    assert {f.name for f in dataclasses.fields(OffloadOptions)} <= set(keywords)
+    assert set(OFFLOAD_FIELDS) <= set(keywords)
     assert "progress" in keywords
     doc = inspect.getdoc(fn) or ""
     undocumented = [name for name in keywords if f"``{name}``" not in doc]
@@ -235,6 +234,7 @@ def test_progress_true_draws_a_bar_of_whole_lines_when_stderr_is_a_file(capsys):
     assert f"{res.summary['requests']}/{res.summary['requests']}" in lines[-1]
 
 
+@expect_overload
 def test_progress_under_baseline_counts_requests_not_twice_as_many(capsys):
     kvsim.simulate(SAMPLE, limit=20, cpu_gib=8, baseline=True, time_scale=8, progress=True)
     lines = _lines(capsys.readouterr().err)
@@ -301,6 +301,7 @@ def timed() -> kvsim.Result:
     return kvsim.simulate(SAMPLE, limit=40, cpu_gib=64, baseline=True, time_scale=8)
 
 
+@expect_overload
 def test_repr_shows_the_run_its_headline_and_its_tables(timed):
     text = repr(timed)
     first, *rest = text.splitlines()
@@ -319,6 +320,7 @@ def test_repr_html_escapes_and_folds_the_summary():
     assert "tables: none" in html
 
 
+@expect_overload
 def test_compare_puts_a_run_beside_its_baseline(timed):
     table = timed.compare()
     assert list(table.columns) == ["offload", "no offload", "difference", "ratio"]
@@ -348,6 +350,7 @@ def test_compare_two_runs_and_pick_metrics():
         big.compare()
 
 
+@expect_overload
 def test_save_writes_the_folder_simulate_out_writes(timed, tmp_path):
     folder = tmp_path / "run"
     written = timed.save(folder)

@@ -41,19 +41,6 @@ DMA_GBPS = {4 * KIB: 4.0, 8 * KIB: 6.0, 16 * KIB: 8.0, 64 * KIB: 40.0, 1 << 20: 
 KERNEL_GBPS = {4 * KIB: 20.0, 8 * KIB: 28.0, 16 * KIB: 35.0}
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """The CLI's CPU device sets process-wide threading knobs; undo them here."""
-    import sys
-
-    import torch
-
-    n, interval = torch.get_num_threads(), sys.getswitchinterval()
-    yield
-    torch.set_num_threads(n)
-    sys.setswitchinterval(interval)
-
-
 def kernel_seconds(size: int, n: int) -> float:
     return OVERHEAD + LAUNCH + n * size / (KERNEL_GBPS[size] * 1e9)
 

@@ -16,19 +16,6 @@ from real.device import Device
 from real.host_pool import PinError
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """The CLI's CPU device sets process-wide threading knobs; undo them here."""
-    import sys
-
-    import torch
-
-    n, interval = torch.get_num_threads(), sys.getswitchinterval()
-    yield
-    torch.set_num_threads(n)
-    sys.setswitchinterval(interval)
-
-
 def test_fit_recovers_a_known_link():
     """Synthetic points from t = 10us + n * size / rate(size) give back the curve."""
     rate = {4 * KIB: 4e9, 64 * KIB: 40e9, 1 << 20: 50e9}

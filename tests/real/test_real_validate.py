@@ -18,19 +18,6 @@ from real.validate import ValidationSpec, default_trace, run_validation
 KINDS = ["eager", "deferred"]
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    """The CLI's CPU device sets process-wide threading knobs; undo them here."""
-    import sys
-
-    import torch
-
-    n, interval = torch.get_num_threads(), sys.getswitchinterval()
-    yield
-    torch.set_num_threads(n)
-    sys.setswitchinterval(interval)
-
-
 def spec_for(kind: str) -> ValidationSpec:
     """The eager run keeps the tested time scale (its hit decisions must match the
     simulation's exactly); the deferred device shifts completions by design, so its run is

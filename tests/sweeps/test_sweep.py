@@ -12,7 +12,7 @@ import time
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import ROOT, SAMPLE
+from support import ROOT, SAMPLE, expect_overload
 
 import kvsim
 from kvsim.cli import cli
@@ -52,14 +52,16 @@ def test_cells_in_order_with_stable_ids():
 @pytest.mark.parametrize(
     "bad, match",
     [
-        ({"traces": []}, "at least one trace"),
-        ({"traces": [SAMPLE], "gird": {}}, "unknown sweep spec key"),
-        ({"traces": [SAMPLE], "mode": "fast"}, "mode must be"),
+        ({"traces": []}, r"^sweep spec: traces: Expected `array` of length >= 1, got \[\]$"),
+        ({"traces": [SAMPLE], "gird": {}}, "gird: unknown key \\(did you mean 'grid'\\?\\)"),
+        ({"traces": [SAMPLE], "mode": "fast"}, "mode: .*, got 'fast'"),
         (
             {"traces": [SAMPLE], "options": {"policy": "lru"}, "grid": {"policy": ["arc"]}},
             "both fixed and swept",
         ),
-        ({"traces": [SAMPLE], "grid": {"status": [1]}}, "reserved"),
+        # a row's own columns are no options
+        ({"traces": [SAMPLE], "grid": {"status": [1]}}, "grid.status: unknown key"),
+        ({"traces": [SAMPLE], "options": {"trace": "x"}}, "options.trace: unknown key"),
     ],
 )
 def test_bad_specs(bad, match):
@@ -259,6 +261,7 @@ def test_generated_trace_cells_and_cli_grid(tmp_path):
     ]
 
 
+@expect_overload
 def test_timed_cells_run_or_fail_cleanly():
     df = sweep(
         {"traces": [SAMPLE], "mode": "timed", "limit": 20, "grid": {"cpu_chunks": [100]}},

@@ -6,7 +6,6 @@ runs, a corrupt journal line is a warning, workers die with the driver, one swee
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -22,9 +21,9 @@ from support import ROOT, SAMPLE
 from support import run_main as support_run_main
 
 from kvsim.core.errors import InputError
-from kvsim.sweeps import CRASH_LIMIT, read_journal, sweep
-
-sweep_module = importlib.import_module("kvsim.sweeps")  # ``kvsim.sweep`` is also the function
+from kvsim.sweeps import CRASH_LIMIT, SweepSpec, option_names, read_journal, sweep
+from kvsim.sweeps import journal as journal_module
+from kvsim.sweeps.inputs import trace_fingerprint
 
 PLUGIN = '''
 """Policies that misbehave the way a cell's process can: killed, killed once, blocked."""
@@ -180,7 +179,7 @@ def test_resume_reruns_a_regenerated_trace_and_a_new_kvsim(tmp_path, monkeypatch
     fresh = sweep(spec, executor="serial")
     assert after.requests.tolist() == fresh.requests.tolist() != before.requests.tolist()
     assert after.combined_hit_ratio.tolist() == fresh.combined_hit_ratio.tolist()
-    monkeypatch.setattr(sweep_module, "kvsim_version", lambda: "99.0")
+    monkeypatch.setattr(journal_module, "kvsim_version", lambda: "99.0")
     assert resume()[1] == [0]  # another kvsim may give another answer
 
 
@@ -189,16 +188,16 @@ def test_fingerprint_sees_a_change_in_the_middle_only_through_size_or_mtime(tmp_
     is the one change the fingerprint cannot see (a rewrite moves the mtime)."""
     trace = tmp_path / "t.bin"
     trace.write_bytes(b"a" * (3 << 20))
-    first = sweep_module.trace_fingerprint(str(trace))
+    first = trace_fingerprint(str(trace))
     stat = trace.stat()
     with open(trace, "r+b") as f:
         f.seek(3 << 19)
         f.write(b"b")
     os.utime(trace, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert sweep_module.trace_fingerprint(str(trace)) == first
+    assert trace_fingerprint(str(trace)) == first
     os.utime(trace, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
-    assert sweep_module.trace_fingerprint(str(trace)) != first
-    assert sweep_module.trace_fingerprint(str(tmp_path / "nope")) == "missing"
+    assert trace_fingerprint(str(trace)) != first
+    assert trace_fingerprint(str(tmp_path / "nope")) == "missing"
 
 
 # --------------------------------------------------------------------------- 12, 4: the spec
@@ -222,25 +221,37 @@ BASE = f"traces: [{SAMPLE}]\nlimit: 20\n"
 @pytest.mark.parametrize(
     "body, needle",
     [
-        ("grid: {polcy: [lru], cpu_chunks: [10]}", "grid.polcy: unknown option"),
+        ("grid: {polcy: [lru], cpu_chunks: [10]}", "grid.polcy: unknown key"),
         ("grid: {polcy: [lru], cpu_chunks: [10]}", "did you mean 'policy'"),
-        ("grid: {cpu_chunks: [-5]}", "grid.cpu_chunks[0]: must be an integer >= 1, got -5"),
-        ("grid: {cpu_chunks: [abc]}", "grid.cpu_chunks[0]: must be an integer >= 1"),
-        ("grid: {cpu_chunks: [1e3]}", "the text '1e3' (write a plain number such as 1000)"),
-        ("grid: {cpu_chunks: [10], store_threshold: [-1]}", "grid.store_threshold[0]"),
-        ("grid: {cpu_chunks: [10], policy: [{lru: 1}]}", "grid.policy[0]: must be a name"),
-        ("grid: {cpu_chunks: [10], gpu: [h100]}", "grid.gpu: unknown option for cache mode"),
-        ("grid: [1, 2]", "grid: must be a mapping"),
-        ("options: [model, x]\ngrid: {cpu_chunks: [10]}", "options: must be a mapping"),
-        ("options: {cpu_gib: '64'}", "options.cpu_gib: must be a finite number > 0"),
+        ("grid: {cpu_chunks: [-5]}", "grid.cpu_chunks[0]: Expected `int` >= 1, got -5"),
+        ("grid: {cpu_chunks: [abc]}", "grid.cpu_chunks[0]: Expected `int"),
+        ("grid: {cpu_chunks: [abc]}", "got 'abc'"),
+        (
+            "grid: {cpu_chunks: [1e3]}",
+            "got '1e3' (YAML read it as text: write a plain number such as 1000)",
+        ),
+        (
+            "grid: {cpu_chunks: [10], store_threshold: [-1]}",
+            "grid.store_threshold[0]: Expected `int` >= 0",
+        ),
+        ("grid: {cpu_chunks: [10], policy: [{lru: 1}]}", "grid.policy[0]: Expected `str`"),
+        (
+            "grid: {cpu_chunks: [10], gpu: [h100]}",
+            "grid.gpu: an option of timed mode, not of this cache",
+        ),
+        ("grid: {cpu_chunks: []}", "grid.cpu_chunks: Expected `array` of length >= 1, got []"),
+        ("grid: [1, 2]", "grid: Expected `object`"),
+        ("options: [model, x]\ngrid: {cpu_chunks: [10]}", "options: Expected `object`"),
+        ("options: {cpu_gib: '64'}", "options.cpu_gib: Expected `float"),
         ("options: {cpu_gib: abc}", "options.cpu_gib"),
-        ("options: {cpu_gib: .nan}", "options.cpu_gib: must be a finite number > 0, got nan"),
-        ("options: {cpu_gib: .inf}", "options.cpu_gib"),
+        ("options: {cpu_gib: .nan}", "options.cpu_gib: Expected `float` > 0.0, got nan"),
+        ("options: {cpu_gib: .inf}", "options.cpu_gib: must be a finite number, got inf"),
         ("grid: {cpu_gib: [4], cpu_chunks: [10]}", "only one CPU tier size"),
         ("grid: {policy: [lru, arc]}", "no CPU tier size"),
-        ("mode: [cache]\ngrid: {cpu_chunks: [10]}", "mode must be one of"),
-        ("name: [a]\ngrid: {cpu_chunks: [10]}", "name: must be text"),
-        ("polcy: lru\ngrid: {cpu_chunks: [10]}", "unknown sweep spec key(s): polcy"),
+        ("mode: [cache]\ngrid: {cpu_chunks: [10]}", "mode: "),
+        ("name: [a]\ngrid: {cpu_chunks: [10]}", "name: Expected `int | str`"),
+        ("polcy: lru\ngrid: {cpu_chunks: [10]}", "polcy: unknown key, got 'lru'"),
+        ("gird: {cpu_chunks: [10]}", "gird: unknown key (did you mean 'grid'?)"),
     ],
 )
 def test_a_bad_spec_is_one_error_before_any_cell(tmp_path, run_main, body, needle):
@@ -255,34 +266,38 @@ def test_a_bad_spec_is_one_error_before_any_cell(tmp_path, run_main, body, needl
 @pytest.mark.parametrize(
     "body, needle",
     [
-        ("limit: -5", "limit: must be an integer >= 1"),
-        ("limit: abc", "limit: must be an integer >= 1 (requests per trace), got 'abc'"),
+        ("limit: -5", "limit: Expected `int` >= 1, got -5"),
+        ("limit: abc", "limit: Expected `int | null`"),
         ("limit: 1e3", "write a plain number such as 1000"),
-        ("limit: [1]", "limit: must be an integer"),
-        ("traces: 5", "traces: must be a list"),
-        ("traces: [[a.jsonl]]", "traces[0]: must be a path or a generator"),
-        ("traces: [{kind: chat, n_requests: abc}]", "traces[0].n_requests: must be an integer"),
-        ("traces: [{n_requests: 10}]", "traces[0]: a generated trace needs 'kind'"),
+        ("limit: [1]", "limit: Expected `int | null`"),
+        ("traces: 5", "traces: Expected `str | object | array`"),
+        ("traces: [[a.jsonl]]", "traces[0]: Expected `str | object`"),
+        ("traces: [{kind: chat, n_requests: abc}]", "traces[0].n_requests: Expected `int`"),
+        ("traces: [{kind: chat, n_requests: 0}]", "traces[0].n_requests: Expected `int` >= 1"),
+        ("traces: [{n_requests: 10}]", ("traces[0]", "kind", "missing")),
+        ("traces: [{kind: chta}]", "traces[0]: unknown workload kind 'chta'"),
+        ("traces: [{kind: chat, rte: 2}]", "traces[0]: unknown knob(s) for chat: rte"),
     ],
 )
 def test_bad_limit_and_traces(tmp_path, run_main, body, needle):
     text = f"traces: [{SAMPLE}]\n" if not body.startswith("traces") else ""
     spec = write_spec(tmp_path / "spec.yaml", text + body + "\ngrid: {cpu_chunks: [10]}\n")
     code, err = run_main("sweep", spec, "--out", str(tmp_path / "out"))
-    assert code == 2 and len(err) == 1 and needle in err[0], err
+    needles = (needle,) if isinstance(needle, str) else needle
+    assert code == 2 and len(err) == 1 and all(n in err[0] for n in needles), err
 
 
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--cpu-gib", "abc"], "--cpu-gib: must be a finite number > 0, got 'abc'"),
-        (["--cpu-gib", "nan"], "--cpu-gib: must be a finite number > 0"),
-        (["--cpu-gib", ".inf"], "--cpu-gib: must be a finite number > 0, got inf"),
-        (["--cpu-gib", "4,-1"], "--cpu-gib: must be a finite number > 0, got -1"),
-        (["--cpu-chunks", "-5"], "--cpu-chunks: must be an integer >= 1, got -5"),
-        (["--cpu-chunks", "1e3"], "--cpu-chunks: must be an integer >= 1, got the text '1e3'"),
-        (["--cpu-chunks", "10", "--store-threshold", "x"], "--store-threshold"),
-        (["--cpu-chunks", "10", "--policy", "{a: b}"], "--policy: must be a name, got a mapping"),
+        (["--cpu-gib", "abc"], "--cpu-gib: Expected `float"),
+        (["--cpu-gib", "nan"], "--cpu-gib: Expected `float"),  # YAML's NaN is .nan
+        (["--cpu-gib", ".inf"], "--cpu-gib: must be a finite number, got inf"),
+        (["--cpu-gib", "4,-1"], "--cpu-gib: Expected `float` > 0.0, got -1"),
+        (["--cpu-chunks", "-5"], "--cpu-chunks: Expected `int` >= 1, got -5"),
+        (["--cpu-chunks", "1e3"], "got '1e3' (YAML read it as text: write a plain number such"),
+        (["--cpu-chunks", "10", "--store-threshold", "x"], "--store-threshold: Expected `int`"),
+        (["--cpu-chunks", "10", "--policy", "{a: b}"], "--policy: Expected `str`"),
         (["--cpu-chunks", ","], "--cpu-chunks: give at least one value"),
         (["--policy", "lru"], "no CPU tier size"),
     ],
@@ -310,7 +325,7 @@ def test_a_bad_value_is_refused_in_a_fresh_process_and_through_the_api(tmp_path)
 
 def test_good_specs_still_pass():
     """The checks know every keyword of both modes (a timed spec with engine knobs)."""
-    spec = sweep_module.SweepSpec.from_mapping(
+    spec = SweepSpec.from_mapping(
         {
             "traces": [SAMPLE, {"kind": "chat", "n_requests": 10, "seed": 1}],
             "mode": "timed",
@@ -320,7 +335,7 @@ def test_good_specs_still_pass():
         }
     )
     assert len(spec.cells()) == 4
-    assert sweep_module.option_names("cache") >= {"policy", "cpu_chunks", "fused", "protocol"}
+    assert option_names("cache") >= {"policy", "cpu_chunks", "fused", "protocol"}
 
 
 # --------------------------------------------------------------------------- 5: the journal
@@ -406,8 +421,9 @@ def test_the_portable_watchdog_alone_ends_an_orphan(tmp_path):
     """Without Linux's parent-death signal, the worker's watchdog thread sees the new parent."""
     ready = tmp_path / "ready"
     child = (
-        "import sys, time; from kvsim.sweeps import _exit_with_parent; sys.platform = 'other'; "
-        f"_exit_with_parent(None); open({str(ready)!r}, 'w').close(); time.sleep(60)"
+        "import sys, time; from kvsim.sweeps.executors import exit_with_parent; "
+        "sys.platform = 'other'; "
+        f"exit_with_parent(None); open({str(ready)!r}, 'w').close(); time.sleep(60)"
     )
     parent = (
         "import subprocess, sys, time; "

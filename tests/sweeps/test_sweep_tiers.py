@@ -8,7 +8,7 @@ import itertools
 
 import pandas as pd
 import pytest
-from support import SAMPLE, run_main
+from support import SAMPLE, expect_overload, run_main
 
 import kvsim
 import kvsim.api
@@ -200,6 +200,7 @@ def test_timed_cells_pass_the_tier_set_to_simulate(monkeypatch):
     assert [r["combined_hit_share"] for r in rows] == [0.5] * 3  # (100 + 400) / 1000
 
 
+@expect_overload
 def test_a_real_timed_tier_sweep_draws_its_figure(tmp_path):
     """End to end, no fake: a timed sweep over two tier sets runs simulate with the tiers,
     and its table draws the tiers-vs-capacity figure with a TTFT panel."""

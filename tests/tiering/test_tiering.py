@@ -18,7 +18,7 @@ from support import SAMPLE, run_main
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.core.errors import InputError
 from kvsim.manager.offload import LookupResult
-from kvsim.options.offload import OffloadOptions, options_from_vllm_config
+from kvsim.options.offload import OffloadOptions
 from kvsim.options.tiers import (
     BackpressureSpec,
     TierSpec,
@@ -27,6 +27,7 @@ from kvsim.options.tiers import (
     parse_secondary_tiers,
     tier_from_shorthand,
 )
+from kvsim.options.vllm import options_from_vllm_config
 from kvsim.policies.lru import LRUPolicy
 from kvsim.tiering.backpressure import EMADetector
 from kvsim.tiering.manager import TieredManager
@@ -374,7 +375,10 @@ def test_byte_sizes(text, size):
     ("extra", "message"),
     [
         ({"secondary_tiers": [{"type": "fs"}]}, "needs spec_name"),
-        ({"spec_name": TIERING, "secondary_tiers": {"type": "fs"}}, "must be a list"),
+        (
+            {"spec_name": TIERING, "secondary_tiers": {"type": "fs"}},
+            "secondary_tiers: Expected `array`",
+        ),
         ({"spec_name": TIERING, "secondary_tiers": [{"root_dir": "/x"}]}, "must include 'type'"),
         (
             {"spec_name": TIERING, "secondary_tiers": [{"type": "nvme"}]},
@@ -441,7 +445,7 @@ def test_tiers_refuse_admission_rules_and_both_modes_take_them():
         options_from_vllm_config(
             extra, OffloadOptions(cpu_chunks=4, model=None, admission="s3fifo")
         ).resolve(16)
-    from kvsim.options.offload import (
+    from kvsim.options.vllm import (
         engine_knobs_from_vllm_config,
         refuse_engine_knobs_in_cache_mode,
     )

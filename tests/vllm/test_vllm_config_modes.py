@@ -5,7 +5,7 @@ the CLI's name for the GPU capacity are not dropped by the API."""
 from __future__ import annotations
 
 import pytest
-from support import SAMPLE
+from support import SAMPLE, expect_overload
 
 import kvsim
 from kvsim.core.errors import InputError
@@ -35,6 +35,7 @@ def test_cache_mode_accepts_the_defaults_of_those_knobs():
         ({"sync_load_budget_bytes": 64 * 2**20}, {"sync_load_budget_bytes": 64 * 2**20}),
     ],
 )
+@expect_overload
 def test_simulate_acts_on_the_vllm_config_knobs(extra, explicit):
     kw = {"limit": 20, "cpu_chunks": 50, "record_steps": False}
     from_config = kvsim.simulate(SAMPLE, vllm_config={**extra, "block_size": 512}, **kw)
@@ -45,6 +46,7 @@ def test_simulate_acts_on_the_vllm_config_knobs(extra, explicit):
     assert from_config.config[knob] == value != default.config[knob]
 
 
+@expect_overload
 def test_an_explicit_argument_wins_over_the_vllm_config():
     kw = {"limit": 20, "cpu_chunks": 50, "record_steps": False, "chunk_tokens": None}
     both = kvsim.simulate(
@@ -63,6 +65,7 @@ def test_unknown_keywords_are_errors(api):
         api(SAMPLE, limit=3, cpu_chunks=5, polcy="arc")
 
 
+@expect_overload
 def test_simulate_takes_the_clis_name_for_the_gpu_capacity():
     kw = {"limit": 20, "cpu_chunks": 50, "record_steps": False}
     a = kvsim.simulate(SAMPLE, gpu_blocks=3000, **kw)

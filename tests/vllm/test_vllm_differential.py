@@ -2,7 +2,7 @@
 
 Random operation sequences (lookups, stores, completions, loads, touches, request
 finishes, failed stores, resets) run through both managers; every return value, every
-event and every gauge must be identical. The golden scenarios of test_manager_golden.py
+event and every gauge must be identical. The golden scenarios (tests/manager_scenarios.py)
 also run against vLLM through the same adapter, which proves their hard-coded
 expectations are vLLM's. Skipped when vLLM is not importable (run with
 ``PYTHONPATH=/path/to/vllm/site``).
@@ -10,20 +10,18 @@ expectations are vLLM's. Skipped when vLLM is not importable (run with
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import random
 from collections import Counter
 
+import manager_scenarios as golden
 import pytest
-from support import need_vllm
+from support import kvsim_key, need_vllm, vllm_key
 
 vllm_manager = need_vllm("vllm.v1.kv_offload.cpu.manager")
 vllm_base = need_vllm("vllm.v1.kv_offload.base")
 
 from kvsim.core.context import RequestContext  # noqa: E402
-from kvsim.manager.offload import LookupResult, OffloadingEvent, OffloadManager, PrepareStoreOutput  # noqa: E402
-from kvsim.policies.registry import make_admission, make_eviction_policy  # noqa: E402
+from kvsim.manager.offload import LookupResult, OffloadingEvent, PrepareStoreOutput  # noqa: E402
 from kvsim.report.metric_names import (  # noqa: E402
     CPU_ALLOCATION_SIZE,
     CPU_CACHE_READ_USAGE_PERC,
@@ -39,16 +37,6 @@ _LOOKUP = {
     "HIT": LookupResult.HIT,
     "HIT_PENDING": LookupResult.HIT_PENDING,
 }
-
-
-def enc(key: int) -> bytes:
-    """kvsim int key -> vLLM OffloadKey (8-byte hash + 4-byte group index 0)."""
-    return key.to_bytes(8, "big") + (0).to_bytes(4, "big")
-
-
-def dec(key: bytes) -> int:
-    assert key[8:] == b"\0\0\0\0"
-    return int.from_bytes(key[:8], "big")
 
 
 class VllmManager:
@@ -78,7 +66,7 @@ class VllmManager:
             self._contexts[id(ctx)] = entry
         rc = entry[1]
         for key, pos in ctx.positions.items():
-            rc.set_offload_key_position(enc(key), pos)
+            rc.set_offload_key_position(vllm_key(key), pos)
         return rc
 
     def on_new_request(self, ctx):
@@ -86,40 +74,41 @@ class VllmManager:
 
     def lookup(self, key, ctx=None):
         ctx = ctx or RequestContext("lookup")
-        return _LOOKUP[self.inner.lookup(enc(key), self._rc(ctx)).name]
+        return _LOOKUP[self.inner.lookup(vllm_key(key), self._rc(ctx)).name]
 
     def prepare_load(self, keys, ctx):
         return [
-            int(i) for i in self.inner.prepare_load([enc(k) for k in keys], self._rc(ctx)).block_ids
+            int(i)
+            for i in self.inner.prepare_load([vllm_key(k) for k in keys], self._rc(ctx)).block_ids
         ]
 
     def complete_load(self, keys, ctx=None):
         ctx = ctx or RequestContext("complete")
-        self.inner.complete_load([enc(k) for k in keys], self._rc(ctx))
+        self.inner.complete_load([vllm_key(k) for k in keys], self._rc(ctx))
 
     def prepare_store(self, keys, ctx):
-        out = self.inner.prepare_store([enc(k) for k in keys], self._rc(ctx))
+        out = self.inner.prepare_store([vllm_key(k) for k in keys], self._rc(ctx))
         if out is None:
             return None
         return PrepareStoreOutput(
-            [dec(k) for k in out.keys_to_store],
+            [kvsim_key(k) for k in out.keys_to_store],
             [int(i) for i in out.store_spec.block_ids],
-            [dec(k) for k in out.evicted_keys],
+            [kvsim_key(k) for k in out.evicted_keys],
         )
 
     def complete_store(self, keys, ctx=None, success=True):
         ctx = ctx or RequestContext("complete")
-        self.inner.complete_store([enc(k) for k in keys], self._rc(ctx), success=success)
+        self.inner.complete_store([vllm_key(k) for k in keys], self._rc(ctx), success=success)
 
     def touch(self, keys, ctx):
-        self.inner.touch([enc(k) for k in keys], self._rc(ctx))
+        self.inner.touch([vllm_key(k) for k in keys], self._rc(ctx))
 
     def on_request_finished(self, ctx):
         self.inner.on_request_finished(self._rc(ctx))
 
     def take_events(self):
         for e in self.inner.take_events():
-            yield OffloadingEvent([dec(k) for k in e.keys], e.removed, e.metadata_only)
+            yield OffloadingEvent([kvsim_key(k) for k in e.keys], e.removed, e.metadata_only)
 
     def reset_cache(self):
         self.inner.reset_cache()
@@ -153,45 +142,19 @@ def make_vllm(num_chunks, policy="lru", store_threshold=0, max_tracker_size=64_0
     return VllmManager(num_chunks, policy, store_threshold, max_tracker_size)
 
 
-def make_kvsim(num_chunks, policy="lru", store_threshold=0, max_tracker_size=64_000):
-    admission = (
-        make_admission(store_threshold=store_threshold, max_tracker_size=max_tracker_size)
-        if store_threshold >= 2
-        else None
-    )
-    return OffloadManager(
-        num_chunks, make_eviction_policy(policy, num_chunks), admission, enable_events=True
-    )
-
-
 # --- the golden scenarios, run against vLLM -------------------------------------------
 
 
-def _load_golden():
-    path = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        "manager",
-        "test_manager_golden.py",
-    )
-    spec = importlib.util.spec_from_file_location("_kvsim_golden_scenarios", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_golden = _load_golden()
-
-
-@pytest.mark.parametrize("scenario", sorted(_golden.SCENARIOS), ids=str)
+@pytest.mark.parametrize("scenario", sorted(golden.SCENARIOS), ids=str)
 def test_golden_scenario_holds_for_vllm(scenario):
     """The expectations hard-coded in the golden tests are exactly vLLM's behaviour."""
-    _golden.SCENARIOS[scenario](make_vllm)
+    golden.SCENARIOS[scenario](make_vllm)
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse", "split"])
 def test_golden_completion_orders_hold_for_vllm(order):
-    _golden.scenario_finish_orders_lru_prefix_independent_of_store_completion(make_vllm, order)
-    _golden.scenario_finish_orders_lru_prefix_independent_of_load_completion(make_vllm, order)
+    golden.scenario_finish_orders_lru_prefix_independent_of_store_completion(make_vllm, order)
+    golden.scenario_finish_orders_lru_prefix_independent_of_load_completion(make_vllm, order)
 
 
 # --- random differential sequences ------------------------------------------------------
@@ -210,7 +173,7 @@ class _DiffRun:
         self.rng = rng = random.Random(seed)
         capacity = rng.choice([2, 3, 4, 6, 8])
         tracker = rng.choice([2, 3, 5, 64])
-        self.ours = make_kvsim(capacity, policy, threshold, tracker)
+        self.ours = golden.make_kvsim(capacity, policy, threshold, tracker)
         self.theirs = make_vllm(capacity, policy, threshold, tracker)
         # Prefix-chained "requests": key = prefix_id * 100 + chunk index, positions (i+1)*16.
         self.prefixes = [[p * 100 + i for i in range(rng.randint(1, 6))] for p in range(1, 6)]

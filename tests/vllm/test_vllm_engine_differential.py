@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from support import CONVERSATION, SAMPLE, SYNTHETIC, need_vllm
+from support import CONVERSATION, SAMPLE, SYNTHETIC, expect_overload, need_vllm
 
 need_vllm("vllm.v1.core.sched.scheduler")
 need_vllm("vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector")
@@ -280,6 +280,7 @@ def test_mooncake_slices_decide_as_vllm(
 
 
 @LOOPS
+@expect_overload
 def test_kvsim_simulate_reports_vllms_preemptions(async_scheduling: bool, tmp_path) -> None:
     """The user-facing command, not just the engine: ``kvsim.simulate`` with a GPU cache too
     small for the load, under the trivial time model, preempts as vLLM's scheduler does."""

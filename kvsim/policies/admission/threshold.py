@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from kvsim.core.context import RequestContext
 from kvsim.core.errors import InputError
 from kvsim.core.keys import ChunkKey
+from kvsim.options.config import THRESHOLD_FILTERS_FROM
 from kvsim.policies.admission.base import AdmissionPolicy
 
 
@@ -24,9 +25,14 @@ class StoreThresholdAdmission(AdmissionPolicy):
     description = "vLLM store_threshold: admit a chunk after N offers (bounded LRU counter table)"
     records_offers = True
 
-    def __init__(self, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
-        if store_threshold < 2:
-            raise InputError(f"--store-threshold must be >= 2 to filter, got {store_threshold}")
+    def __init__(
+        self, store_threshold: int = THRESHOLD_FILTERS_FROM, max_tracker_size: int = 64_000
+    ) -> None:
+        if store_threshold < THRESHOLD_FILTERS_FROM:
+            raise InputError(
+                f"--store-threshold must be >= {THRESHOLD_FILTERS_FROM} to filter, "
+                f"got {store_threshold}"
+            )
         if max_tracker_size < 1:
             raise InputError(f"--max-tracker-size must be >= 1, got {max_tracker_size}")
         self.store_threshold = store_threshold

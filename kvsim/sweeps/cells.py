@@ -1,0 +1,133 @@
+"""A sweep's cells: the grid expanded (lazily, counted before any is built), each cell's
+stable id, and running one cell into one row.
+
+A *cell* is a plain dict (``trace``, ``mode``, ``limit`` and option fields); :func:`run_cell`
+is a pure function of it and of the trace's content, so a row is the same on a process pool,
+on Ray, or run alone (``elapsed_s`` aside).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from kvsim.sweeps.baselines import baseline_key, timed_summary
+from kvsim.sweeps.inputs import resolve_trace, trace_label
+from kvsim.sweeps.tier_sets import TIERS, secondary_tiers, tier_set_label, tier_shares
+
+#: a row's first columns, before its configuration and metrics
+STATUS_COLUMNS = ("cell", "cell_id", "status", "error", "elapsed_s")
+#: a cell's keys that are not ``replay`` / ``simulate`` keywords
+CELL_KEYS = ("trace", "mode", "limit")
+
+
+def count_cells(traces: list[Any], grid: Mapping[str, list[Any]]) -> int:
+    """How many cells :func:`expand` yields, without building one."""
+    return len(traces) * math.prod(len(values) for values in grid.values())
+
+
+def expand(
+    traces: list[Any],
+    mode: str,
+    limit: int | None,
+    options: Mapping[str, Any],
+    grid: Mapping[str, list[Any]],
+) -> Iterator[dict[str, Any]]:
+    """Every cell, traces outermost, grid axes in the order given (the last one fastest).
+
+    Args:
+        traces: trace entries (paths or generator mappings).
+        mode: ``cache`` or ``timed``.
+        limit: requests per trace, or None.
+        options: fixed option values, in every cell.
+        grid: option -> its values; no name in both ``options`` and ``grid``.
+
+    Returns:
+        an iterator of :func:`count_cells` new dicts (``trace``, ``mode``, ``limit``, the
+        options, then the grid's values).
+    """
+    axes = list(grid)
+    for trace in traces:
+        for values in itertools.product(*(grid[a] for a in axes)):
+            yield {
+                "trace": trace,
+                "mode": mode,
+                "limit": limit,
+                **options,
+                **dict(zip(axes, values)),
+            }
+
+
+def cell_id(cell: Mapping[str, Any]) -> str:
+    """A stable hash of a cell's configuration (what resume matches on, with the run key)."""
+    text = json.dumps(cell, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, Any]:
+    """Run one cell; never raises: a failure becomes ``status="error"`` with its message.
+
+    Relative trace paths are read from ``base_dir`` (the driver's working directory), which is
+    not part of the configuration.
+    """
+    start = time.perf_counter()
+    cell = dict(cell)
+    row = config_row(cell)
+    options = {k: v for k, v in cell.items() if k not in (*CELL_KEYS, TIERS)}
+    try:
+        if TIERS in cell:
+            options.update(secondary_tiers(cell[TIERS], "vllm_config" in options))
+        metrics = _summary(cell, options, base_dir)
+        metrics.pop("trace", None)
+        if TIERS in cell:
+            metrics.update(tier_shares(metrics))
+        for k, v in metrics.items():
+            if k not in row and _scalar(v):
+                row[k] = v
+        row.update(status="ok", error=None)
+    except Exception as e:
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" [{os.path.basename(tb[-1].filename)}:{tb[-1].lineno}]" if tb else ""
+        row.update(status="error", error=f"{type(e).__name__}: {e}{where}")
+    row["elapsed_s"] = time.perf_counter() - start
+    return row
+
+
+def _summary(cell: dict[str, Any], options: dict[str, Any], base_dir: str | None) -> dict[str, Any]:
+    trace = resolve_trace(cell["trace"], base_dir)
+    limit = cell.get("limit")
+    if cell.get("mode", "cache") == "cache":
+        from kvsim.api import replay
+
+        return dict(replay(trace, limit=limit, per_request=False, **options).summary)
+    return timed_summary(trace, limit, options, lambda: baseline_key(cell, base_dir))
+
+
+def failed_row(cell: Mapping[str, Any], error: str) -> dict[str, Any]:
+    """The row of a cell that did not finish in its worker (the cell function never raises)."""
+    return {
+        **config_row(cell),
+        "status": "error",
+        "error": f"worker failed: {error}",
+        "elapsed_s": math.nan,
+    }
+
+
+def config_row(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's configuration columns: the cell, with readable labels for the trace and the
+    tier set."""
+    row = {"cell_id": cell_id(cell), **cell, "trace": trace_label(cell["trace"])}
+    if TIERS in cell:
+        row[TIERS] = tier_set_label(cell[TIERS])
+    return row
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))

@@ -1,0 +1,286 @@
+"""Where a sweep's cells run: in this process (``serial``), on a pool of worker processes
+(``local``, the default) or on a Ray cluster (``ray``). Each executor takes the cells and
+yields one row per cell as it finishes, in any order; none raises for a failing cell.
+
+The local pool runs one cell per worker at a time, so that a worker's death (an OOM kill)
+is charged to exactly the cell it was running: the dead worker is replaced and only its cell
+runs again, and after :data:`CRASH_LIMIT` deaths that cell is recorded as failed. Workers
+die with the sweep's main process, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any
+
+from kvsim.core.errors import InputError
+from kvsim.sweeps.cells import cell_id, failed_row, run_cell
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+#: the executors by name (``kvsim sweep --executor``)
+EXECUTORS = ("local", "serial", "ray")
+#: a cell whose worker process dies this many times is recorded as failed (fewer: re-run)
+CRASH_LIMIT = 2
+
+#: an executor: (cells, the driver's working directory, workers, Ray address) -> rows
+Executor = Callable[[list[dict[str, Any]], str, int, "str | None"], Iterator[dict[str, Any]]]
+
+
+def executor(name: str) -> Executor:
+    """The executor called ``name`` (one of :data:`EXECUTORS`)."""
+    return _EXECUTORS[name]
+
+
+def _run_serial(
+    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+) -> Iterator[dict[str, Any]]:
+    for c in cells:
+        yield run_cell(c, base_dir)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: how often a worker checks that the sweep's main process is still its parent
+_PARENT_POLL_S = 0.5
+
+
+def exit_with_parent(parent_pid: int | None) -> None:
+    """Make this worker die with the sweep's main process (a killed driver must not leave
+    workers blocked forever): Linux's parent-death signal, and everywhere a watchdog thread
+    that exits when the parent changes (also covers a parent that died before this ran).
+
+    Linux sends the signal when the *thread* that started the worker ends; the sweep starts
+    every worker from the thread that called it, which waits for them."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    parent = parent_pid or os.getppid()
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kvsim-sweep-parent-watch", daemon=True).start()
+
+
+def _worker_main(conn: Connection, base_dir: str, parent_pid: int | None) -> None:
+    """A pool worker: cells in, rows out, one at a time, until told to stop (``None``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
+    exit_with_parent(parent_pid)
+    while True:
+        try:
+            cell = conn.recv()
+        except (EOFError, OSError):
+            return
+        if cell is None:
+            return
+        row = run_cell(cell, base_dir)
+        try:
+            conn.send(row)
+        except OSError:  # the driver is gone
+            return
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    cell: dict[str, Any] | None = None  # the cell it is running
+
+
+def _death(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+class _Pool:
+    """Worker processes that each run one cell at a time, so a worker's death (an OOM kill)
+    is charged to exactly the cell it was running, and to no other.
+
+    ``ProcessPoolExecutor`` fails every pending cell when one worker dies; here the dead
+    worker is replaced and only its cell is queued again; after :data:`CRASH_LIMIT` deaths
+    that cell is recorded as failed and the rest of the sweep goes on."""
+
+    def __init__(self, size: int, base_dir: str):
+        self.ctx = multiprocessing.get_context()
+        self.size = size
+        self.base_dir = base_dir
+        self.running: list[_Worker] = []
+        self.idle: list[_Worker] = []
+        self.crashes: Counter[str] = Counter()
+        # fork and spawn make this process the parent; forkserver's parent is the server
+        forked = self.ctx.get_start_method() in ("fork", "spawn")
+        self.parent_pid = os.getpid() if forked else None
+
+    def run(self, cells: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        queue = deque(cells)
+        while queue or self.running:
+            while queue and len(self.running) < self.size:
+                self._hand(self.idle.pop() if self.idle else self._spawn(), queue.popleft())
+            for worker in self._ready():
+                yield from self._collect(worker, queue)
+        self._stop_idle()
+
+    def _spawn(self) -> _Worker:
+        ours, theirs = self.ctx.Pipe()
+        process = self.ctx.Process(
+            target=_worker_main,
+            args=(theirs, self.base_dir, self.parent_pid),
+            name="kvsim-sweep-worker",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        return _Worker(process, ours)
+
+    def _hand(self, worker: _Worker, cell: dict[str, Any]) -> None:
+        worker.cell = cell
+        self.running.append(worker)
+        with contextlib.suppress(OSError):  # died idle: its sentinel reports it next
+            worker.conn.send(cell)
+
+    def _ready(self) -> list[_Worker]:
+        """Running workers with a row to read or a death to report."""
+        by_handle: dict[Any, _Worker] = {}
+        for w in self.running:
+            by_handle[w.conn] = w
+            by_handle[w.process.sentinel] = w
+        ready = wait(list(by_handle))
+        return list({id(by_handle[h]): by_handle[h] for h in ready}.values())
+
+    def _collect(self, worker: _Worker, queue: deque[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        self.running.remove(worker)
+        cell, worker.cell = worker.cell, None
+        assert cell is not None
+        row = self._receive(worker)
+        if row is not None:
+            if worker.process.is_alive():
+                self.idle.append(worker)
+            else:
+                self._discard(worker)
+            yield row
+            return
+        self._discard(worker)
+        cid = cell_id(cell)
+        self.crashes[cid] += 1
+        if self.crashes[cid] < CRASH_LIMIT:
+            queue.append(cell)  # not this cell's fault yet: run it again, last
+            return
+        how = _death(worker.process.exitcode)
+        yield failed_row(
+            cell, f"the process running this cell died ({how}), {self.crashes[cid]} times"
+        )
+
+    @staticmethod
+    def _receive(worker: _Worker) -> dict[str, Any] | None:
+        """The worker's row, or None when it died without one."""
+        try:
+            if worker.conn.poll():
+                row: dict[str, Any] = worker.conn.recv()
+                return row
+        except Exception:  # EOF, or a message cut short by the death
+            return None
+        return None
+
+    @staticmethod
+    def _discard(worker: _Worker, timeout: float = 5.0) -> None:
+        worker.process.join(timeout)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+
+    def _stop_idle(self) -> None:
+        for worker in self.idle:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+        for worker in self.idle:
+            self._discard(worker)
+        self.idle.clear()
+
+    def close(self) -> None:
+        """Interrupted (or done): stop every worker at once; queued cells stay not run."""
+        for worker in self.running + self.idle:
+            if worker.process.is_alive():
+                worker.process.terminate()
+        for worker in self.running + self.idle:
+            self._discard(worker, timeout=2.0)
+        self.running.clear()
+        self.idle.clear()
+
+
+def _run_local(
+    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+) -> Iterator[dict[str, Any]]:
+    pool = _Pool(workers, base_dir)
+    try:
+        yield from pool.run(cells)
+    finally:
+        pool.close()
+
+
+def _run_ray(
+    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+) -> Iterator[dict[str, Any]]:
+    try:
+        import ray
+    except ImportError:
+        raise InputError("the ray executor needs Ray: pip install 'kvsim[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        here = os.path.abspath(__file__)  # kvsim/sweeps/executors.py: the root holds kvsim
+        root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        kwargs: dict[str, Any] = {
+            "runtime_env": {"env_vars": {"PYTHONPATH": path}},
+            "include_dashboard": False,
+            "log_to_driver": False,
+        }
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=workers, **kwargs)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(run_cell)
+        of = {remote.remote(c, base_dir): c for c in cells}
+        pending = list(of)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    row = ray.get(ref)
+                except ray.exceptions.RayError as e:  # Ray has retried a dead worker already
+                    row = failed_row(of[ref], f"{type(e).__name__}: {e}")
+                yield row
+    finally:
+        if started:
+            ray.shutdown()
+
+
+_EXECUTORS: dict[str, Executor] = {
+    "serial": _run_serial,
+    "local": _run_local,
+    "ray": _run_ray,
+}

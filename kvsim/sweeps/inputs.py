@@ -1,0 +1,74 @@
+"""A sweep's traces at run time: a path (relative to the driver's working directory) or a
+generator mapping (``{kind: chat, n_requests: 500, seed: 1}``), as a row label, as what
+``replay`` / ``simulate`` read, and as a fingerprint of its content for resume keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+#: bytes hashed at each end of a trace file: enough to tell a regenerated trace apart
+_FINGERPRINT_BYTES = 1 << 20
+
+#: the last generated trace (its mapping as JSON -> requests): cells that share a generator
+#: in one process generate it once
+_generated: dict[str, Any] = {}
+
+
+def trace_label(trace: Any) -> str:
+    """The ``trace`` column of a row: the path as written, or ``gen:KIND(n=..,seed=..)``."""
+    if isinstance(trace, Mapping):
+        from kvsim.traces.synthetic import WorkloadSpec
+
+        return WorkloadSpec.from_mapping(trace).label()
+    return str(trace)
+
+
+def trace_text(trace: Any) -> str:
+    """One text per distinct trace entry (mappings in key order): a dictionary key."""
+    return json.dumps(trace, sort_keys=True, default=str)
+
+
+def resolve_trace(trace: Any, base_dir: str | None) -> Any:
+    """What a cell hands ``replay`` / ``simulate``: a path joined to ``base_dir`` when
+    relative, or a generator's requests (generated once per process for consecutive cells)."""
+    if isinstance(trace, Mapping):
+        from kvsim.traces.synthetic import WorkloadSpec
+
+        label = trace_text(trace)
+        if label not in _generated:
+            _generated.clear()
+            _generated[label] = WorkloadSpec.from_mapping(trace).requests()
+        return _generated[label]
+    path = os.fspath(trace)
+    if base_dir and not os.path.isabs(path):
+        path = os.path.join(base_dir, path)
+    return path
+
+
+def trace_fingerprint(trace: Any, base_dir: str | None = None) -> str:
+    """What a trace's rows depend on beyond its path: size, mtime and a hash of the first and
+    last MiB (a regenerated file differs in one of them), without reading a large file whole.
+
+    A generator's output is fixed by its mapping (part of the cell); a missing file's key
+    changes once it exists; a FIFO or device cannot be fingerprinted, so it never matches."""
+    if isinstance(trace, Mapping):
+        return "generated"
+    path = resolve_trace(trace, base_dir)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    if not os.path.isfile(path):
+        return f"unfingerprintable:{time.time_ns()}"
+    h = hashlib.sha1(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_FINGERPRINT_BYTES))
+        if st.st_size > _FINGERPRINT_BYTES:
+            f.seek(max(_FINGERPRINT_BYTES, st.st_size - _FINGERPRINT_BYTES))
+            h.update(f.read(_FINGERPRINT_BYTES))
+    return h.hexdigest()

@@ -1,0 +1,282 @@
+"""The sweep spec (see :mod:`kvsim.sweeps` for an example): traces, a mode, fixed options and
+a grid of option values, checked whole before any cell runs (names, types, ranges, a CPU
+tier size), so a typo is one error, not a grid of failed cells. What each key takes is
+described once, in :mod:`kvsim.sweeps.spec_schema`; this module reads a spec file and adds
+the rules between keys.
+
+A cell holds the values as the spec wrote them (``cpu_gib: 64`` stays an integer), so its id
+and its row do not depend on how a check converts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import msgspec
+
+from kvsim.core.errors import InputError
+from kvsim.options.schema import Schema, load, short_repr
+from kvsim.sweeps.cells import count_cells, expand
+from kvsim.sweeps.spec_schema import (
+    MODES,
+    GeneratedTrace,
+    option_type,
+    other_mode_only,
+    spec_struct,
+)
+from kvsim.sweeps.tier_sets import TIERS, canonical_tier_set, tier_set
+
+#: how a spec given as a mapping (``kvsim.sweep({...})``) is named in an error
+MAPPING_SOURCE = "sweep spec"
+#: the ways to size the CPU tier; cache mode needs one, no mode takes two
+_SIZES = ("cpu_chunks", "cpu_gib", "cpu_bytes")
+_SECTIONS = ("options", "grid")
+_GOT_TEXT = re.compile(r", got '(?P<text>[^'\\]*)'$")
+
+
+@dataclass
+class SweepSpec:
+    """A validated sweep: the cells are the product of traces and the grid, in order."""
+
+    traces: list[Any]
+    mode: str = "cache"
+    limit: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    name: str = "sweep"
+
+    @classmethod
+    def load(cls, spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> SweepSpec:
+        """A spec from a YAML file, a mapping, or a :class:`SweepSpec` built by hand (checked
+        too); any error is one line naming the file (or ``sweep spec``), the key and the
+        value."""
+        if isinstance(spec, SweepSpec):
+            return cls.from_mapping(dataclasses.asdict(spec))
+        if isinstance(spec, (str, os.PathLike)):
+            path = os.fspath(spec)
+            return cls.from_mapping(_read_yaml(path), source=path)
+        return cls.from_mapping(spec)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = MAPPING_SOURCE) -> SweepSpec:
+        """The spec checked whole: a bad key or value anywhere is one error naming it.
+
+        Args:
+            data: the spec's keys (see the module doc); not changed.
+            source: what an error names first (the spec file's path).
+
+        Returns:
+            the spec, each trace and grid axis as a list, tier sets in their canonical form.
+        """
+        if not isinstance(data, Mapping):
+            raise InputError(f"a sweep spec is a mapping, got {short_repr(data)}", source=source)
+        data = _plain(data)
+        mode = data.get("mode", "cache")
+        struct = spec_struct(mode if mode in MODES else "cache")
+        _check_option_keys(data, str(mode), source)
+        _load(struct, data, source)
+        options = dict(data.get("options", {}))
+        grid = {k: v if isinstance(v, list) else [v] for k, v in data.get("grid", {}).items()}
+        traces = data["traces"] if isinstance(data["traces"], list) else [data["traces"]]
+        for where, value in _values(options, grid):
+            _check_finite(value, where, source)
+        for i, trace in enumerate(traces):
+            if isinstance(trace, Mapping):
+                _check_generator(trace, f"traces[{i}]", source)
+        _check_rules(mode, options, grid, source)
+        if TIERS in options:
+            options[TIERS] = canonical_tier_set(options[TIERS])
+        if TIERS in grid:
+            grid[TIERS] = [canonical_tier_set(v) for v in grid[TIERS]]
+        return cls(
+            traces=list(traces),
+            mode=mode,
+            limit=data.get("limit"),
+            options=options,
+            grid=grid,
+            name=str(data.get("name", "sweep")),
+        )
+
+    @property
+    def n_cells(self) -> int:
+        """How many cells the sweep has, counted without building them."""
+        return count_cells(self.traces, self.grid)
+
+    def iter_cells(self) -> Iterator[dict[str, Any]]:
+        """Every cell's configuration, built one at a time: traces outermost, grid axes in
+        spec order (the last one fastest)."""
+        return expand(self.traces, self.mode, self.limit, self.options, self.grid)
+
+    def cells(self) -> list[dict[str, Any]]:
+        """:meth:`iter_cells` as a list."""
+        return list(self.iter_cells())
+
+
+def check_value(name: str, value: Any, where: str) -> None:
+    """Raise a one-line :class:`InputError` naming ``where`` (``--cpu-gib``) unless ``value``
+    suits option ``name``: checked before any cell runs, so ``cpu_gib: "64"`` never reaches
+    arithmetic."""
+    if name == TIERS:
+        tier_set(value, where)
+        return
+    try:
+        load(_one_option(name), {name: value}, source=None, names=lambda _: where)
+    except InputError as e:
+        raise InputError(_with_hint(str(e))) from None
+    _check_finite(value, where, None)
+
+
+@functools.cache
+def _one_option(name: str) -> type[Schema]:
+    fields = [(name, option_type(name))]
+    return cast(type[Schema], msgspec.defstruct(f"Option_{name}", fields, bases=(Schema,)))
+
+
+def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with an empty section (``options:`` with nothing under it) left out and
+    paths given as ``os.PathLike`` as text, as a YAML file would give them."""
+
+    def text(v: Any) -> Any:
+        return os.fspath(v) if isinstance(v, os.PathLike) else v
+
+    out = {k: v for k, v in data.items() if not (k in _SECTIONS and v is None)}
+    if "traces" in out:
+        traces = out["traces"]
+        out["traces"] = (
+            [text(t) for t in traces] if isinstance(traces, (list, tuple)) else text(traces)
+        )
+    for section in _SECTIONS:
+        if isinstance(out.get(section), Mapping):
+            out[section] = {
+                k: [text(x) for x in v] if isinstance(v, (list, tuple)) else text(v)
+                for k, v in out[section].items()
+            }
+    return out
+
+
+def _read_yaml(path: str) -> Any:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise InputError("sweep spec not found", source=path) from None
+    except UnicodeDecodeError:
+        raise InputError("a sweep spec is YAML text, not binary", source=path) from None
+    except OSError as e:  # a folder, no permission
+        raise InputError(f"cannot read the sweep spec ({e.strerror or e})", source=path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"bad YAML ({problem})", source=path, line=line) from None
+
+
+def _load(struct: type[Schema], data: Mapping[str, Any], source: str) -> None:
+    """``data`` checked against ``struct`` (a number YAML read as text is named with the
+    number to write)."""
+    try:
+        load(struct, data, source=source)
+    except InputError as e:
+        raise InputError(_with_hint(str(e))) from None
+
+
+def _with_hint(message: str) -> str:
+    """``message`` with a hint when its bad value is a number YAML read as text (``1e3``,
+    which YAML 1.1 reads as text)."""
+    m = _GOT_TEXT.search(message)
+    if m is None:
+        return message
+    try:
+        x = float(m.group("text"))
+    except ValueError:
+        return message
+    if not math.isfinite(x):
+        return message
+    plain = str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
+    return f"{message} (YAML read it as text: write a plain number such as {plain})"
+
+
+def _check_option_keys(data: Mapping[str, Any], mode: str, source: str) -> None:
+    """Two keys that deserve more than 'unknown key': ``secondary_tiers`` (a sweep names
+    tier sets ``tiers``) and an option of the other mode."""
+    for section in _SECTIONS:
+        keys = data.get(section)
+        if not isinstance(keys, Mapping):
+            continue  # the structure check names it
+        for key in keys:
+            where = f"{section}.{key}"
+            if key == "secondary_tiers":
+                raise InputError(
+                    f"{where}: a sweep takes secondary tiers as {TIERS!r}, one tier set per "
+                    "value (none, fs:capacity=2TiB+obj, or a list of vLLM tier objects)",
+                    source=source,
+                )
+            if mode in MODES and key in other_mode_only(mode):
+                other = "timed" if mode == "cache" else "cache"
+                raise InputError(
+                    f"{where}: an option of {other} mode, not of this {mode}-mode sweep, "
+                    f"got {short_repr(keys[key])}",
+                    source=source,
+                )
+
+
+def _values(options: dict[str, Any], grid: dict[str, list[Any]]) -> Iterator[tuple[str, Any]]:
+    for name, value in options.items():
+        yield f"options.{name}", value
+    for name, values in grid.items():
+        for i, value in enumerate(values):
+            yield f"grid.{name}[{i}]", value
+
+
+def _check_finite(value: Any, where: str, source: str | None) -> None:
+    """A number in a spec is finite (YAML's ``.inf`` and ``.nan`` are numbers to msgspec)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{where}: must be a finite number, got {value!r}", source=source)
+
+
+def _check_generator(trace: Mapping[str, Any], where: str, source: str) -> None:
+    """A generated trace's kind and knobs, checked by the generator itself (asked for no
+    requests), so a typo fails here and not in every cell of the trace."""
+    from kvsim.traces.synthetic import generate
+
+    knobs = {k: v for k, v in trace.items() if k not in GeneratedTrace.__struct_fields__}
+    try:
+        generate(trace["kind"], 0, trace.get("seed", 0), **knobs)
+    except InputError as e:
+        raise InputError(f"{where}: {e}", source=source) from None
+
+
+def _check_rules(
+    mode: str, options: dict[str, Any], grid: dict[str, list[Any]], source: str
+) -> None:
+    """The rules between keys: an option is fixed or swept, not both; one CPU tier size,
+    and in cache mode at least one; each tier set readable."""
+    clash = sorted(set(options) & set(grid))
+    if clash:
+        raise InputError(f"option(s) both fixed and swept: {', '.join(clash)}", source=source)
+    given = set(options) | set(grid)
+    sizes = [s for s in _SIZES if s in given]
+    if len(sizes) > 1:
+        raise InputError(f"give only one CPU tier size, got {' and '.join(sizes)}", source=source)
+    if mode == "cache" and not sizes and "vllm_config" not in given:
+        raise InputError(
+            "no CPU tier size: cache mode needs cpu_chunks or cpu_gib (or vllm_config) "
+            "in options or grid",
+            source=source,
+        )
+    try:
+        if TIERS in options:
+            tier_set(options[TIERS], f"options.{TIERS}")
+        for i, value in enumerate(grid.get(TIERS, [])):
+            tier_set(value, f"grid.{TIERS}[{i}]")
+    except InputError as e:
+        raise InputError(str(e), source=source) from None

@@ -1,0 +1,185 @@
+"""What reads a trace in batches downstream: ``--requests-csv`` rows byte for byte as the
+``csv`` module writes them, batches in order, Parquet equal to the CSV; and sweep cells that
+share one parse (and one timed baseline per engine configuration) of their trace."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from support import SAMPLE, copy_to, expect_overload, has_files, run_main, trace_cache_folder
+
+import kvsim
+from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
+from kvsim.traces import open_trace
+
+
+def _old_requests_csv(requests: list, cfg: dict, path: Path) -> None:
+    """How ``replay(requests_csv=...)`` wrote its CSV before: ``csv.writer``, row by row."""
+    config = kvsim.api.make_options(**cfg).resolve(512)
+    assert config.as_dict() == kvsim.replay(requests, per_request=False, **cfg).config
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(REQUEST_COLUMNS)
+        CacheReplay(config).run(requests, writer.writerow)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"cpu_chunks": 60},
+        {"cpu_chunks": 3, "gpu_blocks": 40, "store_threshold": 2, "policy": "arc"},
+    ],
+)
+def test_requests_csv_is_byte_for_byte_the_csv_modules(tmp_path, cfg):
+    requests = list(open_trace(SAMPLE))
+    old = tmp_path / "old.csv"
+    _old_requests_csv(requests, cfg, old)
+    new = tmp_path / "new.csv"
+    kvsim.replay(SAMPLE, requests_csv=new, **cfg)
+    assert new.read_bytes() == old.read_bytes()
+    assert old.read_bytes().startswith(
+        b"request,arrival_s,prompt_tokens,prompt_blocks,gpu_hit_blocks,cpu_hit_blocks,"
+        b"stored_blocks,evicted_blocks,skipped_blocks,store_failed\r\n0,0.0,"
+    )
+
+
+def test_requests_csv_from_a_list_trace_matches_too(tmp_path):
+    """Requests in memory (ints where floats are expected too) format as csv would."""
+    reqs = [kvsim.Request(0, 0, 1100, 7, (4, 5, 6)), kvsim.Request(1, 2.5, 1100, 7, (4, 5, 6))]
+    old = tmp_path / "old.csv"
+    _old_requests_csv(reqs, {"cpu_chunks": 4}, old)
+    new = tmp_path / "new.csv"
+    kvsim.replay(reqs, requests_csv=new, cpu_chunks=4, block_tokens=512)
+    assert new.read_bytes() == old.read_bytes()
+
+
+def test_batches_reach_the_sink_in_order(tmp_path):
+    config = kvsim.api.make_options(cpu_chunks=60).resolve(512)
+    rows: list = []
+    batches: list = []
+    CacheReplay(config).run(open_trace(SAMPLE), rows.append, batch_sink=batches.append)
+    assert [r for b in batches for r in b] == rows and len(rows) == 200
+
+
+def test_replay_out_writes_parquet_with_the_csv_rows(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = run_main(["replay", SAMPLE, "--cpu-chunks", "40", "--out", out], capsys)
+    assert code == 0, err
+    code, _, err = run_main(
+        ["replay", SAMPLE, "--cpu-chunks", "40", "--requests-csv", tmp_path / "r.csv"], capsys
+    )
+    assert code == 0, err
+    table = pd.read_parquet(out / "requests.parquet")
+    from_csv = pd.read_csv(tmp_path / "r.csv")
+    assert list(table.columns) == list(REQUEST_COLUMNS) and len(table) == 200
+    pd.testing.assert_frame_equal(table, from_csv, check_dtype=False)
+    assert (out / "summary.json").exists() and (out / ".kvsim-run.json").exists()
+    code, _, err = run_main(
+        [
+            "replay",
+            SAMPLE,
+            "--cpu-chunks",
+            "40",
+            "--out",
+            out,
+            "--requests-csv",
+            tmp_path / "x.csv",
+        ],
+        capsys,
+    )
+    assert code == 2 and "--out" in err and err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def test_sweep_cells_share_one_parse_of_their_trace(tmp_path, parses, monkeypatch):
+    from kvsim.sweeps import sweep
+    from kvsim.traces import synthetic
+
+    path = copy_to(SAMPLE, tmp_path)
+    generated: list[int] = []
+    real = synthetic.WorkloadSpec.requests
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        generated.append(1)
+        return real(self)
+
+    monkeypatch.setattr(synthetic.WorkloadSpec, "requests", counted)
+    spec = {
+        "traces": [path, {"kind": "chat", "n_requests": 60, "seed": 3}],
+        "grid": {"policy": ["lru", "arc"], "cpu_chunks": [20, 80]},
+    }
+    df = sweep(spec, executor="serial")
+    assert (df["status"] == "ok").all() and len(df) == 8
+    assert parses == [path] and len(generated) == 1
+
+
+def test_sweep_workers_follow_the_cache_options(tmp_path, capsys):
+    path = copy_to(SAMPLE, tmp_path)
+    args = ["sweep", "--trace", path, "--cpu-chunks", "10,20", "--executor", "local"]
+    args += ["--workers", "2", "--no-progress"]
+    code, _, err = run_main([*args, "--out", tmp_path / "a", "--no-cache"], capsys)
+    assert code == 0, err
+    assert not has_files(trace_cache_folder())
+    where = tmp_path / "tc"
+    code, _, err = run_main([*args, "--out", tmp_path / "b", "--trace-cache", where], capsys)
+    assert code == 0, err
+    assert len(list(where.glob("*.columns"))) == 1 and not has_files(trace_cache_folder())
+
+
+def _timed_spec(trace: str) -> dict:
+    return {
+        "mode": "timed",
+        "traces": [trace],
+        "limit": 16,
+        "options": {"baseline": True, "time_scale": 20.0, "record_steps": False},
+        "grid": {"max_num_seqs": [8, 16], "policy": ["lru", "arc"], "cpu_chunks": [20, 80]},
+    }
+
+
+@expect_overload
+def test_sweep_runs_a_timed_baseline_once_per_engine_configuration(tmp_path, monkeypatch):
+    from kvsim.engine import setup as engine_module  # where simulate builds its engines
+    from kvsim.sweeps import SweepSpec, run_cell, sweep
+
+    path = copy_to(SAMPLE, tmp_path)
+    runs: list[bool] = []
+    real = engine_module.Engine
+
+    class Counted(real):  # type: ignore[misc,valid-type]
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            runs.append(kwargs.get("offload", True))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "Engine", Counted)
+    spec = _timed_spec(path)
+    df = sweep(spec, executor="serial")
+    assert (df["status"] == "ok").all(), df["error"].tolist()
+    assert len(df) == 8 and runs.count(False) == 2  # one per max_num_seqs, not one per cell
+    assert runs.count(True) == 8
+    # each row is what the cell alone gives (its own baseline)
+    runs.clear()
+    cells = SweepSpec.from_mapping(spec).cells()
+    alone = pd.DataFrame([{"cell": i, **run_cell(c)} for i, c in enumerate(cells)])
+    assert runs.count(False) == 8
+    assert sum(c.startswith("baseline_") for c in df.columns) > 10
+    pd.testing.assert_frame_equal(
+        df.drop(columns=["elapsed_s"]), alone[df.columns].drop(columns=["elapsed_s"])
+    )
+
+
+@expect_overload
+def test_timed_sweep_with_shared_baselines_agrees_across_executors(tmp_path):
+    from kvsim.sweeps import sweep
+
+    spec = _timed_spec(copy_to(SAMPLE, tmp_path))
+    spec["grid"] = {"max_num_seqs": [8], "policy": ["lru", "arc"], "cpu_chunks": [20, 80]}
+    serial = sweep(spec, executor="serial").drop(columns=["elapsed_s"])
+    pool = sweep(spec, executor="local", workers=2).drop(columns=["elapsed_s"])
+    pd.testing.assert_frame_equal(serial, pool)
+    assert "KVSIM_SWEEP_BASELINES" not in os.environ
