@@ -220,24 +220,13 @@ def _timed(
     csv_path: str | None,
 ) -> None:
     from kvsim.cachemode.bench import use_vllm
-    from kvsim.engine.bench import TwinKnobs, bench_timed
+    from kvsim.engine.bench import bench_trace
 
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    policy = names[0] if names else "lru"
-    tr = as_trace(trace, limit=limit or 400)
-    requests = list(tr)
-    knobs = TwinKnobs(
-        block_tokens=tr.block_tokens,
-        gpu_blocks=gpu_blocks,
-        cpu_chunks=cpu_chunks,
-        policy=policy,
-        async_scheduling=True,
+    policy = next((p.strip() for p in policies.split(",") if p.strip()), "lru")
+    head, table = bench_trace(
+        trace, limit or 400, gpu_blocks, cpu_chunks, policy, repeat, use_vllm(with_vllm)
     )
-    table = bench_timed(requests, knobs, repeat=repeat, with_vllm=use_vllm(with_vllm))
-    click.echo(
-        f"trace {trace}: {len(requests):,} requests, {gpu_blocks:,} GPU blocks, "
-        f"{cpu_chunks:,} CPU chunks, policy {policy} (CPU seconds)"
-    )
+    click.echo(head)
     click.echo(table.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
     if csv_path:
         with atomic_write(csv_path, newline="") as f:

@@ -30,7 +30,7 @@ from kvsim.engine.transfer_model import constant_link
 from kvsim.options.offload import CacheConfig
 from kvsim.specs.hardware import get_gpu
 from kvsim.specs.models import get_model
-from kvsim.traces import Request, Trace
+from kvsim.traces import Request, Trace, as_trace
 
 MODEL = "llama-3.1-8b"
 KV_BYTES_PER_TOKEN = get_model(MODEL).kv_bytes_per_token()  # what both sides move per token
@@ -170,3 +170,31 @@ def _row(engine: str, seconds: float, steps: int, requests: int) -> dict[str, An
         "steps_per_s": steps / seconds if seconds else math.inf,
         "requests_per_s": requests / seconds if seconds else math.inf,
     }
+
+
+def bench_trace(
+    trace: str,
+    limit: int,
+    gpu_blocks: int,
+    cpu_chunks: int,
+    policy: str,
+    repeat: int,
+    with_vllm: bool,
+) -> tuple[str, pd.DataFrame]:
+    """``kvsim bench --timed``: the first ``limit`` requests of ``trace`` on both engines
+    (async scheduling, vLLM's default); a header line and :func:`bench_timed`'s table."""
+    tr = as_trace(trace, limit=limit)
+    requests = list(tr)
+    knobs = TwinKnobs(
+        block_tokens=tr.block_tokens,
+        gpu_blocks=gpu_blocks,
+        cpu_chunks=cpu_chunks,
+        policy=policy,
+        async_scheduling=True,
+    )
+    table = bench_timed(requests, knobs, repeat=repeat, with_vllm=with_vllm)
+    head = (
+        f"trace {trace}: {len(requests):,} requests, {gpu_blocks:,} GPU blocks, "
+        f"{cpu_chunks:,} CPU chunks, policy {policy} (CPU seconds)"
+    )
+    return head, table

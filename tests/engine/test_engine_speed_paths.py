@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import SAMPLE
+from support import SAMPLE, run_main
 
 from kvsim.engine import recorder as recorder_module
 from kvsim.engine.bench import TwinKnobs, bench_timed, twin_engine
@@ -68,3 +68,14 @@ def test_bench_timed_without_vllm() -> None:
     assert table["steps"].iloc[0] == engine.steps
     assert 0 < engine.computing_steps <= engine.steps
     assert engine.computing_steps == int((engine.recorder.step_table()["num_seqs"] > 0).sum())
+
+
+def test_bench_timed_command(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "bench.csv"
+    code, stdout, _ = run_main(
+        ["bench", SAMPLE, "--timed", "--limit", "10", "--repeat", "1", "--no-vllm", "--csv", out],
+        capsys,
+    )
+    assert code == 0, stdout
+    assert "10 requests" in stdout and "kvsim" in stdout
+    assert out.read_text().splitlines()[0].startswith("engine,seconds,steps")
