@@ -12,18 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvsim.engine.compute_model import LinearCompute
+from kvsim.engine.bench import KV_BYTES_PER_TOKEN, TwinKnobs, twin_engine
 from kvsim.engine.engine import Engine
-from kvsim.engine.params import EngineParams
-from kvsim.engine.transfer_model import constant_link
 from kvsim.engine.transfer_protocol import STORE
-from kvsim.options.offload import CacheConfig
-from kvsim.specs.hardware import get_gpu
-from kvsim.specs.models import get_model
 from kvsim.traces import Request, Trace
 
-MODEL = "llama-3.1-8b"
-KV_BYTES_PER_TOKEN = get_model(MODEL).kv_bytes_per_token()  # what both sides move per token
+__all__ = ["KV_BYTES_PER_TOKEN", "TwinRun", "run_kvsim_engine", "transfer_rows"]
 
 
 @dataclass
@@ -64,34 +58,24 @@ def run_kvsim_engine(
     async_scheduling: bool = False,
 ) -> TwinRun:
     """Run ``requests`` through kvsim's Engine with the harness's knobs, recording each step."""
-    config = CacheConfig(
-        num_chunks=cpu_chunks or 1,
+    knobs = TwinKnobs(
         block_tokens=block_tokens,
-        chunk_tokens=chunk_tokens or block_tokens,
-        policy=policy,
-        store_threshold=store_threshold,
-        model=MODEL,
-    )
-    params = EngineParams(
         gpu_blocks=gpu_blocks,
         gpu_block_tokens=gpu_block_tokens,
+        chunk_tokens=chunk_tokens,
+        cpu_chunks=cpu_chunks,
+        policy=policy,
+        store_threshold=store_threshold,
+        step_s=step_s,
+        per_token_s=per_token_s,
+        h2d_bytes_per_s=h2d_bytes_per_s,
+        d2h_bytes_per_s=d2h_bytes_per_s,
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         long_prefill_token_threshold=long_prefill_token_threshold,
         async_scheduling=async_scheduling,
     )
-    link = constant_link(
-        {"kind": "constant", "h2d_bytes_per_s": h2d_bytes_per_s, "d2h_bytes_per_s": d2h_bytes_per_s}
-    )
-    engine = Engine(
-        config,
-        params,
-        model=get_model(MODEL),
-        gpu=get_gpu("h200"),
-        compute=LinearCompute(step_s, per_token_s),
-        transfer=link,
-        offload=cpu_chunks is not None,
-    )
+    engine = twin_engine(knobs)
     run = TwinRun(engine=engine)
     scheduler = engine.scheduler
     schedule = scheduler.schedule

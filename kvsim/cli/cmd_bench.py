@@ -50,6 +50,21 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
     "command) instead of the policies, against vLLM's manager loop when importable.",
 )
 @click.option(
+    "--timed",
+    is_flag=True,
+    help="Time timed mode (kvsim simulate's engine) instead, against vLLM 0.33's own "
+    "Scheduler + KVCacheManager + OffloadingConnector driven on CPU with a trivial forward "
+    "(when importable), on the same requests and knobs, decisions checked; --limit "
+    "defaults to 400 requests, the GPU to --gpu-blocks.",
+)
+@click.option(
+    "--gpu-blocks",
+    type=click.IntRange(min=1),
+    default=8192,
+    show_default=True,
+    help="With --timed: GPU KV capacity in 16-token blocks.",
+)
+@click.option(
     "--miniature-error",
     "miniature_rate",
     type=click.FloatRange(min=0, min_open=True, max=1),
@@ -96,6 +111,8 @@ def bench_command(
     limit: int | None,
     with_vllm: bool | None,
     stages: bool,
+    timed: bool,
+    gpu_blocks: int,
     miniature_rate: float | None,
     min_chunks: int | None,
     min_keys: int | None,
@@ -115,6 +132,9 @@ def bench_command(
         _miniature_error(
             trace, policies, miniature_rate, limit, csv_path, (min_chunks, min_keys), seeds
         )
+        return
+    if timed:
+        _timed(trace, cpu_chunks, policies, repeat, limit, with_vllm, gpu_blocks, csv_path)
         return
     if stages:
         _stages(trace, cpu_chunks, policies, repeat, limit, with_vllm, csv_path)
@@ -184,6 +204,30 @@ def _stages(
     shown["seconds"] = shown["seconds"].map(lambda v: f"{v:.3f}")
     click.echo(f"trace {trace}")
     click.echo(shown.to_string(index=False))
+    if csv_path:
+        with atomic_write(csv_path, newline="") as f:
+            table.to_csv(f, index=False)
+
+
+def _timed(
+    trace: str,
+    cpu_chunks: int,
+    policies: str,
+    repeat: int,
+    limit: int | None,
+    with_vllm: bool | None,
+    gpu_blocks: int,
+    csv_path: str | None,
+) -> None:
+    from kvsim.cachemode.bench import use_vllm
+    from kvsim.engine.bench import bench_trace
+
+    policy = next((p.strip() for p in policies.split(",") if p.strip()), "lru")
+    head, table = bench_trace(
+        trace, limit or 400, gpu_blocks, cpu_chunks, policy, repeat, use_vllm(with_vllm)
+    )
+    click.echo(head)
+    click.echo(table.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
     if csv_path:
         with atomic_write(csv_path, newline="") as f:
             table.to_csv(f, index=False)

@@ -221,6 +221,7 @@ class OffloadConnector:
         for req in finished:
             self._offer(req, max(req.prompt, req.num_tokens - 1))
             self.manager.on_request_finished(req.ctx)
+            req.blocks = []  # its last offer was made: the pool holds its blocks now
         self.manager.on_schedule_end()
 
     def _offer(self, req: SimRequest, tokens_after: int) -> None:

@@ -162,6 +162,7 @@ class Engine:
         self.progress = progress
         self.events = EventQueue()
         self.steps = 0
+        self.computing_steps = 0  # steps that scheduled tokens
         self.busy_s = 0.0
         self.rescues = 0  # ordering deadlocks broken (see Scheduler.rescue)
         self._step_at: float | None = None
@@ -264,6 +265,8 @@ class Engine:
         if tiers is not None:
             tiers.advance(t0)
         batch = self.scheduler.schedule(t0, step)
+        if batch.num_seqs:
+            self.computing_steps += 1
         if tiers is not None:
             tiers.after_schedule(t0)
         stall = (

@@ -93,6 +93,7 @@ _GAUGES = (CPU_CACHE_USAGE_PERC, CPU_CACHE_WRITE_USAGE_PERC, CPU_CACHE_READ_USAG
 # a step's row as ``Recorder.step`` lays it out: the engine's values, then the CPU tier's
 _FLOAT_ROW = STEP_FLOAT[:5] + tuple(name[len("vllm:kv_offload_") :] for name in _GAUGES)
 _INT_ROW = STEP_INT + STEP_STATS
+STEP_ROWS = 4096  # steps recorded as rows before they move into the column chunks
 
 
 class Recorder:
@@ -103,10 +104,13 @@ class Recorder:
         self.requests: list[SimRequest] = []
         self.transfers: list[tuple[Any, ...]] = []
         self._submit: dict[int, float] = {}
-        # one row a step, flat (the columns are cut out at the end): extending an array by a
-        # row is one call, where a column each would be 29
+        # one row a step, flat: extending an array by a row is one call, where a column each
+        # would be 29. Every STEP_ROWS steps the rows are cut into columns (numpy chunks), so
+        # the table is held once, column by column, and becomes a DataFrame without a copy
         self._step_floats = array("d")
         self._step_ints = array("q")
+        self._float_chunks: list[list[np.ndarray]] = [[] for _ in _FLOAT_ROW]
+        self._int_chunks: list[list[np.ndarray]] = [[] for _ in _INT_ROW]
 
     def on_submit(self, job: ConnectorJob, now: float) -> None:
         self._submit[job.job_id] = now
@@ -143,6 +147,21 @@ class Recorder:
         else:
             self._step_floats.extend((0.0, 0.0, 0.0))
             self._step_ints.extend((0, 0, 0))
+        if len(self._step_ints) >= STEP_ROWS * len(_INT_ROW):
+            self._cut_step_rows()
+
+    def _cut_step_rows(self) -> None:
+        """Move the flat rows recorded so far into column chunks."""
+        for flat, dtype, chunks in (
+            (self._step_floats, np.float64, self._float_chunks),
+            (self._step_ints, np.int64, self._int_chunks),
+        ):
+            rows = np.frombuffer(flat, dtype=dtype).reshape(-1, len(chunks))
+            for i, column in enumerate(chunks):
+                column.append(rows[:, i].copy())
+            del rows
+        self._step_floats = array("d")
+        self._step_ints = array("q")
 
     # --- tables ---
 
@@ -232,14 +251,20 @@ class Recorder:
         return pd.DataFrame.from_records(self.transfers, columns=list(TRANSFER_COLUMNS))
 
     def step_table(self) -> pd.DataFrame:
-        floats = np.frombuffer(self._step_floats, dtype=np.float64).reshape(-1, len(_FLOAT_ROW))
-        ints = np.frombuffer(self._step_ints, dtype=np.int64).reshape(-1, len(_INT_ROW))
-        data: dict[str, np.ndarray] = {"step": ints[:, _INT_ROW.index("step")].copy()}
-        for c in STEP_FLOAT:
-            data[c] = floats[:, _FLOAT_ROW.index(c)].copy()
-        for c in STEP_INT[1:] + STEP_STATS:
-            data[c] = ints[:, _INT_ROW.index(c)].copy()
-        return pd.DataFrame(data)
+        """One row per engine step. Built once (the recorded rows move into it, column by
+        column, so the table is never held twice); DataFrame columns are views of it."""
+        self._cut_step_rows()
+        columns: dict[str, np.ndarray] = {}
+        for names, dtype, chunks in (
+            (_FLOAT_ROW, np.float64, self._float_chunks),
+            (_INT_ROW, np.int64, self._int_chunks),
+        ):
+            for name, column in zip(names, chunks):
+                joined = column[0] if len(column) == 1 else np.concatenate(column, dtype=dtype)
+                column[:] = [joined]  # the chunks go as they are joined
+                columns[name] = joined
+        order = ("step", *STEP_FLOAT, *STEP_INT[1:], *STEP_STATS)
+        return pd.DataFrame({name: columns[name] for name in order}, copy=False)
 
 
 def _times(gaps: array[float], first: float) -> np.ndarray:

@@ -539,11 +539,14 @@ class Scheduler:
         unit = self.unit
         pool = self.pool
         local = gpu_hit * unit
+        free = pool.num_free
+        whole = -(-req.num_tokens // unit) - gpu_hit
+        if whole > free:  # fails below whatever the hits hold (a waiting head, every step)
+            return False
         hit_keys = req.block_keys[:gpu_hit]
         evictable_hits = self._free_hit_blocks(hit_keys) if gpu_hit else 0
-        free = pool.num_free
         # vLLM scheduler_reserve_full_isl: the whole prompt must fit before any chunk is taken
-        if -(-req.num_tokens // unit) - gpu_hit + evictable_hits > free:
+        if whole + evictable_hits > free:
             return False
         need = -(-(local + ext + n) // unit) - gpu_hit
         if is_async:  # leave what admitted prefills still need (vLLM reserved_blocks)
@@ -727,6 +730,8 @@ class Scheduler:
         self._release(req)
         req.block_keys = []  # a finished request is never looked up again; its cached blocks
         # keep their keys in the pool, and the request's row needs none of them
+        if self.connector is None:  # else the connector's last offer still reads them
+            req.blocks = []
 
     @property
     def has_requests(self) -> bool:

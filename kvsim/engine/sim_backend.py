@@ -129,10 +129,12 @@ class SimulatedTransferBackend:
         duplex = self.params.duplex_factor if n_h2d and n_d2h else 1.0
         return {d: a.rate * duplex / (n_h2d if a.h2d else n_d2h) for d, a in moving}
 
-    def _next_event_time(self) -> float | None:
+    def _next_event_time(self, rates: dict[str, float] | None = None) -> float | None:
+        """The next completion or rate change; ``rates``: ``_rates`` at the current time."""
         t = self._t
         best = None
-        rates = self._rates(t)
+        if rates is None:
+            rates = self._rates(t)
         for d, a in self._active.items():
             if a is None:
                 continue
@@ -142,20 +144,23 @@ class SimulatedTransferBackend:
         return best
 
     def _advance(self, until: float) -> None:
+        if not self._busy:  # nothing queued or moving: only the time moves (most calls)
+            if until > self._t:
+                self._t = until
+            return
         # only directions with a job in flight have a rate, so the ones read below are not None
         active = cast("dict[str, _Active]", self._active)
         while True:
             t = self._t
-            nxt = self._next_event_time()
+            rates = self._rates(t)
+            nxt = self._next_event_time(rates)
             if nxt is None or nxt > until:
-                rates = self._rates(t)
                 for d, r in rates.items():
                     a = active[d]
                     a.remaining -= r * (until - t)
                 if until > t:
                     self._t = until
                 return
-            rates = self._rates(t)
             dt = nxt - t
             finished = []
             for d, r in rates.items():

@@ -14,6 +14,7 @@ the timed engine; ``num_blocks = 0`` disables it.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from itertools import islice, takewhile
 
 _FRONT_SLACK = 64  # spare slots kept before the queue's head for blocks freed to the front
 
@@ -68,18 +69,12 @@ class GpuBlockPool:
         """Number of leading ``keys`` cached (at most ``max_blocks``); no side effects."""
         if max_blocks <= 0:
             return 0
-        cached = self._cached
-        n = 0
-        for key in keys[:max_blocks] if len(keys) > max_blocks else keys:
-            if key not in cached:
-                break
-            n += 1
-        return n
+        # up to the first miss, tested in C (a waiting request is tried again every step)
+        return len(list(takewhile(self._cached.__contains__, islice(keys, max_blocks))))
 
     def count_free_cached(self, keys: Sequence[Hashable]) -> int:
         """How many of these cached blocks sit in the free queue (taking them uses free space)."""
-        cached, ref = self._cached, self._ref
-        return [ref[cached[k]] for k in keys].count(0)
+        return list(map(self._ref.__getitem__, map(self._cached.__getitem__, keys))).count(0)
 
     def acquire_cached(self, keys: Sequence[Hashable]) -> list[int]:
         """Take the cached blocks of ``keys`` (all must be cached) for a request."""

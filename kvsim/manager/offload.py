@@ -9,11 +9,9 @@ the eviction policy's business; which new chunk may enter is the admission polic
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, NamedTuple, cast
 
@@ -218,7 +216,8 @@ class OffloadManager:
             del free[-reused:]
             ids.reverse()  # pop() order
             out.extend(map(pool.__getitem__, ids))
-        deque(map(setattr, out, repeat("ref_cnt"), repeat(-1)), maxlen=0)
+        for chunk in out:
+            chunk.ref_cnt = -1
         return out
 
     # --- request access state ---
@@ -418,7 +417,9 @@ class OffloadManager:
         self._num_evictable -= len(victims)
         evicted_keys: list[ChunkKey] = list(map(_FIRST, victims))
         self._free_list.extend(map(_CHUNK_ID, map(_SECOND, victims)))
-        deque(map(self._chunks.pop, evicted_keys), maxlen=0)
+        chunks = self._chunks
+        for key in evicted_keys:
+            del chunks[key]
         self.counters.evicted_chunks += len(victims)
         if self.events is not None:
             self.events.append(OffloadingEvent(evicted_keys, removed=True))

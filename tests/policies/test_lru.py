@@ -165,5 +165,7 @@ def test_eviction_order_is_the_rank_order_under_random_requests():
                 p.evict(rng.randint(1, 3), set())
             expected = sorted(p.keys(), key=p._rank)
             assert p.eviction_order() == expected, seed
-            running = [r[0] for r in p._provisional.values()]
-            assert p._oldest_running in (None, min(running, default=None))
+            grouped = {
+                key: (n, -pos) for n, group in p._groups.items() for key, pos in group.items()
+            }
+            assert grouped == p._provisional and all(p._groups.values()), seed

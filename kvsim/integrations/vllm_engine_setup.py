@@ -1,6 +1,9 @@
-"""The pieces ``tests/vllm_engine_harness.py`` builds around vLLM 0.33's engine-side code
-(see its docstring for why each exists): the finish-order pin, the simulated clock and copy
-worker, the dummy model, the configurations and the prompts drawn from trace ids."""
+"""vLLM 0.33's objects for :mod:`kvsim.integrations.vllm_engine`, built by hand on CPU (no GPU, no
+model, no profiling): the run's records, a registered dummy model, the ``VllmConfig`` and
+``KVCacheConfig``, prompts whose prefix hashes share what the trace shares, the
+finish-order pin, and the simulated clock and copy worker. See that module's docstring for
+every convention.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +44,6 @@ from vllm.v1.kv_offload.base import (
     OffloadingWorker,
     TransferResult,
 )
-from vllm_engine_records import TransferRecord
 
 from kvsim.traces.model import Request
 
@@ -51,10 +53,90 @@ SAMPLED_TOKEN = 1  # prompt tokens are drawn from [2, _VOCAB)
 _HOST_PAGE = 4096  # CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT (mmap.PAGESIZE)
 
 
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class TransferRecord:
+    """One offloading job. Times in seconds on the simulated clock; ``-1`` until known."""
+
+    job_id: int
+    kind: str  # "load" | "store"
+    request_id: int
+    blocks: int  # GPU blocks in its GPULoadStoreSpec
+    nbytes: int
+    created_step: int  # step whose connector metadata carries the job
+    submit_step: int = -1  # step whose worker calls submitted it
+    submit_s: float = -1.0
+    start_s: float = -1.0
+    end_s: float = -1.0
+    reported_step: int = -1  # step whose get_finished poll returned it
+    expedited: bool = False
+
+
+@dataclass
+class StepRecord:
+    """One ``schedule()`` call and the worker calls of its batch."""
+
+    index: int
+    schedule_s: float  # host time of schedule()
+    start_s: float  # forward start on the GPU (host time after the flush stall when empty)
+    end_s: float  # forward end (== start_s when the step scheduled nothing)
+    scheduled: dict[int, int]  # request_id -> num_scheduled_tokens
+    preempted: tuple[int, ...]  # preempted_req_ids of this SchedulerOutput
+    load_jobs: tuple[tuple[int, int], ...]  # (job_id, GPU blocks) submitted in this step
+    store_jobs: tuple[tuple[int, int], ...]  # (job_id, GPU blocks) offered in this step
+    flushed_jobs: tuple[int, ...]  # jobs_to_flush waited on before the forward
+    stall_s: float  # host time spent waiting before the forward (flushed jobs, sync loads)
+    finished_jobs: tuple[int, ...] = ()  # job ids returned by this step's poll
+    finished_recving: tuple[int, ...] = ()  # requests whose async load was reported
+    sampled: tuple[int, ...] = ()  # requests given a sampled token by this batch
+    processed_s: float = -1.0  # host time of this batch's update_from_output
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.scheduled.values())
+
+
+@dataclass
+class RequestRecord:
+    request_id: int
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int  # max_tokens given to vLLM (>= 1)
+    rejected: bool = False
+    admitted_step: int = -1  # first admission (scheduled, or async load started)
+    gpu_hit_tokens: int = 0  # vLLM PrefillStats.num_local_cached_tokens at first admission
+    cpu_hit_tokens: int = 0  # vLLM PrefillStats.num_external_cached_tokens
+    first_token_step: int = -1
+    first_token_s: float = math.nan
+    finish_step: int = -1
+    finish_s: float = math.nan
+    preemptions: int = 0
+    generated_tokens: int = 0
+
+
+@dataclass
+class VllmRun:
+    steps: list[StepRecord]
+    requests: dict[int, RequestRecord]
+    transfers: dict[int, TransferRecord]
+    max_model_len: int
+    num_cpu_chunks: int  # 0 without offloading
+    async_scheduling: bool
+    batch_queue_size: int
+    scheduler_class: str
+    end_s: float  # host time when the run ended
+    complete: bool  # False when max_steps stopped it
+
+    def executed_steps(self) -> list[StepRecord]:
+        return [s for s in self.steps if s.num_tokens > 0]
+
+
 # --------------------------------------------------------------------------- finish order
 
 
-class _InsertionOrderedSet(set):  # type: ignore[type-arg]
+class _InsertionOrderedSet(set):
     """A set that iterates in insertion order (it is still a ``set`` for every other use)."""
 
     def __init__(self, items: Any = ()) -> None:
@@ -101,89 +183,6 @@ def finish_order_pinned(cls: type) -> type:
         self.__dict__["finished_req_ids"] = _InsertionOrderedSet(value)
 
     return type(cls.__name__ + "FinishOrdered", (cls,), {"finished_req_ids": property(get, put)})
-
-
-# --------------------------------------------------------------------------- clock + worker
-
-
-@dataclass
-class SimClock:
-    now: float = 0.0
-    compute_tail: float = -math.inf  # end of the last forward launched
-    step: int = -1  # index of the step whose worker calls are running
-
-
-class SimTransferWorker(OffloadingWorker):
-    """vLLM's ``OffloadingWorker`` interface on the simulated clock (see the module docstring
-    for the timing rules). Three FIFOs: ``store`` (GPU->CPU), ``load`` and ``expedited``
-    (CPU->GPU)."""
-
-    def __init__(
-        self,
-        clock: SimClock,
-        transfers: dict[int, TransferRecord],
-        h2d_bytes_per_s: float,
-        d2h_bytes_per_s: float,
-    ) -> None:
-        self.clock = clock
-        self.transfers = transfers
-        self.rates = {
-            "store": d2h_bytes_per_s,
-            "load": h2d_bytes_per_s,
-            "expedited": h2d_bytes_per_s,
-        }
-        self.fifo_free = dict.fromkeys(self.rates, -math.inf)
-        self.in_flight: dict[str, deque[TransferRecord]] = {q: deque() for q in self.rates}
-
-    def _submit(self, job_id: int, queue: str, blocks: int) -> bool:
-        clock = self.clock
-        rec = self.transfers[job_id]
-        assert rec.blocks == blocks, (job_id, rec.blocks, blocks)
-        start = max(clock.now, clock.compute_tail, self.fifo_free[queue])
-        rec.submit_step = clock.step
-        rec.submit_s = clock.now
-        rec.start_s = start
-        rec.end_s = start + rec.nbytes / self.rates[queue]
-        rec.expedited = queue == "expedited"
-        self.fifo_free[queue] = rec.end_s
-        self.in_flight[queue].append(rec)
-        return True
-
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
-        return self._submit(job_id, "store", len(src_spec.block_ids))
-
-    def submit_load(
-        self,
-        job_id: int,
-        src_spec: LoadStoreSpec,
-        dst_spec: GPULoadStoreSpec,
-        expedited: bool = False,
-    ) -> bool:
-        return self._submit(job_id, "expedited" if expedited else "load", len(dst_spec.block_ids))
-
-    def get_finished(self) -> list[TransferResult]:
-        now = self.clock.now
-        out: list[TransferResult] = []
-        for q in ("store", "load", "expedited"):
-            jobs = self.in_flight[q]
-            while jobs and jobs[0].end_s <= now:
-                rec = jobs.popleft()
-                rec.reported_step = self.clock.step
-                out.append(TransferResult(rec.job_id, True, rec.nbytes, rec.end_s - rec.start_s))
-        return out
-
-    def wait(self, job_ids: set[int]) -> None:
-        ends = [self.transfers[j].end_s for j in job_ids if j in self.transfers]
-        assert all(e >= 0 for e in ends), "waiting for a job that was never submitted"
-        if ends:
-            self.clock.now = max(self.clock.now, *ends)
-
-    def next_completion(self) -> float:
-        now = self.clock.now
-        ends = [q[0].end_s for q in self.in_flight.values() if q and q[0].end_s > now]
-        return min(ends, default=math.inf)
 
 
 # --------------------------------------------------------------------------- vLLM objects
@@ -352,3 +351,86 @@ def prompt_tokens(
     if tail:
         parts.append(_draw([2, req.request_id], tail))
     return np.concatenate(parts).tolist() if parts else []
+
+
+# --------------------------------------------------------------------------- clock + worker
+
+
+@dataclass
+class SimClock:
+    now: float = 0.0
+    compute_tail: float = -math.inf  # end of the last forward launched
+    step: int = -1  # index of the step whose worker calls are running
+
+
+class SimTransferWorker(OffloadingWorker):
+    """vLLM's ``OffloadingWorker`` interface on the simulated clock (see the module docstring
+    for the timing rules). Three FIFOs: ``store`` (GPU->CPU), ``load`` and ``expedited``
+    (CPU->GPU)."""
+
+    def __init__(
+        self,
+        clock: SimClock,
+        transfers: dict[int, TransferRecord],
+        h2d_bytes_per_s: float,
+        d2h_bytes_per_s: float,
+    ) -> None:
+        self.clock = clock
+        self.transfers = transfers
+        self.rates = {
+            "store": d2h_bytes_per_s,
+            "load": h2d_bytes_per_s,
+            "expedited": h2d_bytes_per_s,
+        }
+        self.fifo_free = dict.fromkeys(self.rates, -math.inf)
+        self.in_flight: dict[str, deque[TransferRecord]] = {q: deque() for q in self.rates}
+
+    def _submit(self, job_id: int, queue: str, blocks: int) -> bool:
+        clock = self.clock
+        rec = self.transfers[job_id]
+        assert rec.blocks == blocks, (job_id, rec.blocks, blocks)
+        start = max(clock.now, clock.compute_tail, self.fifo_free[queue])
+        rec.submit_step = clock.step
+        rec.submit_s = clock.now
+        rec.start_s = start
+        rec.end_s = start + rec.nbytes / self.rates[queue]
+        rec.expedited = queue == "expedited"
+        self.fifo_free[queue] = rec.end_s
+        self.in_flight[queue].append(rec)
+        return True
+
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
+    ) -> bool:
+        return self._submit(job_id, "store", len(src_spec.block_ids))
+
+    def submit_load(
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,
+    ) -> bool:
+        return self._submit(job_id, "expedited" if expedited else "load", len(dst_spec.block_ids))
+
+    def get_finished(self) -> list[TransferResult]:
+        now = self.clock.now
+        out: list[TransferResult] = []
+        for q in ("store", "load", "expedited"):
+            jobs = self.in_flight[q]
+            while jobs and jobs[0].end_s <= now:
+                rec = jobs.popleft()
+                rec.reported_step = self.clock.step
+                out.append(TransferResult(rec.job_id, True, rec.nbytes, rec.end_s - rec.start_s))
+        return out
+
+    def wait(self, job_ids: set[int]) -> None:
+        ends = [self.transfers[j].end_s for j in job_ids if j in self.transfers]
+        assert all(e >= 0 for e in ends), "waiting for a job that was never submitted"
+        if ends:
+            self.clock.now = max(self.clock.now, *ends)
+
+    def next_completion(self) -> float:
+        now = self.clock.now
+        ends = [q[0].end_s for q in self.in_flight.values() if q and q[0].end_s > now]
+        return min(ends, default=math.inf)

@@ -1,0 +1,81 @@
+"""What the timed-mode speed work changed, checked against the plain path: the steps table
+cut into column chunks equals one built row by row, a finished request lets go of its GPU
+block list, and ``kvsim bench --timed`` runs (its comparison with vLLM is in
+tests/vllm/test_vllm_engine_bench.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support import SAMPLE, run_main
+
+from kvsim.engine import recorder as recorder_module
+from kvsim.engine.bench import TwinKnobs, bench_timed, twin_engine
+from kvsim.engine.request_state import REJECTED
+from kvsim.traces import Trace, as_trace
+
+
+def _run(limit: int, **knobs: object):  # type: ignore[no-untyped-def]
+    tr = as_trace(SAMPLE, limit=limit)
+    engine = twin_engine(
+        TwinKnobs(block_tokens=tr.block_tokens, gpu_blocks=2000, cpu_chunks=200, **knobs)  # type: ignore[arg-type]
+    )
+    return engine.run(Trace.from_requests(list(tr), tr.block_tokens))
+
+
+def test_step_table_in_column_chunks_equals_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows move into column chunks every STEP_ROWS steps; with chunks of 7 rows (many cuts,
+    a partial last one) the table equals the one a single chunk gives, column for column."""
+    whole = _run(40).recorder.step_table()
+    monkeypatch.setattr(recorder_module, "STEP_ROWS", 7)
+    cut = _run(40).recorder
+    table = cut.step_table()
+    assert len(whole) > 7 * 3 and len(cut._float_chunks[0]) == 1  # joined once asked for
+    assert list(table.columns) == list(whole.columns)
+    for name in whole.columns:
+        np.testing.assert_array_equal(table[name].to_numpy(), whole[name].to_numpy(), name)
+        assert table[name].dtype == whole[name].dtype
+    assert table.equals(cut.step_table())  # asked again: the same table
+
+
+def test_step_table_of_a_run_without_steps() -> None:
+    engine = twin_engine(TwinKnobs(block_tokens=16, gpu_blocks=100))
+    table = engine.run(Trace.from_requests([], 16)).recorder.step_table()
+    assert len(table) == 0 and table["step"].dtype == np.int64
+    assert table["start_s"].dtype == np.float64
+
+
+@pytest.mark.parametrize("cpu_chunks", [None, 200])
+def test_a_finished_request_lets_go_of_its_blocks(cpu_chunks: int | None) -> None:
+    """A finished request keeps no GPU block list (the pool holds the blocks; with a
+    connector, once its last offer is made), so memory does not grow with finished
+    requests; every block is free at the end."""
+    tr = as_trace(SAMPLE, limit=30)
+    knobs = TwinKnobs(block_tokens=tr.block_tokens, gpu_blocks=2000, cpu_chunks=cpu_chunks)
+    engine = twin_engine(knobs).run(Trace.from_requests(list(tr), tr.block_tokens))
+    finished = [r for r in engine.recorder.requests if r.status != REJECTED]
+    assert len(finished) > 20 and all(r.finish is not None for r in finished)
+    assert all(r.blocks == [] and r.block_keys == [] for r in finished)
+    assert engine.pool.num_free == engine.pool.num_blocks
+
+
+def test_bench_timed_without_vllm() -> None:
+    tr = as_trace(SAMPLE, limit=20)
+    knobs = TwinKnobs(block_tokens=tr.block_tokens, gpu_blocks=2000, cpu_chunks=200)
+    table = bench_timed(list(tr), knobs, repeat=1, with_vllm=False)
+    assert list(table["engine"]) == ["kvsim"]
+    engine = twin_engine(knobs).run(Trace.from_requests(list(tr), tr.block_tokens))
+    assert table["steps"].iloc[0] == engine.steps
+    assert 0 < engine.computing_steps <= engine.steps
+    assert engine.computing_steps == int((engine.recorder.step_table()["num_seqs"] > 0).sum())
+
+
+def test_bench_timed_command(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "bench.csv"
+    code, stdout, _ = run_main(
+        ["bench", SAMPLE, "--timed", "--limit", "10", "--repeat", "1", "--no-vllm", "--csv", out],
+        capsys,
+    )
+    assert code == 0, stdout
+    assert "10 requests" in stdout and "kvsim" in stdout
+    assert out.read_text().splitlines()[0].startswith("engine,seconds,steps")
