@@ -199,7 +199,7 @@ def _axes_labels(ax: Axes, df: pd.DataFrame, x: str, y: str, log_x: bool | None)
             line
             for line in ax.get_lines()
             if line.get_transform().contains_branch_seperately(ax.transData)[1]
-            and len(line.get_ydata())  # legend-only proxies carry no data
+            and np.asarray(line.get_ydata()).size  # legend-only proxies carry no data
         ]
         top = max(float(np.nanmax(np.asarray(line.get_ydata(), float))) for line in in_data)
         ax.set_ylim(0, max(1e-3, top * 1.1))

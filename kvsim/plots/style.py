@@ -159,9 +159,9 @@ def style_axes(ax: Axes, p: Preset) -> None:
         ax.spines[side].set_visible(False)
     for spine in ax.spines.values():
         spine.set_linewidth(0.6)
-    ax.xaxis.label.set_size(p.font_pt)
-    ax.yaxis.label.set_size(p.font_pt)
-    ax.title.set_size(p.font_pt)
+    ax.xaxis.label.set_fontsize(p.font_pt)
+    ax.yaxis.label.set_fontsize(p.font_pt)
+    ax.title.set_fontsize(p.font_pt)
 
 
 def finish(axes: Sequence[Axes], p: Preset) -> Figure:
