@@ -11,12 +11,13 @@ import functools
 import gzip
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.cachemode.driver import write_requests_csv
-from kvsim.core.errors import InputError, did_you_mean
+from kvsim.core.errors import InputError, InputWarning, did_you_mean
 from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
 from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
 from kvsim.options.vllm import (
@@ -288,10 +289,30 @@ def _replay(
         tables["requests"] = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
     else:
         summary = replay.run(tr, progress=progress)
+    _note_failed_stores(summary, config)
     return Result(
         summary={"trace": str(tr.path), **summary, **config.capacity_summary()},
         tables=tables,
         config=config.as_dict(),
+    )
+
+
+def _note_failed_stores(summary: Mapping[str, Any], config: CacheConfig) -> None:
+    """Warn when stores failed for want of room and chunked prefill is off: vLLM stores a
+    step's chunks all or nothing, so a tier smaller than one whole prompt fails silently
+    otherwise, while vLLM's own chunked prefill would store such a prompt step by step."""
+    failures = int(summary.get("allocation_failures") or 0)
+    if not failures or config.prefill_chunk_tokens is not None:
+        return
+    warnings.warn(
+        f"{failures:,} of {int(summary.get('requests') or 0):,} requests could not store "
+        f"their chunks: the CPU tier ({config.num_chunks:,} chunks of {config.chunk_tokens} "
+        "tokens) is smaller than what one whole prompt stores at once (vLLM stores a step's "
+        "chunks all or nothing); vLLM's chunked prefill stores a long prompt over several "
+        "steps: --prefill-chunk-tokens 8192 (prefill_chunk_tokens, vLLM's default "
+        "max_num_batched_tokens) models it",
+        InputWarning,
+        stacklevel=3,
     )
 
 
@@ -506,6 +527,12 @@ def simulate(
     bench = BenchSettings.make(percentile_metrics, metric_percentiles, goodput)
     tr, n_requests = in_arrival_order(as_trace(trace, block_tokens=block_tokens, limit=limit))
     sized = any(v is not None for v in (cpu_gib, cpu_chunks, cpu_bytes, vllm_config))
+    if baseline and not sized:
+        raise InputError(
+            "baseline compares the run with and without offloading, but no CPU tier is "
+            "sized, so both runs would be the same: give --cpu-gib (cpu_gib), --cpu-chunks, "
+            "cpu_bytes or --vllm-config"
+        )
     extra = vllm_extra(vllm_config)
     offload = _pick(given, [n for n in OFFLOAD_FIELDS if n != "gpu_blocks"])
     offload.update(model=model or DEFAULT_MODEL, cpu_chunks=cpu_chunks if sized else 1)
