@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write
+from kvsim.report.labels import format_metric, format_value, label_of
 
 if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
     import pandas as pd
@@ -86,7 +87,7 @@ class Result:
         lines = [self._title()]
         items = self.headline()
         width = max((len(k) for k in items), default=0)
-        lines += [f"  {k:<{width}}  {format_value(v)}" for k, v in items.items()]
+        lines += [f"  {k:<{width}}  {format_metric(k, v)}" for k, v in items.items()]
         more = len(self.summary) - len(items)
         if more > 0:
             lines.append(f"  ... {more} more in .summary")
@@ -101,7 +102,7 @@ class Result:
         def rows(items: Mapping[str, Any]) -> str:
             return "".join(
                 f"<tr><td style='text-align:left'>{escape(k)}</td>"
-                f"<td style='text-align:right'>{escape(format_value(v))}</td></tr>"
+                f"<td style='text-align:right'>{escape(format_metric(k, v))}</td></tr>"
                 for k, v in items.items()
             )
 
@@ -147,7 +148,7 @@ class Result:
         a = pd.Series([float(left[k]) for k in numeric], index=numeric, dtype=float)
         b = pd.Series([float(right[k]) for k in numeric], index=numeric, dtype=float)
         ratio = a / b.where(b != 0)
-        frame = pd.DataFrame({names[0]: a, names[1]: b, "difference": a - b, "ratio": ratio})
+        frame = Comparison({names[0]: a, names[1]: b, "difference": a - b, "ratio": ratio})
         frame.index.name = "metric"
         return frame
 
@@ -199,14 +200,46 @@ class Result:
         return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def format_value(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
+def _comparison_base() -> type:
+    import pandas as pd
+
+    return pd.DataFrame
+
+
+class Comparison(_comparison_base()):  # type: ignore[misc]
+    """:meth:`Result.compare`'s table: numbers keyed by metric (``.loc["mean_ttft_ms"]``),
+    shown with the CLI's labels, units and number formats (:mod:`kvsim.report.labels`)."""
+
+    @property
+    def _constructor(self) -> type:
+        return Comparison
+
+    def formatted(self) -> Any:
+        """The table as text cells: label with unit as the index, values as the CLI prints
+        them (differences signed, ratios with four decimals)."""
+        import pandas as pd
+
+        rows = {}
+        for key, r in self.iterrows():
+            cells = {}
+            for col, v in r.items():
+                value = float(v)
+                if col == "ratio":
+                    cells[col] = "-" if value != value else f"{value:.4f}"
+                elif value.is_integer() and abs(value) < 2**53:  # counts stay counts
+                    cells[col] = format_metric(str(key), int(value), signed=col == "difference")
+                else:
+                    cells[col] = format_metric(str(key), value, signed=col == "difference")
+            rows[label_of(str(key))] = cells
+        out = pd.DataFrame.from_dict(rows, orient="index", columns=list(self.columns))
+        out.index.name = "metric"
+        return out
+
+    def __repr__(self) -> str:
+        return str(self.formatted().to_string())
+
+    def _repr_html_(self) -> str:
+        return str(self.formatted().to_html())
 
 
 def format_table(rows: Mapping[str, Any] | list[tuple[str, Any]], title: str | None = None) -> str:
