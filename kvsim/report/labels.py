@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvsim.report.serve_metrics import metric_keys
-
 #: rows before the latency metrics
 RUN_ROWS = (
     ("requests", "requests"),
@@ -52,6 +50,8 @@ _TWO_DECIMALS = ("_ms", "throughput", "goodput", "_per_s", "_tok_s")
 
 def metric_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """``mean_ttft_ms`` -> ``mean TTFT (ms)``, ``p99_itl_ms`` -> ``P99 ITL (ms)``, in order."""
+    from kvsim.report.serve_metrics import metric_keys  # numpy and pandas: not at start-up
+
     rows = []
     for key in metric_keys(summary):
         stat, name = key[: -len("_ms")].rsplit("_", 1)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write
-from kvsim.report.labels import format_metric, format_value, label_of
+from kvsim.report.labels import format_metric, format_value
 
 if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
     import pandas as pd
@@ -148,6 +148,8 @@ class Result:
         a = pd.Series([float(left[k]) for k in numeric], index=numeric, dtype=float)
         b = pd.Series([float(right[k]) for k in numeric], index=numeric, dtype=float)
         ratio = a / b.where(b != 0)
+        from kvsim.report.comparison import Comparison
+
         frame = Comparison({names[0]: a, names[1]: b, "difference": a - b, "ratio": ratio})
         frame.index.name = "metric"
         return frame
@@ -198,48 +200,6 @@ class Result:
     @staticmethod
     def _number(v: Any) -> bool:
         return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-def _comparison_base() -> type:
-    import pandas as pd
-
-    return pd.DataFrame
-
-
-class Comparison(_comparison_base()):  # type: ignore[misc]
-    """:meth:`Result.compare`'s table: numbers keyed by metric (``.loc["mean_ttft_ms"]``),
-    shown with the CLI's labels, units and number formats (:mod:`kvsim.report.labels`)."""
-
-    @property
-    def _constructor(self) -> type:
-        return Comparison
-
-    def formatted(self) -> Any:
-        """The table as text cells: label with unit as the index, values as the CLI prints
-        them (differences signed, ratios with four decimals)."""
-        import pandas as pd
-
-        rows = {}
-        for key, r in self.iterrows():
-            cells = {}
-            for col, v in r.items():
-                value = float(v)
-                if col == "ratio":
-                    cells[col] = "-" if value != value else f"{value:.4f}"
-                elif value.is_integer() and abs(value) < 2**53:  # counts stay counts
-                    cells[col] = format_metric(str(key), int(value), signed=col == "difference")
-                else:
-                    cells[col] = format_metric(str(key), value, signed=col == "difference")
-            rows[label_of(str(key))] = cells
-        out = pd.DataFrame.from_dict(rows, orient="index", columns=list(self.columns))
-        out.index.name = "metric"
-        return out
-
-    def __repr__(self) -> str:
-        return str(self.formatted().to_string())
-
-    def _repr_html_(self) -> str:
-        return str(self.formatted().to_html())
 
 
 def format_table(rows: Mapping[str, Any] | list[tuple[str, Any]], title: str | None = None) -> str:
