@@ -443,7 +443,7 @@ def simulate(
 
     Instead of a trace, ``workload`` and ``load`` run a benchmark client in the loop
     (:func:`kvsim.workloads.build_workload`, seeded by ``seed``, in ``gpu_block_tokens``
-    blocks; see docs/workloads.md): e.g. ``workload={"type": "shared_prefix",
+    blocks; see docs/experiments.md): e.g. ``workload={"type": "shared_prefix",
     "num_groups": 10, ...}``, ``load={"type": "concurrency", "stages": [{"concurrency": 32,
     "num_requests": 2000}]}``. The requests table then has a ``stage`` column (the stage a
     request was sent in) and the result a ``stages`` table: every metric per stage and for
