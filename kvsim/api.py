@@ -573,7 +573,8 @@ def _arrivals(
         tr, n = in_arrival_order(
             as_trace(trace, block_tokens=given["block_tokens"], limit=given["limit"])
         )
-        starts = stated_stages(str(tr.path)) if tr.format == "native" else None
+        on_file = tr.format == "native" and os.path.isfile(tr.path)  # not one in memory
+        starts = stated_stages(str(tr.path)) if on_file else None
         if starts is None:
             return tr, n, None
         return tr, n, [max(0, bisect.bisect_right(starts, i) - 1) for i in range(n)]

@@ -132,3 +132,17 @@ def test_bad_cli_input_is_one_line(tmp_path, capsys, args, match):
     assert code == 2, err
     assert match in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_an_in_memory_trace_of_a_workload_runs_as_the_workload():
+    """The open load's trace (in memory, no file header) gives the same run as the workload;
+    it has no stages table (only a workload or a trace file says its stages)."""
+    from kvsim.workloads import build_workload
+
+    load = {"type": "poisson", "stages": [{"rate": 20, "duration": 2}]}
+    tr = build_workload(SP_DICT, load, seed=4).trace()
+    a = simulate(tr, gpu="h100")
+    b = simulate(workload=SP_DICT, load=load, gpu="h100", seed=4)
+    assert "stages" not in a.tables and "stages" in b.tables
+    cols = ["arrival_s", "first_token_s", "finish_s", "gpu_hit_tokens"]
+    pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols])
