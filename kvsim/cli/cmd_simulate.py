@@ -283,7 +283,12 @@ def write_tables(result: Result, out: str) -> list[str]:
     "nvme-gen5; shared-fs; object-store, the obj default; instant; or a device JSON file).",
 )
 @_option("tier_load_rule")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the summary as JSON (with a 'stages' list for a run with load stages).",
+)
 @click.option(
     "--progress/--no-progress",
     "show_progress",
@@ -400,7 +405,10 @@ def simulate_command(
             result.tables.get("tier_jobs"),
         )
     if as_json:
-        click.echo(json.dumps(result.summary, indent=2, default=str))
+        payload = dict(result.summary)
+        if "stages" in result.tables:  # a run with load stages: their rows too
+            payload["stages"] = result.tables["stages"].to_dict(orient="records")
+        click.echo(json.dumps(payload, indent=2, default=str))
     else:
         click.echo(format_comparison(result, baseline))
         stages = format_stages(result)

@@ -94,7 +94,10 @@ def test_simulate_cli_workload_file_with_both_blocks(tmp_path):
     )
     res = CliRunner().invoke(cli, ["simulate", "--workload", str(spec), "--gpu", "h100", "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["trace"].startswith("shared_prefix(2x4, 64+40->8) poisson")
+    out = json.loads(res.output)
+    assert out["trace"].startswith("shared_prefix(2x4, 64+40->8) poisson")
+    assert [row["stage"] for row in out["stages"]] == [0, "all"]
+    assert out["stages"][1]["mean_ttft_ms"] == pytest.approx(out["mean_ttft_ms"])
 
 
 @pytest.mark.parametrize(
@@ -146,3 +149,13 @@ def test_an_in_memory_trace_of_a_workload_runs_as_the_workload():
     assert "stages" not in a.tables and "stages" in b.tables
     cols = ["arrival_s", "first_token_s", "finish_s", "gpu_hit_tokens"]
     pd.testing.assert_frame_equal(a.requests[cols], b.requests[cols])
+
+
+def test_a_bad_stage_header_is_one_line(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    head = {"kvsim_trace": 1, "block_tokens": 16, "stage_starts": [0, 3, 2]}
+    rec = {"arrival_s": 0, "input_tokens": 40, "output_tokens": 2, "block_hashes": [1, 2]}
+    trace.write_text(json.dumps(head) + "\n" + json.dumps(rec) + "\n")
+    code, _, err = run_main(["simulate", trace, "--gpu", "h100"], capsys)
+    assert code == 2 and "stage_starts" in err and ":1:" in err
+    assert len(err.strip().splitlines()) == 1

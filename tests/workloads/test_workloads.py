@@ -258,6 +258,15 @@ def test_open_trace_of_a_closed_load_is_refused():
         (SP, {"type": "constant", "stages": [{"concurrency": 2, "duration": 1}]}, "stages"),
         (SP, {"type": "concurrency", "stages": [{"concurrency": 2}]}, "duration or num_requests"),
         (SP, {"type": "poisson", "stages": [{"rate": 1, "duraton": 1}]}, "duraton: unknown key"),
+        (
+            SP,
+            {
+                "type": "concurrency",
+                "timing": "inference-perf",
+                "stages": [{"concurrency": 2, "duration": 5}],
+            },
+            "counts num_requests",
+        ),
     ],
 )
 def test_bad_specs_are_one_line_errors(workload, load, match):
