@@ -61,6 +61,8 @@ class ClientSource:
         self._finishes: list[float] = []  # every finish time so far, sorted
         self._last_finish = [-math.inf] * len(plans)  # per stage
         self._stage_start = 0.0
+        # the plans' offsets as floats (numpy scalars cost more per send)
+        self._offsets = [None if p.offsets is None else p.offsets.tolist() for p in plans]
 
     @property
     def done(self) -> bool:
@@ -80,13 +82,14 @@ class ClientSource:
             if self.start is None:
                 return None  # the last stage is draining
             plan = self.plans[self.k]
+            offsets = self._offsets[self.k]
             j = self.sent
-            if plan.offsets is not None and j >= len(plan.offsets):
+            if offsets is not None and j >= len(offsets):
                 self._end_stage()
                 continue
-            offset = float(plan.offsets[j]) if plan.offsets is not None else 0.0
+            offset = offsets[j] if offsets is not None else 0.0
             t = max(self.start + offset, self.last_send)
-            end = self.start + plan.duration if plan.offsets is None and plan.duration else None
+            end = self.start + plan.duration if offsets is None and plan.duration else None
             free = self._slot_free(plan.cap)
             if free is None:  # every slot busy until a finish not seen yet
                 if end is not None and now >= end:
