@@ -205,8 +205,9 @@ class RooflineCompute:
             * (model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim)
             / tp
         )
-        self._weight_bytes_total = model.num_params * d / tp
-        self._weight_bytes_active = model.active_params * d / tp
+        scale = model.weight_bytes() / model.num_params if dtype_bytes is None else d
+        self._weight_bytes_total = model.num_params * scale / tp
+        self._weight_bytes_active = model.active_params * scale / tp
         self._kv_bytes_per_token = model.kv_bytes_per_token(d, tp)
         self._flops_rate = params.peak_flops * params.flops_efficiency
         self._bytes_rate = params.hbm_bytes_per_s * params.bandwidth_efficiency
