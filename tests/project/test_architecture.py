@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "report": 0,
     # 1: workloads and rules
     "traces": 1,
+    "workloads": 1,
     "policies": 1,
     # 2: the CPU tier and the GPU block pool, and the bridges to vLLM
     "manager": 2,
