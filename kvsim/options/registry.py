@@ -25,6 +25,7 @@ SCHEMAS: dict[str, str] = {
     "kv-transfer-config": "kvsim.options.vllm:KVTransferConfig",
     "gpu-spec": "kvsim.specs.hardware:GpuSpec",
     "sweep": "kvsim.sweeps.spec_schema:SweepSpecFile",
+    "measurements": "kvsim.accuracy.measurements:MeasurementsFile",
 }
 
 
