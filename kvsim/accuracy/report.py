@@ -124,6 +124,7 @@ def accuracy(
     max_stage_s: float | None = None,
     experiments: Sequence[str] | None = None,
     seed: int = 0,
+    async_scheduling: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> AccuracyReport:
     """Run every experiment of measurements ``file`` (or those named in ``experiments``)
@@ -135,6 +136,7 @@ def accuracy(
         max_stage_s: cut every load stage to this many seconds (a quick run; rates stay).
         experiments: ids to run (default all; an unknown id is an error).
         seed: the workloads' and loads' seed.
+        async_scheduling: vLLM 0.33's engine loop (default); False: the synchronous one.
         progress: called with 1 as each experiment finishes.
     """
     from kvsim.core.errors import InputError, did_you_mean
@@ -152,7 +154,12 @@ def accuracy(
     for exp in chosen:
         results.append(
             run_experiment(
-                exp, base, compute_profile=compute_profile, max_stage_s=max_stage_s, seed=seed
+                exp,
+                base,
+                compute_profile=compute_profile,
+                max_stage_s=max_stage_s,
+                seed=seed,
+                async_scheduling=async_scheduling,
             )
         )
         if progress is not None:
@@ -167,5 +174,6 @@ def accuracy(
         "compute_profile": profile_name or "the GPU's shipped default",
         "max_stage_s": max_stage_s,
         "seed": seed,
+        "async_scheduling": async_scheduling,
     }
     return AccuracyReport(os.fspath(file), tuple(results), config)

@@ -131,12 +131,15 @@ def run_experiment(
     compute_profile: str | PhaseProfile | None = None,
     max_stage_s: float | None = None,
     seed: int = 0,
+    async_scheduling: bool = True,
 ) -> ExperimentResult:
     """Simulate ``exp`` and compare; an experiment kvsim cannot re-create is an
-    :class:`ExperimentResult` with its one-line ``error``, never an exception."""
+    :class:`ExperimentResult` with its one-line ``error``, never an exception.
+    ``async_scheduling=False`` runs the synchronous engine loop (vLLM before async
+    scheduling became the default) instead of 0.33's."""
     t0 = time.perf_counter()
     try:
-        rows, n = _run(exp, base_dir, compute_profile, max_stage_s, seed)
+        rows, n = _run(exp, base_dir, compute_profile, max_stage_s, seed, async_scheduling)
     except InputError as exc:
         return ExperimentResult(exp.id, error=str(exc), seconds=time.perf_counter() - t0)
     return ExperimentResult(exp.id, tuple(rows), requests=n, seconds=time.perf_counter() - t0)
@@ -148,6 +151,7 @@ def _run(
     compute_profile: str | PhaseProfile | None,
     max_stage_s: float | None,
     seed: int,
+    async_scheduling: bool,
 ) -> tuple[list[Row], int]:
     import tempfile
 
@@ -211,6 +215,7 @@ def _run(
             compute_profile=profile_arg,
             record_steps=False,
             seed=seed,
+            async_scheduling=async_scheduling,
         )
     predicted = stage_metrics(result.tables["stages"], spec.output_len, overhead_s)
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])

@@ -39,6 +39,12 @@ def _fmt(x: float | None) -> str:
 )
 @click.option("--experiment", "experiments", multiple=True, help="Run only this id (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload and load seed.")
+@click.option(
+    "--async-scheduling/--no-async-scheduling",
+    default=True,
+    show_default=True,
+    help="vLLM 0.33's engine loop; --no-async-scheduling: the synchronous one of older vLLM.",
+)
 @click.option("--progress/--no-progress", default=None, help="A bar counting experiments.")
 def accuracy_command(
     file: str,
@@ -48,6 +54,7 @@ def accuracy_command(
     max_stage_s: float | None,
     experiments: tuple[str, ...],
     seed: int,
+    async_scheduling: bool,
     progress: bool | None,
 ) -> None:
     """Re-create and simulate each experiment of a measurements FILE; print predicted
@@ -71,6 +78,7 @@ def accuracy_command(
             max_stage_s=max_stage_s,
             experiments=experiments or None,
             seed=seed,
+            async_scheduling=async_scheduling,
             progress=bar.callback,
         )
     if out is not None:
