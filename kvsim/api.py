@@ -443,7 +443,7 @@ def simulate(
 
     Instead of a trace, ``workload`` and ``load`` run a benchmark client in the loop
     (:func:`kvsim.workloads.build_workload`, seeded by ``seed``, in ``gpu_block_tokens``
-    blocks; see docs/workloads.md): e.g. ``workload={"type": "shared_prefix",
+    blocks; see docs/experiments.md): e.g. ``workload={"type": "shared_prefix",
     "num_groups": 10, ...}``, ``load={"type": "concurrency", "stages": [{"concurrency": 32,
     "num_requests": 2000}]}``. The requests table then has a ``stage`` column (the stage a
     request was sent in) and the result a ``stages`` table: every metric per stage and for
@@ -573,7 +573,8 @@ def _arrivals(
         tr, n = in_arrival_order(
             as_trace(trace, block_tokens=given["block_tokens"], limit=given["limit"])
         )
-        starts = stated_stages(str(tr.path)) if tr.format == "native" else None
+        on_file = tr.format == "native" and os.path.isfile(tr.path)  # not one in memory
+        starts = stated_stages(str(tr.path)) if on_file else None
         if starts is None:
             return tr, n, None
         return tr, n, [max(0, bisect.bisect_right(starts, i) - 1) for i in range(n)]

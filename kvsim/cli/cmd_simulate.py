@@ -160,6 +160,43 @@ def format_comparison(result: Result, baseline: bool) -> str:
     return "\n".join(lines)
 
 
+#: the per-stage table's columns: stages-table column -> heading
+STAGE_COLUMNS = (
+    ("stage", "stage"),
+    ("requests", "requests"),
+    ("failed", "failed"),
+    ("request_throughput", "req/s"),
+    ("output_throughput", "out tok/s"),
+    ("mean_ttft_ms", "TTFT mean"),
+    ("p50_ttft_ms", "p50"),
+    ("p90_ttft_ms", "p90"),
+    ("p99_ttft_ms", "p99"),
+    ("mean_e2el_ms", "E2EL mean"),
+    ("p90_e2el_ms", "p90"),
+    ("p99_e2el_ms", "p99"),
+    ("mean_itl_ms", "ITL mean"),
+    ("gpu_hit_tokens", "GPU hit tok"),
+    ("cpu_hit_tokens", "CPU hit tok"),
+)
+
+
+def format_stages(result: Result) -> str | None:
+    """Every load stage's main metrics (ms) and the whole run's, one row each; None for a
+    run without stages."""
+    table = result.tables.get("stages")
+    if table is None:
+        return None
+    cols = [(c, h) for c, h in STAGE_COLUMNS if c in table.columns]
+    cells = [[h for _, h in cols]]
+    for row in table.itertuples(index=False):
+        values = row._asdict()
+        cells.append([show(c, values[c]) if c != "stage" else str(values[c]) for c, _ in cols])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    lines = ["per load stage (the stage a request was sent in; times in ms)"]
+    lines += ["  ".join(f"{c:>{w}}" for c, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
 def _option(name: str, *flags: str, **overrides: Any) -> Callable[[FC], FC]:
     """A ``simulate`` option from :class:`SimulateOptions`' description of ``name``."""
     return schema_option(SimulateOptions, name, *flags, **overrides)
@@ -171,7 +208,23 @@ def write_tables(result: Result, out: str) -> list[str]:
 
 
 @click.command("simulate")
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path(dir_okay=False), required=False)
+@click.option(
+    "--workload",
+    "workload_text",
+    default=None,
+    metavar="YAML|FILE",
+    help="Instead of TRACE: a benchmark workload (with --load), e.g. '{type: shared_prefix, "
+    "num_groups: 10, ...}' or a file (one holding workload: and load: blocks gives both).",
+)
+@click.option(
+    "--load",
+    "load_text",
+    default=None,
+    metavar="YAML|FILE",
+    help="The workload's load, e.g. '{type: concurrency, stages: [{concurrency: 32, "
+    "num_requests: 2000}]}' (docs/experiments.md).",
+)
 @offload_options
 @_option("gpu", show_default=True)
 @_option("baseline", is_flag=True, default=False)
@@ -239,7 +292,9 @@ def write_tables(result: Result, out: str) -> list[str]:
 )
 @trace_cache_options
 def simulate_command(
-    trace: str,
+    trace: str | None,
+    workload_text: str | None,
+    load_text: str | None,
     gpu: str,
     baseline: bool,
     limit: int | None,
@@ -278,10 +333,20 @@ def simulate_command(
     KV capacity in vLLM blocks of --gpu-block-tokens tokens (default: from GPU memory).
     Without a CPU size the run has no offloading.
 
+    Instead of TRACE, --workload and --load run a benchmark client in the loop
+    (inference-perf's shared_prefix or vllm bench serve's random data; constant, poisson
+    or concurrency load in stages; docs/experiments.md). Such a run, or a trace from
+    `kvsim trace gen shared-prefix / random`, also prints every metric per load stage
+    (and --out writes the stages table).
+
     \b
-    Example:
+    Examples:
       kvsim simulate traces/mooncake_fast25_conversation_trace.jsonl \\
           --model llama-3.1-8b --gpu h200 --cpu-gib 64 --policy arc --baseline
+      kvsim simulate --gpu h100 --workload '{type: shared_prefix, num_groups: 10,
+          num_prompts_per_group: 10, system_prompt_len: 100, question_len: 447,
+          output_len: 248}' --load '{type: concurrency, stages: [{concurrency: 16,
+          num_requests: 1000}]}'
     """
     options = pop_offload_kwargs(kwargs)
     gpu_blocks = options.pop("gpu_blocks", None) or None
@@ -294,9 +359,12 @@ def simulate_command(
         raise InputError("--save-detailed writes into --out; give --out DIR")
     if tiers:  # vLLM's secondary_tiers objects, in order
         options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
-    info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info
+    workload, load = _workload_and_load(trace, workload_text, load_text)
+    info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info if trace else None
     result = simulate(
         trace,
+        workload=workload,
+        load=load,
         gpu=gpu,
         baseline=baseline,
         limit=limit,
@@ -335,7 +403,35 @@ def simulate_command(
         click.echo(json.dumps(result.summary, indent=2, default=str))
     else:
         click.echo(format_comparison(result, baseline))
-    note_missing_reuse(info)  # after the run: an error stays the only line on stderr
+        stages = format_stages(result)
+        if stages is not None:
+            click.echo("")
+            click.echo(stages)
+    if info is not None:
+        note_missing_reuse(info)  # after the run: an error stays the only line on stderr
+
+
+def _workload_and_load(
+    trace: str | None, workload_text: str | None, load_text: str | None
+) -> tuple[Any, Any]:
+    """--workload / --load as blocks (a file may hold both, as ``workload:`` and ``load:``);
+    exactly one of TRACE and --workload."""
+    from kvsim.workloads.spec import read_block
+
+    if trace is None and workload_text is None:
+        raise InputError("give a TRACE, or --workload and --load")
+    if trace is not None and (workload_text or load_text):
+        raise InputError("give a TRACE or --workload/--load, not both")
+    if workload_text is None:
+        return None, None
+    workload = read_block(workload_text, "--workload")
+    load = read_block(load_text, "--load") if load_text is not None else None
+    if "workload" in workload:  # a file with both blocks
+        load = load if load is not None else workload.get("load")
+        workload = workload["workload"]
+    if load is None:
+        raise InputError("--workload needs --load (or a file with workload: and load:)")
+    return workload, load
 
 
 COMMANDS = [simulate_command]

@@ -198,7 +198,8 @@ def run_engine(
         requests = tables["requests"]
         requests["stage"] = np.asarray(stages, dtype=np.int64)[requests["request"].to_numpy()]
         tables["stages"] = stage_table(requests, rec, requests["stage"].to_numpy(), bench)
-    summary = summarize(engine, tables["requests"], tables["transfers"], bench)
+    closed = isinstance(tr, Workload) and tr.load.type == "concurrency"
+    summary = summarize(engine, tables["requests"], tables["transfers"], bench, closed)
     if engine.tiers is not None:
         add_tier_outputs(engine.tiers, tables, summary, setup.config.chunk_tokens)
     return summary, tables

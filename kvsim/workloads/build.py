@@ -58,7 +58,7 @@ class Workload:
             raise InputError(
                 f"a {self.load.type} load ({self.load.timing} timing, "
                 f"{len(self.load.stages)} stage(s)) has no fixed arrival times: they come "
-                "out of the run (simulate the workload and load instead)"
+                "out of the run: simulate it (kvsim simulate --workload W --load L)"
             )
         src = self.source()
         out: list[Request] = []

@@ -26,6 +26,7 @@ __all__ = [
     "WorkloadSpec",
     "load_load",
     "load_workload",
+    "read_block",
 ]
 
 Tokens = Annotated[int, Meta(ge=0)]
@@ -210,3 +211,34 @@ def load_load(data: Any, *, source: str | None = None, prefix: str = "load") -> 
     if isinstance(data, Load):
         return data
     return load(Load, data, source=source, prefix=prefix)
+
+
+def read_block(text: str, option: str) -> Any:
+    """A ``workload:`` or ``load:`` block given on the command line: the path of a YAML /
+    JSON file, or the YAML itself (``'{type: constant, stages: [{rate: 8, duration: 60}]}'``).
+    Bad YAML is a one-line :class:`InputError` naming the file (and line) or ``option``."""
+    import os
+
+    import yaml
+
+    source = option
+    if os.path.isfile(text):
+        source = text
+        try:
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"cannot read it ({e})", source=source) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None and source != option else None
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"bad YAML ({problem})", source=source, line=line) from None
+    if not isinstance(data, dict):
+        raise InputError(
+            f"expected a mapping (a file path or YAML such as '{{type: ...}}'), got {text!r}",
+            source=source,
+        )
+    return data

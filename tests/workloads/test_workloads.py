@@ -265,3 +265,31 @@ def test_bad_specs_are_one_line_errors(workload, load, match):
     with pytest.raises(InputError, match=match) as err:
         build_workload(workload, load)
     assert "\n" not in str(err.value)
+
+
+# --- per-stage metrics ---
+
+
+def test_stage_table_by_hand():
+    """Alone on 1 s steps, a request of 3 output tokens has TTFT 1 s, E2E 3 s and ITLs of
+    1 s. Stage 0 sends at 0 and 10 s (done at 13 s), stage 1 at 20 and 21 s (at 24 s)."""
+    from kvsim.engine.stage_report import stage_table
+    from kvsim.report.serve_metrics import BenchSettings
+
+    load = {
+        "type": "constant",
+        "stages": [{"rate": 0.1, "duration": 20}, {"rate": 1, "duration": 2}],
+    }
+    w = build_workload(SP, load)
+    src = w.source()
+    e = engine().run(src)
+    requests = e.recorder.request_table()
+    table = stage_table(requests, e.recorder, src.stage_of, BenchSettings()).set_index("stage")
+    assert list(table.index) == [0, 1, "all"]
+    assert list(table.requests) == [2, 2, 4]
+    assert list(table.start_s) == [0, 20, 0] and list(table.end_s) == [13, 24, 24]
+    assert table.request_throughput.tolist() == pytest.approx([2 / 13, 2 / 4, 4 / 24])
+    assert table.output_throughput.tolist() == pytest.approx([6 / 13, 6 / 4, 12 / 24])
+    for col, ms in (("mean_ttft_ms", 1000), ("p90_ttft_ms", 1000), ("mean_e2el_ms", 3000)):
+        assert table[col].tolist() == pytest.approx([ms] * 3)
+    assert table.mean_itl_ms.tolist() == pytest.approx([1000] * 3)

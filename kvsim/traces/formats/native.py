@@ -79,7 +79,8 @@ def stated_block_tokens(path: str) -> int:
 
 
 def stated_stages(path: str) -> list[int] | None:
-    """The first request of each load stage, where the header states them
+    """The first request of each load stage (an empty stage repeats the next one's), where
+    the header states them
     (``"stage_starts": [0, 4800]``, written by ``kvsim trace gen shared-prefix`` /
     ``random``), else None; a bad list is a one-line error."""
     lineno, line = first_line(path)
@@ -97,10 +98,10 @@ def stated_stages(path: str) -> list[int] | None:
         or not starts
         or starts[0] != 0
         or any(type(s) is not int for s in starts)
-        or any(a >= b for a, b in itertools.pairwise(starts))
+        or any(a > b for a, b in itertools.pairwise(starts))
     ):
         raise InputError(
-            "header field 'stage_starts' must be increasing request indices from 0, got "
+            "header field 'stage_starts' must be non-decreasing request indices from 0, got "
             + show(starts),
             source=path,
             line=1,
