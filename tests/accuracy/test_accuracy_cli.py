@@ -105,3 +105,21 @@ def test_fit_compute_writes_a_profile_with_provenance(tmp_path, capsys):
         capsys,
     )
     assert code == 0
+
+
+def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
+    from kvsim.accuracy import accuracy
+
+    closed = experiment(
+        id="closed",
+        load={"type": "concurrency", "stages": [{"concurrency": 4, "num_requests": 12}]},
+        measured=[{"stage": "all", "e2e_ms": {"mean": 300.0}}],
+    )
+    too_long = experiment(id="too-long", vllm={**experiment()["vllm"], "max_model_len": 256})
+    past = experiment(id="past", vllm={**experiment()["vllm"], "max_model_len": 8192})
+    report = accuracy(write(tmp_path / "m.yaml", closed, too_long, past))
+    by = {r.experiment: r for r in report.results}
+    assert by["closed"].error is None and by["closed"].requests == 12
+    assert "exceeds vllm.max_model_len 256" in (by["too-long"].error or "")
+    assert "max_position_embeddings (4096)" in (by["past"].error or "")
+    assert [f.experiment for f in report.failures] == ["too-long", "past"]
