@@ -82,13 +82,13 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
     block_tokens = params.gpu_block_tokens
     if params.gpu_blocks is not None:
         return params.gpu_blocks
-    weights = model.num_params * model.default_dtype_bytes / params.tp
+    weights = model.weight_bytes() / params.tp
     avail = (
         gpu.memory_bytes * params.gpu_memory_utilization
         - weights
         - params.activation_reserve_gib * GIB
     )
-    per_block = model.kv_bytes_per_token(tp=params.tp) * block_tokens
+    per_block = model.gpu_kv_bytes_per_token(tp=params.tp) * block_tokens
     n = int(avail // per_block)
     if n < 1:
         raise InputError(

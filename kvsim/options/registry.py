@@ -28,6 +28,7 @@ SCHEMAS: dict[str, str] = {
     "workload-shared-prefix": "kvsim.workloads.spec:SharedPrefixWorkload",
     "workload-random": "kvsim.workloads.spec:RandomWorkload",
     "load": "kvsim.workloads.spec:Load",
+    "measurements": "kvsim.accuracy.measurements:MeasurementsFile",
 }
 
 
