@@ -100,7 +100,9 @@ def format_stages(result: Result) -> str | None:
     cells = [[h for _, h in cols]]
     for row in table.itertuples(index=False):
         values = row._asdict()
-        cells.append([show(c, values[c]) if c != "stage" else str(values[c]) for c, _ in cols])
+        cells.append(
+            [format_metric(c, values[c]) if c != "stage" else str(values[c]) for c, _ in cols]
+        )
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
     lines = ["per load stage (the stage a request was sent in; times in ms)"]
     lines += ["  ".join(f"{c:>{w}}" for c, w in zip(r, widths)) for r in cells]

@@ -19,7 +19,9 @@ from kvsim.traces import open_trace
 
 def _old_requests_csv(requests: list, cfg: dict, path: Path) -> None:
     """How ``replay(requests_csv=...)`` wrote its CSV before: ``csv.writer``, row by row."""
-    config = kvsim.api.make_options(**cfg).resolve(512)
+    from kvsim.api import make_options
+
+    config = make_options(**cfg).resolve(512)
     assert config.as_dict() == kvsim.replay(requests, per_request=False, **cfg).config
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
