@@ -24,13 +24,14 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from kvsim.cachemode.fused_arc import FusedARCTier
 from kvsim.cachemode.fused_lru import FusedLRUTier
 from kvsim.cachemode.fused_tier import FusedTier
 from kvsim.cachemode.protocol_tier import ProtocolTier
 from kvsim.cachemode.row_writer import csv_rows
+from kvsim.cachemode.tier import Emit, ReplayLoop, RequestRow, RunTotals, Tier
 from kvsim.core.io import atomic_path
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import ManagerProtocol, OffloadManager, admission_from_config
@@ -41,8 +42,7 @@ from kvsim.policies.registry import eviction_policy_class
 from kvsim.traces.model import Request
 from kvsim.traces.source import request_records
 
-if TYPE_CHECKING:  # the tiering layer loads only for runs with secondary tiers
-    from kvsim.cachemode.tiered_tier import TieredProtocolTier
+if TYPE_CHECKING:
     from kvsim.traces.columns import Record
 
 REQUEST_COLUMNS = (
@@ -59,9 +59,6 @@ REQUEST_COLUMNS = (
 )
 
 
-#: one request's row, in :data:`REQUEST_COLUMNS` order
-RequestRow = tuple[int, float, int, int, int, int, int, int, int, bool]
-
 #: rows handed to a ``batch_sink`` at once (at least)
 BATCH_ROWS = 2048
 
@@ -71,12 +68,6 @@ BATCH_ROWS = 2048
 PART_ROWS = 128
 MAX_PART_ROWS = 8192
 PART_SECONDS = 0.05
-
-#: where a replay loop sends each request's row
-Emit = Callable[[RequestRow], object]
-
-#: a loop that replays a part of a run: (records, emit) -> counts in :data:`_TOTALS` order
-ReplayLoop = Callable[["Iterable[Record]", Emit], tuple[int, ...]]
 
 #: a run's totals, in the order the replay loops count them: the requests, the sums of the
 #: rows' columns from prompt_tokens to evicted_blocks (stored and evicted counted in chunks
@@ -146,7 +137,7 @@ class CacheReplay:
                 "the fused tier runs kvsim's own 'lru' and 'arc' only, "
                 "without a manager of the caller's or secondary tiers"
             )
-        self.tier: ProtocolTier | FusedTier | TieredProtocolTier
+        self.tier: Tier
         if tiered:  # secondary tiers: kvsim's tiering manager, through the full protocol
             if manager is not None:
                 raise ValueError("secondary tiers run kvsim's tiering manager, not the caller's")
@@ -228,18 +219,14 @@ class CacheReplay:
         """The loop for this configuration: the fused LRU tier's own whole-run loop where a
         chunk is one trace block and no GPU cache sits before the CPU tier (the common
         ``kvsim replay``), else :meth:`_replay_requests`."""
-        tier, layout = self.tier, self.layout
-        if (
-            isinstance(tier, FusedLRUTier)
-            and tier.runs_whole_blocks
-            and layout.split == 1
-            and layout.units_per_chunk == 1
-            and not self.gpu.enabled
-        ):
-            return cast("ReplayLoop", tier.run_whole_blocks)  # block ids are its chunk keys
+        layout = self.layout
+        if layout.split == 1 and layout.units_per_chunk == 1 and not self.gpu.enabled:
+            loop = self.tier.whole_run_loop()  # block ids are its chunk keys
+            if loop is not None:
+                return loop
         return self._replay_requests
 
-    def _replay_requests(self, records: Iterable[Record], emit: Emit) -> tuple[int, ...]:
+    def _replay_requests(self, records: Iterable[Record], emit: Emit) -> RunTotals:
         """Replay ``records`` a request at a time through the tier's :meth:`serve`; returns
         the counts to add to :data:`_TOTALS` (stored and evicted in chunks)."""
         layout = self.layout
@@ -346,11 +333,7 @@ class CacheReplay:
             "admission": cfg.admission,
             "store_threshold": cfg.store_threshold,
         }
-        if cfg.secondary_tiers:
-            from kvsim.cachemode.tiered_tier import TieredProtocolTier
-
-            assert isinstance(tier, TieredProtocolTier)
-            out.update(tier.summary(blocks, self.layout.unit_tokens, chunk_bytes))
+        out.update(tier.summary(blocks, self.layout.unit_tokens, chunk_bytes))
         return out
 
 
