@@ -43,33 +43,9 @@ from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
 from kvsim.engine.phase_compute import KIND as PHASES_KIND
 from kvsim.engine.phase_compute import PhaseCompute, PhaseProfile, shipped_profile
+from kvsim.engine.step_batch import StepBatch
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
-
-
-@dataclass(frozen=True, slots=True)
-class StepBatch:
-    """What one step computes, in aggregate."""
-
-    num_seqs: int
-    num_prefill_seqs: int
-    prefill_tokens: int
-    decode_tokens: int
-    context_tokens: int  # cached tokens read by attention (sum over the batch)
-    attention_pairs: float  # (query, key) pairs
-    # the part of context_tokens that decoding requests read; None (callers that predate
-    # it): all of it in a batch without prefills, none otherwise
-    decode_context_tokens: int | None = None
-
-    @property
-    def tokens(self) -> int:
-        return self.prefill_tokens + self.decode_tokens
-
-    @property
-    def decode_context(self) -> int:
-        if self.decode_context_tokens is not None:
-            return self.decode_context_tokens
-        return self.context_tokens if self.num_prefill_seqs == 0 else 0
 
 
 @dataclass(frozen=True)

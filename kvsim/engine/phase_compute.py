@@ -39,13 +39,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvsim.core.errors import InputError
+from kvsim.engine.step_batch import StepBatch
 from kvsim.specs.models import ModelSpec
-
-if TYPE_CHECKING:
-    from kvsim.engine.compute_model import StepBatch
 
 KIND = "phases"
 # the coefficients, in profile order; all > 0 except these two, which may be 0
