@@ -24,6 +24,11 @@ SCHEMAS: dict[str, str] = {
     "kv-connector-extra-config": "kvsim.options.vllm:KVConnectorExtraConfig",
     "kv-transfer-config": "kvsim.options.vllm:KVTransferConfig",
     "gpu-spec": "kvsim.specs.hardware:GpuSpec",
+    "link-profile": "kvsim.engine.link_file:LinkProfileFile",
+    "constant-link": "kvsim.engine.link_file:ConstantLinkFile",
+    "compute-profile-roofline": "kvsim.engine.compute_file:RooflineProfileFile",
+    "compute-profile-linear": "kvsim.engine.compute_file:LinearProfileFile",
+    "compute-profile-phases": "kvsim.engine.compute_file:PhasesProfileFile",
     "sweep": "kvsim.sweeps.spec_schema:SweepSpecFile",
 }
 
