@@ -29,6 +29,9 @@ SCHEMAS: dict[str, str] = {
     "compute-profile-roofline": "kvsim.engine.compute_file:RooflineProfileFile",
     "compute-profile-linear": "kvsim.engine.compute_file:LinearProfileFile",
     "compute-profile-phases": "kvsim.engine.compute_file:PhasesProfileFile",
+    "tier-device": "kvsim.tiering.device_file:DeviceFile",
+    "secondary-tiers": "kvsim.options.tiers:SecondaryTiers",
+    "backpressure": "kvsim.options.tiers:BackpressureConfig",
     "sweep": "kvsim.sweeps.spec_schema:SweepSpecFile",
 }
 

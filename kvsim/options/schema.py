@@ -221,13 +221,15 @@ def _one_line(
         key = unknown.group("key")
         steps.append(key)
         value = value.get(key) if isinstance(value, Mapping) else None
-        msg = "unknown key" + did_you_mean(key, _known_keys(schema, steps[:-1]))
+        msg = "unknown key" + did_you_mean(key, _known_keys(schema, steps[:-1], data))
     elif missing := _MISSING.match(msg):
         steps.append(missing.group("key"))
         where = _dotted([*prefix.split(".")] if prefix else [], steps)
         return InputError(f"{where}: missing (a required key)", source=source)
+    elif msg.startswith("Invalid value") and (tags := _tags(schema, steps[:-1])):
+        msg = "must be one of " + ", ".join(tags)
     elif msg.startswith("Invalid enum value"):
-        choices = _choices(_type_at(schema, steps))
+        choices = _choices(_type_at(schema, steps, data))
         if choices:
             msg = "must be one of " + ", ".join(map(str, choices))
     if field is not None:  # one field's value, checked alone (check_fields)
@@ -256,11 +258,12 @@ def _at(data: Any, steps: list[str | int]) -> Any:
     return data
 
 
-def _type_at(schema: Any, steps: list[str | int]) -> Any:
-    """The msgspec type info reached by ``steps`` from ``schema`` (None where unknown)."""
+def _type_at(schema: Any, steps: list[str | int], data: Any = None) -> Any:
+    """The msgspec type info reached by ``steps`` from ``schema`` (None where unknown); a
+    tagged union's member is picked by the tag ``data`` gives there."""
     t: Any = mi.type_info(schema)
-    for s in steps:
-        t = _unwrap(t)
+    for i, s in enumerate(steps):
+        t = _unwrap(t, _at(data, steps[:i]))
         if isinstance(t, mi.StructType) and isinstance(s, str):
             t = next((f.type for f in t.fields if f.encode_name == s), None)
         elif isinstance(t, (mi.ListType, mi.TupleType, mi.VarTupleType)):
@@ -269,12 +272,12 @@ def _type_at(schema: Any, steps: list[str | int]) -> Any:
             t = t.value_type
         else:
             return None
-    return _unwrap(t)
+    return _unwrap(t, _at(data, steps))
 
 
-def _unwrap(t: Any) -> Any:
-    """The struct inside ``Annotated[X, Meta]``, ``X | None`` and similar unions, if
-    there is exactly one."""
+def _unwrap(t: Any, value: Any = None) -> Any:
+    """The struct inside ``Annotated[X, Meta]``, ``X | None`` and similar unions, if there
+    is exactly one, or the member of a tagged union whose tag ``value`` gives."""
     while isinstance(t, mi.Metadata):
         t = t.type
     if isinstance(t, mi.UnionType):
@@ -282,7 +285,20 @@ def _unwrap(t: Any) -> Any:
         structs = [u for u in inner if isinstance(u, (mi.StructType, mi.DictType))]
         if len(structs) == 1:
             return structs[0]
+        if isinstance(value, Mapping):
+            for u in structs:
+                if isinstance(u, mi.StructType) and u.tag_field and value.get(u.tag_field) == u.tag:
+                    return u
     return t
+
+
+def _tags(schema: Any, steps: list[str | int]) -> list[str]:
+    """The tags of the tagged union at ``steps`` (empty when it is not one)."""
+    t: Any = _type_at(schema, steps)
+    if not isinstance(t, mi.UnionType):
+        return []
+    members = [_unwrap(u) for u in t.types]
+    return [str(u.tag) for u in members if isinstance(u, mi.StructType) and u.tag_field]
 
 
 def _choices(t: Any) -> tuple[Any, ...]:
@@ -294,8 +310,8 @@ def _choices(t: Any) -> tuple[Any, ...]:
     return tuple(t.values) if isinstance(t, mi.LiteralType) else ()
 
 
-def _known_keys(schema: Any, steps: list[str | int]) -> list[str]:
-    t = _type_at(schema, steps)
+def _known_keys(schema: Any, steps: list[str | int], data: Any = None) -> list[str]:
+    t = _type_at(schema, steps, data)
     return [f.encode_name for f in t.fields] if isinstance(t, mi.StructType) else []
 
 
