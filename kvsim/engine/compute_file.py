@@ -20,6 +20,7 @@ from kvsim.options.schema import Schema
 __all__ = [
     "MAY_BE_ZERO",
     "NUMBERS",
+    "OPTIONAL",
     "ComputeKind",
     "LinearProfileFile",
     "PhasesProfileFile",
@@ -85,8 +86,15 @@ NUMBERS = (
     "allreduce_bytes_per_s",
     "allreduce_latency_s",
     "step_overhead_s",
+    "seq_overhead_s",
+    "moe_efficiency",
+    "request_overhead_s",
 )
-MAY_BE_ZERO = frozenset({"allreduce_latency_s", "step_overhead_s"})
+#: numbers a profile may leave out whatever its GPU (added after profiles were written)
+OPTIONAL = {"seq_overhead_s": 0.0, "moe_efficiency": 1.0, "request_overhead_s": 0.0}
+MAY_BE_ZERO = frozenset(
+    {"allreduce_latency_s", "step_overhead_s", "seq_overhead_s", "request_overhead_s"}
+)
 
 
 class PhasesProfileFile(Schema, frozen=True, kw_only=True):
@@ -126,9 +134,30 @@ class PhasesProfileFile(Schema, frozen=True, kw_only=True):
         Annotated[_NonNegative, Meta(description="Fixed cost of one all-reduce, s.")] | None
     ) = None
     step_overhead_s: StepOverheadS | None = None
+    seq_overhead_s: (
+        Annotated[_NonNegative, Meta(description="Per request scheduled in a step, s (0).")] | None
+    ) = None
+    moe_efficiency: (
+        Annotated[
+            _Positive,
+            Meta(description="Routed experts' weight reads, of weight_bandwidth (1)."),
+        ]
+        | None
+    ) = None
+    request_overhead_s: (
+        Annotated[
+            _NonNegative,
+            Meta(description="Once per request, outside the engine (client path), s (0)."),
+        ]
+        | None
+    ) = None
     sources: Annotated[
         dict[str, str], Meta(description="Where each coefficient comes from, by its name.")
     ] = field(default_factory=dict)
+    provenance: (
+        Annotated[dict[str, Any], Meta(description="How a fit made the profile (kept as is).")]
+        | None
+    ) = None
     measurements: (
         Annotated[list[Any], Meta(description="What a calibration measured (kept as is).")] | None
     ) = None

@@ -33,6 +33,10 @@ SCHEMAS: dict[str, str] = {
     "secondary-tiers": "kvsim.options.tiers:SecondaryTiers",
     "backpressure": "kvsim.options.tiers:BackpressureConfig",
     "sweep": "kvsim.sweeps.spec_schema:SweepSpecFile",
+    "workload-shared-prefix": "kvsim.workloads.spec:SharedPrefixWorkload",
+    "workload-random": "kvsim.workloads.spec:RandomWorkload",
+    "load": "kvsim.workloads.spec:Load",
+    "measurements": "kvsim.accuracy.measurements:MeasurementsFile",
 }
 
 
