@@ -35,7 +35,7 @@ from kvsim.manager.offload import ManagerProtocol, OffloadManager, admission_fro
 from kvsim.options.config import CacheConfig
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
-from kvsim.policies.registry import eviction_policy_class
+from kvsim.policies.registry import config_policy_class
 from kvsim.traces.model import Request
 from kvsim.traces.source import request_records
 
@@ -88,7 +88,7 @@ FUSED_TIERS: dict[type, type[FusedTier]] = {LRUPolicy: FusedLRUTier, ARCPolicy: 
 
 def fused_tier_class(config: CacheConfig) -> type[FusedTier] | None:
     """The fused tier for the configured policy, if it has one."""
-    return FUSED_TIERS.get(eviction_policy_class(config.policy, config.policy_module))
+    return FUSED_TIERS.get(config_policy_class(config))
 
 
 class CacheReplay:

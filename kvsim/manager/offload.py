@@ -23,7 +23,7 @@ from kvsim.manager.protocol import StoreResult as StoreResult  # re-exported
 from kvsim.options.config import CacheConfig
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
-from kvsim.policies.registry import make_admission, make_eviction_policy
+from kvsim.policies.registry import config_policy_class, make_admission, make_eviction_policy
 from kvsim.report.metric_names import (
     ALLOCATION_SIZE_BUCKETS,
     CPU_ALLOCATION_SIZE,
@@ -171,7 +171,7 @@ class OffloadManager:
     ) -> OffloadManager:
         """The manager with the configured eviction and admission policies; ``requests`` is
         the trace's future, read only by a policy that needs it (Belady)."""
-        policy = make_eviction_policy(config.policy, config.num_chunks, config.policy_module)
+        policy = make_eviction_policy(config_policy_class(config), config.num_chunks)
         if getattr(policy, "needs_future", False):
             if requests is None:
                 raise ValueError(f"policy {config.policy!r} needs the trace's future")
