@@ -12,11 +12,7 @@ from support import ROOT
 
 #: circles still in the tree, each to be broken by the files' owners; the test fails when
 #: a new one appears, and when one listed here is gone (then drop it from this list)
-KNOWN: set[frozenset[str]] = {
-    # fused_lru names the driver's Emit type only; left to the rewrite of the cache-mode
-    # tiers (issue 23 section 2), which moves the tiers' shared types into one module
-    frozenset({"kvsim.cachemode.driver", "kvsim.cachemode.fused_lru"}),
-}
+KNOWN: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, Path]:
