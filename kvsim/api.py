@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.cachemode.driver import write_requests_csv
 from kvsim.core.errors import InputError, did_you_mean
+from kvsim.options.fleet import FLEET_FIELDS, FleetOptions
 from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
 from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
 from kvsim.options.vllm import (
@@ -182,6 +183,17 @@ def replay(
     fmt: str | None = None,
     per_request: bool = True,
     requests_csv: str | os.PathLike[str] | None = None,
+    instances: int | None = None,
+    router: str | None = None,
+    router_staleness_ms: float | None = None,
+    router_prefix_weight: float | None = None,
+    router_queue_weight: float | None = None,
+    router_kv_weight: float | None = None,
+    router_window_s: float | None = None,
+    shared_tier: str | None = None,
+    shared_tier_capacity: str | None = None,
+    shared_tier_eviction: str | None = None,
+    shared_tier_link: str | None = None,
     progress: ProgressArg = None,
 ) -> Result:
     """Cache-mode replay of ``trace``: requests one at a time in trace order, no timing.
@@ -231,6 +243,15 @@ def replay(
     - ``progress``: ``True`` shows a bar counting requests (a widget in a notebook, lines
       in a log file); a callable is called as ``progress(n)`` as requests are replayed.
 
+    A fleet (any of these given; docs/fleets.md): ``instances`` replays behind ``router``
+    (``round-robin``, ``random``, ``least-loaded``, ``session``, ``prefix-aware`` or a
+    ``module:Class`` plugin; ``router_staleness_ms``, ``router_prefix_weight``,
+    ``router_queue_weight``, ``router_kv_weight``, ``router_window_s``), each with the CPU
+    tier above, and optionally ``shared_tier`` (``pool`` or ``fs``; ``shared_tier_capacity``,
+    ``shared_tier_eviction``, ``shared_tier_link``) behind them all. The summary keeps every
+    key above for the fleet as a whole; tables ``requests`` (with ``instance``) and
+    ``instances``.
+
     An unknown keyword or a bad value is an :class:`kvsim.InputError` naming it. Returns a
     :class:`kvsim.Result` whose ``summary`` holds the totals and ratios and whose
     ``requests`` table has one row per request.
@@ -242,8 +263,28 @@ def replay(
     if extra is not None:
         refuse_engine_knobs_in_cache_mode(extra)
     config = make_options(extra, **_pick(given, OFFLOAD_FIELDS)).resolve(tr.block_tokens)
+    fleet = fleet_options(given)
     with Progress(progress, _request_total(tr) if progress is True else None, "replaying") as bar:
+        if fleet is not None:
+            from kvsim.fleet.cache_fleet import replay_fleet
+
+            if run.protocol != "prefix" or run.requests_csv is not None:
+                raise InputError("a fleet replays with --protocol prefix, without --requests-csv")
+            return replay_fleet(
+                tr,
+                config,
+                fleet,
+                fused=run.fused,
+                per_request=run.per_request,
+                progress=bar.callback,
+            )
         return _replay(tr, config, run, bar.callback)
+
+
+def fleet_options(given: Mapping[str, Any]) -> FleetOptions | None:
+    """The fleet a job's keywords ask for, or None (no fleet keyword given: one engine)."""
+    picked = {k: v for k, v in _pick(given, FLEET_FIELDS).items() if v is not None}
+    return FleetOptions(**picked) if picked else None
 
 
 def _pick(given: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:

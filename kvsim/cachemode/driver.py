@@ -22,7 +22,7 @@ import contextlib
 import gc
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
@@ -43,6 +43,7 @@ from kvsim.traces.source import request_records
 
 if TYPE_CHECKING:  # the tiering layer loads only for runs with secondary tiers
     from kvsim.cachemode.tiered_tier import TieredProtocolTier
+    from kvsim.tiering.store import TierStore
     from kvsim.traces.columns import Record
 
 REQUEST_COLUMNS = (
@@ -126,7 +127,8 @@ class CacheReplay:
 
     ``fused=None`` picks the fused tier (:mod:`kvsim.cachemode.fused_tier`: the same decisions,
     several times faster) for kvsim's own ``lru`` and ``arc``, and the full manager
-    protocol otherwise; ``fused=False`` always runs the protocol.
+    protocol otherwise; ``fused=False`` always runs the protocol. ``tier_stores``: secondary
+    tier index -> a store shared with other replays (a fleet's shared tier).
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class CacheReplay:
         requests_for_future: Iterable[Request] | None = None,
         *,
         fused: bool | None = None,
+        tier_stores: Mapping[int, TierStore] | None = None,
     ) -> None:
         self.config = config
         self.layout = config.layout
@@ -153,7 +156,7 @@ class CacheReplay:
             self.manager: ManagerProtocol[Any] | None = None
             from kvsim.cachemode.tiered_tier import TieredProtocolTier
 
-            self.tier = TieredProtocolTier.from_config(config, requests_for_future)
+            self.tier = TieredProtocolTier.from_config(config, requests_for_future, tier_stores)
         elif fused_tier is not None and fused is not False:
             self.tier = fused_tier(
                 config.num_chunks,
@@ -189,6 +192,16 @@ class CacheReplay:
         for name, value in zip(_TOTALS, done):
             t[name] += value * upc if name in ("stored_blocks", "evicted_blocks") else value
         return self.summary()
+
+    def replay_records(self, records: Iterable[Record], emit: Emit) -> None:
+        """Replay ``records`` now, through the per-request loop, and add them to the
+        totals: a fleet hands each instance its requests as it routes them (the same
+        decisions as :meth:`run`, whose fused loops are checked against this one)."""
+        counts = self._replay_requests(records, emit)
+        upc = self.layout.units_per_chunk
+        t = self.totals
+        for name, value in zip(_TOTALS, counts):
+            t[name] += value * upc if name in ("stored_blocks", "evicted_blocks") else value
 
     def _run_parts(
         self,

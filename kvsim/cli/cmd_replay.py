@@ -11,9 +11,11 @@ from kvsim.api import replay
 from kvsim.cli.common import (
     check_output_path,
     echo_summary,
+    fleet_options,
     format_option,
     note_missing_reuse,
     offload_options,
+    pop_fleet_kwargs,
     pop_offload_kwargs,
     schema_option,
     wants_progress,
@@ -66,6 +68,7 @@ from kvsim.traces import as_trace
     "e.g. fs, or fs:capacity=2TiB,policy=arc (a capacity is beyond vLLM, whose tiers "
     "never evict).",
 )
+@fleet_options
 @trace_cache_options
 def replay_command(
     trace: str,
@@ -95,6 +98,7 @@ def replay_command(
           --cpu-gib 64 --model llama-3.1-8b --policy arc
     """
     options = pop_offload_kwargs(kwargs)
+    options.update(pop_fleet_kwargs(kwargs))
     if no_prefix_caching:
         if options.get("gpu_blocks"):
             raise InputError(

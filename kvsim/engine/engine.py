@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from kvsim.options.config import CacheConfig
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
 from kvsim.tiering.build import build_tiered_manager
+from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Request
 
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
@@ -116,6 +117,7 @@ class Engine:
         manager: Any | None = None,
         requests_for_future: Iterable[Request] | None = None,
         progress: Callable[[int], None] | None = None,
+        tier_stores: Mapping[int, TierStore] | None = None,
     ) -> None:
         self.config = config
         self.params = params = params or EngineParams()
@@ -136,7 +138,11 @@ class Engine:
             if manager is None and config.secondary_tiers:
                 self.tiers = TierDriver(self.clock, config)
                 manager = build_tiered_manager(
-                    config, requests_for_future, instant=False, clock=self.tiers.now
+                    config,
+                    requests_for_future,
+                    instant=False,
+                    clock=self.tiers.now,
+                    stores=tier_stores,
                 )
                 self.tiers.attach(manager)
             self.manager = (
@@ -169,6 +175,7 @@ class Engine:
         self._token = 0
         self._source: Iterator[tuple[float, Request]] = iter(())  # the arrivals, set by run()
         self._arrivals_left = False
+        self._external = False  # a caller hands requests in (arrive), see start()
         self._ran = False
         # async scheduling: launched batches (newest first), end of the last forward launched
         self._batches: deque[_Launched] = deque()
@@ -184,36 +191,72 @@ class Engine:
 
     def _push_next_arrival(self) -> None:
         nxt = next(self._source, None)
-        self._arrivals_left = nxt is not None
+        self._arrivals_left = nxt is not None or self._external
         if nxt is not None:
             self.events.push(nxt[0], PHASE_ARRIVAL, nxt)
 
     def run(self, requests: Iterable[Request]) -> Engine:
+        """Replay ``requests`` (in arrival order) to the end; returns the engine."""
+        self.start(requests)
+        events = self.events
+        while events:
+            self.handle_next()
+        self.finish()
+        return self
+
+    # --- the public step API: a fleet interleaves several engines by time ---
+
+    def start(self, requests: Iterable[Request] = (), *, more_arrivals: bool = False) -> None:
+        """Begin a run: ``requests`` arrive on their own; ``more_arrivals``: a caller will
+        also hand requests in with :meth:`arrive` (an engine that waits for work then
+        waits for them, not a stall, until :meth:`no_more_arrivals`)."""
         if self._ran:
             raise RuntimeError("an Engine runs once; build a new one")
         self._ran = True
         p = self.params
         self._source = iter(arrival_times(requests, p.time_scale, p.poisson_rate, p.seed))
         self._push_next_arrival()
-        events, clock = self.events, self.clock
-        while events:
-            t, phase, payload = events.pop()
-            clock.wait_until(t)
-            if phase == PHASE_ARRIVAL:
-                self._admit(*payload)
-                self._arrived = True
-                self._push_next_arrival()
-                now = clock.now()
-                if self._step_at is None or self._step_at > now:
-                    self._schedule_step(now)
-            elif payload == self._token:
-                self._step_at = None
-                if p.async_scheduling:
-                    self._iterate_async()
-                else:
-                    self._after_step(self._step())
+        self._external = more_arrivals
+        self._arrivals_left = self._arrivals_left or more_arrivals
+
+    def next_event(self) -> tuple[float, int] | None:
+        """``(time, phase)`` of the next event (:mod:`.events`), or None when idle."""
+        return self.events.peek_key()
+
+    def handle_next(self) -> None:
+        """Take the next event: an arrival of its own, or a step (stale step events are
+        dropped)."""
+        t, phase, payload = self.events.pop()
+        self.clock.wait_until(t)
+        if phase == PHASE_ARRIVAL:
+            self.arrive(*payload)
+            self._push_next_arrival()
+        elif payload == self._token:
+            self._step_at = None
+            if self.params.async_scheduling:
+                self._iterate_async()
+            else:
+                self._after_step(self._step())
+
+    def arrive(self, arrival: float, req: Request) -> None:
+        """``req`` arrives at ``arrival`` (not before the engine's clock): admit it and
+        step now unless a step is due sooner."""
+        clock = self.clock
+        clock.wait_until(arrival)
+        self._admit(arrival, req)
+        self._arrived = True
+        now = clock.now()
+        if self._step_at is None or self._step_at > now:
+            self._schedule_step(now)
+
+    def no_more_arrivals(self) -> None:
+        """The caller of :meth:`arrive` has no more requests."""
+        self._external = False
+        self._arrivals_left = self.events.has_phase(PHASE_ARRIVAL)
+
+    def finish(self) -> None:
+        """After the last event: let in-flight copies and tier jobs finish."""
         self._drain()
-        return self
 
     def _admit(self, arrival: float, req: Request) -> None:
         layout = self.layout

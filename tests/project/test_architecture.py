@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     # 4: jobs for users: the Python API, sweeps, figures, and the real backend
     "api": 4,
     "sweeps": 4,
+    "fleet": 4,
     "plots": 4,
     "real": 4,
     # 5: the command line and the package's public face
