@@ -471,6 +471,17 @@ def simulate(
     percentile_metrics: str | Iterable[str] | None = None,
     metric_percentiles: str | Iterable[float] | None = None,
     goodput: str | Iterable[str] | Mapping[str, float] | None = None,
+    instances: int | None = None,
+    router: str | None = None,
+    router_staleness_ms: float | None = None,
+    router_prefix_weight: float | None = None,
+    router_queue_weight: float | None = None,
+    router_kv_weight: float | None = None,
+    router_window_s: float | None = None,
+    shared_tier: str | None = None,
+    shared_tier_capacity: str | None = None,
+    shared_tier_eviction: str | None = None,
+    shared_tier_link: str | None = None,
     progress: ProgressArg = None,
 ) -> Result:
     """Timed replay of ``trace`` on one modelled GPU running a vLLM v1-like engine.
@@ -529,6 +540,14 @@ def simulate(
       for the run without offloading); a callable is called as ``progress(n)`` as requests
       finish, in both runs.
 
+    A fleet (any of these given; docs/fleets.md): ``instances`` engines in one event loop
+    behind ``router`` (``router_staleness_ms``, ``router_prefix_weight``,
+    ``router_queue_weight``, ``router_kv_weight``, ``router_window_s`` as in
+    :func:`replay`), optionally sharing ``shared_tier`` (``shared_tier_capacity``,
+    ``shared_tier_eviction``); each instance reaches it over its ``shared_tier_link``,
+    where its copies queue. The summary keeps every key for the fleet as a whole; each table gains
+    ``instance``; an ``instances`` table has one row per instance.
+
     An unknown keyword or a bad value is an :class:`kvsim.InputError` naming it. Returns a
     :class:`kvsim.Result` with tables ``requests``, ``transfers``, ``steps``, ``metrics``
     (every numeric summary value as ``run, metric, value`` rows) and a flat summary.
@@ -551,9 +570,16 @@ def simulate(
     offload.update(model=model or DEFAULT_MODEL, cpu_chunks=cpu_chunks if sized else 1)
     setup = compose(make_options(extra, **offload), timed, extra, tr.block_tokens, sized)
 
+    fleet = fleet_options(given)
+    run: Callable[..., tuple[dict[str, Any], dict[str, Any]]] = run_engine
+    if fleet is not None:
+        from kvsim.fleet.timed_fleet import fleet_runner
+
+        run = fleet_runner(fleet, sized)
+
     label = "simulating (offload)" if baseline and sized else "simulating"
     with Progress(progress, n_requests, label) as bar:
-        summary, tables = run_engine(setup, tr, sized, bench, record_tokens, bar.callback)
+        summary, tables = run(setup, tr, sized, bench, record_tokens, bar.callback)
         summary = {
             "trace": str(tr.path),
             "gpu": setup.gpu.name,
@@ -564,11 +590,9 @@ def simulate(
         }
         if baseline:
             bar.next_pass("baseline (no offload)")
-            base_summary, base_tables = run_engine(
-                setup, tr, False, bench, record_tokens, bar.callback
-            )
+            base_summary, base_tables = run(setup, tr, False, bench, record_tokens, bar.callback)
             summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
-            for name in ("requests", "steps", "tokens"):
+            for name in ("requests", "steps", "tokens", "instances"):
                 if name in base_tables:
                     tables[BASELINE_PREFIX + name] = base_tables[name]
     tables["metrics"] = long_table(summary, BASELINE_PREFIX)  # run, metric, value
@@ -577,5 +601,6 @@ def simulate(
         "limit": limit,
         "baseline": baseline,
         "bench": bench.as_dict(),
+        **(fleet.as_dict() if fleet is not None else {}),
     }
     return Result(summary=summary, tables=tables, config=config_out)

@@ -14,8 +14,10 @@ from kvsim.api import BASELINE_PREFIX, simulate
 from kvsim.cli.common import (
     FC,
     check_output_path,
+    fleet_options,
     note_missing_reuse,
     offload_options,
+    pop_fleet_kwargs,
     pop_offload_kwargs,
     schema_option,
     wants_progress,
@@ -237,6 +239,7 @@ def write_tables(result: Result, out: str) -> list[str]:
     default=None,
     help="Progress bar on stderr (default: when stderr is a terminal).",
 )
+@fleet_options
 @trace_cache_options
 def simulate_command(
     trace: str,
@@ -284,6 +287,7 @@ def simulate_command(
           --model llama-3.1-8b --gpu h200 --cpu-gib 64 --policy arc --baseline
     """
     options = pop_offload_kwargs(kwargs)
+    options.update(pop_fleet_kwargs(kwargs))
     gpu_blocks = options.pop("gpu_blocks", None) or None
     if out_dir is not None:
         if os.path.exists(out_dir) and not os.path.isdir(out_dir):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +36,21 @@ from kvsim.options.vllm import KVConnectorExtraConfig, engine_knobs_from_vllm_co
 from kvsim.report.serve_metrics import BenchSettings
 from kvsim.specs.hardware import GpuSpec, get_gpu, vllm_batch_defaults
 from kvsim.specs.models import ModelSpec
+from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Trace
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TimedSetup", "compose", "in_arrival_order", "run_engine", "timed_tiers"]
+__all__ = [
+    "TimedSetup",
+    "compose",
+    "engine_outputs",
+    "in_arrival_order",
+    "make_engine",
+    "run_engine",
+    "timed_tiers",
+]
 
 
 @dataclass(frozen=True)
@@ -157,8 +166,23 @@ def run_engine(
 ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
     """One pass of ``tr`` through a new engine, with (``offload``) or without the CPU
     tier; returns its summary and its tables (requests, transfers, steps, tokens)."""
-    engine = Engine(
-        setup.config,
+    engine = make_engine(setup, offload, tr, progress).run(tr)
+    return engine_outputs(engine, bench, record_tokens)
+
+
+def make_engine(
+    setup: TimedSetup,
+    offload: bool,
+    tr: Trace | None,
+    progress: Callable[[int], None] | None = None,
+    config: CacheConfig | None = None,
+    tier_stores: Mapping[int, TierStore] | None = None,
+) -> Engine:
+    """A new engine of ``setup`` (``config``: another CPU tier configuration, a fleet's
+    with its shared tier; ``tier_stores``: that tier's shared store); ``tr``: the trace
+    whose future a policy may read."""
+    return Engine(
+        config or setup.config,
         setup.params,
         model=setup.model,
         gpu=setup.gpu,
@@ -167,7 +191,15 @@ def run_engine(
         offload=offload,
         requests_for_future=tr if offload else None,  # read only by policies that need it
         progress=progress,
-    ).run(tr)
+        tier_stores=tier_stores,
+    )
+
+
+def engine_outputs(
+    engine: Engine, bench: BenchSettings, record_tokens: bool = False
+) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """A finished engine's summary and tables (requests, transfers, steps, tokens, and
+    the secondary tiers' columns, table and keys)."""
     rec = engine.recorder
     tables = {
         "requests": rec.request_table(),
@@ -178,7 +210,7 @@ def run_engine(
         tables["tokens"] = rec.token_table()
     summary = summarize(engine, tables["requests"], tables["transfers"], bench)
     if engine.tiers is not None:
-        add_tier_outputs(engine.tiers, tables, summary, setup.config.chunk_tokens)
+        add_tier_outputs(engine.tiers, tables, summary, engine.config.chunk_tokens)
     return summary, tables
 
 

@@ -6,8 +6,8 @@ prefix it holds, per tier) and returns an instance index. The built-ins:
 
 * ``round-robin``: instance ``n mod N`` for the fleet's n-th request;
 * ``random``: uniform, from the run's seed;
-* ``least-loaded``: fewest waiting + running requests (ties: fewer prompt tokens routed,
-  then the lowest index);
+* ``least-loaded``: fewest waiting + running requests as the (possibly stale) view shows
+  them (ties: the lowest index);
 * ``session``: a stable hash (SplitMix64, not Python's ``hash``) of the request's session,
   else of its conversation: a request whose prompt repeats at least half of an earlier
   prompt (a later turn repeats the earlier turns) joins that request's conversation, any
@@ -142,8 +142,8 @@ class RandomRouter:
 
 
 def least_loaded(views: Sequence[InstanceView]) -> int:
-    """Fewest waiting + running; then fewest prompt tokens routed; then the lowest index."""
-    return min(views, key=lambda v: (v.load, v.routed_tokens, v.index)).index
+    """Fewest waiting + running, then the lowest index (nothing the view does not lag)."""
+    return min(views, key=lambda v: (v.load, v.index)).index
 
 
 class LeastLoaded:

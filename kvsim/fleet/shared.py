@@ -38,7 +38,8 @@ _CHUNKS = re.compile(r"\s*(\d+)\s*chunks?\s*", re.IGNORECASE)
 
 
 def shared_tier_spec(fleet: FleetOptions) -> TierSpec | None:
-    """The shared tier as a secondary tier, or None without ``--shared-tier``."""
+    """The shared tier as a secondary tier, or None without ``--shared-tier`` or with a
+    capacity of 0 (a tier that can hold nothing is not looked up: no lookup latency)."""
     if fleet.shared_tier is None:
         for name in ("shared_tier_capacity", "shared_tier_link"):
             if getattr(fleet, name) is not None:
@@ -56,6 +57,8 @@ def shared_tier_spec(fleet: FleetOptions) -> TierSpec | None:
             capacity_chunks = 0
         else:
             capacity_bytes = parse_byte_size(text, "--shared-tier-capacity")
+    if capacity_chunks == 0:  # holds nothing, so no instance asks it: no shared tier
+        return None
     bounded = capacity_bytes is not None or capacity_chunks is not None
     return TierSpec(
         kind,

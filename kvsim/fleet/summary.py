@@ -4,16 +4,17 @@ per-instance tables (hits per tier, load balance, queueing).
 Summary rule: a count (an int that is not configuration) is the sum over the instances; a
 ``*_ratio`` of hits is recomputed from the summed hits and prompt blocks; configuration
 (chunk sizes, capacities per instance, policy, the shared tier's own store counts, which
-every instance sees alike) is instance 0's. So a script written for one engine reads a
-fleet unchanged, and a fleet of one has exactly the engine's summary.
+every instance sees alike) is instance 0's; any other float (a promotion-time
+percentile, a stall time) is the mean over the instances that have one. So a script
+written for one engine reads a fleet unchanged, and a fleet of one has exactly the
+engine's summary.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
-
-import pandas as pd
 
 #: per-instance configuration in a cache-mode summary (not summed)
 CONFIG_KEYS = frozenset(
@@ -53,6 +54,8 @@ def merge_cache_summaries(
         summable = isinstance(value, int) and not isinstance(value, bool)
         if summable and key not in CONFIG_KEYS and not key.endswith("_capacity_chunks"):
             out[key] = value if one_store else sum(s[key] for s in summaries)
+        elif isinstance(value, float) and key not in CONFIG_KEYS:
+            out[key] = _mean([s[key] for s in summaries])
         else:
             out[key] = value
     blocks = out.get("prompt_blocks", 0)
@@ -71,10 +74,13 @@ def merge_cache_summaries(
     return {key: out[key] for key in first}
 
 
-def instance_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per instance, then a ``fleet`` row (sums; shares and ratios recomputed)."""
-    frame = pd.DataFrame.from_records(rows)
-    return frame
+def _mean(values: list[float]) -> float:
+    """The mean of the values that are numbers (NaN: an instance without the event); the
+    value itself for one instance."""
+    if len(values) == 1:
+        return values[0]
+    known = [v for v in values if not math.isnan(v)]
+    return sum(known) / len(known) if known else math.nan
 
 
 def balance_fields(requests: Sequence[int], tokens: Sequence[int]) -> dict[str, Any]:
