@@ -17,6 +17,7 @@ from kvsim.cli.common import (
     offload_options,
     pop_fleet_kwargs,
     pop_offload_kwargs,
+    save_fleet_figure,
     schema_option,
     wants_progress,
 )
@@ -133,6 +134,7 @@ def replay_command(
     )
     if out_dir is not None:
         result.save(out_dir)
+        save_fleet_figure(result, out_dir)
     title = (
         "kvsim replay (cache mode)" if protocol == "prefix" else "kvsim replay (object protocol)"
     )

@@ -19,6 +19,7 @@ from kvsim.cli.common import (
     offload_options,
     pop_fleet_kwargs,
     pop_offload_kwargs,
+    save_fleet_figure,
     schema_option,
     wants_progress,
 )
@@ -328,6 +329,7 @@ def simulate_command(
     )
     if out_dir:
         write_tables(result, out_dir)
+        save_fleet_figure(result, out_dir)
     if chrome_trace:
         write_chrome_trace(
             chrome_trace,

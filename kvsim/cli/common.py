@@ -110,6 +110,16 @@ def pop_fleet_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs.pop(k) for k in FLEET_FIELDS if k in kwargs}
 
 
+def save_fleet_figure(result: Any, out_dir: str) -> list[str]:
+    """A fleet run's ``fleet_balance.png`` / ``.svg`` (load and hit share per instance)
+    beside its tables; nothing for one engine."""
+    if "instances" not in result.tables:
+        return []
+    from kvsim.plots import fleet_balance, save
+
+    return save(fleet_balance(result), os.path.join(out_dir, "fleet_balance"))
+
+
 def pop_offload_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The offload options of a command's keywords (removed from ``kwargs``)."""
     return {k: kwargs.pop(k) for k in OFFLOAD_FIELDS if k in kwargs}
