@@ -125,6 +125,18 @@ def show(key: str, value: Any, signed: bool = False) -> str:
     return format_value(value)
 
 
+#: a fleet's own rows (docs/fleets.md), shown when the run is a fleet
+FLEET_ROWS = [
+    ("instances", "instances"),
+    ("router", "router"),
+    ("shared_tier", "shared tier"),
+    ("shared_hit_tokens", "shared-tier hit tokens"),
+    ("max_requests_per_instance", "max requests per instance"),
+    ("mean_requests_per_instance", "mean requests per instance"),
+    ("token_imbalance", "prompt tokens: max / mean instance"),
+]
+
+
 def format_comparison(result: Result, baseline: bool) -> str:
     """The run as a table (one value column; with ``--baseline`` the run without offloading,
     the difference and the difference in % of it too)."""
@@ -133,7 +145,14 @@ def format_comparison(result: Result, baseline: bool) -> str:
         f"kvsim simulate: {summary['trace']} "
         f"({summary['model']} on {summary['gpu']}, link {summary['link']})"
     )
-    keyed = [*RUN_ROWS, *metric_rows(summary), *LOAD_ROWS, *CACHE_ROWS, *tier_rows(summary)]
+    keyed = [
+        *RUN_ROWS,
+        *metric_rows(summary),
+        *LOAD_ROWS,
+        *CACHE_ROWS,
+        *tier_rows(summary),
+        *FLEET_ROWS,
+    ]
     rows = [(key, label) for key, label in keyed if summary.get(key) is not None]
     diff = result.compare() if baseline else None
     table = []
