@@ -253,6 +253,8 @@ class Engine:
         """The caller of :meth:`arrive` has no more requests."""
         self._external = False
         self._arrivals_left = self.events.has_phase(PHASE_ARRIVAL)
+        if not self.events and self.scheduler.has_requests:  # waiting for an arrival that
+            self._schedule_step(self.clock.now())  # will not come: rescue, or say it stalled
 
     def finish(self) -> None:
         """After the last event: let in-flight copies and tier jobs finish."""
