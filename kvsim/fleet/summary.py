@@ -46,18 +46,19 @@ def merge_cache_summaries(
     for key, value in first.items():
         if key.endswith("_ratio"):
             continue
+        values = [s.get(key) for s in summaries]
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         one_store = (
             shared_prefix is not None
             and key.startswith(shared_prefix + "_")
             and (key.endswith(("_resident_chunks", "_evicted_chunks", "_capacity_chunks")))
         )
-        summable = isinstance(value, int) and not isinstance(value, bool)
-        if summable and key not in CONFIG_KEYS and not key.endswith("_capacity_chunks"):
-            out[key] = value if one_store else sum(s[key] for s in summaries)
-        elif isinstance(value, float) and key not in CONFIG_KEYS:
-            out[key] = _mean([s[key] for s in summaries])
-        else:
+        if key in CONFIG_KEYS or key.endswith("_capacity_chunks") or one_store or not numbers:
             out[key] = value
+        elif all(isinstance(v, int) for v in numbers):
+            out[key] = sum(numbers)
+        else:  # a float (or an instance without the event: None)
+            out[key] = _mean([float(v) for v in numbers])
     blocks = out.get("prompt_blocks", 0)
     for key in first:
         if not key.endswith("_ratio"):

@@ -142,3 +142,21 @@ def test_simulate_cli_runs_a_fleet(capsys) -> None:
         ["simulate", SAMPLE, "--limit", "5", "--instances", "2", "--shared-tier", "pool"], capsys
     )
     assert code == 2 and "give it a size" in err and len(err.strip().splitlines()) == 1
+
+
+def test_timed_fleets_are_deterministic_across_hash_seeds() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    args = [
+        sys.executable, "-m", "kvsim", "simulate", SAMPLE, "--cpu-gib", "4", "--limit", "12",
+        "--instances", "3", "--router", "session", "--shared-tier", "pool", "--json",
+    ]  # fmt: skip
+    outs = set()
+    for seed in ("0", "7"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        outs.add(subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout)
+    assert len(outs) == 1
