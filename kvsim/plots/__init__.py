@@ -28,6 +28,7 @@ from kvsim.plots.capacity import (
     hit_vs_capacity,
     mrc,
     mrc_curve,
+    mrc_title,
     parameter_names,
     series_columns,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "hit_vs_capacity",
     "mrc",
     "mrc_curve",
+    "mrc_title",
     "out_paths",
     "parameter_names",
     "plt",
