@@ -27,7 +27,7 @@ def test_instances_and_router_are_grid_keys() -> None:
         assert row.max_requests_per_instance == alone["max_requests_per_instance"]
 
 
-@pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.OverloadWarning")
+@pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.LoadWarning")
 def test_a_timed_fleet_cell_runs() -> None:
     spec = {
         "traces": [SAMPLE],

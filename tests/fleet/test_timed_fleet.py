@@ -10,13 +10,13 @@ import pytest
 from support import SAMPLE, run_main
 
 import kvsim
-from kvsim.report.serve_metrics import OverloadWarning
+from kvsim.report.serve_metrics import LoadWarning
 from kvsim.traces import Request, as_trace
 
-pytestmark = pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.OverloadWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.LoadWarning")
 
 OPTS = dict(cpu_gib=4, gpu_blocks=3000, time_scale=3.0)
-assert OverloadWarning  # the marker's class
+assert LoadWarning  # the marker's class
 
 
 def _requests(limit: int = 48) -> list[Request]:
