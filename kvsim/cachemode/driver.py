@@ -172,6 +172,7 @@ class CacheReplay:
             self.tier = ProtocolTier(manager, config.chunk_tokens, config.prefill_chunk_tokens)
         self.gpu = GpuBlockPool(config.gpu_blocks)
         self.totals = dict.fromkeys(_TOTALS, 0)
+        self._loop: ReplayLoop | None = None  # replay_records' loop, chosen once
 
     def run(
         self,
@@ -194,10 +195,12 @@ class CacheReplay:
         return self.summary()
 
     def replay_records(self, records: Iterable[Record], emit: Emit) -> None:
-        """Replay ``records`` now, through the per-request loop, and add them to the
-        totals: a fleet hands each instance its requests as it routes them (the same
-        decisions as :meth:`run`, whose fused loops are checked against this one)."""
-        counts = self._replay_requests(records, emit)
+        """Replay ``records`` now, through :meth:`run`'s loop, and add them to the totals:
+        a fleet hands each instance its requests as it routes them."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = self._replay_loop()
+        counts = loop(records, emit)
         upc = self.layout.units_per_chunk
         t = self.totals
         for name, value in zip(_TOTALS, counts):

@@ -28,12 +28,19 @@ def _csv(frame) -> str:
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"policy": "arc"}, {"fused": False}, {"secondary_tiers": [{"type": "fs"}]}],
-    ids=["lru", "arc", "protocol", "tiered"],
+    [
+        {},
+        {"gpu_blocks": 0},
+        {"policy": "arc"},
+        {"fused": False},
+        {"secondary_tiers": [{"type": "fs"}]},
+    ],
+    ids=["lru", "lru-whole-blocks", "arc", "protocol", "tiered"],
 )
 def test_fleet_of_one_is_the_engine(extra) -> None:
-    one = kvsim.replay(SAMPLE, **OPTS, **extra)
-    fleet = kvsim.replay(SAMPLE, **OPTS, **extra, instances=1, router="prefix-aware")
+    opts = {**OPTS, **extra}
+    one = kvsim.replay(SAMPLE, **opts)
+    fleet = kvsim.replay(SAMPLE, **opts, instances=1, router="prefix-aware")
     assert set(fleet.tables["requests"]["instance"]) == {0}
     assert _csv(fleet.tables["requests"].drop(columns="instance")) == _csv(one.tables["requests"])
     for key, value in one.summary.items():
