@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvsim.core.context import RequestContext, chunk_positions
 from kvsim.core.errors import InputError
 from kvsim.core.units import GIB
-from kvsim.engine.arrivals import arrival_times
+from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
 from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.connector import OffloadConnector
@@ -83,13 +83,13 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
     block_tokens = params.gpu_block_tokens
     if params.gpu_blocks is not None:
         return params.gpu_blocks
-    weights = model.num_params * model.default_dtype_bytes / params.tp
+    weights = model.weight_bytes() / params.tp
     avail = (
         gpu.memory_bytes * params.gpu_memory_utilization
         - weights
         - params.activation_reserve_gib * GIB
     )
-    per_block = model.kv_bytes_per_token(tp=params.tp) * block_tokens
+    per_block = model.gpu_kv_bytes_per_token(tp=params.tp) * block_tokens
     n = int(avail // per_block)
     if n < 1:
         raise InputError(
@@ -173,8 +173,10 @@ class Engine:
         self.rescues = 0  # ordering deadlocks broken (see Scheduler.rescue)
         self._step_at: float | None = None
         self._token = 0
-        self._source: Iterator[tuple[float, Request]] = iter(())  # the arrivals, set by run()
-        self._arrivals_left = False
+        self._source: ArrivalSource = TraceArrivals(iter(()))  # the arrivals, set by run()
+        self._tell_finishes = False  # the source decides sends by finishes (a closed loop)
+        self._arrival_events = 0  # arrival events (requests or wake-ups) in the queue
+        self._request_pending = False  # a request arrival is in the queue
         self._external = False  # a caller hands requests in (arrive), see start()
         self._ran = False
         # async scheduling: launched batches (newest first), end of the last forward launched
@@ -189,14 +191,24 @@ class Engine:
         self._step_at = t
         self.events.push(t, phase, self._token)
 
-    def _push_next_arrival(self) -> None:
-        nxt = next(self._source, None)
-        self._arrivals_left = nxt is not None or self._external
+    @property
+    def _arrivals_left(self) -> bool:
+        return self._arrival_events > 0 or self._external
+
+    def _push_next_arrival(self, now: float) -> None:
+        """Ask the source for its next arrival while none is pending; ``now``: the time of
+        what happened (an arrival, a wake-up, a finish), which a step may have passed."""
+        if self._request_pending:
+            return
+        nxt = self._source.next_arrival(now)
         if nxt is not None:
+            self._arrival_events += 1
+            self._request_pending = nxt[1] is not None
             self.events.push(nxt[0], PHASE_ARRIVAL, nxt)
 
-    def run(self, requests: Iterable[Request]) -> Engine:
-        """Replay ``requests`` (in arrival order) to the end; returns the engine."""
+    def run(self, requests: Iterable[Request] | ArrivalSource) -> Engine:
+        """Run ``requests`` (a trace's requests, re-timed by ``params``, or an
+        :class:`ArrivalSource` whose sends may depend on finishes) to the end."""
         self.start(requests)
         events = self.events
         while events:
@@ -206,31 +218,45 @@ class Engine:
 
     # --- the public step API: a fleet interleaves several engines by time ---
 
-    def start(self, requests: Iterable[Request] = (), *, more_arrivals: bool = False) -> None:
-        """Begin a run: ``requests`` arrive on their own; ``more_arrivals``: a caller will
-        also hand requests in with :meth:`arrive` (an engine that waits for work then
-        waits for them, not a stall, until :meth:`no_more_arrivals`)."""
+    def start(
+        self, requests: Iterable[Request] | ArrivalSource = (), *, more_arrivals: bool = False
+    ) -> None:
+        """Begin a run: ``requests`` arrive on their own (see :meth:`run`);
+        ``more_arrivals``: a caller will also hand requests in with :meth:`arrive` (an
+        engine that waits for work then waits for them, not a stall, until
+        :meth:`no_more_arrivals`)."""
         if self._ran:
             raise RuntimeError("an Engine runs once; build a new one")
         self._ran = True
         p = self.params
-        self._source = iter(arrival_times(requests, p.time_scale, p.poisson_rate, p.seed))
-        self._push_next_arrival()
+        if hasattr(requests, "next_arrival"):
+            self._source = requests  # type: ignore[assignment]
+            self._tell_finishes = getattr(requests, "wants_finishes", True)
+        else:
+            timed = arrival_times(requests, p.time_scale, p.poisson_rate, p.seed)
+            self._source = TraceArrivals(iter(timed))
         self._external = more_arrivals
-        self._arrivals_left = self._arrivals_left or more_arrivals
+        self._push_next_arrival(self.clock.now())
 
     def next_event(self) -> tuple[float, int] | None:
         """``(time, phase)`` of the next event (:mod:`.events`), or None when idle."""
         return self.events.peek_key()
 
     def handle_next(self) -> None:
-        """Take the next event: an arrival of its own, or a step (stale step events are
-        dropped)."""
+        """Take the next event: an arrival (or wake-up) of the engine's own source, or a
+        step (stale step events are dropped)."""
         t, phase, payload = self.events.pop()
         self.clock.wait_until(t)
         if phase == PHASE_ARRIVAL:
-            self.arrive(*payload)
-            self._push_next_arrival()
+            self._arrival_events -= 1
+            if payload[1] is None:  # the source's wake-up
+                self._push_next_arrival(t)
+                return
+            self._request_pending = False
+            self._admit(*payload)
+            self._arrived = True
+            self._push_next_arrival(t)
+            self._step_soon()
         elif payload == self._token:
             self._step_at = None
             if self.params.async_scheduling:
@@ -238,27 +264,34 @@ class Engine:
             else:
                 self._after_step(self._step())
 
-    def arrive(self, arrival: float, req: Request) -> None:
-        """``req`` arrives at ``arrival`` (not before the engine's clock): admit it and
-        step now unless a step is due sooner."""
-        clock = self.clock
-        clock.wait_until(arrival)
-        self._admit(arrival, req)
-        self._arrived = True
-        now = clock.now()
+    def _step_soon(self) -> None:
+        """A request arrived: step now unless a step is due sooner."""
+        now = self.clock.now()
         if self._step_at is None or self._step_at > now:
             self._schedule_step(now)
+
+    def arrive(self, arrival: float, req: Request) -> None:
+        """``req``, handed in by the caller, arrives at ``arrival`` (not before the
+        engine's clock): admit it and step now unless a step is due sooner."""
+        self.clock.wait_until(arrival)
+        self._admit(arrival, req)
+        self._arrived = True
+        self._step_soon()
 
     def no_more_arrivals(self) -> None:
         """The caller of :meth:`arrive` has no more requests."""
         self._external = False
-        self._arrivals_left = self.events.has_phase(PHASE_ARRIVAL)
         if not self.events and self.scheduler.has_requests:  # waiting for an arrival that
             self._schedule_step(self.clock.now())  # will not come: rescue, or say it stalled
 
     def finish(self) -> None:
         """After the last event: let in-flight copies and tier jobs finish."""
         self._drain()
+        if not self._source.done:
+            raise RuntimeError(
+                f"engine idle at t={self.clock.now():.6f}s while its arrival source still had "
+                "requests to send"
+            )
 
     def _admit(self, arrival: float, req: Request) -> None:
         layout = self.layout
@@ -286,15 +319,21 @@ class Engine:
         block = self.params.gpu_block_tokens
         if -(-(sr.prompt + sr.output) // block) > self.num_gpu_blocks:
             sr.status = REJECTED
-            self._finished(1)
+            self._finished([sr], arrival)
             return
         if manager is not None:
             manager.on_new_request(ctx)
         self.scheduler.waiting.append(sr)
 
-    def _finished(self, n: int) -> None:
+    def _finished(self, done: list[SimRequest], t: float) -> None:
+        """Count finished (or refused) requests; tell a closed-loop source, which may send
+        its next request now."""
         if self.progress is not None:
-            self.progress(n)
+            self.progress(len(done))
+        if self._tell_finishes:
+            for r in done:
+                self._source.finished(r.rid, t)
+            self._push_next_arrival(t)
 
     # --- one engine step ---
 
@@ -336,7 +375,7 @@ class Engine:
         n_preempted = len(sched.preempted)
         finished = sched.update(t2)
         if finished:
-            self._finished(len(finished))
+            self._finished(finished, t2)
         submitted = (conn.loads_submitted + conn.stores_submitted) if conn is not None else 0
         if rec.record_steps:
             self._record_step(
@@ -496,7 +535,7 @@ class Engine:
         done = conn.complete(b.results, rec.on_done) if conn is not None else 0
         finished = sched.update(b.end_s, b.entries)
         if finished:
-            self._finished(len(finished))
+            self._finished(finished, b.end_s)
         if rec.record_steps:
             self._record_step(
                 b.step,

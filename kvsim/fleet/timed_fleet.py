@@ -37,6 +37,7 @@ from kvsim.options.fleet import FleetOptions
 from kvsim.report.serve_metrics import BenchSettings
 from kvsim.tiering.manager import TieredManager
 from kvsim.traces.model import Trace
+from kvsim.workloads import Workload
 
 _HIT = LookupResult.HIT
 
@@ -113,7 +114,8 @@ def simulate_fleet(
         config, index = with_shared_tier(config, spec)
         stores = {index: shared_store(config, index, tr)}
         shared_prefix = f"tier{index + 1}_{spec.type}"
-    engines = [make_engine(setup, offload, tr, progress, config, stores) for _ in range(n)]
+    future = tr if offload else None  # read only by policies that need it
+    engines = [make_engine(setup, offload, future, progress, config, stores) for _ in range(n)]
     router = make_router(
         fleet.router,
         n,
@@ -150,12 +152,21 @@ def fleet_runner(fleet: FleetOptions, sized: bool) -> Callable[..., tuple[dict[s
 
     def run(
         setup: TimedSetup,
-        tr: Trace,
+        tr: Trace | Workload,
         offload: bool,
         bench: BenchSettings,
         record_tokens: bool = False,
         progress: Callable[[int], None] | None = None,
+        stages: Sequence[int] | None = None,
     ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+        if isinstance(tr, Workload):
+            if tr.closed:
+                raise InputError(
+                    "a fleet routes open arrivals (a trace, or a workload at a request "
+                    "rate); a closed loop of clients (concurrency) across a fleet is not "
+                    "modelled"
+                )
+            tr = tr.trace()
         mine = fleet
         if not offload:
             mine = fleet.with_(shared_tier=None, shared_tier_capacity=None, shared_tier_link=None)
