@@ -160,3 +160,22 @@ def test_timed_fleets_are_deterministic_across_hash_seeds() -> None:
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
         outs.add(subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout)
     assert len(outs) == 1
+
+
+def test_a_fleet_runs_an_open_workload_and_refuses_a_closed_loop() -> None:
+    workload = {
+        "type": "shared_prefix",
+        "num_groups": 3,
+        "num_prompts_per_group": 4,
+        "system_prompt_len": 2000,
+        "question_len": 256,
+        "output_len": 32,
+    }
+    open_load = {"type": "poisson", "stages": [{"rate": 2, "duration": 6}]}
+    run = kvsim.simulate(
+        workload=workload, load=open_load, cpu_gib=8, instances=2, router="prefix-aware"
+    )
+    assert run.summary["instances"] == 2 and run.summary["requests"] > 0
+    closed = {"type": "concurrency", "stages": [{"concurrency": 3, "num_requests": 12}]}
+    with pytest.raises(kvsim.InputError, match="closed loop"):
+        kvsim.simulate(workload=workload, load=closed, cpu_gib=8, instances=2)
