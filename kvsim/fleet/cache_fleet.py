@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
-from kvsim.cachemode.driver import RequestRow, _no_cycle_collection
 from kvsim.cachemode.fused_tier import FusedTier
 from kvsim.cachemode.protocol_tier import ProtocolTier
+from kvsim.cachemode.tier import RequestRow
 from kvsim.cachemode.tiered_tier import TieredProtocolTier
 from kvsim.core.keys import ChunkKey
 from kvsim.fleet.routers import make_router
@@ -36,8 +36,8 @@ def cpu_prefix(tier: Any, keys: Sequence[ChunkKey]) -> int:
     """How many leading ``keys`` a cache-mode CPU tier holds (no side effects)."""
     if isinstance(tier, FusedTier):
         return tier.resident_prefix(keys)
-    manager = tier.manager.primary if isinstance(tier, TieredProtocolTier) else tier.manager
-    assert isinstance(tier, (ProtocolTier, TieredProtocolTier))
+    assert isinstance(tier, ProtocolTier)
+    manager: Any = tier.tiered.primary if isinstance(tier, TieredProtocolTier) else tier.manager
     count = 0
     for key in keys:
         if manager.lookup(key) is not _HIT:
@@ -128,8 +128,7 @@ def replay_fleet(
     )
     rows: list[tuple[Any, ...]] = []
     routes: list[int] = []
-    with _no_cycle_collection():
-        _run(tr, instances, view, rows, routes, per_request, progress)
+    _run(tr, instances, view, rows, routes, per_request, progress)
     summaries = [r.summary() for r in instances]
     summary = merge_cache_summaries(summaries, shared_prefix)
     summary.update(_fleet_fields(fleet, view, summaries, shared_prefix))

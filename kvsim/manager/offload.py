@@ -151,7 +151,7 @@ class OffloadManager:
         # a plugin's faults are reported as the user's, one line; kvsim's own propagate
         self._user_policy = not type(policy).__module__.startswith("kvsim.")
         self.admission = admission if admission is not None else AdmissionPolicy()
-        self._filters = type(self.admission).admit is not AdmissionPolicy.admit
+        self._filters = self.admission.filters
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self._num_allocated = 0
         self._free_list: list[int] = []
