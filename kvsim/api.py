@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.cachemode.driver import write_requests_csv
 from kvsim.core.errors import InputError, InputWarning, did_you_mean
+from kvsim.options.fleet import FLEET_FIELDS, FleetOptions
 from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
 from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
 from kvsim.options.vllm import (
@@ -185,6 +186,17 @@ def replay(
     fmt: str | None = None,
     per_request: bool = True,
     requests_csv: str | os.PathLike[str] | None = None,
+    instances: int | None = None,
+    router: str | None = None,
+    router_staleness_ms: float | None = None,
+    router_prefix_weight: float | None = None,
+    router_queue_weight: float | None = None,
+    router_kv_weight: float | None = None,
+    router_window_s: float | None = None,
+    shared_tier: str | None = None,
+    shared_tier_capacity: str | None = None,
+    shared_tier_eviction: str | None = None,
+    shared_tier_link: str | None = None,
     progress: ProgressArg = None,
 ) -> Result:
     """Cache-mode replay of ``trace``: requests one at a time in trace order, no timing.
@@ -234,6 +246,15 @@ def replay(
     - ``progress``: ``True`` shows a bar counting requests (a widget in a notebook, lines
       in a log file); a callable is called as ``progress(n)`` as requests are replayed.
 
+    A fleet (any of these given; docs/fleets.md): ``instances`` replays behind ``router``
+    (``round-robin``, ``random``, ``least-loaded``, ``session``, ``prefix-aware`` or a
+    ``module:Class`` plugin; ``router_staleness_ms``, ``router_prefix_weight``,
+    ``router_queue_weight``, ``router_kv_weight``, ``router_window_s``), each with the CPU
+    tier above, and optionally ``shared_tier`` (``pool`` or ``fs``; ``shared_tier_capacity``,
+    ``shared_tier_eviction``, ``shared_tier_link``) behind them all. The summary keeps every
+    key above for the fleet as a whole; tables ``requests`` (with ``instance``) and
+    ``instances``.
+
     An unknown keyword or a bad value is an :class:`kvsim.InputError` naming it. Returns a
     :class:`kvsim.Result` whose ``summary`` holds the totals and ratios and whose
     ``requests`` table has one row per request.
@@ -245,8 +266,28 @@ def replay(
     if extra is not None:
         refuse_engine_knobs_in_cache_mode(extra)
     config = make_options(extra, **_pick(given, OFFLOAD_FIELDS)).resolve(tr.block_tokens)
+    fleet = fleet_options(given)
     with Progress(progress, _request_total(tr) if progress is True else None, "replaying") as bar:
+        if fleet is not None:
+            from kvsim.fleet.cache_fleet import replay_fleet
+
+            if run.protocol != "prefix" or run.requests_csv is not None:
+                raise InputError("a fleet replays with --protocol prefix, without --requests-csv")
+            return replay_fleet(
+                tr,
+                config,
+                fleet,
+                fused=run.fused,
+                per_request=run.per_request,
+                progress=bar.callback,
+            )
         return _replay(tr, config, run, bar.callback)
+
+
+def fleet_options(given: Mapping[str, Any]) -> FleetOptions | None:
+    """The fleet a job's keywords ask for, or None (no fleet keyword given: one engine)."""
+    picked = {k: v for k, v in _pick(given, FLEET_FIELDS).items() if v is not None}
+    return FleetOptions(**picked) if picked else None
 
 
 def _pick(given: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
@@ -454,6 +495,17 @@ def simulate(
     percentile_metrics: str | Iterable[str] | None = None,
     metric_percentiles: str | Iterable[float] | None = None,
     goodput: str | Iterable[str] | Mapping[str, float] | None = None,
+    instances: int | None = None,
+    router: str | None = None,
+    router_staleness_ms: float | None = None,
+    router_prefix_weight: float | None = None,
+    router_queue_weight: float | None = None,
+    router_kv_weight: float | None = None,
+    router_window_s: float | None = None,
+    shared_tier: str | None = None,
+    shared_tier_capacity: str | None = None,
+    shared_tier_eviction: str | None = None,
+    shared_tier_link: str | None = None,
     progress: ProgressArg = None,
 ) -> Result:
     """Timed replay of ``trace`` on one modelled GPU running a vLLM v1-like engine.
@@ -521,6 +573,14 @@ def simulate(
       for the run without offloading); a callable is called as ``progress(n)`` as requests
       finish, in both runs.
 
+    A fleet (any of these given; docs/fleets.md): ``instances`` engines in one event loop
+    behind ``router`` (``router_staleness_ms``, ``router_prefix_weight``,
+    ``router_queue_weight``, ``router_kv_weight``, ``router_window_s`` as in
+    :func:`replay`), optionally sharing ``shared_tier`` (``shared_tier_capacity``,
+    ``shared_tier_eviction``); each instance reaches it over its ``shared_tier_link``,
+    where its copies queue. The summary keeps every key for the fleet as a whole; each table gains
+    ``instance``; an ``instances`` table has one row per instance.
+
     An unknown keyword or a bad value is an :class:`kvsim.InputError` naming it. Returns a
     :class:`kvsim.Result` with tables ``requests``, ``transfers``, ``steps``, ``metrics``
     (every numeric summary value as ``run, metric, value`` rows) and a flat summary.
@@ -550,11 +610,16 @@ def simulate(
     offload.update(model=model or DEFAULT_MODEL, cpu_chunks=cpu_chunks if sized else 1)
     setup = compose(make_options(extra, **offload), timed, extra, tr.block_tokens, sized)
 
+    fleet = fleet_options(given)
+    run: Callable[..., tuple[dict[str, Any], dict[str, Any]]] = run_engine
+    if fleet is not None:
+        from kvsim.fleet.timed_fleet import fleet_runner
+
+        run = fleet_runner(fleet, sized)
+
     label = "simulating (offload)" if baseline and sized else "simulating"
     with Progress(progress, n_requests, label) as bar:
-        summary, tables = run_engine(
-            setup, tr, sized, bench, record_tokens, bar.callback, stages=stages
-        )
+        summary, tables = run(setup, tr, sized, bench, record_tokens, bar.callback, stages=stages)
         summary = {
             "trace": tr.name if isinstance(tr, Workload) else str(tr.path),
             "gpu": setup.gpu.name,
@@ -565,11 +630,11 @@ def simulate(
         }
         if baseline:
             bar.next_pass("baseline (no offload)")
-            base_summary, base_tables = run_engine(
+            base_summary, base_tables = run(
                 setup, tr, False, bench, record_tokens, bar.callback, stages=stages
             )
             summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
-            for name in ("requests", "steps", "tokens", "stages"):
+            for name in ("requests", "steps", "tokens", "stages", "instances"):
                 if name in base_tables:
                     tables[BASELINE_PREFIX + name] = base_tables[name]
     tables["metrics"] = long_table(summary, BASELINE_PREFIX)  # run, metric, value
@@ -579,6 +644,7 @@ def simulate(
         "limit": limit,
         "baseline": baseline,
         "bench": bench.as_dict(),
+        **(fleet.as_dict() if fleet is not None else {}),
     }
     return Result(summary=summary, tables=tables, config=config_out)
 

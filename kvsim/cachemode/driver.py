@@ -19,7 +19,7 @@ columns (:func:`kvsim.traces.source.request_records`), without a ``Request`` per
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,7 @@ from kvsim.traces.model import Request
 from kvsim.traces.source import request_records
 
 if TYPE_CHECKING:
+    from kvsim.tiering.store import TierStore
     from kvsim.traces.columns import Record
 
 REQUEST_COLUMNS = (
@@ -96,7 +97,8 @@ class CacheReplay:
 
     ``fused=None`` picks the fused tier (:mod:`kvsim.cachemode.fused_tier`: the same decisions,
     several times faster) for kvsim's own ``lru`` and ``arc``, and the full manager
-    protocol otherwise; ``fused=False`` always runs the protocol.
+    protocol otherwise; ``fused=False`` always runs the protocol. ``tier_stores``: secondary
+    tier index -> a store shared with other replays (a fleet's shared tier).
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class CacheReplay:
         requests_for_future: Iterable[Request] | None = None,
         *,
         fused: bool | None = None,
+        tier_stores: Mapping[int, TierStore] | None = None,
     ) -> None:
         self.config = config
         self.layout = config.layout
@@ -123,7 +126,7 @@ class CacheReplay:
             self.manager: ManagerProtocol[Any] | None = None
             from kvsim.cachemode.tiered_tier import TieredProtocolTier
 
-            self.tier = TieredProtocolTier.from_config(config, requests_for_future)
+            self.tier = TieredProtocolTier.from_config(config, requests_for_future, tier_stores)
         elif fused_tier is not None and fused is not False:
             self.tier = fused_tier(
                 config.num_chunks,
@@ -139,6 +142,7 @@ class CacheReplay:
             self.tier = ProtocolTier(manager, config.chunk_tokens, config.prefill_chunk_tokens)
         self.gpu = GpuBlockPool(config.gpu_blocks)
         self.totals = dict.fromkeys(_TOTALS, 0)
+        self._loop: ReplayLoop | None = None  # replay_records' loop, chosen once
 
     def run(
         self,
@@ -158,6 +162,18 @@ class CacheReplay:
         for name, value in zip(_TOTALS, done):
             t[name] += value * upc if name in ("stored_blocks", "evicted_blocks") else value
         return self.summary()
+
+    def replay_records(self, records: Iterable[Record], emit: Emit) -> None:
+        """Replay ``records`` now, through :meth:`run`'s loop, and add them to the totals:
+        a fleet hands each instance its requests as it routes them."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = self._replay_loop()
+        counts = loop(records, emit)
+        upc = self.layout.units_per_chunk
+        t = self.totals
+        for name, value in zip(_TOTALS, counts):
+            t[name] += value * upc if name in ("stored_blocks", "evicted_blocks") else value
 
     def _run_parts(
         self,

@@ -65,6 +65,10 @@ class FusedTier(Tier):
     def _lookup(self, keys: Sequence[ChunkKey], ctx: Any = None) -> int:
         """How many leading keys are resident (the connector's scan)."""
 
+    def resident_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """How many leading keys are resident, touching nothing (a fleet's router asks)."""
+        return self._lookup(keys)
+
     @abstractmethod
     def _reuse(self, keys: Sequence[ChunkKey]) -> None:
         """The request loads these resident keys (recorded as reuse)."""

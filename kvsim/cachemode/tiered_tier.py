@@ -25,7 +25,7 @@ prompt keep evicting one another). kvsim counts it and runs the request without 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from kvsim.cachemode.protocol_tier import ProtocolTier
@@ -37,6 +37,7 @@ from kvsim.options.tiers import describe_tier
 from kvsim.tiering import TieredManager
 from kvsim.tiering.build import build_tiered_manager, tier_capacity_chunks
 from kvsim.tiering.metrics import PROMOTION_ALLOCATION_FAILURES
+from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Request
 
 #: lookup steps after which a request that still waits counts as stalled
@@ -66,10 +67,14 @@ class TieredProtocolTier(ProtocolTier):
 
     @classmethod
     def from_config(
-        cls, config: CacheConfig, requests_for_future: Iterable[Request] | None = None
+        cls,
+        config: CacheConfig,
+        requests_for_future: Iterable[Request] | None = None,
+        stores: Mapping[int, TierStore] | None = None,
     ) -> TieredProtocolTier:
-        """The configured CPU tier and secondary tiers, with zero-time transfers."""
-        manager = build_tiered_manager(config, requests_for_future, instant=True)
+        """The configured CPU tier and secondary tiers, with zero-time transfers
+        (``stores``: shared tier stores, see :func:`build_tiered_manager`)."""
+        manager = build_tiered_manager(config, requests_for_future, instant=True, stores=stores)
         return cls(manager, config.chunk_tokens, config.prefill_chunk_tokens)
 
     def resident_keys(self) -> list[ChunkKey]:

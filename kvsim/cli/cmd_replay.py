@@ -11,10 +11,13 @@ from kvsim.api import replay
 from kvsim.cli.common import (
     check_output_path,
     echo_summary,
+    fleet_options,
     format_option,
     note_missing_reuse,
     offload_options,
+    pop_fleet_kwargs,
     pop_offload_kwargs,
+    save_fleet_figure,
     schema_option,
     wants_progress,
 )
@@ -66,6 +69,7 @@ from kvsim.traces import as_trace
     "e.g. fs, or fs:capacity=2TiB,policy=arc (a capacity is beyond vLLM, whose tiers "
     "never evict).",
 )
+@fleet_options
 @trace_cache_options
 def replay_command(
     trace: str,
@@ -95,6 +99,7 @@ def replay_command(
           --cpu-gib 64 --model llama-3.1-8b --policy arc
     """
     options = pop_offload_kwargs(kwargs)
+    options.update(pop_fleet_kwargs(kwargs))
     if no_prefix_caching:
         if options.get("gpu_blocks"):
             raise InputError(
@@ -129,6 +134,7 @@ def replay_command(
     )
     if out_dir is not None:
         result.save(out_dir)
+        save_fleet_figure(result, out_dir)
     title = (
         "kvsim replay (cache mode)" if protocol == "prefix" else "kvsim replay (object protocol)"
     )

@@ -14,9 +14,12 @@ from kvsim.api import BASELINE_PREFIX, simulate
 from kvsim.cli.common import (
     FC,
     check_output_path,
+    fleet_options,
     note_missing_reuse,
     offload_options,
+    pop_fleet_kwargs,
     pop_offload_kwargs,
+    save_fleet_figure,
     schema_option,
     wants_progress,
 )
@@ -207,6 +210,7 @@ def write_tables(result: Result, out: str) -> list[str]:
     default=None,
     help="Progress bar on stderr (default: when stderr is a terminal).",
 )
+@fleet_options
 @trace_cache_options
 def simulate_command(
     trace: str | None,
@@ -266,6 +270,7 @@ def simulate_command(
           num_requests: 1000}]}'
     """
     options = pop_offload_kwargs(kwargs)
+    options.update(pop_fleet_kwargs(kwargs))
     gpu_blocks = options.pop("gpu_blocks", None) or None
     if out_dir is not None:
         if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -309,6 +314,7 @@ def simulate_command(
     )
     if out_dir:
         write_tables(result, out_dir)
+        save_fleet_figure(result, out_dir)
     if chrome_trace:
         write_chrome_trace(
             chrome_trace,

@@ -95,6 +95,31 @@ def offload_options(f: FC) -> FC:
     return _apply(f, [*options, schema_option(ReplayOptions, "vllm_config")])
 
 
+def fleet_options(f: FC) -> FC:
+    """``--instances``, ``--router`` and the rest of :class:`FleetOptions` (docs/fleets.md):
+    a fleet behind a router, optionally with a shared tier."""
+    from kvsim.options.fleet import FLEET_FIELDS, FleetOptions
+
+    return _apply(f, [schema_option(FleetOptions, n) for n in FLEET_FIELDS])
+
+
+def pop_fleet_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The fleet options of a command's keywords (removed from ``kwargs``)."""
+    from kvsim.options.fleet import FLEET_FIELDS
+
+    return {k: kwargs.pop(k) for k in FLEET_FIELDS if k in kwargs}
+
+
+def save_fleet_figure(result: Any, out_dir: str) -> list[str]:
+    """A fleet run's ``fleet_balance.png`` / ``.svg`` (load and hit share per instance)
+    beside its tables; nothing for one engine."""
+    if "instances" not in result.tables:
+        return []
+    from kvsim.plots import fleet_balance, save
+
+    return save(fleet_balance(result), os.path.join(out_dir, "fleet_balance"))
+
+
 def pop_offload_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The offload options of a command's keywords (removed from ``kwargs``)."""
     return {k: kwargs.pop(k) for k in OFFLOAD_FIELDS if k in kwargs}

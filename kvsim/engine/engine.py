@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from kvsim.options.config import CacheConfig
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
 from kvsim.tiering.build import build_tiered_manager
+from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Request
 
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
@@ -116,6 +117,7 @@ class Engine:
         manager: Any | None = None,
         requests_for_future: Iterable[Request] | None = None,
         progress: Callable[[int], None] | None = None,
+        tier_stores: Mapping[int, TierStore] | None = None,
     ) -> None:
         self.config = config
         self.params = params = params or EngineParams()
@@ -136,7 +138,11 @@ class Engine:
             if manager is None and config.secondary_tiers:
                 self.tiers = TierDriver(self.clock, config)
                 manager = build_tiered_manager(
-                    config, requests_for_future, instant=False, clock=self.tiers.now
+                    config,
+                    requests_for_future,
+                    instant=False,
+                    clock=self.tiers.now,
+                    stores=tier_stores,
                 )
                 self.tiers.attach(manager)
             self.manager = (
@@ -171,6 +177,7 @@ class Engine:
         self._tell_finishes = False  # the source decides sends by finishes (a closed loop)
         self._arrival_events = 0  # arrival events (requests or wake-ups) in the queue
         self._request_pending = False  # a request arrival is in the queue
+        self._external = False  # a caller hands requests in (arrive), see start()
         self._ran = False
         # async scheduling: launched batches (newest first), end of the last forward launched
         self._batches: deque[_Launched] = deque()
@@ -186,7 +193,7 @@ class Engine:
 
     @property
     def _arrivals_left(self) -> bool:
-        return self._arrival_events > 0
+        return self._arrival_events > 0 or self._external
 
     def _push_next_arrival(self, now: float) -> None:
         """Ask the source for its next arrival while none is pending; ``now``: the time of
@@ -202,6 +209,22 @@ class Engine:
     def run(self, requests: Iterable[Request] | ArrivalSource) -> Engine:
         """Run ``requests`` (a trace's requests, re-timed by ``params``, or an
         :class:`ArrivalSource` whose sends may depend on finishes) to the end."""
+        self.start(requests)
+        events = self.events
+        while events:
+            self.handle_next()
+        self.finish()
+        return self
+
+    # --- the public step API: a fleet interleaves several engines by time ---
+
+    def start(
+        self, requests: Iterable[Request] | ArrivalSource = (), *, more_arrivals: bool = False
+    ) -> None:
+        """Begin a run: ``requests`` arrive on their own (see :meth:`run`);
+        ``more_arrivals``: a caller will also hand requests in with :meth:`arrive` (an
+        engine that waits for work then waits for them, not a stall, until
+        :meth:`no_more_arrivals`)."""
         if self._ran:
             raise RuntimeError("an Engine runs once; build a new one")
         self._ran = True
@@ -212,36 +235,63 @@ class Engine:
         else:
             timed = arrival_times(requests, p.time_scale, p.poisson_rate, p.seed)
             self._source = TraceArrivals(iter(timed))
+        self._external = more_arrivals
         self._push_next_arrival(self.clock.now())
-        events, clock = self.events, self.clock
-        while events:
-            t, phase, payload = events.pop()
-            clock.wait_until(t)
-            if phase == PHASE_ARRIVAL:
-                self._arrival_events -= 1
-                if payload[1] is None:  # the source's wake-up
-                    self._push_next_arrival(t)
-                    continue
-                self._request_pending = False
-                self._admit(*payload)
-                self._arrived = True
+
+    def next_event(self) -> tuple[float, int] | None:
+        """``(time, phase)`` of the next event (:mod:`.events`), or None when idle."""
+        return self.events.peek_key()
+
+    def handle_next(self) -> None:
+        """Take the next event: an arrival (or wake-up) of the engine's own source, or a
+        step (stale step events are dropped)."""
+        t, phase, payload = self.events.pop()
+        self.clock.wait_until(t)
+        if phase == PHASE_ARRIVAL:
+            self._arrival_events -= 1
+            if payload[1] is None:  # the source's wake-up
                 self._push_next_arrival(t)
-                now = clock.now()
-                if self._step_at is None or self._step_at > now:
-                    self._schedule_step(now)
-            elif payload == self._token:
-                self._step_at = None
-                if p.async_scheduling:
-                    self._iterate_async()
-                else:
-                    self._after_step(self._step())
+                return
+            self._request_pending = False
+            self._admit(*payload)
+            self._arrived = True
+            self._push_next_arrival(t)
+            self._step_soon()
+        elif payload == self._token:
+            self._step_at = None
+            if self.params.async_scheduling:
+                self._iterate_async()
+            else:
+                self._after_step(self._step())
+
+    def _step_soon(self) -> None:
+        """A request arrived: step now unless a step is due sooner."""
+        now = self.clock.now()
+        if self._step_at is None or self._step_at > now:
+            self._schedule_step(now)
+
+    def arrive(self, arrival: float, req: Request) -> None:
+        """``req``, handed in by the caller, arrives at ``arrival`` (not before the
+        engine's clock): admit it and step now unless a step is due sooner."""
+        self.clock.wait_until(arrival)
+        self._admit(arrival, req)
+        self._arrived = True
+        self._step_soon()
+
+    def no_more_arrivals(self) -> None:
+        """The caller of :meth:`arrive` has no more requests."""
+        self._external = False
+        if not self.events and self.scheduler.has_requests:  # waiting for an arrival that
+            self._schedule_step(self.clock.now())  # will not come: rescue, or say it stalled
+
+    def finish(self) -> None:
+        """After the last event: let in-flight copies and tier jobs finish."""
         self._drain()
         if not self._source.done:
             raise RuntimeError(
-                f"engine idle at t={clock.now():.6f}s while its arrival source still had "
+                f"engine idle at t={self.clock.now():.6f}s while its arrival source still had "
                 "requests to send"
             )
-        return self
 
     def _admit(self, arrival: float, req: Request) -> None:
         layout = self.layout

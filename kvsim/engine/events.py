@@ -39,6 +39,17 @@ class EventQueue:
         time, phase, _, payload = heapq.heappop(self._heap)
         return time, phase, payload
 
+    def peek_key(self) -> tuple[float, int] | None:
+        """``(time, phase)`` of the next event, or None."""
+        if not self._heap:
+            return None
+        head = self._heap[0]
+        return head[0], head[1]
+
+    def has_phase(self, phase: int) -> bool:
+        """Whether any queued event is of ``phase``."""
+        return any(e[1] == phase for e in self._heap)
+
     def peek_time(self) -> float | None:
         return self._heap[0][0] if self._heap else None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,13 +39,22 @@ from kvsim.options.vllm import KVConnectorExtraConfig, engine_knobs_from_vllm_co
 from kvsim.report.serve_metrics import BenchSettings
 from kvsim.specs.hardware import GpuSpec, get_gpu, vllm_batch_defaults
 from kvsim.specs.models import ModelSpec
-from kvsim.traces.model import Trace
+from kvsim.tiering.store import TierStore
+from kvsim.traces.model import Request, Trace
 from kvsim.workloads import ClientSource, Workload
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TimedSetup", "compose", "in_arrival_order", "run_engine", "timed_tiers"]
+__all__ = [
+    "TimedSetup",
+    "compose",
+    "engine_outputs",
+    "in_arrival_order",
+    "make_engine",
+    "run_engine",
+    "timed_tiers",
+]
 
 
 @dataclass(frozen=True)
@@ -173,8 +182,26 @@ def run_engine(
         arrivals = source = tr.source()
     else:
         arrivals = tr
-    engine = Engine(
-        setup.config,
+    engine = make_engine(setup, offload, future, progress).run(arrivals)
+    if source is not None:
+        stages = source.stage_of
+    closed = isinstance(tr, Workload) and tr.load.type == "concurrency"
+    return engine_outputs(engine, bench, record_tokens, stages, closed)
+
+
+def make_engine(
+    setup: TimedSetup,
+    offload: bool,
+    future: Iterable[Request] | None,
+    progress: Callable[[int], None] | None = None,
+    config: CacheConfig | None = None,
+    tier_stores: Mapping[int, TierStore] | None = None,
+) -> Engine:
+    """A new engine of ``setup`` (``config``: another CPU tier configuration, a fleet's
+    with its shared tier; ``tier_stores``: that tier's shared store); ``future``: the
+    requests whose future a policy may read."""
+    return Engine(
+        config or setup.config,
         setup.params,
         model=setup.model,
         gpu=setup.gpu,
@@ -183,7 +210,20 @@ def run_engine(
         offload=offload,
         requests_for_future=future,
         progress=progress,
-    ).run(arrivals)
+        tier_stores=tier_stores,
+    )
+
+
+def engine_outputs(
+    engine: Engine,
+    bench: BenchSettings,
+    record_tokens: bool = False,
+    stages: Sequence[int] | None = None,
+    closed: bool = False,
+) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """A finished engine's summary and tables (requests, transfers, steps, tokens, every
+    metric per load stage when ``stages`` gives each request's, and the secondary tiers'
+    columns, table and keys); ``closed``: the load was a closed loop of clients."""
     rec = engine.recorder
     tables = {
         "requests": rec.request_table(),
@@ -192,16 +232,13 @@ def run_engine(
     }
     if record_tokens:
         tables["tokens"] = rec.token_table()
-    if source is not None:
-        stages = source.stage_of
     if stages is not None:
         requests = tables["requests"]
         requests["stage"] = np.asarray(stages, dtype=np.int64)[requests["request"].to_numpy()]
         tables["stages"] = stage_table(requests, rec, requests["stage"].to_numpy(), bench)
-    closed = isinstance(tr, Workload) and tr.load.type == "concurrency"
     summary = summarize(engine, tables["requests"], tables["transfers"], bench, closed)
     if engine.tiers is not None:
-        add_tier_outputs(engine.tiers, tables, summary, setup.config.chunk_tokens)
+        add_tier_outputs(engine.tiers, tables, summary, engine.config.chunk_tokens)
     return summary, tables
 
 

@@ -20,6 +20,7 @@ SCHEMAS: dict[str, str] = {
     "offload-options": "kvsim.options.offload:OffloadOptions",
     "replay-options": "kvsim.options.runs:ReplayOptions",
     "simulate-options": "kvsim.options.runs:SimulateOptions",
+    "fleet-options": "kvsim.options.fleet:FleetOptions",
     "engine-params": "kvsim.options.engine:EngineParams",
     "kv-connector-extra-config": "kvsim.options.vllm:KVConnectorExtraConfig",
     "kv-transfer-config": "kvsim.options.vllm:KVTransferConfig",

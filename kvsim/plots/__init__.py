@@ -14,6 +14,7 @@ fonts >= 7 pt at that size) and returns the Figure. Nothing here reads files.
 - :func:`transfers`, :func:`transfer_bandwidth`, :func:`transfer_durations`: a timed-mode
   transfers table (``direction``, ``bytes``, ``start_s``, ``end_s``).
 - :func:`trace_figures` (and one function per figure): trace statistics.
+- :func:`fleet_balance`: a fleet run's ``instances`` table: load and hit share per instance.
 
 :func:`save` / :func:`save_as` write PNG, PDF or SVG (by extension) atomically.
 """
@@ -31,6 +32,7 @@ from kvsim.plots.capacity import (
     parameter_names,
     series_columns,
 )
+from kvsim.plots.fleet import fleet_balance
 from kvsim.plots.style import (
     DEFAULT_PRESET,
     MIN_FONT_PT,
@@ -66,6 +68,7 @@ __all__ = [
     "Preset",
     "arrival_rate",
     "block_popularity",
+    "fleet_balance",
     "hit_vs_capacity",
     "mrc",
     "mrc_curve",

@@ -104,10 +104,30 @@ def format_metric(key: str, value: Any, signed: bool = False) -> str:
     return format_value(value)
 
 
+#: a fleet's own rows (docs/fleets.md), shown when the run is a fleet
+FLEET_ROWS = (
+    ("instances", "instances"),
+    ("router", "router"),
+    ("shared_tier", "shared tier"),
+    ("shared_hit_tokens", "shared-tier hit tokens"),
+    ("max_requests_per_instance", "max requests per instance"),
+    ("mean_requests_per_instance", "mean requests per instance"),
+    ("token_imbalance", "prompt tokens: max / mean instance"),
+)
+
+
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """``(key, label)`` of every metric a run's table shows, in the table's order (run,
-    latencies, load, cache and link, secondary tiers), for the keys ``summary`` has."""
-    keyed = [*RUN_ROWS, *metric_rows(summary), *LOAD_ROWS, *CACHE_ROWS, *tier_rows(summary)]
+    latencies, load, cache and link, secondary tiers, a fleet's), for the keys ``summary``
+    has."""
+    keyed = [
+        *RUN_ROWS,
+        *metric_rows(summary),
+        *LOAD_ROWS,
+        *CACHE_ROWS,
+        *tier_rows(summary),
+        *FLEET_ROWS,
+    ]
     return [(key, label) for key, label in keyed if summary.get(key) is not None]
 
 

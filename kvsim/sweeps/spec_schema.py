@@ -6,9 +6,10 @@ Schema editors use (``kvsim schema sweep``).
 An option's type, bounds and help text are not restated here: they are the fields of the
 options the jobs take (:class:`~kvsim.options.offload.OffloadOptions`, and
 :class:`~kvsim.options.runs.ReplayOptions` or :class:`~kvsim.options.runs.SimulateOptions`
-by mode). A grid axis is a list of an option's values (a single value is an axis of one).
-``tiers`` is the sweep's own axis of secondary-tier sets (:mod:`kvsim.sweeps.tier_sets`
-checks its values); a generated trace's knobs are checked by :mod:`kvsim.traces.synthetic`.
+by mode, and :class:`~kvsim.options.fleet.FleetOptions`: ``instances``, ``router`` ...).
+A grid axis is a list of an option's values (a single value is an axis of one). ``tiers``
+is the sweep's own axis of secondary-tier sets (:mod:`kvsim.sweeps.tier_sets` checks its
+values); a generated trace's knobs are checked by :mod:`kvsim.traces.synthetic`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Annotated, Any, Literal, cast
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from kvsim.options.fleet import FleetOptions
 from kvsim.options.offload import Count, OffloadOptions, Text
 from kvsim.options.runs import ReplayOptions, SimulateOptions
 from kvsim.options.schema import Schema
@@ -59,7 +61,11 @@ def option_types(mode: str) -> dict[str, Any]:
     """Option name -> what its value must be, for a cell of ``mode``: the fields of the
     offload options and of the mode's job options, and ``tiers``."""
     job = ReplayOptions if mode == "cache" else SimulateOptions
-    fields = [*msgspec.structs.fields(OffloadOptions), *msgspec.structs.fields(job)]
+    fields = [
+        *msgspec.structs.fields(OffloadOptions),
+        *msgspec.structs.fields(job),
+        *msgspec.structs.fields(FleetOptions),  # instances, router, shared tier (both modes)
+    ]
     types = {f.encode_name: f.type for f in fields if f.encode_name not in NOT_OPTIONS}
     return {**types, TIERS: TierSetField}
 

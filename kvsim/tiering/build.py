@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import cast
 
 from kvsim.core.errors import InputError
@@ -26,10 +26,13 @@ def build_tiered_manager(
     *,
     instant: bool = True,
     clock: Callable[[], float] = no_time,
+    stores: Mapping[int, TierStore] | None = None,
 ) -> TieredManager:
     """The CPU tier of ``config`` with its ``secondary_tiers`` behind it. ``instant``:
     every tier transfer finishes when submitted (cache mode); ``requests``: the trace's
-    future, for a policy that reads it (Belady)."""
+    future, for a policy that reads it (Belady); ``stores``: tier index -> a store that
+    several managers share (a fleet's shared tier, :mod:`kvsim.fleet.shared`), used
+    instead of a new one."""
     for index, spec in enumerate(config.secondary_tiers):
         where = f"secondary tier {index + 1}:{spec.type}"
         tier_device(spec, where)  # a bad device is an error in either mode
@@ -44,7 +47,9 @@ def build_tiered_manager(
         SecondaryTier(
             spec,
             index,
-            _store(spec, index, config, requests),
+            stores[index]
+            if stores and index in stores
+            else tier_store(spec, index, config, requests),
             None if spec.backpressure is None else EMADetector(spec.backpressure, clock),
             instant=instant,
         )
@@ -69,9 +74,10 @@ def tier_capacity_chunks(spec: TierSpec, chunk_bytes: int | None, where: str) ->
     return chunks
 
 
-def _store(
+def tier_store(
     spec: TierSpec, index: int, config: CacheConfig, requests: Iterable[Request] | None
 ) -> TierStore:
+    """What tier ``index`` holds: unbounded (vLLM's), or a capacity under a kvsim policy."""
     where = f"secondary tier {index + 1}:{spec.type}"
     capacity = tier_capacity_chunks(spec, config.chunk_bytes, where)
     if capacity is None:

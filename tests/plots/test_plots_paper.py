@@ -282,7 +282,14 @@ def _transfers() -> pd.DataFrame:
 
 _MRC = pd.DataFrame({"capacity": [1, 10, 100, 1000], "hit_ratio": [0.0, 0.1, 0.2, 0.3]})
 
+
 #: (name, call, panels): every public figure function
+def _instances() -> pd.DataFrame:
+    return pd.DataFrame(
+        {"instance": [0, 1, 2], "load_share": [0.3, 0.3, 0.4], "hit_share": [0.2, 0.5, 0.3]}
+    )
+
+
 FIGURES = [
     ("hit_vs_capacity", lambda **k: plots.hit_vs_capacity(_wide_table(), **k), 1),
     ("mrc", lambda **k: plots.mrc(_MRC, ceiling=0.4, **k), 1),
@@ -296,6 +303,7 @@ FIGURES = [
     ("reuse_cdfs", lambda **k: plots.reuse_cdfs(_stats(), **k), 2),
     ("block_popularity", lambda **k: plots.block_popularity(_stats(), **k), 1),
     ("arrival_rate", lambda **k: plots.arrival_rate(_stats(), **k), 1),
+    ("fleet_balance", lambda **k: plots.fleet_balance(_instances(), **k), 1),
 ]
 
 

@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     # 4: jobs for users: the Python API, sweeps, figures, and the real backend
     "api": 4,
     "sweeps": 4,
+    "fleet": 4,
     "accuracy": 4,
     "plots": 4,
     "real": 4,

@@ -1,0 +1,122 @@
+"""What a user asks of a fleet, described once: :class:`FleetOptions` (how many instances,
+which router and its weights, how stale its view is, and a tier the instances share).
+
+Vocabulary only (layer 0): the fleet itself runs in :mod:`kvsim.fleet`. The router weights'
+defaults and their sources are documented in ``docs/fleets.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import Meta
+
+from kvsim.options.offload import Count, Text
+from kvsim.options.schema import Schema, check_fields
+
+__all__ = ["FLEET_FIELDS", "ROUTERS", "SHARED_LINKS", "FleetOptions", "fleet_option_name"]
+
+#: the built-in routers (a ``module:Class`` plugin is the other choice)
+ROUTERS = ("round-robin", "random", "least-loaded", "session", "prefix-aware")
+
+#: the shared tier's per-instance links: device presets of ``kvsim/data/tier_devices.json``
+SHARED_LINKS = ("nic-100g", "nic-200g", "nic-400g", "nvme")
+
+Weight = Annotated[float, Meta(ge=0.0)]
+
+
+def fleet_option_name(field: str) -> str:
+    """``router_staleness_ms`` -> ``--router-staleness-ms``."""
+    return "--" + field.replace("_", "-")
+
+
+class FleetOptions(Schema, frozen=True):
+    """A fleet of identical instances behind one router, optionally sharing one tier."""
+
+    instances: Annotated[
+        Count, Meta(description="Instances behind the router (default 1: the single engine).")
+    ] = 1
+    router: Annotated[
+        Text,
+        Meta(
+            description=(
+                "round-robin, random (seeded), least-loaded, session, prefix-aware, "
+                "or a plugin module:Class (docs/fleets.md)."
+            )
+        ),
+    ] = "round-robin"
+    router_staleness_ms: Annotated[
+        float,
+        Meta(
+            ge=0.0,
+            description=(
+                "The router sees each instance as it was this many ms ago (queues, free KV, "
+                "blocks it holds), as KV events reach llm-d's indexer late (default 0)."
+            ),
+        ),
+    ] = 0.0
+    router_prefix_weight: Annotated[
+        Weight, Meta(description="prefix-aware: weight of the held-prefix score (default 3).")
+    ] = 3.0
+    router_queue_weight: Annotated[
+        Weight, Meta(description="prefix-aware: weight of the queue score (default 2).")
+    ] = 2.0
+    router_kv_weight: Annotated[
+        Weight, Meta(description="prefix-aware: weight of the free-KV score (default 2).")
+    ] = 2.0
+    router_window_s: Annotated[
+        float,
+        Meta(
+            gt=0.0,
+            description=(
+                "Cache mode has no queues: an instance's load is the requests routed to it "
+                "in the last this many trace seconds (default 10)."
+            ),
+        ),
+    ] = 10.0
+    shared_tier: (
+        Annotated[
+            Literal["pool", "fs"],
+            Meta(
+                description=(
+                    "One tier behind every instance's CPU tier that all look up, load from and "
+                    "store to: pool (LMCache server, Mooncake Store) or fs (vLLM's fs tier on "
+                    "a shared path). Default: none."
+                )
+            ),
+        ]
+        | None
+    ) = None
+    shared_tier_capacity: (
+        Annotated[
+            Text,
+            Meta(
+                description=(
+                    "The shared tier's capacity (2TiB, 500GB, or chunks as 1000chunks); "
+                    "default: none, as vLLM's fs tier."
+                )
+            ),
+        ]
+        | None
+    ) = None
+    shared_tier_eviction: Annotated[
+        Text, Meta(description="The shared tier's eviction policy when it has a capacity.")
+    ] = "lru"
+    shared_tier_link: (
+        Annotated[
+            Literal["nic-100g", "nic-200g", "nic-400g", "nvme"],
+            Meta(
+                description=(
+                    "Each instance's link to the shared tier (timed mode): a 100/200/400 "
+                    "Gbit/s NIC or a local NVMe (default nic-200g for pool, nvme for fs)."
+                )
+            ),
+        ]
+        | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, names=fleet_option_name)
+
+
+FLEET_FIELDS: tuple[str, ...] = FleetOptions.__struct_fields__

@@ -1,0 +1,181 @@
+"""Fleets in timed mode (issue 26 §7): N engines in one event loop. A fleet of one is the
+engine, round-robin over two is two engines on the split trace, a zero-capacity shared
+tier is none, session routing is sticky, runs are deterministic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from support import SAMPLE, run_main
+
+import kvsim
+from kvsim.report.serve_metrics import LoadWarning
+from kvsim.traces import Request, as_trace
+
+pytestmark = pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.LoadWarning")
+
+OPTS = dict(cpu_gib=4, gpu_blocks=3000, time_scale=3.0)
+assert LoadWarning  # the marker's class
+
+
+def _requests(limit: int = 48) -> list[Request]:
+    return list(as_trace(SAMPLE, limit=limit))
+
+
+def _same(a, b) -> bool:
+    return a == b or (
+        isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    )
+
+
+def _csv(frame) -> str:
+    return frame.to_csv(index=False)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"async_scheduling": False}, {"secondary_tiers": [{"type": "fs"}]}, {"cpu_gib": None}],
+    ids=["async", "sync", "tiered", "no-offload"],
+)
+def test_fleet_of_one_is_the_engine(extra) -> None:
+    opts = {**OPTS, **extra}
+    one = kvsim.simulate(_requests(), **opts)
+    fleet = kvsim.simulate(_requests(), **opts, instances=1, router="prefix-aware")
+    for name, table in one.tables.items():
+        if name == "metrics":
+            continue
+        assert _csv(fleet.tables[name].drop(columns="instance")) == _csv(table), name
+    for key, value in one.summary.items():
+        assert _same(fleet.summary[key], value), key
+
+
+def test_round_robin_over_two_is_two_engines_on_the_split_trace() -> None:
+    reqs = _requests()
+    fleet = kvsim.simulate(reqs, **OPTS, instances=2, router="round-robin")
+    for name in ("requests", "steps", "transfers"):
+        table = fleet.tables[name]
+        for i in range(2):
+            alone = kvsim.simulate(reqs[i::2], **OPTS).tables[name]
+            mine = table[table["instance"] == i].drop(columns="instance")
+            assert _csv(mine.reset_index(drop=True)) == _csv(alone), (name, i)
+    assert fleet.summary["steps"] == fleet.tables["steps"].shape[0]
+    assert list(fleet.tables["requests"]["request"]) == [r.request_id for r in reqs]
+
+
+def test_session_routing_keeps_each_session_on_one_instance() -> None:
+    reqs = [
+        Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.block_hashes, i % 5)
+        for i, r in enumerate(_requests())
+    ]
+    table = kvsim.simulate(reqs, **OPTS, instances=3, router="session").tables["requests"]
+    sessions = {r.request_id: r.session_id for r in reqs}
+    assert (table.groupby(table["request"].map(sessions))["instance"].nunique() == 1).all()
+
+
+def test_shared_tier_of_zero_capacity_is_no_shared_tier() -> None:
+    none = kvsim.simulate(_requests(), **OPTS, instances=2, router="least-loaded")
+    zero = kvsim.simulate(
+        _requests(),
+        **OPTS,
+        instances=2,
+        router="least-loaded",
+        shared_tier="pool",
+        shared_tier_capacity="0chunks",
+    )
+    cols = ["request", "instance", "gpu_hit_tokens", "cpu_hit_tokens", "ttft_s", "finish_s"]
+    assert _csv(zero.tables["requests"][cols]) == _csv(none.tables["requests"][cols])
+    assert zero.summary["shared_hit_tokens"] == 0
+
+
+def test_a_shared_pool_lets_an_instance_load_what_another_stored() -> None:
+    a = Request(0, 0.0, 8192, 4, tuple(range(16)))
+    b = Request(1, 5.0, 8192, 4, tuple(range(16)))
+    alone = kvsim.simulate([a, b], cpu_gib=4, instances=2, router="round-robin")
+    pooled = kvsim.simulate(
+        [a, b], cpu_gib=4, instances=2, router="round-robin", shared_tier="pool"
+    )
+    assert alone.summary["cpu_hit_tokens"] == 0
+    assert pooled.summary["shared_hit_tokens"] > 0
+    table = pooled.tables["instances"]
+    assert table["shared_hit_tokens"].tolist()[0] == 0 and table["shared_hit_tokens"][1] > 0
+    slow = kvsim.simulate(
+        [a, b],
+        cpu_gib=4,
+        instances=2,
+        router="round-robin",
+        shared_tier="pool",
+        shared_tier_link="nic-100g",
+    )
+    ttft = lambda r: r.tables["requests"].set_index("request")["ttft_s"][1]  # noqa: E731
+    assert ttft(slow) > ttft(pooled)  # the copy queues on a slower link
+
+
+def test_timed_runs_are_deterministic() -> None:
+    for router in ("random", "prefix-aware"):
+        a = kvsim.simulate(_requests(), **OPTS, instances=3, router=router)
+        b = kvsim.simulate(_requests(), **OPTS, instances=3, router=router)
+        assert _csv(a.tables["requests"]) == _csv(b.tables["requests"])
+
+
+def test_staleness_piles_a_burst_onto_one_instance() -> None:
+    burst = [Request(i, 0.001 * i, 2048, 64, (1000 + i,)) for i in range(12)]
+    fresh = kvsim.simulate(burst, cpu_gib=4, instances=4, router="least-loaded")
+    stale = kvsim.simulate(
+        burst, cpu_gib=4, instances=4, router="least-loaded", router_staleness_ms=50
+    )
+    assert fresh.summary["max_requests_per_instance"] == 3
+    assert stale.summary["max_requests_per_instance"] == 12
+
+
+def test_simulate_cli_runs_a_fleet(capsys) -> None:
+    code, out, err = run_main(
+        [
+            "simulate", SAMPLE, "--cpu-gib", "4", "--limit", "20", "--instances", "2",
+            "--router", "round-robin", "--time-scale", "3", "--json",
+        ],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert '"instances": 2' in out
+    code, out, err = run_main(
+        ["simulate", SAMPLE, "--limit", "5", "--instances", "2", "--shared-tier", "pool"], capsys
+    )
+    assert code == 2 and "give it a size" in err and len(err.strip().splitlines()) == 1
+
+
+def test_timed_fleets_are_deterministic_across_hash_seeds() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    args = [
+        sys.executable, "-m", "kvsim", "simulate", SAMPLE, "--cpu-gib", "4", "--limit", "12",
+        "--instances", "3", "--router", "session", "--shared-tier", "pool", "--json",
+    ]  # fmt: skip
+    outs = set()
+    for seed in ("0", "7"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        outs.add(subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout)
+    assert len(outs) == 1
+
+
+def test_a_fleet_runs_an_open_workload_and_refuses_a_closed_loop() -> None:
+    workload = {
+        "type": "shared_prefix",
+        "num_groups": 3,
+        "num_prompts_per_group": 4,
+        "system_prompt_len": 2000,
+        "question_len": 256,
+        "output_len": 32,
+    }
+    open_load = {"type": "poisson", "stages": [{"rate": 2, "duration": 6}]}
+    run = kvsim.simulate(
+        workload=workload, load=open_load, cpu_gib=8, instances=2, router="prefix-aware"
+    )
+    assert run.summary["instances"] == 2 and run.summary["requests"] > 0
+    closed = {"type": "concurrency", "stages": [{"concurrency": 3, "num_requests": 12}]}
+    with pytest.raises(kvsim.InputError, match="closed loop"):
+        kvsim.simulate(workload=workload, load=closed, cpu_gib=8, instances=2)
