@@ -308,4 +308,5 @@ def calibrate_compute(
             values[key] = getattr(base, key)
             why = base.sources.get(key, "")
             sources[key] = f"not measured: the shipped {base.gpu} profile's value ({why})"
-    return PhaseProfile(gpu=name, sources=sources, **values), points
+    numbers: dict[str, Any] = {k: float(v) for k, v in values.items()}
+    return PhaseProfile(gpu=name, sources=sources, **numbers), points
