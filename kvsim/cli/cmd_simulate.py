@@ -13,6 +13,7 @@ import click
 from kvsim.api import BASELINE_PREFIX, simulate
 from kvsim.cli.common import (
     FC,
+    check_output_folder,
     check_output_path,
     note_missing_reuse,
     offload_options,
@@ -22,10 +23,11 @@ from kvsim.cli.common import (
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
+from kvsim.core.input_files import referenced_files
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.tiers import tier_from_shorthand
-from kvsim.report.result import Result, format_value
+from kvsim.report.result import Result, format_value, run_folder_receives
 from kvsim.report.serve_metrics import metric_keys
 from kvsim.traces import as_trace
 
@@ -285,11 +287,11 @@ def simulate_command(
     """
     options = pop_offload_kwargs(kwargs)
     gpu_blocks = options.pop("gpu_blocks", None) or None
+    inputs = [trace, vllm_config, compute_profile, link, gpu, tiers, options]
+    check_output_folder(out_dir, "--out", run_folder_receives(out_dir or "."), inputs)
+    check_output_path(chrome_trace, "--chrome-trace", *referenced_files(inputs))
     if out_dir is not None:
-        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-            raise InputError(f"--out: {out_dir} is not a directory")
         os.makedirs(out_dir, exist_ok=True)
-    check_output_path(chrome_trace, "--chrome-trace", trace, vllm_config, compute_profile, link)
     if save_detailed and not out_dir:
         raise InputError("--save-detailed writes into --out; give --out DIR")
     if tiers:  # vLLM's secondary_tiers objects, in order

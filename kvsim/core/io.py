@@ -15,7 +15,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 from kvsim.core.errors import InputError
@@ -123,6 +123,38 @@ def refuse_overwriting_inputs(
             if inp is not None and same_file(out, inp):
                 raise InputError(
                     f"{option} {os.fspath(out)} is an input of this run; it would be overwritten"
+                )
+
+
+def refuse_filling_folder(
+    option: str,
+    folder: str | os.PathLike[str],
+    receives: Callable[[str], bool],
+    inputs: Iterable[str | os.PathLike[str] | None],
+) -> None:
+    """Exit 2 before any work when a file the output ``folder`` will receive (replace,
+    append to or remove: every name in it for which ``receives(name)`` holds) is one of the
+    run's ``inputs``, directly or through a link.
+
+    Args:
+        option: the folder's option, named in the error (``--out``).
+        folder: the output folder; nothing to check while it does not exist.
+        receives: whether a file name in the folder is one the run writes or removes.
+        inputs: the run's input files (None entries are skipped).
+    """
+    where = os.fspath(folder)
+    try:
+        names = [n for n in os.listdir(where) if receives(n)]
+    except OSError:  # not there yet, or not a folder: the caller's other checks name it
+        return
+    given = [os.fspath(i) for i in inputs if i is not None]
+    for name in sorted(names):
+        path = os.path.join(where, name)
+        for inp in given:
+            if same_file(path, inp):
+                raise InputError(
+                    f"{option} {where} would overwrite {name} there, an input of this run "
+                    f"({inp}); use another folder"
                 )
 
 

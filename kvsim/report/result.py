@@ -6,12 +6,13 @@ import contextlib
 import json
 import numbers
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.core.errors import InputError
-from kvsim.core.io import atomic_write
+from kvsim.core.input_files import referenced_files
+from kvsim.core.io import atomic_write, refuse_filling_folder
 
 if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
     import pandas as pd
@@ -162,6 +163,8 @@ class Result:
         file is written, an earlier run's files this one does not write are removed, and the
         marker listing the new set goes last."""
         out = os.fspath(folder)
+        inputs = referenced_files([self.summary.get("trace"), self.config])
+        refuse_filling_folder("folder", out, run_folder_receives(out), inputs)
         os.makedirs(out, exist_ok=True)
         marker = os.path.join(out, RUN_MARKER)
         previous: list[str] = []
@@ -173,6 +176,8 @@ class Result:
 
         written = []
         for name, df in self.tables.items():
+            if not run_folder_file(f"{name}.csv"):  # the input check must know every name
+                raise ValueError(f"table {name!r} is not one of RUN_TABLES")
             written += write_table(df, out, name)
         from kvsim.report.serve_metrics import bench_documents  # a timed run: vLLM's result JSON
 
@@ -221,6 +226,33 @@ def format_table(rows: Mapping[str, Any] | list[tuple[str, Any]], title: str | N
 #: written last into a ``simulate --out`` folder: the run's files, complete. A folder with
 #: tables but without it is a run that failed or was interrupted mid-write.
 RUN_MARKER = ".kvsim-run.json"
+
+
+#: the tables a run folder may hold (each as .parquet and .csv; a baseline's with
+#: :attr:`Result.BASELINE_PREFIX`), and its JSON documents
+RUN_TABLES = ("requests", "transfers", "steps", "tokens", "tier_jobs", "metrics")
+RUN_DOCUMENTS = ("summary.json", "config.json", "bench.json", "metadata.json", RUN_MARKER)
+
+
+def run_folder_file(name: str) -> bool:
+    """Whether :meth:`Result.save` may write a file called ``name`` (it removes others only
+    when its last marker lists them: see :func:`run_folder_receives`)."""
+    name = name.removeprefix(Result.BASELINE_PREFIX)
+    stem, ext = os.path.splitext(name)
+    return name in RUN_DOCUMENTS or (ext in (".parquet", ".csv") and stem in RUN_TABLES)
+
+
+def run_folder_receives(folder: str | os.PathLike[str]) -> Callable[[str], bool]:
+    """Which names in ``folder`` a :meth:`Result.save` into it writes or removes: its own
+    files, and what the folder's completion marker lists (an earlier run's, removed)."""
+    listed: set[str] = set()
+    marker = os.path.join(folder, RUN_MARKER)
+    with (
+        contextlib.suppress(OSError, ValueError, TypeError, AttributeError),
+        open(marker, encoding="utf-8") as f,
+    ):
+        listed = {str(n) for n in json.load(f).get("files", [])}
+    return lambda name: run_folder_file(name) or name in listed
 
 
 def check_run_folder(folder: str) -> None:

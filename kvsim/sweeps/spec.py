@@ -22,6 +22,7 @@ from typing import Any, cast
 import msgspec
 
 from kvsim.core.errors import InputError
+from kvsim.core.yaml_text import load_yaml
 from kvsim.options.schema import Schema, load, short_repr
 from kvsim.sweeps.cells import count_cells, expand
 from kvsim.sweeps.spec_schema import (
@@ -166,7 +167,7 @@ def _read_yaml(path: str) -> Any:
 
     try:
         with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
+            return load_yaml(f, path)
     except FileNotFoundError:
         raise InputError("sweep spec not found", source=path) from None
     except UnicodeDecodeError:

