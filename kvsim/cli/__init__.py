@@ -210,4 +210,11 @@ def _main(argv: list[str] | None) -> None:
         where = f"{exc.filename}: " if exc.filename else ""
         click.echo(f"kvsim: error: {where}{exc.strerror or exc}", err=True)
         sys.exit(2)
+    except SystemExit as exc:  # kvsim's commands never exit this way: a plugin's code did
+        click.echo(
+            f"kvsim: error: code run by kvsim (a plugin?) called exit({exc.code!r}); "
+            "the run did not finish",
+            err=True,
+        )
+        sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -14,6 +14,7 @@ from kvsim.cli.common import (
     format_option,
     note_missing_reuse,
     offload_options,
+    plugin_output_to_stderr,
     pop_offload_kwargs,
     schema_option,
     wants_progress,
@@ -116,18 +117,19 @@ def replay_command(
     info = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info
     # other policies than kvsim's lru and arc always run the protocol, so --fused is a
     # default, not a demand
-    result = replay(
-        trace,
-        fmt=fmt,
-        limit=limit,
-        per_request=out_dir is not None,
-        requests_csv=requests_csv,
-        vllm_config=vllm_config,
-        protocol=protocol,
-        fused=None if fused else False,
-        progress=wants_progress(show_progress),
-        **options,
-    )
+    with plugin_output_to_stderr():
+        result = replay(
+            trace,
+            fmt=fmt,
+            limit=limit,
+            per_request=out_dir is not None,
+            requests_csv=requests_csv,
+            vllm_config=vllm_config,
+            protocol=protocol,
+            fused=None if fused else False,
+            progress=wants_progress(show_progress),
+            **options,
+        )
     if out_dir is not None:
         result.save(out_dir)
     title = (

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import yaml
 
-from kvsim.cli.common import check_output_folder, wants_progress
+from kvsim.cli.common import check_output_folder, plugin_output_to_stderr, wants_progress
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
 from kvsim.core.yaml_text import load_yaml
@@ -226,19 +226,20 @@ def sweep_command(
         if row["status"] != "ok":
             failed.append(f"cell {row['cell']}: {row['error']}")
 
-    df = sweep(
-        s,
-        out=out,
-        executor=executor,
-        workers=workers,
-        address=address,
-        retry_failed=retry_failed,
-        on_row=on_row,
-        on_warning=_warn,
-        progress=wants_progress(show_progress),
-        max_cells=max_cells,
-        cell_timeout=cell_timeout,
-    )
+    with plugin_output_to_stderr():
+        df = sweep(
+            s,
+            out=out,
+            executor=executor,
+            workers=workers,
+            address=address,
+            retry_failed=retry_failed,
+            on_row=on_row,
+            on_warning=_warn,
+            progress=wants_progress(show_progress),
+            max_cells=max_cells,
+            cell_timeout=cell_timeout,
+        )
     n_err = int((df["status"] != "ok").sum()) if len(df) else 0
     for line in failed:
         click.echo(f"kvsim: failed {line}", err=True)

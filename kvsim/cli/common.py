@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -135,6 +136,14 @@ def check_output_folder(
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"{option}: {path} is not a directory")
     refuse_filling_folder(option, path, receives, referenced_files(values))
+
+
+@contextlib.contextmanager
+def plugin_output_to_stderr() -> Iterator[None]:
+    """While a run goes, whatever its plugins print goes to stderr: stdout carries kvsim's
+    result alone (printed after the run), so ``--json`` stays one JSON document."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def echo_summary(summary: dict[str, Any], as_json: bool, title: str) -> None:

@@ -183,6 +183,8 @@ def parse_json(text: str, source: str) -> Any:
         ) from None
     except ValueError as exc:
         raise InputError(f"not valid JSON ({exc})", source=source) from None
+    except RecursionError:
+        raise InputError("not valid JSON (nested too deeply to read)", source=source) from None
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

@@ -164,20 +164,21 @@ class Result:
         marker listing the new set goes last."""
         out = os.fspath(folder)
         inputs = referenced_files([self.summary.get("trace"), self.config])
-        refuse_filling_folder("folder", out, run_folder_receives(out), inputs)
+        refuse_filling_folder("folder", out, run_folder_receives(out, self.tables), inputs)
         os.makedirs(out, exist_ok=True)
         marker = os.path.join(out, RUN_MARKER)
         previous: list[str] = []
         if os.path.exists(marker):
-            with contextlib.suppress(OSError, ValueError), open(marker, encoding="utf-8") as f:
+            with (
+                contextlib.suppress(OSError, ValueError, RecursionError),
+                open(marker, encoding="utf-8") as f,
+            ):
                 previous = list(json.load(f).get("files", []))
             os.unlink(marker)
         from kvsim.report.tables import write_table
 
         written = []
         for name, df in self.tables.items():
-            if not run_folder_file(f"{name}.csv"):  # the input check must know every name
-                raise ValueError(f"table {name!r} is not one of RUN_TABLES")
             written += write_table(df, out, name)
         from kvsim.report.serve_metrics import bench_documents  # a timed run: vLLM's result JSON
 
@@ -242,16 +243,19 @@ def run_folder_file(name: str) -> bool:
     return name in RUN_DOCUMENTS or (ext in (".parquet", ".csv") and stem in RUN_TABLES)
 
 
-def run_folder_receives(folder: str | os.PathLike[str]) -> Callable[[str], bool]:
-    """Which names in ``folder`` a :meth:`Result.save` into it writes or removes: its own
-    files, and what the folder's completion marker lists (an earlier run's, removed)."""
-    listed: set[str] = set()
+def run_folder_receives(
+    folder: str | os.PathLike[str], tables: Iterable[str] = ()
+) -> Callable[[str], bool]:
+    """Which names in ``folder`` a :meth:`Result.save` into it writes or removes: a run's
+    files (and those of ``tables``, beyond :data:`RUN_TABLES`), and what the folder's
+    completion marker lists (an earlier run's, removed)."""
+    listed = {f"{t}.{ext}" for t in tables for ext in ("parquet", "csv")}
     marker = os.path.join(folder, RUN_MARKER)
     with (
-        contextlib.suppress(OSError, ValueError, TypeError, AttributeError),
+        contextlib.suppress(OSError, ValueError, TypeError, AttributeError, RecursionError),
         open(marker, encoding="utf-8") as f,
     ):
-        listed = {str(n) for n in json.load(f).get("files", [])}
+        listed |= {str(n) for n in json.load(f).get("files", [])}
     return lambda name: run_folder_file(name) or name in listed
 
 

@@ -38,7 +38,7 @@ def _journal_row(line: bytes) -> dict[str, Any] | None:
     """One journal line as a row, or None when it is not one (corrupt, or no cell_id)."""
     try:
         row = json.loads(line)
-    except ValueError:  # bad JSON or bad UTF-8
+    except (ValueError, RecursionError):  # bad JSON, bad UTF-8, nested too deeply
         return None
     if not isinstance(row, dict) or not isinstance(row.get("cell_id"), str):
         return None

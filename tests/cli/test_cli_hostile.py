@@ -120,3 +120,78 @@ def test_result_save_refuses_to_overwrite_its_trace(tmp_path):
     with pytest.raises(InputError, match=r"requests\.csv"):
         result.save(tmp_path)
     assert (tmp_path / "requests.csv").read_bytes() == Path(SAMPLE).read_bytes()
+
+
+# --------------------------------------------------------------------------- 8, 14: plugins
+
+PLUGINS = """
+import sys
+
+from kvsim.policies.lru import LRUPolicy
+
+
+class UnknownKey(LRUPolicy):
+    def evict(self, n, protected):
+        victims = super().evict(n, protected)
+        return None if victims is None else [(123456789, victims[0][1])] + victims[1:]
+
+
+class KeyTwice(LRUPolicy):
+    def evict(self, n, protected):
+        victims = super().evict(n, protected)
+        if victims is None or n < 2:
+            return victims
+        return [victims[0], victims[0]] + victims[2:]
+
+
+class Exits(LRUPolicy):
+    def evict(self, n, protected):
+        raise SystemExit(0)
+
+
+class ExitsLater(LRUPolicy):
+    def touch(self, keys, ctx=None):
+        sys.exit(0)
+
+
+class Prints(LRUPolicy):
+    def evict(self, n, protected):
+        print("evicting", n)
+        return super().evict(n, protected)
+"""
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    (tmp_path / "hostile_plugins.py").write_text(PLUGINS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("cls", "phrase"),
+    [
+        ("UnknownKey", "returned key 123456789 which is not in the cache"),
+        ("KeyTwice", "twice"),
+        ("Exits", "failed in evict: SystemExit: 0"),
+    ],
+)
+def test_a_plugin_evict_that_breaks_the_protocol_is_one_line(plugins, capsys, cls, phrase):
+    args = ["replay", SAMPLE, "--cpu-chunks", "20", "--policy", f"hostile_plugins:{cls}"]
+    code, out, err = run_main(args, capsys)
+    assert code == 2, (out, err)
+    assert one_line(err) and f"hostile_plugins:{cls}" in err and phrase in err, err
+    assert "Traceback" not in err
+
+
+def test_a_plugin_exit_anywhere_is_an_error_not_a_silent_success(plugins, capsys):
+    args = ["replay", SAMPLE, "--cpu-chunks", "20", "--policy", "hostile_plugins:ExitsLater"]
+    code, _, err = run_main([*args, "--no-fused"], capsys)
+    assert code == 2 and one_line(err) and "exit(0)" in err, err
+
+
+def test_a_plugin_print_never_reaches_json_stdout(plugins, capsys):
+    args = ["replay", SAMPLE, "--cpu-chunks", "20", "--policy", "hostile_plugins:Prints", "--json"]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    assert json.loads(out)["requests"] > 0
+    assert "evicting" in err
