@@ -111,3 +111,26 @@ def test_a_cache_entry_that_is_not_an_entry_is_refused_without_reading_it(tmp_pa
         assert entry.is_file() and not entry.is_symlink()
         cache.forget()
         assert list(open_trace(trace)) == first and cache.STATS["hits"] == 1
+
+
+# --------------------------------------------------------------------------- 10: a NaN
+
+
+def test_a_nan_in_an_integer_column_is_named_at_its_row():
+    import numpy as np
+    import pandas as pd
+
+    import kvsim
+
+    frame = pd.DataFrame(
+        {
+            "arrival_s": [0.0, 1.0, 2.0, 3.0],
+            "prompt_tokens": [1194, 500, 600, np.nan],
+            "output_tokens": [5, 5, 5, 5],
+            "block_hashes": [[1, 2, 3], [4], [5, 6], [7]],
+        }
+    )
+    with pytest.raises(InputError, match=r"row:3: field 'prompt_tokens' .* got nan"):
+        kvsim.replay(frame, cpu_chunks=10)
+    frame["prompt_tokens"] = [1194.0, 500.0, 600.0, 300.0]  # floats, all whole: read as ints
+    assert kvsim.replay(frame, cpu_chunks=10).summary["requests"] == 4
