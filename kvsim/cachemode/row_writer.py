@@ -27,6 +27,8 @@ try:  # imported here, not when forking: a signal that lands in an import can tr
 except ImportError:  # not POSIX
     fcntl = None  # type: ignore[assignment]
 
+#: a helper's exit status below this (and above 1) is the ``errno`` that stopped it
+_ERRNO_LIMIT = 126
 #: bytes that announce a batch's length on the pipe
 _LENGTH = 8
 
@@ -43,7 +45,8 @@ def can_fork() -> bool:
 def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]], object]]:
     """A sink for batches of rows written to ``path`` (opened anew) after ``header``, each
     row as ``line % row``; by a forked helper when :func:`can_fork`, else here. Raises
-    ``OSError`` when the helper could not write the file (it says why on stderr)."""
+    ``OSError`` when the helper could not write the file (the ``errno`` that stopped it,
+    from its exit status: nothing of its own on stderr, so the error stays one line)."""
     if not can_fork():
         with open(path, "w", newline="") as f:
             f.write(header)
@@ -56,6 +59,8 @@ def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]]
         code = 1
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler
+            if hasattr(signal, "SIGHUP"):
+                signal.signal(signal.SIGHUP, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it
             os.close(write_end)
             code = _helper(read_end, path, header, line)
@@ -69,6 +74,12 @@ def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]]
         pipe.close()
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         pid = 0  # reaped
+    except BrokenPipeError:  # the helper stopped reading: it failed, and its status says why
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+        _raise_helper_failure(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        raise
     except BaseException:
         if pid:
             with contextlib.suppress(OSError):
@@ -78,8 +89,17 @@ def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]]
                     pipe.close()
             os.waitpid(pid, 0)
         raise
-    if code != 0:
-        raise OSError(f"the helper process writing the rows failed (exit code {code})")
+    _raise_helper_failure(code)
+
+
+def _raise_helper_failure(code: int) -> None:
+    """The helper's exit status as the error the parent raises: an ``errno`` (a full disk,
+    a file size limit) as that OSError, so the caller's one line names the file and why."""
+    if code == 0:
+        return
+    if 1 < code < _ERRNO_LIMIT:
+        raise OSError(code, os.strerror(code))
+    raise OSError(f"the helper process writing the rows failed (exit code {code})")
 
 
 def _widen(fd: int) -> None:
@@ -116,8 +136,8 @@ def _helper(read_end: int, path: str, header: str, line: str) -> int:
             while size := pipe.read(_LENGTH):
                 batch = marshal.loads(pipe.read(int.from_bytes(size, "little")))
                 f.write(batch if isinstance(batch, str) else _text(batch, line))
-    except Exception as exc:  # reported by the exit status, and on stderr
-        with contextlib.suppress(Exception):  # not sys.stderr: it may hold the parent's text
-            os.write(2, f"kvsim: writing {path}: {exc}\n".encode())
+    except OSError as exc:  # reported by the exit status alone: the parent's line says it
+        return exc.errno if exc.errno and 1 < exc.errno < _ERRNO_LIMIT else 1
+    except Exception:
         return 1
     return 0

@@ -13,7 +13,7 @@ import click
 
 from kvsim.core.errors import InputError
 from kvsim.core.input_files import referenced_files
-from kvsim.core.io import refuse_filling_folder, refuse_overwriting_inputs
+from kvsim.core.io import check_file_name, refuse_filling_folder, refuse_overwriting_inputs
 from kvsim.core.units import with_human_bytes
 from kvsim.options.offload import OFFLOAD_FIELDS, OffloadOptions
 from kvsim.options.runs import ReplayOptions
@@ -114,6 +114,7 @@ def check_output_path(path: str | None, option: str, *inputs: str | None) -> Non
     one of the run's ``inputs`` (the trace, a config file)."""
     if path is None:
         return
+    check_file_name(path, option)
     refuse_overwriting_inputs({option: path}, list(inputs))
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if os.path.isdir(path):

@@ -41,10 +41,20 @@ def _cannot_write(path: str, exc: OSError) -> InputError:
     return InputError(f"cannot write ({exc.strerror or exc})", source=path)
 
 
+def check_file_name(path: str | os.PathLike[str], option: str | None = None) -> None:
+    """A file to write is not named as a folder: ``x.csv/`` (a trailing slash) would
+    otherwise be written as ``x.csv``."""
+    shown = os.fspath(path)
+    if shown.endswith(tuple(filter(None, (os.sep, os.altsep)))):
+        where = f"{option}: " if option else ""
+        raise InputError(f"{where}{shown} ends in a slash: that names a folder, not a file")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a temporary path to write with any library; renamed onto ``path`` on success."""
     shown = os.fspath(path)
+    check_file_name(shown)
     if _is_special(shown):  # /dev/stdout, /dev/null, a FIFO: a rename would replace it
         yield shown
         return

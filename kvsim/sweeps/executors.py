@@ -103,6 +103,8 @@ def _worker_main(conn: Connection, base_dir: str, parent_pid: int | None) -> Non
     """A pool worker: cells in, rows out, one at a time, until told to stop (``None``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     sys.stdout = sys.stderr  # a plugin's print() is not the sweep's output
     exit_with_parent(parent_pid)
     while True:

@@ -79,16 +79,26 @@ class Journal:
 
     def __init__(self, folder: str):
         self.folder = folder
-        os.makedirs(folder, exist_ok=True)
-        self.f = open(os.path.join(folder, JOURNAL), "a", encoding="utf-8")  # noqa: SIM115
+        self.path = os.path.join(folder, JOURNAL)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self.f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise InputError(f"cannot write ({exc.strerror or exc})", source=self.path) from None
 
     def append(self, row: dict[str, Any]) -> None:
-        self.f.write(json.dumps(row, default=json_default, allow_nan=True) + "\n")
-        self.f.flush()
-        os.fsync(self.f.fileno())
+        """Append ``row`` and flush it to disk; a failure (a full disk, a file size limit)
+        is one line naming the journal."""
+        try:
+            self.f.write(json.dumps(row, default=json_default, allow_nan=True) + "\n")
+            self.f.flush()
+            os.fsync(self.f.fileno())
+        except OSError as exc:
+            raise InputError(f"cannot write ({exc.strerror or exc})", source=self.path) from None
 
     def close(self) -> None:
-        self.f.close()
+        with contextlib.suppress(OSError):  # a failed append has said why already
+            self.f.close()
 
 
 def json_default(v: Any) -> Any:

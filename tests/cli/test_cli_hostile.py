@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from support import SAMPLE, TRACES, run_main
+from support import CONVERSATION, ROOT, SAMPLE, TRACES, run_main
 
 AZURE = TRACES / "azure_llm_2023_code.csv"
 
@@ -195,3 +199,80 @@ def test_a_plugin_print_never_reaches_json_stdout(plugins, capsys):
     assert code == 0, err
     assert json.loads(out)["requests"] > 0
     assert "evicting" in err
+
+
+# --------------------------------------------------------------------------- 12: SIGHUP
+
+
+def test_sighup_leaves_no_temp_file(tmp_path):
+    """A closed terminal or a dropped ssh connection: cleaned up as SIGTERM is."""
+    argv = ["replay", CONVERSATION, "--cpu-chunks", "2000", "--policy", "s3fifo"]
+    argv += ["--chunk-tokens", "16", "--no-progress", "--requests-csv", str(tmp_path / "r.csv")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvsim", *argv],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".r.csv.*.tmp")) and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    time.sleep(1.0)  # past the run's first imports (see test_cli_reliability)
+    assert proc.poll() is None, "the replay ended before it could be hung up"
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert "hung up" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- 13: one line
+
+
+def test_a_file_size_limit_on_requests_csv_is_one_line(tmp_path):
+    out = tmp_path / "rows.csv"
+    command = f"ulimit -f 20; {sys.executable} -m kvsim replay {CONVERSATION} --cpu-chunks 10"
+    done = subprocess.run(
+        ["bash", "-c", f"{command} --requests-csv {out} --no-progress > /dev/null"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert one_line(done.stderr) and str(out) in done.stderr, done.stderr
+    assert "File too large" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_hitting_a_file_size_limit_names_the_file(tmp_path):
+    out = tmp_path / "o"
+    command = f"ulimit -f 1; {sys.executable} -m kvsim sweep --trace {SAMPLE}"
+    command += f" --cpu-chunks 10,20,30,40,50,60,70,80 --out {out} --executor serial"
+    done = subprocess.run(
+        ["bash", "-c", command + " --no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert one_line(done.stderr) and str(out) in done.stderr, done.stderr
+
+
+def test_a_newline_in_a_path_stays_on_one_line(tmp_path, capsys):
+    code, _, err = run_main(["replay", tmp_path / "a\nb.jsonl", "--cpu-chunks", "10"], capsys)
+    assert code == 2 and one_line(err) and "a\\nb.jsonl" in err, err
+
+
+# --------------------------------------------------------------------------- 15: a slash
+
+
+def test_a_trailing_slash_on_an_output_file_is_refused(tmp_path, capsys):
+    target = tmp_path / "x.csv"
+    args = ["replay", SAMPLE, "--cpu-chunks", "10", "--requests-csv", f"{target}/"]
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and one_line(err) and "x.csv/" in err, err
+    assert list(tmp_path.iterdir()) == []
