@@ -134,3 +134,32 @@ def test_a_nan_in_an_integer_column_is_named_at_its_row():
         kvsim.replay(frame, cpu_chunks=10)
     frame["prompt_tokens"] = [1194.0, 500.0, 600.0, 300.0]  # floats, all whole: read as ints
     assert kvsim.replay(frame, cpu_chunks=10).summary["requests"] == 4
+
+
+# --------------------------------------------------------------------------- 11: a huge line
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_line_over_the_documented_limit_is_refused_before_it_is_parsed(
+    tmp_path, monkeypatch, capsys, gz
+):
+    """docs/limits.md: lines up to MAX_LINE_BYTES (16 MiB); here shrunk to 64 KiB, with
+    2 KiB read blocks, so a 100 KB line of block ids stands for a 79 MB one."""
+    import gzip
+
+    from kvsim.traces.formats import files, jsonl
+
+    monkeypatch.setattr(files, "MAX_LINE_BYTES", 64 << 10, raising=False)
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 64 << 10, raising=False)
+    monkeypatch.setattr(jsonl, "_BLOCK_BYTES", 2 << 10)
+    n = 20_000
+    ids = ",".join(map(str, range(n)))
+    long_line = (
+        f'{{"timestamp": 5, "input_length": {n * 512}, "output_length": 2, "hash_ids": [{ids}]}}'
+    )
+    text = GOOD + "\n" + long_line + "\n"
+    trace = tmp_path / ("t.jsonl.gz" if gz else "t.jsonl")
+    trace.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+    code, _, err = run_main(["replay", trace, "--cpu-chunks", "10", "--no-cache"], capsys)
+    assert code == 2, err
+    assert f"{trace}:2: line of {len(long_line) + 1:,} bytes" in err and err.count("\n") == 1

@@ -20,7 +20,7 @@ from kvsim.core.errors import InputError
 
 from .batching import line_batches
 from .checks import RecordParser
-from .files import numbered_lines, open_bin
+from .files import MAX_LINE_BYTES, LineTooLong, numbered_lines, open_bin
 
 if TYPE_CHECKING:
     from kvsim.traces.columns import TraceColumns
@@ -148,7 +148,9 @@ def _blocks(f: io.BufferedIOBase) -> Iterator[bytes]:
         if rest:
             data = rest + data
         cut = data.rfind(b"\n") + 1
-        if cut == 0:  # a line longer than a block: read on
+        if cut == 0:  # a line longer than a block: read on, up to the longest line read
+            if len(data) > MAX_LINE_BYTES:
+                raise LineTooLong()
             rest = data
             continue
         yield data[:cut]
@@ -208,7 +210,7 @@ def _pieces(path: str, header: HeaderCheck | None) -> Iterator[tuple[int, bytes 
         while True:
             try:
                 block = next(blocks, None)
-            except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
+            except (OSError, EOFError, LineTooLong):  # the line reader names the line
                 yield done, None, header is not None
                 return
             if block is None:
