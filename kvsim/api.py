@@ -331,7 +331,7 @@ def mrc(
     ``curve.points``: each is ``replay(..., cpu_gib=x, policy="lru")``'s CPU hit ratio.
     """
     from kvsim.cachemode.miniature import miniature_mrc
-    from kvsim.cachemode.mrc import at_sizes, in_capacity_units, lru_mrc
+    from kvsim.cachemode.mrc import at_sizes, in_capacity_units, labelled, lru_mrc
     from kvsim.specs.sizing import row_bytes
 
     tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
@@ -376,6 +376,7 @@ def mrc(
     curve = in_capacity_units(
         curve, config.chunk_tokens, row, model=model, kv_cache_dtype=config.kv_cache_dtype
     )
+    curve = labelled(curve, str(curve.info.get("policy", "lru")))
     if asked:
         curve.points = at_sizes(
             curve,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -221,10 +222,13 @@ def sweep_command(
     inputs = [spec, s.traces, s.options, s.grid]
     check_output_folder(out, "--out", FOLDER_FILES.__contains__, inputs)
     failed: list[str] = []
+    warned: list[str] = []
 
     def on_row(row: dict[str, Any], done: int, n: int) -> None:
         if row["status"] != "ok":
             failed.append(f"cell {row['cell']}: {row['error']}")
+        for line in (row.get("warnings") or "").splitlines():
+            warned.append(f"cell {row['cell']} ({cell_label(row, s.grid)}): {line}")
 
     with plugin_output_to_stderr():
         df = sweep(
@@ -241,6 +245,8 @@ def sweep_command(
             cell_timeout=cell_timeout,
         )
     n_err = int((df["status"] != "ok").sum()) if len(df) else 0
+    for line in warned:
+        click.echo(f"kvsim: warning: {line}", err=True)
     for line in failed:
         click.echo(f"kvsim: failed {line}", err=True)
     click.echo(
@@ -250,6 +256,12 @@ def sweep_command(
     if n_err:
         click.get_current_context().exit(1)
     return 0
+
+
+def cell_label(row: Mapping[str, Any], grid: Mapping[str, Any]) -> str:
+    """A cell's name in a message: its trace and the value of each grid key."""
+    parts = [f"trace={row.get('trace')}"] + [f"{k}={row.get(k)}" for k in grid]
+    return ", ".join(parts)
 
 
 COMMANDS = [sweep_command]
