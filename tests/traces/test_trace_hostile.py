@@ -143,7 +143,7 @@ def test_a_nan_in_an_integer_column_is_named_at_its_row():
 def test_a_line_over_the_documented_limit_is_refused_before_it_is_parsed(
     tmp_path, monkeypatch, capsys, gz
 ):
-    """docs/limits.md: lines up to MAX_LINE_BYTES (16 MiB); here shrunk to 64 KiB, with
+    """docs/testing.md#limits: lines up to MAX_LINE_BYTES (16 MiB); here shrunk to 64 KiB, with
     2 KiB read blocks, so a 100 KB line of block ids stands for a 79 MB one."""
     import gzip
 

@@ -49,7 +49,7 @@ def numbered_lines(f: Iterable[bytes], path: str) -> Iterator[tuple[int, bytes]]
         if len(line) > MAX_LINE_BYTES:
             raise InputError(
                 f"line of {len(line):,} bytes, longer than the {MAX_LINE_BYTES >> 20} MiB "
-                "kvsim reads (a request of millions of block ids); see docs/limits.md",
+                "kvsim reads (a request of millions of block ids); see docs/testing.md#limits",
                 source=path,
                 line=lineno,
             )
