@@ -46,7 +46,8 @@ def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]]
     """A sink for batches of rows written to ``path`` (opened anew) after ``header``, each
     row as ``line % row``; by a forked helper when :func:`can_fork`, else here. Raises
     ``OSError`` when the helper could not write the file (the ``errno`` that stopped it,
-    from its exit status: nothing of its own on stderr, so the error stays one line)."""
+    from its exit status: nothing of its own on stderr, so the error stays one line; a
+    fault in the formatting itself is also said on stderr, with its detail)."""
     if not can_fork():
         with open(path, "w", newline="") as f:
             f.write(header)
@@ -137,7 +138,16 @@ def _helper(read_end: int, path: str, header: str, line: str) -> int:
                 batch = marshal.loads(pipe.read(int.from_bytes(size, "little")))
                 f.write(batch if isinstance(batch, str) else _text(batch, line))
     except OSError as exc:  # reported by the exit status alone: the parent's line says it
-        return exc.errno if exc.errno and 1 < exc.errno < _ERRNO_LIMIT else 1
-    except Exception:
+        if exc.errno and 1 < exc.errno < _ERRNO_LIMIT:
+            return exc.errno
+        _say(path, exc)
+        return 1
+    except Exception as exc:  # a fault of kvsim's own: its detail on stderr too
+        _say(path, exc)
         return 1
     return 0
+
+
+def _say(path: str, exc: BaseException) -> None:
+    with contextlib.suppress(Exception):  # not sys.stderr: it may hold the parent's text
+        os.write(2, f"kvsim: writing {path}: {exc}\n".encode())
