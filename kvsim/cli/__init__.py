@@ -12,6 +12,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -139,13 +140,28 @@ def cli() -> None:
     """
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: a newline or carriage return in it (a file name may hold one)
+    is shown escaped, as Python writes it in a string."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 class Terminated(BaseException):
-    """SIGTERM, raised where the process is, so every ``with`` block cleans up (no temp file
-    or half-written output is left behind, as on Ctrl-C)."""
+    """SIGTERM or SIGHUP (a closed terminal, a dropped ssh connection), raised where the
+    process is, so every ``with`` block cleans up (no temp file or half-written output is
+    left behind, as on Ctrl-C)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+    raise Terminated(signum)
+
+
+#: the signals that end a run as :class:`Terminated` (SIGHUP where the platform has it)
+_ENDING_SIGNALS = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
 
 
 def _show_warning(
@@ -158,7 +174,7 @@ def _show_warning(
 ) -> None:
     """kvsim's own warnings as one line on stderr; others as Python prints them."""
     if issubclass(category, InputWarning):
-        click.echo(f"kvsim: warning: {message}", err=True)
+        click.echo(f"kvsim: warning: {one_line(str(message))}", err=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
 
@@ -174,19 +190,21 @@ def _usage_line(exc: click.UsageError) -> str:
 
 @contextlib.contextmanager
 def _process_hooks() -> Iterator[None]:
-    """SIGTERM as an exception and kvsim's one-line warnings, for this call only: a caller
-    that runs ``main`` in its own process (a test, a notebook) gets its handlers back."""
+    """SIGTERM and SIGHUP as an exception and kvsim's one-line warnings, for this call
+    only: a caller that runs ``main`` in its own process (a test, a notebook) gets its
+    handlers back."""
     previous_warning = warnings.showwarning
-    previous_term = None
+    previous: dict[int, Any] = {}
     with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-        previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
+        for signum in _ENDING_SIGNALS:
+            previous[signum] = signal.signal(signum, _raise_terminated)
     warnings.showwarning = _show_warning
     try:
         yield
     finally:
         warnings.showwarning = previous_warning
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        for ending, handler in previous.items():
+            signal.signal(ending, handler)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,25 +217,34 @@ def _main(argv: list[str] | None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
     except InputError as exc:
-        click.echo(f"kvsim: error: {exc}", err=True)
+        click.echo(f"kvsim: error: {one_line(str(exc))}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("kvsim: aborted", err=True)
         sys.exit(130)
     except click.UsageError as exc:
-        click.echo(_usage_line(exc), err=True)
+        click.echo(one_line(_usage_line(exc)), err=True)
         sys.exit(2)
     except click.ClickException as exc:
-        click.echo(f"kvsim: error: {exc.format_message()}", err=True)
+        click.echo(f"kvsim: error: {one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("kvsim: interrupted", err=True)
         sys.exit(130)
-    except Terminated:
-        click.echo("kvsim: terminated", err=True)
-        sys.exit(143)
+    except Terminated as exc:
+        hup = exc.signum != signal.SIGTERM
+        with contextlib.suppress(OSError):  # after a hang-up, stderr may be gone too
+            click.echo("kvsim: hung up" if hup else "kvsim: terminated", err=True)
+        sys.exit(128 + int(exc.signum))
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        click.echo(f"kvsim: error: {where}{exc.strerror or exc}", err=True)
+        click.echo(f"kvsim: error: {one_line(f'{where}{exc.strerror or exc}')}", err=True)
+        sys.exit(2)
+    except SystemExit as exc:  # kvsim's commands never exit this way: a plugin's code did
+        click.echo(
+            f"kvsim: error: code run by kvsim (a plugin?) called exit({exc.code!r}); "
+            "the run did not finish",
+            err=True,
+        )
         sys.exit(2)
     sys.exit(rv if isinstance(rv, int) else 0)

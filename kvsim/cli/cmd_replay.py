@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
 
 from kvsim.api import replay
 from kvsim.cli.common import (
+    check_output_folder,
     check_output_path,
     echo_summary,
     fleet_options,
     format_option,
     note_missing_reuse,
     offload_options,
+    plugin_output_to_stderr,
     pop_fleet_kwargs,
     pop_offload_kwargs,
     save_fleet_figure,
@@ -23,9 +24,11 @@ from kvsim.cli.common import (
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
+from kvsim.core.input_files import referenced_files
 from kvsim.options.offload import OffloadOptions
 from kvsim.options.runs import ReplayOptions
 from kvsim.options.tiers import tier_from_shorthand
+from kvsim.report.result import run_folder_receives
 from kvsim.traces import as_trace
 
 
@@ -107,12 +110,11 @@ def replay_command(
                 f"drop --gpu-blocks {options['gpu_blocks']}"
             )
         options["gpu_blocks"] = 0
-    check_output_path(requests_csv, "--requests-csv", trace, vllm_config)
-    if out_dir is not None:
-        if requests_csv is not None:
-            raise InputError("--out writes requests.csv itself; drop --requests-csv")
-        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-            raise InputError(f"--out: {out_dir} is not a directory")
+    inputs = [trace, vllm_config, tiers, options]
+    check_output_path(requests_csv, "--requests-csv", *referenced_files(inputs))
+    if out_dir is not None and requests_csv is not None:
+        raise InputError("--out writes requests.csv itself; drop --requests-csv")
+    check_output_folder(out_dir, "--out", run_folder_receives(out_dir or "."), inputs)
     if tiers:  # vLLM's secondary_tiers objects, in order
         if protocol != "prefix":
             raise InputError("--tier is for --protocol prefix (vLLM's connector)")
@@ -120,18 +122,19 @@ def replay_command(
     info = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info
     # other policies than kvsim's lru and arc always run the protocol, so --fused is a
     # default, not a demand
-    result = replay(
-        trace,
-        fmt=fmt,
-        limit=limit,
-        per_request=out_dir is not None,
-        requests_csv=requests_csv,
-        vllm_config=vllm_config,
-        protocol=protocol,
-        fused=None if fused else False,
-        progress=wants_progress(show_progress),
-        **options,
-    )
+    with plugin_output_to_stderr():
+        result = replay(
+            trace,
+            fmt=fmt,
+            limit=limit,
+            per_request=out_dir is not None,
+            requests_csv=requests_csv,
+            vllm_config=vllm_config,
+            protocol=protocol,
+            fused=None if fused else False,
+            progress=wants_progress(show_progress),
+            **options,
+        )
     if out_dir is not None:
         result.save(out_dir)
         save_fleet_figure(result, out_dir)

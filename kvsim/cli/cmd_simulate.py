@@ -13,10 +13,12 @@ import click
 from kvsim.api import BASELINE_PREFIX, simulate
 from kvsim.cli.common import (
     FC,
+    check_output_folder,
     check_output_path,
     fleet_options,
     note_missing_reuse,
     offload_options,
+    plugin_output_to_stderr,
     pop_fleet_kwargs,
     pop_offload_kwargs,
     save_fleet_figure,
@@ -25,11 +27,12 @@ from kvsim.cli.common import (
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
+from kvsim.core.input_files import referenced_files
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.tiers import tier_from_shorthand
 from kvsim.report.labels import format_metric, summary_rows
-from kvsim.report.result import Result
+from kvsim.report.result import Result, run_folder_receives
 from kvsim.traces import as_trace
 
 
@@ -272,46 +275,47 @@ def simulate_command(
     options = pop_offload_kwargs(kwargs)
     options.update(pop_fleet_kwargs(kwargs))
     gpu_blocks = options.pop("gpu_blocks", None) or None
+    inputs = [trace, vllm_config, compute_profile, link, gpu, tiers, options]
+    check_output_folder(out_dir, "--out", run_folder_receives(out_dir or "."), inputs)
+    check_output_path(chrome_trace, "--chrome-trace", *referenced_files(inputs))
     if out_dir is not None:
-        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-            raise InputError(f"--out: {out_dir} is not a directory")
         os.makedirs(out_dir, exist_ok=True)
-    check_output_path(chrome_trace, "--chrome-trace", trace, vllm_config, compute_profile, link)
     if save_detailed and not out_dir:
         raise InputError("--save-detailed writes into --out; give --out DIR")
     if tiers:  # vLLM's secondary_tiers objects, in order
         options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
     workload, load = _workload_and_load(trace, workload_text, load_text)
     info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info if trace else None
-    result = simulate(
-        trace,
-        workload=workload,
-        load=load,
-        gpu=gpu,
-        baseline=baseline,
-        limit=limit,
-        time_scale=time_scale,
-        poisson_rate=poisson_rate,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        gpu_kv_blocks=gpu_blocks,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enable_prefix_caching=not no_prefix_caching,
-        offload_prompt_only=False if offload_all_tokens else None,
-        sync_load_budget_bytes=sync_load_budget_bytes,
-        async_scheduling=async_scheduling,
-        link=link,
-        compute_profile=compute_profile,
-        record_steps=bool(out_dir or chrome_trace),
-        record_tokens=save_detailed,
-        percentile_metrics=percentile_metrics,
-        metric_percentiles=metric_percentiles,
-        goodput=" ".join(goodput) if goodput else None,
-        vllm_config=vllm_config,
-        tier_load_rule=tier_load_rule,
-        progress=wants_progress(show_progress),
-        **{k: v for k, v in options.items() if v is not None},
-    )
+    with plugin_output_to_stderr():
+        result = simulate(
+            trace,
+            workload=workload,
+            load=load,
+            gpu=gpu,
+            baseline=baseline,
+            limit=limit,
+            time_scale=time_scale,
+            poisson_rate=poisson_rate,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            gpu_kv_blocks=gpu_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=not no_prefix_caching,
+            offload_prompt_only=False if offload_all_tokens else None,
+            sync_load_budget_bytes=sync_load_budget_bytes,
+            async_scheduling=async_scheduling,
+            link=link,
+            compute_profile=compute_profile,
+            record_steps=bool(out_dir or chrome_trace),
+            record_tokens=save_detailed,
+            percentile_metrics=percentile_metrics,
+            metric_percentiles=metric_percentiles,
+            goodput=" ".join(goodput) if goodput else None,
+            vllm_config=vllm_config,
+            tier_load_rule=tier_load_rule,
+            progress=wants_progress(show_progress),
+            **{k: v for k, v in options.items() if v is not None},
+        )
     if out_dir:
         write_tables(result, out_dir)
         save_fleet_figure(result, out_dir)

@@ -10,13 +10,16 @@ from typing import TYPE_CHECKING, Any
 import click
 import yaml
 
-from kvsim.cli.common import wants_progress
+from kvsim.cli.common import check_output_folder, plugin_output_to_stderr, wants_progress
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
+from kvsim.core.yaml_text import load_yaml
 from kvsim.options.offload import OffloadOptions
 from kvsim.options.schema import field
 from kvsim.sweeps import (
     EXECUTORS,
+    FOLDER_FILES,
+    MAX_CELLS,
     MODES,
     NO_TIERS,
     TIER_JOIN,
@@ -48,7 +51,7 @@ def _value(text: str) -> Any:
     """One comma-separated value as YAML reads it (``100`` a number, ``lru`` a name); text
     YAML cannot parse (``[``) stays text, for the spec check to name."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text, "a grid option's value")
     except yaml.YAMLError:
         return text
 
@@ -156,6 +159,21 @@ def _warn(message: str) -> None:
 @click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
 @click.option("--retry-failed", is_flag=True, help="Re-run cells that failed in an earlier run.")
 @click.option(
+    "--max-cells",
+    type=click.IntRange(min=1),
+    default=MAX_CELLS,
+    show_default=True,
+    help="Refuse a sweep of more cells than this (counted before any runs).",
+)
+@click.option(
+    "--cell-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Record a cell still running after this many seconds as failed and go on "
+    "(local executor; default: no limit).",
+)
+@click.option(
     "--progress/--no-progress",
     "show_progress",
     default=None,
@@ -172,6 +190,8 @@ def sweep_command(
     workers: int | None,
     address: str | None,
     retry_failed: bool,
+    max_cells: int,
+    cell_timeout: float | None,
     show_progress: bool | None,
     tier_sets: tuple[str, ...],
     **grid_opts: Any,
@@ -199,6 +219,8 @@ def sweep_command(
     if address and executor != "ray":
         raise InputError("--address is for --executor ray")
     out = out or f"sweep-{s.name}"
+    inputs = [spec, s.traces, s.options, s.grid]
+    check_output_folder(out, "--out", FOLDER_FILES.__contains__, inputs)
     failed: list[str] = []
     warned: list[str] = []
 
@@ -208,17 +230,20 @@ def sweep_command(
         for line in (row.get("warnings") or "").splitlines():
             warned.append(f"cell {row['cell']} ({cell_label(row, s.grid)}): {line}")
 
-    df = sweep(
-        s,
-        out=out,
-        executor=executor,
-        workers=workers,
-        address=address,
-        retry_failed=retry_failed,
-        on_row=on_row,
-        on_warning=_warn,
-        progress=wants_progress(show_progress),
-    )
+    with plugin_output_to_stderr():
+        df = sweep(
+            s,
+            out=out,
+            executor=executor,
+            workers=workers,
+            address=address,
+            retry_failed=retry_failed,
+            on_row=on_row,
+            on_warning=_warn,
+            progress=wants_progress(show_progress),
+            max_cells=max_cells,
+            cell_timeout=cell_timeout,
+        )
     n_err = int((df["status"] != "ok").sum()) if len(df) else 0
     for line in warned:
         click.echo(f"kvsim: warning: {line}", err=True)

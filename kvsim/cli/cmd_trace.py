@@ -8,10 +8,11 @@ import os
 import click
 import yaml
 
-from kvsim.cli.common import check_output_path, model_options
+from kvsim.cli.common import check_output_folder, check_output_path, model_options
 from kvsim.core.errors import InputError
 from kvsim.core.units import with_human_bytes
-from kvsim.report.result import format_table, write_metadata
+from kvsim.core.yaml_text import load_yaml
+from kvsim.report.result import METADATA, format_table, write_metadata
 from kvsim.traces import write_native
 from kvsim.traces.synthetic import ARRIVALS, KINDS, KNOBS, generate, write_mooncake
 
@@ -68,6 +69,7 @@ def stats_command(
     """
     from kvsim.traces.stats import trace_stats
 
+    check_output_folder(plot_dir, "--plot", _receives_figures, [trace, model])
     st = trace_stats(
         trace,
         limit=limit,
@@ -99,6 +101,11 @@ def stats_command(
         click.echo(f"wrote {len(paths)} figure files to {plot_dir}", err=True)
 
 
+def _receives_figures(name: str) -> bool:
+    """The files ``--plot DIR`` writes: figures and the run's metadata."""
+    return name == METADATA or name.endswith((".png", ".svg"))
+
+
 def _knob_help() -> str:
     lines = []
     for kind, knobs in KNOBS.items():
@@ -112,7 +119,7 @@ def _parse_knob(text: str) -> tuple[str, object]:
         raise InputError(f"--set expects KNOB=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     try:
-        parsed = yaml.safe_load(value) if value else None
+        parsed = load_yaml(value, f"--set {key}") if value else None
     except yaml.YAMLError:
         parsed = value
     return key.strip().replace("-", "_"), parsed

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from kvsim.core.errors import InputError
-from kvsim.core.io import refuse_overwriting_inputs
+from kvsim.core.input_files import referenced_files
+from kvsim.core.io import check_file_name, refuse_filling_folder, refuse_overwriting_inputs
 from kvsim.core.units import with_human_bytes
 from kvsim.options.offload import OFFLOAD_FIELDS, OffloadOptions
 from kvsim.options.runs import ReplayOptions
@@ -137,6 +139,7 @@ def check_output_path(path: str | None, option: str, *inputs: str | None) -> Non
     one of the run's ``inputs`` (the trace, a config file)."""
     if path is None:
         return
+    check_file_name(path, option)
     refuse_overwriting_inputs({option: path}, list(inputs))
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if os.path.isdir(path):
@@ -145,6 +148,28 @@ def check_output_path(path: str | None, option: str, *inputs: str | None) -> Non
         raise InputError(f"{option}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise InputError(f"{option}: folder {folder} is not writable")
+
+
+def check_output_folder(
+    path: str | None, option: str, receives: Callable[[str], bool], values: Iterable[Any]
+) -> None:
+    """Fail before the run when output folder ``path`` is a file, or when a file it will
+    receive (``receives(name)``: see :func:`kvsim.core.io.refuse_filling_folder`) is one
+    the run reads: any file the option ``values`` name (the trace, a config file, a plugin
+    module; see :func:`kvsim.core.input_files.referenced_files`)."""
+    if path is None:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(f"{option}: {path} is not a directory")
+    refuse_filling_folder(option, path, receives, referenced_files(values))
+
+
+@contextlib.contextmanager
+def plugin_output_to_stderr() -> Iterator[None]:
+    """While a run goes, whatever its plugins print goes to stderr: stdout carries kvsim's
+    result alone (printed after the run), so ``--json`` stays one JSON document."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def echo_summary(summary: dict[str, Any], as_json: bool, title: str) -> None:

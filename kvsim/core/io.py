@@ -15,7 +15,7 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 from kvsim.core.errors import InputError
@@ -41,10 +41,20 @@ def _cannot_write(path: str, exc: OSError) -> InputError:
     return InputError(f"cannot write ({exc.strerror or exc})", source=path)
 
 
+def check_file_name(path: str | os.PathLike[str], option: str | None = None) -> None:
+    """A file to write is not named as a folder: ``x.csv/`` (a trailing slash) would
+    otherwise be written as ``x.csv``."""
+    shown = os.fspath(path)
+    if shown.endswith(tuple(filter(None, (os.sep, os.altsep)))):
+        where = f"{option}: " if option else ""
+        raise InputError(f"{where}{shown} ends in a slash: that names a folder, not a file")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """Yield a temporary path to write with any library; renamed onto ``path`` on success."""
     shown = os.fspath(path)
+    check_file_name(shown)
     if _is_special(shown):  # /dev/stdout, /dev/null, a FIFO: a rename would replace it
         yield shown
         return
@@ -126,6 +136,38 @@ def refuse_overwriting_inputs(
                 )
 
 
+def refuse_filling_folder(
+    option: str,
+    folder: str | os.PathLike[str],
+    receives: Callable[[str], bool],
+    inputs: Iterable[str | os.PathLike[str] | None],
+) -> None:
+    """Exit 2 before any work when a file the output ``folder`` will receive (replace,
+    append to or remove: every name in it for which ``receives(name)`` holds) is one of the
+    run's ``inputs``, directly or through a link.
+
+    Args:
+        option: the folder's option, named in the error (``--out``).
+        folder: the output folder; nothing to check while it does not exist.
+        receives: whether a file name in the folder is one the run writes or removes.
+        inputs: the run's input files (None entries are skipped).
+    """
+    where = os.fspath(folder)
+    try:
+        names = [n for n in os.listdir(where) if receives(n)]
+    except OSError:  # not there yet, or not a folder: the caller's other checks name it
+        return
+    given = [os.fspath(i) for i in inputs if i is not None]
+    for name in sorted(names):
+        path = os.path.join(where, name)
+        for inp in given:
+            if same_file(path, inp):
+                raise InputError(
+                    f"{option} {where} would overwrite {name} there, an input of this run "
+                    f"({inp}); use another folder"
+                )
+
+
 def figure_format(path: str | os.PathLike[str], option: str = "--plot") -> str:
     """The file format a figure path asks for; checked before a run, not after it."""
     ext = os.path.splitext(os.fspath(path))[1].lstrip(".").lower() or "png"
@@ -151,6 +193,8 @@ def parse_json(text: str, source: str) -> Any:
         ) from None
     except ValueError as exc:
         raise InputError(f"not valid JSON ({exc})", source=source) from None
+    except RecursionError:
+        raise InputError("not valid JSON (nested too deeply to read)", source=source) from None
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
@@ -171,10 +215,12 @@ def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
     binary or malformed file is a one-line :class:`InputError` with the file and line."""
     import yaml
 
+    from kvsim.core.yaml_text import load_yaml  # no aliases, no repeated keys
+
     path = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
+            return load_yaml(f, path)
     except FileNotFoundError:
         raise InputError(f"{what} not found", source=path) from None
     except UnicodeDecodeError:

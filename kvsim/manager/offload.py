@@ -9,7 +9,7 @@ the eviction policy's business; which new chunk may enter is the admission polic
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from operator import attrgetter, itemgetter
@@ -74,8 +74,16 @@ class OffloadingEvent:
     medium: str = "CPU"
 
 
-def _check_victims(policy: EvictionPolicy, victims: object, need: int) -> None:
-    """What a plugin's ``evict`` must return: None, or exactly ``need`` (key, chunk) pairs."""
+def _check_victims(
+    policy: EvictionPolicy,
+    victims: object,
+    need: int,
+    resident: Mapping[ChunkKey, object],
+    protected: set[ChunkKey],
+) -> None:
+    """What a plugin's ``evict`` must return: None, or exactly ``need`` (key, chunk) pairs
+    of distinct keys, each in the cache and none of the ``protected`` ones (a key the
+    manager does not hold would fail deep inside it, as a ``KeyError``)."""
     if victims is None:
         return
     ok = (
@@ -89,6 +97,25 @@ def _check_victims(policy: EvictionPolicy, victims: object, need: int) -> None:
             "evict",
             f"must return None or a list of {need} (key, chunk) pairs, got {victims!r:.80}",
         )
+    seen: set[object] = set()
+    for key, _ in cast("list[tuple[object, object]]", victims):
+        try:
+            problem = (
+                "twice"
+                if key in seen
+                else "which is not in the cache"
+                if key not in resident
+                else "which this call protects (evict's second argument)"
+                if key in protected
+                else None
+            )
+        except TypeError:  # unhashable
+            problem = "which is not a key (unhashable)"
+        if problem is not None:
+            raise PolicyFault(
+                type(policy), f"evict({need}, ...)", f"returned key {key!r:.60} {problem}"
+            )
+        seen.add(key)
 
 
 @dataclass
@@ -403,14 +430,15 @@ class OffloadManager:
         if need > self._num_evictable:
             self.counters.allocation_failures += 1
             return None
+        protected = set(offer)
         try:
-            victims = self.policy.evict(need, set(offer))
-        except Exception as exc:
+            victims = self.policy.evict(need, protected)
+        except (Exception, SystemExit) as exc:  # a plugin's exit is the plugin's fault
             if not self._user_policy:
                 raise
             raise PolicyFault(type(self.policy), "evict", f"{type(exc).__name__}: {exc}") from None
         if self._user_policy:
-            _check_victims(self.policy, victims, need)
+            _check_victims(self.policy, victims, need, self._chunks, set(offer))
         if victims is None:
             self.counters.allocation_failures += 1
             return None

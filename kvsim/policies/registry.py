@@ -88,7 +88,7 @@ def _import_class(spec: str, option: str) -> object:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise InputError(f"{option}: cannot import module {module_name!r} ({exc})") from None
-    except Exception as exc:  # the user's module raised while importing
+    except (Exception, SystemExit) as exc:  # the user's module raised (or exited) importing
         raise InputError(
             f"{option}: importing module {module_name!r} failed ({type(exc).__name__}: {exc})"
         ) from None
@@ -163,7 +163,7 @@ def make_eviction_policy(
         return cls(capacity)
     except InputError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         if cls.__module__.startswith("kvsim."):
             raise
         raise PolicyFault(cls, f"__init__({capacity})", f"{type(exc).__name__}: {exc}") from None

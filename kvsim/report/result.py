@@ -6,12 +6,13 @@ import contextlib
 import json
 import numbers
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.core.errors import InputError
-from kvsim.core.io import atomic_write
+from kvsim.core.input_files import referenced_files
+from kvsim.core.io import atomic_write, refuse_filling_folder
 from kvsim.report.labels import format_metric, format_value
 
 if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
@@ -165,11 +166,16 @@ class Result:
         file is written, an earlier run's files this one does not write are removed, and the
         marker listing the new set goes last."""
         out = os.fspath(folder)
+        inputs = referenced_files([self.summary.get("trace"), self.config])
+        refuse_filling_folder("folder", out, run_folder_receives(out, self.tables), inputs)
         os.makedirs(out, exist_ok=True)
         marker = os.path.join(out, RUN_MARKER)
         previous: list[str] = []
         if os.path.exists(marker):
-            with contextlib.suppress(OSError, ValueError), open(marker, encoding="utf-8") as f:
+            with (
+                contextlib.suppress(OSError, ValueError, RecursionError),
+                open(marker, encoding="utf-8") as f,
+            ):
                 previous = list(json.load(f).get("files", []))
             os.unlink(marker)
         from kvsim.report.tables import write_table
@@ -214,6 +220,36 @@ def format_table(rows: Mapping[str, Any] | list[tuple[str, Any]], title: str | N
 #: written last into a ``simulate --out`` folder: the run's files, complete. A folder with
 #: tables but without it is a run that failed or was interrupted mid-write.
 RUN_MARKER = ".kvsim-run.json"
+
+
+#: the tables a run folder may hold (each as .parquet and .csv; a baseline's with
+#: :attr:`Result.BASELINE_PREFIX`), and its JSON documents
+RUN_TABLES = ("requests", "transfers", "steps", "tokens", "tier_jobs", "metrics")
+RUN_DOCUMENTS = ("summary.json", "config.json", "bench.json", "metadata.json", RUN_MARKER)
+
+
+def run_folder_file(name: str) -> bool:
+    """Whether :meth:`Result.save` may write a file called ``name`` (it removes others only
+    when its last marker lists them: see :func:`run_folder_receives`)."""
+    name = name.removeprefix(Result.BASELINE_PREFIX)
+    stem, ext = os.path.splitext(name)
+    return name in RUN_DOCUMENTS or (ext in (".parquet", ".csv") and stem in RUN_TABLES)
+
+
+def run_folder_receives(
+    folder: str | os.PathLike[str], tables: Iterable[str] = ()
+) -> Callable[[str], bool]:
+    """Which names in ``folder`` a :meth:`Result.save` into it writes or removes: a run's
+    files (and those of ``tables``, beyond :data:`RUN_TABLES`), and what the folder's
+    completion marker lists (an earlier run's, removed)."""
+    listed = {f"{t}.{ext}" for t in tables for ext in ("parquet", "csv")}
+    marker = os.path.join(folder, RUN_MARKER)
+    with (
+        contextlib.suppress(OSError, ValueError, TypeError, AttributeError, RecursionError),
+        open(marker, encoding="utf-8") as f,
+    ):
+        listed |= {str(n) for n in json.load(f).get("files", [])}
+    return lambda name: run_folder_file(name) or name in listed
 
 
 def check_run_folder(folder: str) -> None:

@@ -41,7 +41,7 @@ from kvsim.sweeps.cells import STATUS_COLUMNS, cell_id, run_cell
 from kvsim.sweeps.executors import CRASH_LIMIT, EXECUTORS
 from kvsim.sweeps.inputs import trace_fingerprint
 from kvsim.sweeps.journal import JOURNAL, read_journal, run_key
-from kvsim.sweeps.run import sweep, to_frame, write_results
+from kvsim.sweeps.run import FOLDER_FILES, MAX_CELLS, sweep, to_frame, write_results
 from kvsim.sweeps.spec import SweepSpec, check_value
 from kvsim.sweeps.spec_schema import MODES, SweepSpecFile, option_names
 from kvsim.sweeps.tier_sets import (
@@ -56,7 +56,9 @@ from kvsim.sweeps.tier_sets import (
 __all__ = [
     "CRASH_LIMIT",
     "EXECUTORS",
+    "FOLDER_FILES",
     "JOURNAL",
+    "MAX_CELLS",
     "MODES",
     "NO_TIERS",
     "STATUS_COLUMNS",

@@ -106,12 +106,10 @@ def baseline_key(cell: Mapping[str, Any], base_dir: str | None) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
-def sharing_baselines(
-    cells: list[dict[str, Any]], rows: Iterator[dict[str, Any]]
-) -> Iterator[dict[str, Any]]:
-    """The executor's rows, its cells run with a shared baselines folder (when a timed
-    cell runs a baseline)."""
-    if not any(c.get("mode") == "timed" and c.get("baseline") for c in cells):
+def sharing_baselines(shared: bool, rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The executor's rows, its cells run with a shared baselines folder when ``shared`` (a
+    timed sweep whose cells run a baseline)."""
+    if not shared:
         yield from rows
         return
     with _shared_folder():

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
@@ -34,9 +34,25 @@ if TYPE_CHECKING:
 EXECUTORS = ("local", "serial", "ray")
 #: a cell whose worker process dies this many times is recorded as failed (fewer: re-run)
 CRASH_LIMIT = 2
+#: what a pool worker sends when it starts a cell, before its row
+STARTED = "started"
 
-#: an executor: (cells, the driver's working directory, workers, Ray address) -> rows
-Executor = Callable[[list[dict[str, Any]], str, int, "str | None"], Iterator[dict[str, Any]]]
+#: an executor: (cells, the driver's working directory, workers, Ray address, per-cell
+#: timeout in seconds or None) -> rows; the cells are taken one at a time as workers free up
+Executor = Callable[
+    [Iterable[dict[str, Any]], str, int, "str | None", "float | None"], Iterator[dict[str, Any]]
+]
+
+
+def check_timeout(seconds: float | None, name: str) -> None:
+    """A per-cell timeout is a positive number of seconds, for the ``local`` executor (its
+    cells run in processes that can be killed; a cell in this process cannot be stopped)."""
+    if seconds is None:
+        return
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise InputError(f"cell timeout must be a number of seconds > 0, got {seconds!r}")
+    if name != "local":
+        raise InputError(f"a cell timeout needs the local executor, not {name!r}")
 
 
 def executor(name: str) -> Executor:
@@ -45,7 +61,11 @@ def executor(name: str) -> Executor:
 
 
 def _run_serial(
-    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+    cells: Iterable[dict[str, Any]],
+    base_dir: str,
+    workers: int,
+    address: str | None,
+    timeout: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     for c in cells:
         yield run_cell(c, base_dir)
@@ -83,6 +103,9 @@ def _worker_main(conn: Connection, base_dir: str, parent_pid: int | None) -> Non
     """A pool worker: cells in, rows out, one at a time, until told to stop (``None``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    sys.stdout = sys.stderr  # a plugin's print() is not the sweep's output
     exit_with_parent(parent_pid)
     while True:
         try:
@@ -90,6 +113,10 @@ def _worker_main(conn: Connection, base_dir: str, parent_pid: int | None) -> Non
         except (EOFError, OSError):
             return
         if cell is None:
+            return
+        try:
+            conn.send(STARTED)  # the cell's clock starts now, not at the worker's start-up
+        except OSError:
             return
         row = run_cell(cell, base_dir)
         try:
@@ -103,6 +130,7 @@ class _Worker:
     process: BaseProcess
     conn: Connection
     cell: dict[str, Any] | None = None  # the cell it is running
+    started: float | None = None  # when it started that cell (time.monotonic)
 
 
 def _death(exitcode: int | None) -> str:
@@ -120,12 +148,16 @@ class _Pool:
 
     ``ProcessPoolExecutor`` fails every pending cell when one worker dies; here the dead
     worker is replaced and only its cell is queued again; after :data:`CRASH_LIMIT` deaths
-    that cell is recorded as failed and the rest of the sweep goes on."""
+    that cell is recorded as failed and the rest of the sweep goes on. With a ``timeout``,
+    a worker still on its cell after that many seconds is killed and the cell recorded as
+    failed (a plugin in an endless loop stops one cell, not the sweep). Cells are taken
+    from their iterator only as workers free up, so a large grid is never held whole."""
 
-    def __init__(self, size: int, base_dir: str):
+    def __init__(self, size: int, base_dir: str, timeout: float | None = None):
         self.ctx = multiprocessing.get_context()
         self.size = size
         self.base_dir = base_dir
+        self.timeout = timeout
         self.running: list[_Worker] = []
         self.idle: list[_Worker] = []
         self.crashes: Counter[str] = Counter()
@@ -133,13 +165,22 @@ class _Pool:
         forked = self.ctx.get_start_method() in ("fork", "spawn")
         self.parent_pid = os.getpid() if forked else None
 
-    def run(self, cells: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        queue = deque(cells)
-        while queue or self.running:
-            while queue and len(self.running) < self.size:
-                self._hand(self.idle.pop() if self.idle else self._spawn(), queue.popleft())
+    def run(self, cells: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        source = iter(cells)
+        again: deque[dict[str, Any]] = deque()  # cells whose worker died: run last
+        while True:
+            while len(self.running) < self.size:
+                cell = next(source, None)
+                if cell is None and again:
+                    cell = again.popleft()
+                if cell is None:
+                    break
+                self._hand(self.idle.pop() if self.idle else self._spawn(), cell)
+            if not self.running:
+                break
             for worker in self._ready():
-                yield from self._collect(worker, queue)
+                yield from self._collect(worker, again)
+            yield from self._overdue()
         self._stop_idle()
 
     def _spawn(self) -> _Worker:
@@ -156,20 +197,42 @@ class _Pool:
 
     def _hand(self, worker: _Worker, cell: dict[str, Any]) -> None:
         worker.cell = cell
+        worker.started = None  # until the worker says it has started
         self.running.append(worker)
         with contextlib.suppress(OSError):  # died idle: its sentinel reports it next
             worker.conn.send(cell)
 
     def _ready(self) -> list[_Worker]:
-        """Running workers with a row to read or a death to report."""
+        """Running workers with a row to read or a death to report (none when the first
+        deadline passes first)."""
         by_handle: dict[Any, _Worker] = {}
         for w in self.running:
             by_handle[w.conn] = w
             by_handle[w.process.sentinel] = w
-        ready = wait(list(by_handle))
+        wait_s = None
+        clocks = [w.started for w in self.running if w.started is not None]
+        if self.timeout is not None and clocks:
+            wait_s = max(0.0, min(clocks) + self.timeout - time.monotonic())
+        ready = wait(list(by_handle), timeout=wait_s)
         return list({id(by_handle[h]): by_handle[h] for h in ready}.values())
 
+    def _overdue(self) -> Iterator[dict[str, Any]]:
+        """Kill each worker past its cell's deadline; its cell is a failed row."""
+        if self.timeout is None:
+            return
+        now, limit = time.monotonic(), self.timeout
+        over = [w for w in self.running if w.started is not None and now - w.started >= limit]
+        for worker in over:
+            self.running.remove(worker)
+            cell, worker.cell = worker.cell, None
+            assert cell is not None
+            worker.process.kill()
+            self._discard(worker)
+            yield failed_row(cell, f"the cell ran longer than its timeout of {self.timeout:g} s")
+
     def _collect(self, worker: _Worker, queue: deque[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        if self._started(worker):
+            return
         self.running.remove(worker)
         cell, worker.cell = worker.cell, None
         assert cell is not None
@@ -193,12 +256,26 @@ class _Pool:
         )
 
     @staticmethod
+    def _started(worker: _Worker) -> bool:
+        """Whether the worker's message is that it started its cell (its clock set)."""
+        if worker.started is not None or not worker.process.is_alive():
+            return False
+        try:
+            if worker.conn.poll() and worker.conn.recv() == STARTED:
+                worker.started = time.monotonic()
+                return True
+        except Exception:  # EOF, or a message cut short by a death: the sentinel reports it
+            return False
+        return False
+
+    @staticmethod
     def _receive(worker: _Worker) -> dict[str, Any] | None:
         """The worker's row, or None when it died without one."""
         try:
-            if worker.conn.poll():
-                row: dict[str, Any] = worker.conn.recv()
-                return row
+            while worker.conn.poll():
+                row: dict[str, Any] | str = worker.conn.recv()
+                if row != STARTED:
+                    return row  # type: ignore[return-value]
         except Exception:  # EOF, or a message cut short by the death
             return None
         return None
@@ -231,9 +308,13 @@ class _Pool:
 
 
 def _run_local(
-    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+    cells: Iterable[dict[str, Any]],
+    base_dir: str,
+    workers: int,
+    address: str | None,
+    timeout: float | None = None,
 ) -> Iterator[dict[str, Any]]:
-    pool = _Pool(workers, base_dir)
+    pool = _Pool(workers, base_dir, timeout)
     try:
         yield from pool.run(cells)
     finally:
@@ -241,7 +322,11 @@ def _run_local(
 
 
 def _run_ray(
-    cells: list[dict[str, Any]], base_dir: str, workers: int, address: str | None
+    cells: Iterable[dict[str, Any]],
+    base_dir: str,
+    workers: int,
+    address: str | None,
+    timeout: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     try:
         import ray

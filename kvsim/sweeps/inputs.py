@@ -4,15 +4,13 @@ generator mapping (``{kind: chat, n_requests: 500, seed: 1}``), as a row label, 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
-#: bytes hashed at each end of a trace file: enough to tell a regenerated trace apart
-_FINGERPRINT_BYTES = 1 << 20
+from kvsim.core.input_files import file_digest
 
 #: the last generated trace (its mapping as JSON -> requests): cells that share a generator
 #: in one process generate it once
@@ -51,24 +49,15 @@ def resolve_trace(trace: Any, base_dir: str | None) -> Any:
 
 
 def trace_fingerprint(trace: Any, base_dir: str | None = None) -> str:
-    """What a trace's rows depend on beyond its path: size, mtime and a hash of the first and
-    last MiB (a regenerated file differs in one of them), without reading a large file whole.
+    """What a trace's rows depend on beyond its path: the SHA-256 of its bytes (hashed once
+    per state of the file in a process: :func:`kvsim.core.input_files.file_digest`), so an
+    edit anywhere, size and modification time kept or not, changes it.
 
     A generator's output is fixed by its mapping (part of the cell); a missing file's key
     changes once it exists; a FIFO or device cannot be fingerprinted, so it never matches."""
     if isinstance(trace, Mapping):
         return "generated"
     path = resolve_trace(trace, base_dir)
-    try:
-        st = os.stat(path)
-    except OSError:
+    if not os.path.exists(path):
         return "missing"
-    if not os.path.isfile(path):
-        return f"unfingerprintable:{time.time_ns()}"
-    h = hashlib.sha1(f"{st.st_size}:{st.st_mtime_ns}".encode())
-    with open(path, "rb") as f:
-        h.update(f.read(_FINGERPRINT_BYTES))
-        if st.st_size > _FINGERPRINT_BYTES:
-            f.seek(max(_FINGERPRINT_BYTES, st.st_size - _FINGERPRINT_BYTES))
-            h.update(f.read(_FINGERPRINT_BYTES))
-    return h.hexdigest()
+    return file_digest(path) or f"unfingerprintable:{time.time_ns()}"

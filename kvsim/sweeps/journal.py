@@ -3,8 +3,9 @@
 re-run into the same folder reuses the rows journaled under the same run key.
 
 A row is reused only if its ``cell_id`` (its configuration) and its ``run_key`` (kvsim's
-version and the trace's content fingerprint) both match: a regenerated trace or a new kvsim
-runs the cell again.
+version and the content of every file the cell reads: :class:`RunKeys`) both match: an
+edited trace, model config, device file or policy plugin, or a new kvsim, runs the cell
+again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kvsim.core.errors import InputError
+from kvsim.core.input_files import file_digest, referenced_files
 from kvsim.report.result import kvsim_version
 from kvsim.sweeps.inputs import trace_fingerprint, trace_text
 
@@ -36,7 +38,7 @@ def _journal_row(line: bytes) -> dict[str, Any] | None:
     """One journal line as a row, or None when it is not one (corrupt, or no cell_id)."""
     try:
         row = json.loads(line)
-    except ValueError:  # bad JSON or bad UTF-8
+    except (ValueError, RecursionError):  # bad JSON, bad UTF-8, nested too deeply
         return None
     if not isinstance(row, dict) or not isinstance(row.get("cell_id"), str):
         return None
@@ -77,16 +79,26 @@ class Journal:
 
     def __init__(self, folder: str):
         self.folder = folder
-        os.makedirs(folder, exist_ok=True)
-        self.f = open(os.path.join(folder, JOURNAL), "a", encoding="utf-8")  # noqa: SIM115
+        self.path = os.path.join(folder, JOURNAL)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self.f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise InputError(f"cannot write ({exc.strerror or exc})", source=self.path) from None
 
     def append(self, row: dict[str, Any]) -> None:
-        self.f.write(json.dumps(row, default=json_default, allow_nan=True) + "\n")
-        self.f.flush()
-        os.fsync(self.f.fileno())
+        """Append ``row`` and flush it to disk; a failure (a full disk, a file size limit)
+        is one line naming the journal."""
+        try:
+            self.f.write(json.dumps(row, default=json_default, allow_nan=True) + "\n")
+            self.f.flush()
+            os.fsync(self.f.fileno())
+        except OSError as exc:
+            raise InputError(f"cannot write ({exc.strerror or exc})", source=self.path) from None
 
     def close(self) -> None:
-        self.f.close()
+        with contextlib.suppress(OSError):  # a failed append has said why already
+            self.f.close()
 
 
 def json_default(v: Any) -> Any:
@@ -129,15 +141,38 @@ def folder_lock(folder: str) -> Iterator[None]:
 
 
 def run_key(trace: Any, base_dir: str | None = None, version: str | None = None) -> str:
-    """A journaled row is reused only under the same key: same trace content, same kvsim."""
-    text = f"{version or kvsim_version()}\0{trace_fingerprint(trace, base_dir)}"
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
+    """The run key of a cell of ``trace`` and no other option (see :class:`RunKeys`)."""
+    return RunKeys(base_dir, version).key({"trace": trace})
 
 
-def run_keys(traces: list[Any], base_dir: str) -> dict[str, str]:
-    """:func:`trace_text` of each trace -> its run key, each trace fingerprinted once."""
-    version = kvsim_version()
-    return {trace_text(t): run_key(t, base_dir, version) for t in traces}
+class RunKeys:
+    """A cell's run key: kvsim's version and the content of every file the cell reads (the
+    trace; a model config, link, compute profile, GPU spec, tier device or vLLM config file;
+    a policy plugin's module source: :func:`~kvsim.core.input_files.referenced_files`), so
+    editing any of them runs the cell again. Each distinct option value is looked at once
+    (a grid of a million cells has a few dozen values)."""
+
+    def __init__(self, base_dir: str | None = None, version: str | None = None):
+        self.base_dir = base_dir
+        self.version = version or kvsim_version()
+        self._memo: dict[str, str] = {}
+
+    def _value(self, name: str, value: Any) -> str:
+        text = f"{name}\0{trace_text(value)}"
+        found = self._memo.get(text)
+        if found is None:
+            parts = [trace_fingerprint(value, self.base_dir)] if name == "trace" else []
+            for path in referenced_files([value], self.base_dir):
+                parts.append(f"{path}\0{file_digest(path) or 'unreadable'}")
+            found = self._memo[text] = "\0".join(parts)
+        return found
+
+    def key(self, cell: Mapping[str, Any]) -> str:
+        """The run key of ``cell`` (a configuration: trace and options)."""
+        h = hashlib.sha1(self.version.encode())
+        for name in sorted(cell):
+            h.update(b"\1" + self._value(name, cell[name]).encode())
+        return h.hexdigest()[:16]
 
 
 def reusable(row: Mapping[str, Any], key: str, retry_failed: bool) -> bool:

@@ -5,20 +5,31 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputError
+from kvsim.core.input_files import referenced_files
+from kvsim.core.io import refuse_filling_folder
 from kvsim.options.schema import short_repr
 from kvsim.report.progress import Progress, ProgressArg
-from kvsim.report.result import write_metadata
+from kvsim.report.result import METADATA, write_metadata
 from kvsim.report.tables import write_table
 from kvsim.sweeps.baselines import sharing_baselines
 from kvsim.sweeps.cells import STATUS_COLUMNS, cell_id
-from kvsim.sweeps.executors import EXECUTORS, executor
+from kvsim.sweeps.executors import EXECUTORS, check_timeout, executor
 from kvsim.sweeps.inputs import trace_text
-from kvsim.sweeps.journal import Journal, Warn, folder_lock, read_journal, reusable, run_keys
+from kvsim.sweeps.journal import (
+    JOURNAL,
+    LOCK,
+    Journal,
+    RunKeys,
+    Warn,
+    folder_lock,
+    read_journal,
+    reusable,
+)
 from kvsim.sweeps.spec import SweepSpec
 
 if TYPE_CHECKING:
@@ -28,6 +39,10 @@ if TYPE_CHECKING:
 OnRow = Callable[[dict[str, Any], int, int], None]
 #: the results table's files in an output folder: ``results.parquet`` and ``results.csv``
 RESULTS = "results"
+#: every file a sweep's output folder receives (none of them may be an input of the sweep)
+FOLDER_FILES = frozenset({JOURNAL, LOCK, METADATA, f"{RESULTS}.parquet", f"{RESULTS}.csv"})
+#: the most cells a sweep runs unless told otherwise (``max_cells``, ``--max-cells``)
+MAX_CELLS = 100_000
 
 
 def sweep(
@@ -41,23 +56,34 @@ def sweep(
     on_row: OnRow | None = None,
     on_warning: Warn | None = None,
     progress: ProgressArg = None,
+    max_cells: int | None = MAX_CELLS,
+    cell_timeout: float | None = None,
 ) -> pd.DataFrame:
     """Run every cell of ``spec`` and return the results table (one row per cell).
 
     ``executor``: ``local`` (process pool, default), ``serial`` (this process) or ``ray``
     (``address`` of a cluster, else a local Ray with ``workers`` CPUs). With ``out``, rows are
-    journaled there and cells already journaled for the same trace content and kvsim version
-    are not run again (``retry_failed`` re-runs the failed ones); a second sweep into a folder
-    in use is refused. ``on_row(row, done, total)`` is called after each finished cell;
-    ``on_warning(message)`` gets skipped journal lines (default: :mod:`warnings`).
-    ``progress=True`` shows a bar counting finished cells (a widget in a notebook, lines in
-    a log file); a callable is called as ``progress(n)`` as cells finish.
+    journaled there and cells already journaled under the same run key (the content of every
+    file the cell reads, and kvsim's version: :class:`~kvsim.sweeps.journal.RunKeys`) are not
+    run again (``retry_failed`` re-runs the failed ones); a second sweep into a folder in use
+    is refused, and so is a folder where the sweep would overwrite one of its inputs.
+    ``on_row(row, done, total)`` is called after each finished cell; ``on_warning(message)``
+    gets skipped journal lines (default: :mod:`warnings`). ``progress=True`` shows a bar
+    counting finished cells (a widget in a notebook, lines in a log file); a callable is
+    called as ``progress(n)`` as cells finish. A sweep of more than ``max_cells`` cells
+    (counted before any is built; None: no limit) is refused. ``cell_timeout`` (seconds; the
+    ``local`` executor) records a cell that runs longer as failed and goes on.
     """
     s = SweepSpec.load(spec)
     workers = _check_run(executor, workers)
+    _check_size(s, max_cells)
+    check_timeout(cell_timeout, executor)
     base_dir = os.getcwd()
-    plan = _Plan.make(s, base_dir, executor, workers, address)
-    with Progress(progress, len(plan.cells), "sweep", unit="cell") as bar:
+    if out is not None:
+        inputs = referenced_files([s.traces, s.options, s.grid, _spec_path(spec)], base_dir)
+        refuse_filling_folder("out", out, FOLDER_FILES.__contains__, inputs)
+    plan = _Plan(s, base_dir, executor, workers, address, cell_timeout)
+    with Progress(progress, s.n_cells, "sweep", unit="cell") as bar:
         on_row = _with_progress(on_row, bar.callback)
         if out is None:
             return _execute(plan, {}, None, on_row)
@@ -65,12 +91,7 @@ def sweep(
         with folder_lock(folder):
             write_metadata(folder, s.traces, dataclasses.asdict(s), command="sweep")
             journal_rows = read_journal(folder, on_warning)
-            done = {
-                i: r
-                for i, r in journal_rows.items()
-                if i in plan.keys and reusable(r, plan.keys[i], retry_failed)
-            }
-            return _execute(plan, done, folder, on_row)
+            return _execute(plan, _reusable(plan, journal_rows, retry_failed), folder, on_row)
 
 
 def to_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -122,59 +143,108 @@ def _with_progress(on_row: OnRow | None, tick: Callable[[int], None] | None) -> 
     return counted
 
 
+def _spec_path(spec: Any) -> str | None:
+    return os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else None
+
+
+def _check_size(s: SweepSpec, max_cells: int | None) -> None:
+    """Refuse a grid larger than ``max_cells`` before building any cell, and one that has
+    the same cell twice (a repeated trace or grid value)."""
+    n = s.n_cells
+    if max_cells is not None and n > max_cells:
+        raise InputError(
+            f"the sweep has {n:,} cells, more than the limit of {max_cells:,}; "
+            "shrink the grid or raise the limit (kvsim sweep --max-cells N)"
+        )
+    for name, values in [("traces", s.traces), *((f"grid.{k}", v) for k, v in s.grid.items())]:
+        texts = [trace_text(v) for v in values]
+        if len(set(texts)) != len(texts):
+            repeated = next(v for v, t in zip(values, texts) if texts.count(t) > 1)
+            raise InputError(
+                f"the sweep has duplicate cells: {name} repeats {short_repr(repeated)}"
+            )
+
+
 @dataclass
 class _Plan:
-    """One sweep call's cells (with their ids and run keys) and where they run."""
+    """One sweep call's cells (built lazily, each with its id and run key) and where they
+    run."""
 
-    cells: list[dict[str, Any]]
-    ids: list[str]
-    keys: dict[str, str]  # cell_id -> run key
+    spec: SweepSpec
     base_dir: str
     executor: str
     workers: int
     address: str | None
+    cell_timeout: float | None = None
+    keys: RunKeys = dataclasses.field(init=False)
 
-    @classmethod
-    def make(
-        cls, s: SweepSpec, base_dir: str, name: str, workers: int, address: str | None
-    ) -> _Plan:
-        cells = s.cells()
-        ids = [cell_id(c) for c in cells]
-        if len(set(ids)) != len(ids):
-            raise InputError("the sweep has duplicate cells (repeated trace or grid values)")
-        by_trace = run_keys(s.traces, base_dir)
-        keys = {i: by_trace[trace_text(c["trace"])] for c, i in zip(cells, ids)}
-        return cls(cells, ids, keys, base_dir, name, workers, address)
+    def __post_init__(self) -> None:
+        self.keys = RunKeys(self.base_dir)
+
+    def cells(self) -> Iterator[tuple[int, str, dict[str, Any]]]:
+        """``(index, cell id, cell)`` of every cell, one at a time."""
+        for n, cell in enumerate(self.spec.iter_cells()):
+            yield n, cell_id(cell), cell
+
+
+def _reusable(
+    plan: _Plan, journal_rows: dict[str, dict[str, Any]], retry_failed: bool
+) -> dict[str, tuple[int, dict[str, Any]]]:
+    """The journal's rows that stand for a cell of this sweep: cell id -> (index, row)."""
+    if not journal_rows:
+        return {}
+    done = {}
+    for n, i, cell in plan.cells():
+        row = journal_rows.get(i)
+        if row is not None and reusable(row, plan.keys.key(cell), retry_failed):
+            done[i] = (n, row)
+    return done
 
 
 def _execute(
     plan: _Plan,
-    done: dict[str, dict[str, Any]],
+    done: dict[str, tuple[int, dict[str, Any]]],
     folder: str | None,
     on_row: OnRow | None,
 ) -> pd.DataFrame:
     """Run the cells not ``done``, journaling each row into ``folder`` as it comes; the
     results files are rewritten from every row on the way out, interrupted or not."""
-    index = {i: n for n, i in enumerate(plan.ids)}
-    rows = [_table_row(r, index[i]) for i, r in done.items()]
-    todo = [c for c, i in zip(plan.cells, plan.ids) if i not in done]
-    total, finished = len(plan.cells), len(rows)
+    rows = [_table_row(r, n) for n, r in done.values()]
+    index: dict[str, int] = {}  # the cells handed out and not yet back: id -> index
+    keys: dict[str, str] = {}
+
+    def todo() -> Iterator[dict[str, Any]]:
+        for n, i, cell in plan.cells():
+            if i in done:
+                continue
+            index[i] = n
+            if folder is not None:
+                keys[i] = plan.keys.key(cell)
+            yield cell
+
+    total = plan.spec.n_cells
     journal = Journal(folder) if folder is not None else None
     run = executor(plan.executor)
+    timed_baselines = plan.spec.mode == "timed" and _any_baseline(plan.spec)
     try:
-        if todo:
-            workers = min(plan.workers, len(todo))
-            for row in sharing_baselines(todo, run(todo, plan.base_dir, workers, plan.address)):
-                row = _table_row(row, index[row["cell_id"]])
+        if len(rows) < total:
+            workers = min(plan.workers, total - len(rows))
+            results = run(todo(), plan.base_dir, workers, plan.address, plan.cell_timeout)
+            for row in sharing_baselines(timed_baselines, results):
+                cid = row["cell_id"]
+                row = _table_row(row, index.pop(cid))
                 if journal is not None:
-                    journal.append({**row, "run_key": plan.keys[row["cell_id"]]})
+                    journal.append({**row, "run_key": keys.pop(cid)})
                 rows.append(row)
-                finished += 1
                 if on_row is not None:
-                    on_row(row, finished, total)
+                    on_row(row, len(rows), total)
     finally:
         if journal is not None:
             journal.close()
             if rows:
                 write_results(to_frame(rows), journal.folder)
     return to_frame(rows)
+
+
+def _any_baseline(s: SweepSpec) -> bool:
+    return bool(s.options.get("baseline")) or any(s.grid.get("baseline", []))

@@ -31,6 +31,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -261,6 +262,9 @@ def _beside(where: str, trace_path: str) -> bool:
 def _write(path: str, key: dict[str, Any], parts: Parts) -> None:
     """Write the entry whole or not at all (:mod:`kvsim.core.io`); a read-only or full disk
     only costs the next read its parse, so a failure to write is not an error here."""
+    with contextlib.suppress(OSError):
+        if not stat.S_ISREG(os.lstat(path).st_mode):  # a FIFO, a device or a link there:
+            os.unlink(path)  # replaced, never written into (a FIFO would block)
     try:
         with atomic_write(path, "wb") as f:
             write(f, key, parts)

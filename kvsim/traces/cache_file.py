@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -110,34 +112,54 @@ def write(f: IO[bytes], key: dict[str, Any], parts: Sequence[TraceColumns]) -> N
 Layout = list[tuple[str, str, int, int]]
 
 
+#: the most header bytes an entry may declare (a real header is a few hundred)
+_MAX_HEADER = 1 << 16
+
+
 def _open(path: str, key: dict[str, Any]) -> tuple[bytes, Layout, int]:
     """The entry's bytes, where its arrays lie and its row count, once the magic, key,
     size and CRC are checked; FileNotFoundError when there is none, BadEntry when the
-    file is anything but a sound entry for that key."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 12:
-        raise BadEntry("not an entry")
-    start = len(MAGIC) + 4
-    size = int.from_bytes(raw[len(MAGIC) : start], "little")
-    try:
-        header = json.loads(raw[start : start + size])
-        if header["key"] != key:
-            raise BadEntry("an entry for another key")
-        specs = [(str(n), str(d), int(c)) for n, d, c in header["arrays"]]
-        rows = int(header["rows"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise BadEntry(f"bad header ({e})") from None
-    if [n for n, _, _ in specs] != list(_ARRAYS) or any(
-        d not in _ARRAYS[n][0] for n, d, _ in specs
-    ):
-        raise BadEntry("unexpected arrays")
-    at = start + size + _pad(start + size)
-    layout: Layout = []
-    for name, dtype, count in specs:
-        nbytes = count * _PLAIN[dtype][0]
-        layout.append((name, dtype, count, at))
-        at += nbytes + _pad(nbytes)
+    file is anything but a sound entry for that key.
+
+    Nothing is read whole before it is known to be an entry of the right size: the file
+    must be a regular file (opened without blocking, so a FIFO or a device put in its
+    place is refused at once), and its header must say a size equal to the file's."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise BadEntry("not a regular file")
+        head = f.read(len(MAGIC) + 4)
+        if not head.startswith(MAGIC) or len(head) < len(MAGIC) + 4:
+            raise BadEntry("not an entry")
+        start = len(MAGIC) + 4
+        size = int.from_bytes(head[len(MAGIC) : start], "little")
+        if size > _MAX_HEADER or start + size > st.st_size:
+            raise BadEntry("bad header size")
+        header_bytes = f.read(size)
+        try:
+            header = json.loads(header_bytes)
+            if header["key"] != key:
+                raise BadEntry("an entry for another key")
+            specs = [(str(n), str(d), int(c)) for n, d, c in header["arrays"]]
+            rows = int(header["rows"])
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise BadEntry(f"bad header ({e})") from None
+        if [n for n, _, _ in specs] != list(_ARRAYS) or any(
+            d not in _ARRAYS[n][0] for n, d, _ in specs
+        ):
+            raise BadEntry("unexpected arrays")
+        if any(c < 0 for _, _, c in specs):
+            raise BadEntry("bad array length")
+        at = start + size + _pad(start + size)
+        layout: Layout = []
+        for name, dtype, count in specs:
+            nbytes = count * _PLAIN[dtype][0]
+            layout.append((name, dtype, count, at))
+            at += nbytes + _pad(nbytes)
+        if st.st_size != at + 4 + len(TRAILER):
+            raise BadEntry("wrong size")
+        raw = head + header_bytes + f.read()
     if len(raw) != at + 4 + len(TRAILER) or raw[at + 4 :] != TRAILER:
         raise BadEntry("wrong size")
     if zlib.crc32(memoryview(raw)[:at]) != int.from_bytes(raw[at : at + 4], "little"):

@@ -76,7 +76,7 @@ def frame_requests(frame: pd.DataFrame, block_tokens: int = 512) -> list[Request
     ]
     if missing:
         raise InputError(f"a requests DataFrame needs the columns {', '.join(missing)}")
-    ids = frame["request_id"] if "request_id" in frame else range(len(frame))
+    ids = _integers(frame, "request_id") if "request_id" in frame else range(len(frame))
     sessions = frame["session_id"] if "session_id" in frame else [None] * len(frame)
     parse = record_parser(block_tokens, prompt)
     out = []
@@ -84,8 +84,8 @@ def frame_requests(frame: pd.DataFrame, block_tokens: int = 512) -> list[Request
         zip(
             ids,
             frame["arrival_s"],
-            frame[prompt],
-            frame["output_tokens"],
+            _integers(frame, prompt),
+            _integers(frame, "output_tokens"),
             frame["block_hashes"],
             sessions,
         )
@@ -103,6 +103,29 @@ def frame_requests(frame: pd.DataFrame, block_tokens: int = 512) -> list[Request
         fields = parse(record, "requests DataFrame row", row)
         out.append(Request(int(_plain(i)), *fields))
     return out
+
+
+def _integers(frame: pd.DataFrame, name: str) -> Any:
+    """Column ``name`` of integers as integers. One missing value makes pandas store a
+    whole integer column as floats: then the first row that is not a whole number (the NaN)
+    is the one named, not row 0 with a value that looks right (``1194.0``)."""
+    column = frame[name]
+    if column.dtype.kind != "f":
+        return column
+    import numpy as np
+
+    values = column.to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (values != np.floor(values))
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise InputError(
+            f"field {name!r} must be a non-negative integer, got {float(values[row])!r} "
+            "(a float column: pandas stores integers beside a missing value as floats)",
+            source="requests DataFrame row",
+            line=row,
+        )
+    return [int(v) for v in values]
 
 
 def _is_frame(obj: Any) -> TypeGuard[pd.DataFrame]:

@@ -67,9 +67,10 @@ def sniff_format(path: str) -> str:
             return f.name
     try:
         d = json.loads(line)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else getattr(e, "msg", e)
         raise InputError(
-            f"cannot determine trace format: first line is not JSON ({getattr(e, 'msg', e)})",
+            f"cannot determine trace format: first line is not JSON ({why})",
             source=path,
             line=lineno,
         ) from None

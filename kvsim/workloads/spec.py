@@ -229,8 +229,10 @@ def read_block(text: str, option: str) -> Any:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
             raise InputError(f"cannot read it ({e})", source=source) from None
+    from kvsim.core.yaml_text import load_yaml  # no aliases, no repeated keys
+
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, source)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None and source != option else None

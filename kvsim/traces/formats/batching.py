@@ -33,7 +33,7 @@ def line_batches(
         for lineno, line in lines:
             try:
                 d = loads(line)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 if not line.strip():
                     continue
                 raise bad_line(e, path, lineno) from None

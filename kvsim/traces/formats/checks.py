@@ -43,12 +43,19 @@ def typename(v: object) -> str:
     }.get(type(v), type(v).__name__)
 
 
+#: a JSON value nested deeper than Python's parser recurses (``[[[[...]]]]``)
+TOO_DEEP = "JSON nested too deeply to read"
+
+
 def decode_error(path: str, lineno: int) -> InputError:
     return InputError("line is not valid UTF-8 text", source=path, line=lineno)
 
 
-def bad_line(err: ValueError, path: str, lineno: int) -> InputError:
-    """InputError for a line json.loads rejected (malformed JSON or bad UTF-8)."""
+def bad_line(err: ValueError | RecursionError, path: str, lineno: int) -> InputError:
+    """InputError for a line json.loads rejected (malformed JSON, JSON nested deeper than
+    Python's parser goes, or bad UTF-8)."""
+    if isinstance(err, RecursionError):
+        return InputError(TOO_DEEP, source=path, line=lineno)
     if isinstance(err, json.JSONDecodeError):
         return InputError(
             f"malformed JSON ({err.msg}, column {err.colno})", source=path, line=lineno

@@ -24,8 +24,18 @@ def open_bin(path: str) -> io.BufferedIOBase:
         raise InputError(f"cannot open trace file: {e.strerror or e}", source=path) from None
 
 
+#: the longest trace line kvsim reads (about two million block ids): parsing a line takes
+#: some 20 times its size in memory, so a longer one is refused before it is parsed
+MAX_LINE_BYTES = 16 << 20
+
+
+class LineTooLong(ValueError):
+    """A line longer than :data:`MAX_LINE_BYTES` (the line reader says which)."""
+
+
 def numbered_lines(f: Iterable[bytes], path: str) -> Iterator[tuple[int, bytes]]:
-    """Enumerate raw lines (1-based), turning gzip/read errors into InputError."""
+    """Enumerate raw lines (1-based), turning gzip/read errors and lines longer than
+    :data:`MAX_LINE_BYTES` into InputError."""
     lineno = 0
     it = iter(f)
     while True:
@@ -36,6 +46,13 @@ def numbered_lines(f: Iterable[bytes], path: str) -> Iterator[tuple[int, bytes]]
         except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
             raise InputError(f"cannot read file: {e}", source=path, line=lineno + 1) from None
         lineno += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise InputError(
+                f"line of {len(line):,} bytes, longer than the {MAX_LINE_BYTES >> 20} MiB "
+                "kvsim reads (a request of millions of block ids); see docs/testing.md#limits",
+                source=path,
+                line=lineno,
+            )
         yield lineno, line
 
 

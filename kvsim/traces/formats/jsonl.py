@@ -19,7 +19,7 @@ from kvsim.core.errors import InputError
 
 from .batching import line_batches
 from .checks import RecordParser
-from .files import numbered_lines, open_bin
+from .files import MAX_LINE_BYTES, LineTooLong, numbered_lines, open_bin
 from .jsonl_layout import JsonlLayout
 
 if TYPE_CHECKING:
@@ -120,7 +120,9 @@ def _blocks(f: io.BufferedIOBase) -> Iterator[bytes]:
         if rest:
             data = rest + data
         cut = data.rfind(b"\n") + 1
-        if cut == 0:  # a line longer than a block: read on
+        if cut == 0:  # a line longer than a block: read on, up to the longest line read
+            if len(data) > MAX_LINE_BYTES:
+                raise LineTooLong()
             rest = data
             continue
         yield data[:cut]
@@ -180,7 +182,7 @@ def _pieces(path: str, header: HeaderCheck | None) -> Iterator[tuple[int, bytes 
         while True:
             try:
                 block = next(blocks, None)
-            except (OSError, EOFError):  # gzip.BadGzipFile is an OSError
+            except (OSError, EOFError, LineTooLong):  # the line reader names the line
                 yield done, None, header is not None
                 return
             if block is None:

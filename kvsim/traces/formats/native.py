@@ -48,7 +48,7 @@ def read_header(line: bytes, path: str) -> int:
     """Validate the header line; return its block_tokens."""
     try:
         h = json.loads(line)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise bad_line(e, path, 1) from None
     if type(h) is not dict or "kvsim_trace" not in h:
         raise InputError(_HEADER_SHAPE, source=path, line=1)
