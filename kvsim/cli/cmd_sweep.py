@@ -159,6 +159,11 @@ def _warn(message: str) -> None:
 @click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
 @click.option("--retry-failed", is_flag=True, help="Re-run cells that failed in an earlier run.")
 @click.option(
+    "--fresh",
+    is_flag=True,
+    help="Run every cell again: start a new journal in --out instead of resuming it.",
+)
+@click.option(
     "--max-cells",
     type=click.IntRange(min=1),
     default=MAX_CELLS,
@@ -190,6 +195,7 @@ def sweep_command(
     workers: int | None,
     address: str | None,
     retry_failed: bool,
+    fresh: bool,
     max_cells: int,
     cell_timeout: float | None,
     show_progress: bool | None,
@@ -243,16 +249,24 @@ def sweep_command(
             progress=wants_progress(show_progress),
             max_cells=max_cells,
             cell_timeout=cell_timeout,
+            fresh=fresh,
         )
     n_err = int((df["status"] != "ok").sum()) if len(df) else 0
     for line in warned:
         click.echo(f"kvsim: warning: {line}", err=True)
     for line in failed:
         click.echo(f"kvsim: failed {line}", err=True)
+    resumed = int(df.attrs.get("from_journal", 0))
+    ran = f"; {len(df) - resumed} run" if resumed else ""
     click.echo(
-        f"{len(df)} cells ({len(df) - n_err} ok, {n_err} failed) -> "
+        f"{len(df)} cells ({len(df) - n_err} ok, {n_err} failed{ran}) -> "
         f"{os.path.join(out, 'results.parquet')}, {os.path.join(out, 'results.csv')}"
     )
+    if resumed:
+        click.echo(
+            f"{resumed} of them from the journal in {out} (unchanged inputs, same kvsim); "
+            "--fresh runs every cell again"
+        )
     if n_err:
         click.get_current_context().exit(1)
     return 0

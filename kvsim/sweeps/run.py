@@ -3,6 +3,7 @@ comes, the results table written from every row on the way out (interrupted or n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -58,6 +59,7 @@ def sweep(
     progress: ProgressArg = None,
     max_cells: int | None = MAX_CELLS,
     cell_timeout: float | None = None,
+    fresh: bool = False,
 ) -> pd.DataFrame:
     """Run every cell of ``spec`` and return the results table (one row per cell).
 
@@ -72,7 +74,9 @@ def sweep(
     counting finished cells (a widget in a notebook, lines in a log file); a callable is
     called as ``progress(n)`` as cells finish. A sweep of more than ``max_cells`` cells
     (counted before any is built; None: no limit) is refused. ``cell_timeout`` (seconds; the
-    ``local`` executor) records a cell that runs longer as failed and goes on.
+    ``local`` executor) records a cell that runs longer as failed and goes on. ``fresh``
+    runs every cell again, starting a new journal in ``out``. The table's
+    ``attrs["from_journal"]`` counts the rows taken from the journal instead of run.
     """
     s = SweepSpec.load(spec)
     workers = _check_run(executor, workers)
@@ -90,8 +94,14 @@ def sweep(
         folder = os.fspath(out)
         with folder_lock(folder):
             write_metadata(folder, s.traces, dataclasses.asdict(s), command="sweep")
+            if fresh:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, JOURNAL))
             journal_rows = read_journal(folder, on_warning)
-            return _execute(plan, _reusable(plan, journal_rows, retry_failed), folder, on_row)
+            done = _reusable(plan, journal_rows, retry_failed)
+            df = _execute(plan, done, folder, on_row)
+            df.attrs["from_journal"] = len(done)
+            return df
 
 
 def to_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
