@@ -57,7 +57,7 @@ from real.device import Device
 from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import LAYER_MAJOR, LAYOUTS, GpuKVCache, KVGeometry
 from real.lifetime import release_when_idle
-from real.machine import check_fits
+from real.machine import check_device_fits, check_fits
 from real.trace_slice import SELECTIONS, WINDOW_PER_REQUEST, conversation_turns
 from real.transfer import Fault, RealTransferBackend
 from real.validation_report import ValidationReport, link_time, request_rows
@@ -119,13 +119,13 @@ class ValidationSpec:
     def small_for_tests(cls) -> ValidationSpec:
         """Seconds on CPU for the bundled Bailian sample (26 chat requests, 16-token
         blocks): llama-3.2-1b's compute with a tiny KV (2 KiB per block), and a GPU cache
-        small enough that later turns hit the CPU tier."""
+        small enough that later turns hit the CPU tier (60 blocks, 61 with vLLM's null block)."""
         return cls(
             model=TINY_KV_MODEL,
             cpu_gib=None,
             cpu_chunks=512,
             limit=None,
-            gpu_blocks=60,
+            gpu_blocks=61,
             time_scale=0.03,
             compute_scale=0.1,
             max_gpu_kv_gib=1.0,
@@ -134,15 +134,16 @@ class ValidationSpec:
     @classmethod
     def for_cpu_check(cls) -> ValidationSpec:
         """About a minute on a 2-core machine: 150 conversation turns of the Mooncake trace
-        with :data:`SMALL_KV_MODEL` (1 MiB blocks), a 2 GiB tier and a 60-block cache
-        (36 load and 226 store jobs), arrivals 10x faster, a quarter-length forward."""
+        with :data:`SMALL_KV_MODEL` (1 MiB blocks), a 2 GiB tier and a 60-block cache (61
+        with vLLM's null block; 36 load and 226 store jobs), arrivals 10x faster, a
+        quarter-length forward."""
         return cls(
             model=SMALL_KV_MODEL,
             cpu_gib=None,
             cpu_chunks=2048,
             limit=150,
             select="conversations",
-            gpu_blocks=60,
+            gpu_blocks=61,
             time_scale=0.1,
             compute_scale=0.25,
             max_gpu_kv_gib=1.0,
@@ -153,15 +154,16 @@ class ValidationSpec:
     def for_gpu_check(cls) -> ValidationSpec:
         """About 30 s of run on one H200 (simulated: 28 s): 300 conversation turns of the
         Mooncake trace (``select="conversations"``) with llama-3.2-1b (16 MiB per 512-token
-        block), a 24 GiB pinned tier, a 60-block GPU cache tight enough that later turns
-        load from the tier (simulated: 51 load and 466 store jobs), arrivals 10x faster and
-        a quarter-length forward, so the run is short and the copies weigh."""
+        block), a 24 GiB pinned tier, a 60-block GPU cache (61 with vLLM's null block) tight
+        enough that later turns load from the tier (simulated: 51 load and 466 store jobs),
+        arrivals 10x faster and a quarter-length forward, so the run is short and the copies
+        weigh."""
         return cls(
             model="llama-3.2-1b",
             cpu_gib=24.0,
             limit=300,
             select="conversations",
-            gpu_blocks=60,
+            gpu_blocks=61,
             time_scale=0.1,
             compute_scale=0.25,
         )
@@ -219,9 +221,10 @@ def prepare(
         gpu_kv_blocks(model, gpu, base),
         int(spec.max_gpu_kv_gib * GIB // geometry.block_bytes),
     )
-    if n_blocks < 1:
+    if n_blocks < 2:  # one is vLLM's null block (kvsim.specs.sizing.usable_gpu_blocks)
         raise InputError(
-            f"--max-gpu-kv-gib {spec.max_gpu_kv_gib} holds no {geometry.block_bytes}-byte block"
+            f"--max-gpu-kv-gib {spec.max_gpu_kv_gib} holds fewer than two "
+            f"{geometry.block_bytes}-byte blocks (vLLM keeps one as its null block)"
         )
     eparams = EngineParams(**{**base.as_dict(), "gpu_blocks": n_blocks})
     return RunSetup(
@@ -236,6 +239,26 @@ def prepare(
         geometry,
         HostLayout(geometry, config.layout.units_per_chunk, spec.layout),
         n_blocks,
+    )
+
+
+def check_memory(s: RunSetup, device: Device) -> None:
+    """What the run will allocate against what the machine has, before anything is: the
+    host pool in host memory; the GPU KV cache on the CUDA device, or in host memory too
+    for the CPU stand-in. One line naming the options that shrink the part that fails."""
+    host_bytes = s.config.num_chunks * s.host_layout.row_bytes
+    kv_bytes = s.n_blocks * s.geometry.block_bytes
+    kv_hint = "use a smaller --max-gpu-kv-gib / --gpu-kv-blocks"
+    if device.is_cuda:
+        check_fits(host_bytes, "the host pool")
+        what = f"the GPU KV cache ({s.n_blocks} blocks)"
+        check_device_fits(kv_bytes, device.torch_device, what, kv_hint)
+        return
+    check_fits(
+        host_bytes + kv_bytes,
+        f"the host pool ({host_bytes / GIB:.2f} GiB) and the CPU stand-in for the GPU KV "
+        f"cache ({s.n_blocks} blocks, {kv_bytes / GIB:.2f} GiB)",
+        hint="use a smaller --cpu-gib / --cpu-chunks, --max-gpu-kv-gib / --gpu-kv-blocks",
     )
 
 
@@ -278,9 +301,7 @@ def run_validation(
     device = device or Device.auto()
     s = prepare(trace, spec, params)
     # memory first: refuse (one line) before simulating what could not run for real
-    host_bytes = s.config.num_chunks * s.host_layout.row_bytes
-    on_host = host_bytes + (0 if device.is_cuda else s.n_blocks * s.geometry.block_bytes)
-    check_fits(on_host, "the host pool" + ("" if device.is_cuda else " and the CPU KV cache"))
+    check_memory(s, device)
     pin = device.is_cuda if pin is None else pin
     host = HostPool(
         s.host_layout,

@@ -51,6 +51,7 @@ from kvsim.manager.offload import OffloadManager
 from kvsim.options.config import CacheConfig
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
+from kvsim.specs.sizing import NULL_GPU_BLOCKS, usable_gpu_blocks
 from kvsim.tiering.build import build_tiered_manager
 from kvsim.traces.model import Request
 
@@ -71,14 +72,15 @@ class _Launched:
     entries: list[tuple[SimRequest, int, bool]]
     results: list[TransferResult]  # completions its worker calls saw
     n_preempted: int
-    submitted: int
+    submitted: tuple[int, int]  # (loads, stores) its worker calls submitted
     progress: bool  # tokens, a flush stall, completions seen or stores queued
 
 
 def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
-    """vLLM's KV budget: memory * utilization - weights - activations, in GPU blocks of
-    ``params.gpu_block_tokens`` tokens (or ``params.gpu_blocks``, as vLLM's
-    ``num_gpu_blocks_override``)."""
+    """vLLM's ``num_gpu_blocks``: memory * utilization - weights - activations, in GPU blocks
+    of ``params.gpu_block_tokens`` tokens (or ``params.gpu_blocks``, as vLLM's
+    ``num_gpu_blocks_override``). One of them is vLLM's null block: requests get
+    :func:`kvsim.specs.sizing.usable_gpu_blocks` of them."""
     block_tokens = params.gpu_block_tokens
     if params.gpu_blocks is not None:
         return params.gpu_blocks
@@ -90,7 +92,7 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
     )
     per_block = model.kv_bytes_per_token(tp=params.tp) * block_tokens
     n = int(avail // per_block)
-    if n < 1:
+    if n <= NULL_GPU_BLOCKS:
         raise InputError(
             f"{model.name} does not fit on {gpu.name} at tp={params.tp} with "
             f"gpu_memory_utilization={params.gpu_memory_utilization}: no memory left for KV"
@@ -126,8 +128,9 @@ class Engine:
         self.compute = compute
         self.transfer = transfer
         self.backend = backend if backend is not None else SimulatedTransferBackend(self.transfer)
-        self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params)
-        self.pool = GpuBlockPool(self.num_gpu_blocks)
+        self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params)  # vLLM's, null included
+        self.usable_gpu_blocks = usable_gpu_blocks(self.num_gpu_blocks)
+        self.pool = GpuBlockPool(self.usable_gpu_blocks)
         self.offload = offload
         self.manager = None
         self.connector: OffloadConnector | None = None
@@ -239,7 +242,7 @@ class Engine:
         )
         self.recorder.requests.append(sr)
         block = self.params.gpu_block_tokens
-        if -(-(sr.prompt + sr.output) // block) > self.num_gpu_blocks:
+        if -(-(sr.prompt + sr.output) // block) > self.usable_gpu_blocks:
             sr.status = REJECTED
             self._finished(1)
             return
@@ -292,12 +295,12 @@ class Engine:
         finished = sched.update(t2)
         if finished:
             self._finished(len(finished))
-        submitted = (conn.loads_submitted + conn.stores_submitted) if conn is not None else 0
+        submitted = (conn.loads_submitted, conn.stores_submitted) if conn is not None else (0, 0)
         if rec.record_steps:
             self._record_step(
                 step, t0, t2, stall, t2 - t1, batch, len(finished), n_preempted, submitted, done
             )
-        return bool(batch.num_seqs or done or submitted)
+        return bool(batch.num_seqs or done or submitted[0] or submitted[1])
 
     def _record_step(
         self,
@@ -309,9 +312,12 @@ class Engine:
         batch: StepBatch,
         n_finished: int,
         n_preempted: int,
-        submitted: int,
+        submitted: tuple[int, int],
         done: int,
     ) -> None:
+        """One row of the steps table. ``submitted`` is the step's own (loads, stores): in the
+        async loop the connector's counters belong to a later launch by the time a step is
+        processed."""
         sched, conn, pool = self.scheduler, self.connector, self.pool
         waiting_kv = (
             sum(1 for r in sched.kv_holding if r.status == WAITING_FOR_KV)
@@ -331,8 +337,8 @@ class Engine:
             pool.num_free,
             n_finished,
             n_preempted,
-            conn.loads_submitted if conn else 0,
-            conn.stores_submitted if conn else 0,
+            submitted[0],
+            submitted[1],
             done,
             conn.allocation_failures if conn else 0,
             self.manager.num_resident if self.manager else 0,
@@ -429,13 +435,13 @@ class Engine:
             self._compute_tail = end
             self.busy_s += dur
         results: list[TransferResult] = []
-        submitted = 0
+        submitted = (0, 0)
         queued = False
         if conn is not None:
             conn.after_launch(self.backend, t1, end, rec.on_submit)
             conn.queue_stores()
             results = conn.take_results()
-            submitted = conn.loads_submitted + conn.stores_submitted
+            submitted = (conn.loads_submitted, conn.stores_submitted)
             queued = bool(conn.store_now)
         progress = bool(batch.num_seqs or stall > 0 or results or queued)
         return _Launched(
