@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.cachemode.driver import write_requests_csv
-from kvsim.core.errors import InputError, did_you_mean
+from kvsim.core.errors import EngineStalled, InputError, did_you_mean
 from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
 from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
 from kvsim.options.vllm import (
@@ -511,8 +511,13 @@ def simulate(
     setup = compose(make_options(extra, **offload), timed, extra, tr.block_tokens, sized)
 
     label = "simulating (offload)" if baseline and sized else "simulating"
+    stalled: EngineStalled | None = None  # raised after the Result of what ran is built
     with Progress(progress, n_requests, label) as bar:
-        summary, tables = run_engine(setup, tr, sized, bench, record_tokens, bar.callback)
+        try:
+            summary, tables = run_engine(setup, tr, sized, bench, record_tokens, bar.callback)
+        except EngineStalled as exc:
+            stalled = exc
+            summary, tables = exc.partial
         summary = {
             "trace": str(tr.path),
             "gpu": setup.gpu.name,
@@ -521,11 +526,15 @@ def simulate(
             **setup.config.capacity_summary(offload=sized),
             **summary,
         }
-        if baseline:
+        if baseline and stalled is None:
             bar.next_pass("baseline (no offload)")
-            base_summary, base_tables = run_engine(
-                setup, tr, False, bench, record_tokens, bar.callback
-            )
+            try:
+                base_summary, base_tables = run_engine(
+                    setup, tr, False, bench, record_tokens, bar.callback
+                )
+            except EngineStalled as exc:
+                stalled = exc
+                base_summary, base_tables = exc.partial
             summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
             for name in ("requests", "steps", "tokens"):
                 if name in base_tables:
@@ -537,4 +546,8 @@ def simulate(
         "baseline": baseline,
         "bench": bench.as_dict(),
     }
-    return Result(summary=summary, tables=tables, config=config_out)
+    result = Result(summary=summary, tables=tables, config=config_out)
+    if stalled is not None:
+        stalled.result = result
+        raise stalled
+    return result

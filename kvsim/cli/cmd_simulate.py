@@ -21,7 +21,7 @@ from kvsim.cli.common import (
     wants_progress,
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
-from kvsim.core.errors import InputError
+from kvsim.core.errors import EngineStalled, InputError
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.tiers import tier_from_shorthand
@@ -295,33 +295,39 @@ def simulate_command(
     if tiers:  # vLLM's secondary_tiers objects, in order
         options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
     info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info
-    result = simulate(
-        trace,
-        gpu=gpu,
-        baseline=baseline,
-        limit=limit,
-        time_scale=time_scale,
-        poisson_rate=poisson_rate,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        gpu_kv_blocks=gpu_blocks,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enable_prefix_caching=not no_prefix_caching,
-        offload_prompt_only=False if offload_all_tokens else None,
-        sync_load_budget_bytes=sync_load_budget_bytes,
-        async_scheduling=async_scheduling,
-        link=link,
-        compute_profile=compute_profile,
-        record_steps=bool(out_dir or chrome_trace),
-        record_tokens=save_detailed,
-        percentile_metrics=percentile_metrics,
-        metric_percentiles=metric_percentiles,
-        goodput=" ".join(goodput) if goodput else None,
-        vllm_config=vllm_config,
-        tier_load_rule=tier_load_rule,
-        progress=wants_progress(show_progress),
-        **{k: v for k, v in options.items() if v is not None},
-    )
+    try:
+        result = simulate(
+            trace,
+            gpu=gpu,
+            baseline=baseline,
+            limit=limit,
+            time_scale=time_scale,
+            poisson_rate=poisson_rate,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            gpu_kv_blocks=gpu_blocks,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=not no_prefix_caching,
+            offload_prompt_only=False if offload_all_tokens else None,
+            sync_load_budget_bytes=sync_load_budget_bytes,
+            async_scheduling=async_scheduling,
+            link=link,
+            compute_profile=compute_profile,
+            record_steps=bool(out_dir or chrome_trace),
+            record_tokens=save_detailed,
+            percentile_metrics=percentile_metrics,
+            metric_percentiles=metric_percentiles,
+            goodput=" ".join(goodput) if goodput else None,
+            vllm_config=vllm_config,
+            tier_load_rule=tier_load_rule,
+            progress=wants_progress(show_progress),
+            **{k: v for k, v in options.items() if v is not None},
+        )
+    except EngineStalled as exc:  # what ran until the stall is written, then one line
+        if out_dir and exc.result is not None:
+            write_tables(exc.result, out_dir)
+            exc.args = (f"{exc}; what was simulated until then is in {out_dir}",)
+        raise
     if out_dir:
         write_tables(result, out_dir)
     if chrome_trace:

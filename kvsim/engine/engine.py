@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim.core.context import RequestContext, chunk_positions
-from kvsim.core.errors import InputError
+from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.units import GIB
 from kvsim.engine.arrivals import arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
@@ -389,9 +389,11 @@ class Engine:
             self.rescues += 1
             self._schedule_step(now)
         elif not self._arrivals_left:
-            raise RuntimeError(
+            raise EngineStalled(
                 f"engine stalled at t={now:.6f}s with {sched.num_waiting} waiting "
-                f"and {len(sched.running)} running requests and nothing in flight"
+                f"({len(sched.kv_holding)} holding GPU blocks) and {len(sched.running)} running "
+                "requests and nothing in flight: the waiting ones need GPU blocks they can never "
+                "get (vLLM 0.33 stops in the same state); give more GPU blocks"
             )
 
     # --- async scheduling: vLLM's batch queue ---

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvsim.core.errors import InputError, InputWarning
+from kvsim.core.errors import EngineStalled, InputError, InputWarning
 from kvsim.engine.compute_model import (
     ComputeParams,
     ComputeProfile,
@@ -156,7 +156,11 @@ def run_engine(
     progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
     """One pass of ``tr`` through a new engine, with (``offload``) or without the CPU
-    tier; returns its summary and its tables (requests, transfers, steps, tokens)."""
+    tier; returns its summary and its tables (requests, transfers, steps, tokens).
+
+    Raises :class:`EngineStalled` when the engine stalls, with ``partial`` set to the summary
+    (its ``stalled`` field the message) and tables of what was simulated until then."""
+    stalled: EngineStalled | None = None
     engine = Engine(
         setup.config,
         setup.params,
@@ -167,7 +171,11 @@ def run_engine(
         offload=offload,
         requests_for_future=tr if offload else None,  # read only by policies that need it
         progress=progress,
-    ).run(tr)
+    )
+    try:
+        engine.run(tr)
+    except EngineStalled as exc:
+        stalled = exc
     rec = engine.recorder
     tables = {
         "requests": rec.request_table(),
@@ -176,9 +184,17 @@ def run_engine(
     }
     if record_tokens:
         tables["tokens"] = rec.token_table()
-    summary = summarize(engine, tables["requests"], tables["transfers"], bench)
+    reqs = tables["requests"]
+    if stalled is not None:  # the summary covers the requests that ended (finished or rejected)
+        reqs = reqs[reqs["rejected"] | reqs["finish_s"].notna()]
+    summary = summarize(engine, reqs, tables["transfers"], bench)
     if engine.tiers is not None:
         add_tier_outputs(engine.tiers, tables, summary, setup.config.chunk_tokens)
+    if stalled is not None:
+        summary["stalled"] = str(stalled)
+        summary["unfinished_requests"] = len(tables["requests"]) - len(reqs)
+        stalled.partial = (summary, tables)
+        raise stalled
     return summary, tables
 
 
