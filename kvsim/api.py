@@ -6,17 +6,19 @@ shell go through the same code.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import gzip
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.cachemode.driver import write_requests_csv
-from kvsim.core.errors import EngineStalled, InputError, did_you_mean
+from kvsim.core.errors import EngineStalled, InputError, InputWarning, did_you_mean
 from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
 from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
 from kvsim.options.vllm import (
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
     from kvsim.cachemode.mrc import MRC
     from kvsim.traces.coerce import TraceLike
+    from kvsim.workloads import Workload
 
 __all__ = [
     "bundled_trace",
@@ -288,10 +291,30 @@ def _replay(
         tables["requests"] = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
     else:
         summary = replay.run(tr, progress=progress)
+    _note_failed_stores(summary, config)
     return Result(
         summary={"trace": str(tr.path), **summary, **config.capacity_summary()},
         tables=tables,
         config=config.as_dict(),
+    )
+
+
+def _note_failed_stores(summary: Mapping[str, Any], config: CacheConfig) -> None:
+    """Warn when stores failed for want of room and chunked prefill is off: vLLM stores a
+    step's chunks all or nothing, so a tier smaller than one whole prompt fails silently
+    otherwise, while vLLM's own chunked prefill would store such a prompt step by step."""
+    failures = int(summary.get("allocation_failures") or 0)
+    if not failures or config.prefill_chunk_tokens is not None:
+        return
+    warnings.warn(
+        f"{failures:,} of {int(summary.get('requests') or 0):,} requests could not store "
+        f"their chunks: the CPU tier ({config.num_chunks:,} chunks of {config.chunk_tokens} "
+        "tokens) is smaller than what one whole prompt stores at once (vLLM stores a step's "
+        "chunks all or nothing); vLLM's chunked prefill stores a long prompt over several "
+        "steps: --prefill-chunk-tokens 8192 (prefill_chunk_tokens, vLLM's default "
+        "max_num_batched_tokens) models it",
+        InputWarning,
+        stacklevel=3,
     )
 
 
@@ -331,7 +354,7 @@ def mrc(
     ``curve.points``: each is ``replay(..., cpu_gib=x, policy="lru")``'s CPU hit ratio.
     """
     from kvsim.cachemode.miniature import miniature_mrc
-    from kvsim.cachemode.mrc import at_sizes, in_capacity_units, lru_mrc
+    from kvsim.cachemode.mrc import at_sizes, in_capacity_units, labelled, lru_mrc
     from kvsim.specs.sizing import row_bytes
 
     tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
@@ -376,6 +399,7 @@ def mrc(
     curve = in_capacity_units(
         curve, config.chunk_tokens, row, model=model, kv_cache_dtype=config.kv_cache_dtype
     )
+    curve = labelled(curve, str(curve.info.get("policy", "lru")))
     if asked:
         curve.points = at_sizes(
             curve,
@@ -387,8 +411,10 @@ def mrc(
 
 @named_options
 def simulate(
-    trace: TraceLike,
+    trace: TraceLike | None = None,
     *,
+    workload: Any = None,
+    load: Any = None,
     gpu: str = "h200",
     model: str = DEFAULT_MODEL,
     cpu_gib: float | None = None,
@@ -436,6 +462,15 @@ def simulate(
 
     ``trace`` is what :func:`replay` takes. For example
     ``simulate(path, gpu="h100", cpu_gib=64, policy="arc", baseline=True)``.
+
+    Instead of a trace, ``workload`` and ``load`` run a benchmark client in the loop
+    (:func:`kvsim.workloads.build_workload`, seeded by ``seed``, in ``gpu_block_tokens``
+    blocks; see docs/experiments.md): e.g. ``workload={"type": "shared_prefix",
+    "num_groups": 10, ...}``, ``load={"type": "concurrency", "stages": [{"concurrency": 32,
+    "num_requests": 2000}]}``. The requests table then has a ``stage`` column (the stage a
+    request was sent in) and the result a ``stages`` table: every metric per stage and for
+    the whole run. A kvsim trace written by ``kvsim trace gen shared-prefix`` / ``random``
+    says its stages, and gets the same table.
 
     The CPU tier: with no size (``cpu_gib``, ``cpu_chunks``, ``cpu_bytes`` or
     ``vllm_config``) the run has no offloading. ``model`` (default llama-3.1-8b), ``tp``,
@@ -494,8 +529,9 @@ def simulate(
     """
     given = dict(locals())  # the keywords as called: nothing else is local yet
     # The timed engine loads on first use, so `import kvsim` and the CLI stay quick.
-    from kvsim.engine.setup import compose, in_arrival_order, run_engine
+    from kvsim.engine.setup import compose, run_engine
     from kvsim.report.serve_metrics import BenchSettings, long_table
+    from kvsim.workloads import Workload
 
     if gpu_blocks is not None:  # the CLI's name for the GPU KV capacity, here too
         if gpu_kv_blocks is not None:
@@ -503,8 +539,14 @@ def simulate(
         given["gpu_kv_blocks"] = gpu_blocks
     timed = SimulateOptions(**_pick(given, SIMULATE_FIELDS))
     bench = BenchSettings.make(percentile_metrics, metric_percentiles, goodput)
-    tr, n_requests = in_arrival_order(as_trace(trace, block_tokens=block_tokens, limit=limit))
+    tr, n_requests, stages = _arrivals(trace, workload, load, given)
     sized = any(v is not None for v in (cpu_gib, cpu_chunks, cpu_bytes, vllm_config))
+    if baseline and not sized:
+        raise InputError(
+            "baseline compares the run with and without offloading, but no CPU tier is "
+            "sized, so both runs would be the same: give --cpu-gib (cpu_gib), --cpu-chunks, "
+            "cpu_bytes or --vllm-config"
+        )
     extra = vllm_extra(vllm_config)
     offload = _pick(given, [n for n in OFFLOAD_FIELDS if n != "gpu_blocks"])
     offload.update(model=model or DEFAULT_MODEL, cpu_chunks=cpu_chunks if sized else 1)
@@ -514,12 +556,14 @@ def simulate(
     stalled: EngineStalled | None = None  # raised after the Result of what ran is built
     with Progress(progress, n_requests, label) as bar:
         try:
-            summary, tables = run_engine(setup, tr, sized, bench, record_tokens, bar.callback)
+            summary, tables = run_engine(
+                setup, tr, sized, bench, record_tokens, bar.callback, stages=stages
+            )
         except EngineStalled as exc:
             stalled = exc
             summary, tables = exc.partial
         summary = {
-            "trace": str(tr.path),
+            "trace": tr.name if isinstance(tr, Workload) else str(tr.path),
             "gpu": setup.gpu.name,
             "model": offload["model"],
             "link": setup.link.link,
@@ -530,18 +574,19 @@ def simulate(
             bar.next_pass("baseline (no offload)")
             try:
                 base_summary, base_tables = run_engine(
-                    setup, tr, False, bench, record_tokens, bar.callback
+                    setup, tr, False, bench, record_tokens, bar.callback, stages=stages
                 )
             except EngineStalled as exc:
                 stalled = exc
                 base_summary, base_tables = exc.partial
             summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
-            for name in ("requests", "steps", "tokens"):
+            for name in ("requests", "steps", "tokens", "stages"):
                 if name in base_tables:
                     tables[BASELINE_PREFIX + name] = base_tables[name]
     tables["metrics"] = long_table(summary, BASELINE_PREFIX)  # run, metric, value
     config_out = {
         **setup.describe(),
+        **(tr.describe() if isinstance(tr, Workload) else {}),
         "limit": limit,
         "baseline": baseline,
         "bench": bench.as_dict(),
@@ -551,3 +596,36 @@ def simulate(
         stalled.result = result
         raise stalled
     return result
+
+
+def _arrivals(
+    trace: TraceLike | None, workload: Any, load: Any, given: dict[str, Any]
+) -> tuple[Trace | Workload, int | None, list[int] | None]:
+    """What ``simulate`` runs: a trace in arrival order, or a workload and load whose
+    client runs in the loop; the number of requests (None: the run decides) and each trace
+    request's stage where its file states them."""
+    from kvsim.engine.setup import in_arrival_order
+    from kvsim.traces.formats.native import stated_stages
+    from kvsim.workloads import build_workload
+
+    if workload is None and load is None:
+        if trace is None:
+            raise InputError("simulate needs a trace, or a workload and a load")
+        tr, n = in_arrival_order(
+            as_trace(trace, block_tokens=given["block_tokens"], limit=given["limit"])
+        )
+        on_file = tr.format == "native" and os.path.isfile(tr.path)  # not one in memory
+        starts = stated_stages(str(tr.path)) if on_file else None
+        if starts is None:
+            return tr, n, None
+        return tr, n, [max(0, bisect.bisect_right(starts, i) - 1) for i in range(n)]
+    if trace is not None:
+        raise InputError("give a trace, or a workload and a load, not both")
+    if workload is None or load is None:
+        raise InputError("a workload needs a load and a load a workload (both or neither)")
+    for name, default in (("limit", None), ("time_scale", 1.0), ("poisson_rate", None)):
+        if given[name] != default:
+            raise InputError(f"{name} re-times a trace; a workload's load says when it sends")
+    block = given["block_tokens"] or given["gpu_block_tokens"]
+    w = build_workload(workload, load, seed=given["seed"], block_size=block)
+    return w, w.num_requests, None

@@ -356,6 +356,18 @@ def integrity_under_compute(
             if device.mode in ("cuda", "threaded"):  # the host waits out the forward
                 _wait_until(device, t_launch + compute_s)
         account(backend.drain())
+        # a last load of what was stored: on a loaded host the stores of the rounds above can
+        # all complete too late for any round to load them, and then nothing would be checked
+        picks = rng.sample(list(stored), min(blocks_per_job, len(stored), gpu_blocks - half))
+        if picks:
+            job_id += 1
+            dst = rng.sample(range(half, gpu_blocks), len(picks))
+            keys = [stored[c] for c in picks]
+            nbytes = len(picks) * geometry.block_bytes
+            backend.submit(
+                TransferJob(job_id, LOAD, dst, picks, nbytes, len(picks), keys), device.clock()
+            )
+            account(backend.drain())
         elapsed = device.clock() - t0
         by_dir: dict[str, dict[str, Any]] = {}
         for d in (STORE, LOAD):

@@ -2,9 +2,11 @@
 
 Runs from a checkout with nothing installed beyond the device image (torch, numpy, pandas,
 click, pyarrow; cuda-bindings for vLLM's batched copy; Triton for its gather kernel; pytest
-for the last section) and msgspec, which the H200 image lacks: carry its wheel, as
-docs/real-backend.md says. It runs in under five minutes on one H200 with no network. Sections, in
-order (each within a time budget, ``--budget-s``; one that would not fit is skipped):
+for the last section) and msgspec, which the H200 image lacks: unpack its wheel into
+``.gpu_deps/`` at the checkout's root (it is put on ``sys.path`` when present; the command is
+in docs/real-backend.md) and carry that folder. It runs in under five minutes on one H200 with
+no network. Sections, in order (each within a time budget, ``--budget-s``; one that would
+not fit is skipped):
 
 1. ``environment``: versions (torch, CUDA runtime and driver, Triton, cuda-bindings), the
    GPU, its PCIe generation and width (read while a copy runs) and NUMA node, the host,
@@ -49,13 +51,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvsim.core.io import atomic_write
-from real import check_copies, check_env, check_goals
-from real.calibrate import BOTH, CPU_COLD_SPAN_FACTOR, D2H, H2D, KIB, MIB, calibrate
-from real.copy_path import LOAD_MODES, default_copy_path
-from real.device import Device, cpu_stand_in, cuda_available
-from real.host_pool import PinError
-from real.kv_cache import KVGeometry
+from real.carried_deps import missing_modules, use_carried_deps
+
+use_carried_deps()
+
+from kvsim.core.io import atomic_write  # noqa: E402
+from real import check_copies, check_env, check_goals  # noqa: E402
+from real.calibrate import BOTH, CPU_COLD_SPAN_FACTOR, D2H, H2D, KIB, MIB, calibrate  # noqa: E402
+from real.copy_path import LOAD_MODES, default_copy_path  # noqa: E402
+from real.device import Device, cpu_stand_in, cuda_available  # noqa: E402
+from real.host_pool import PinError  # noqa: E402
+from real.kv_cache import KVGeometry  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SELF_TEST = (
@@ -429,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         "KVSIM_LOAD_PATH), DMA only, or the gather kernel for every load from pinned memory",
     )
     args = ap.parse_args(argv)
+    for name in missing_modules():
+        print(
+            f"gpu_check: {name} is not importable here, so the validation section will fail: "
+            "unpack its wheel into .gpu_deps/ (docs/real-backend.md, 'On a GPU machine with no "
+            "network')",
+            flush=True,
+        )
     device = Device("cuda") if cuda_available() else cpu_stand_in()
     if args.load_path is not None:
         device.set_copy_path(default_copy_path(device, load=args.load_path))

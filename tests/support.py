@@ -39,7 +39,7 @@ REQUIRE_TRITON = os.environ.get("KVSIM_REQUIRE_TRITON") == "1"
 
 #: marks a test whose timed runs are overloaded on purpose (small workloads sized to run
 #: fast): the OverloadWarning they raise is expected there, so it is not shown
-expect_overload = pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.OverloadWarning")
+expect_overload = pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.LoadWarning")
 
 
 def need_vllm(module: str) -> ModuleType:

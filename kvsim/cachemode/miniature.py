@@ -13,7 +13,7 @@ miniatures run without a GPU tier and without chunked prefill (both are per-requ
 positional and have no sampled counterpart): ask for them and this module says no. The
 admission tracker (``max_tracker_size``) shrinks with the rate like the cache.
 The estimate's error is measured against full replays by :func:`miniature_error` and
-reported in the README. It grows as a miniature gets small: policies with fixed-share
+reported in docs/cache-mode.md. It grows as a miniature gets small: policies with fixed-share
 queues (S3-FIFO's 10 % small queue, W-TinyLFU's 1 % window) or a power-of-two frequency
 sketch do not shrink in proportion, SIEVE's hand sweeps a few dozen chunks, and few sampled
 keys make any estimate noisy. So a capacity whose miniature would hold fewer than

@@ -188,6 +188,19 @@ def in_capacity_units(
     return curve
 
 
+def labelled(curve: MRC, policy: str) -> MRC:
+    """``curve`` with the columns a figure and a reader of its table need: ``policy`` (the
+    curve's own, so a plot of the CSV names it) and ``exact`` (:meth:`MRC.is_exact` per row:
+    estimated points are drawn as estimates)."""
+    t = curve.table.copy()
+    t["policy"] = policy
+    t["exact"] = [curve.is_exact(int(c)) for c in t["capacity"]]
+    if curve.model is not None:
+        t["model"] = curve.model
+    curve.table = t
+    return curve
+
+
 def at_sizes(
     curve: MRC, cpu_gib: Sequence[float], chunks_for: Callable[[float], int]
 ) -> pd.DataFrame:

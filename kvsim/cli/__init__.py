@@ -22,6 +22,11 @@ from kvsim.core.errors import EngineStalled, InputError, InputWarning
 #: pandas, matplotlib or torch; a test keeps each help line equal to its command's own.
 HELP_LIMIT = 80
 COMMAND_TABLE: dict[str, tuple[str, str, str]] = {
+    "accuracy": (
+        "cmd_accuracy",
+        "accuracy_command",
+        "Re-create and simulate each experiment of a measurements FILE; print...",
+    ),
     "bench": (
         "cmd_bench",
         "bench_command",
@@ -36,6 +41,11 @@ COMMAND_TABLE: dict[str, tuple[str, str, str]] = {
         "cmd_real",
         "calibrate_compute_command",
         "Time the model's GEMMs, LM head and attention with torch; write a compute...",
+    ),
+    "fit-compute": (
+        "cmd_accuracy",
+        "fit_compute_command",
+        "Fit the step-time model's few global parameters to the experiments of FILE...",
     ),
     "models": (
         "cmd_policies",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -277,7 +276,7 @@ def mrc_command(
         matplotlib.use("Agg")  # the CLI only writes files
         from kvsim import plots
 
-        title = f"LRU ({protocol}) {os.path.basename(trace)}"
+        title = plots.mrc_title(curve.table, trace)
         fig = plots.mrc(curve, title=title, ceiling=curve.ceiling)
         plots.save_as(fig, plot_path, option="--plot")
     summary = mrc_summary(trace, curve)

@@ -25,101 +25,9 @@ from kvsim.core.errors import EngineStalled, InputError
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.tiers import tier_from_shorthand
-from kvsim.report.result import Result, format_value
-from kvsim.report.serve_metrics import metric_keys
+from kvsim.report.labels import format_metric, summary_rows
+from kvsim.report.result import Result
 from kvsim.traces import as_trace
-
-#: rows before the latency metrics
-RUN_ROWS = (
-    ("requests", "requests"),
-    ("completed", "completed"),
-    ("failed", "failed (too long for GPU KV)"),
-    ("duration", "duration (s)"),
-    ("request_throughput", "request throughput (req/s)"),
-    ("request_goodput", "request goodput (req/s)"),
-    ("output_throughput", "output token throughput (tok/s)"),
-    ("total_token_throughput", "total token throughput (tok/s)"),
-    ("max_output_tokens_per_s", "peak output token throughput (tok/s)"),
-    ("max_concurrent_requests", "peak concurrent requests"),
-)
-#: rows after them: the load, then the cache and the link
-LOAD_ROWS = (
-    ("gpu_busy_frac", "GPU busy (fraction of the run)"),
-    ("offered_prompt_tok_s", "offered prompt tokens/s"),
-    ("sustainable_prompt_tok_s", "sustainable prompt tokens/s"),
-    ("queue_share_of_ttft", "queueing share of TTFT"),
-)
-CACHE_ROWS = (
-    ("gpu_hit_tokens", "GPU hit tokens"),
-    ("cpu_hit_tokens", "CPU hit tokens"),
-    ("computed_prompt_tokens", "computed prompt tokens"),
-    ("recomputed_tokens", "recomputed tokens (preemption)"),
-    ("preemptions", "preemptions"),
-    ("load_bytes", "load bytes"),
-    ("store_bytes", "store bytes"),
-    ("chunks_evicted", "CPU chunks evicted"),
-    ("allocation_failures", "CPU allocation failures"),
-    ("flush_and_sync_stall_s", "transfer stalls (s)"),
-    ("pcie_h2d_util", "PCIe H2D utilisation"),
-    ("pcie_d2h_util", "PCIe D2H utilisation"),
-    ("kv_wait_total_s", "waiting for KV (s, total)"),
-    ("steps", "engine steps"),
-)
-METRIC_LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL", "queue": "queue"}
-#: values shown with two decimals (milliseconds and rates), as vllm bench serve prints them
-_TWO_DECIMALS = ("_ms", "throughput", "goodput", "_per_s", "_tok_s")
-
-
-def metric_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """``mean_ttft_ms`` -> ``mean TTFT (ms)``, ``p99_itl_ms`` -> ``P99 ITL (ms)``, in order."""
-    rows = []
-    for key in metric_keys(summary):
-        stat, name = key[: -len("_ms")].rsplit("_", 1)
-        stat = stat.upper() if stat.startswith("p") else stat
-        rows.append((key, f"{stat} {METRIC_LABELS[name]} (ms)"))
-    return rows
-
-
-#: a secondary tier's rows: summary key suffix -> label (after the tier's label)
-TIER_ROWS = (
-    ("device", "device"),
-    ("hit_tokens", "hit tokens"),
-    ("promoted_chunks", "promoted chunks"),
-    ("promotion_p50_ms", "promotion P50 (ms)"),
-    ("promotion_p99_ms", "promotion P99 (ms)"),
-    ("cascaded_chunks", "cascaded chunks"),
-    ("dropped_chunks", "dropped chunks (back-pressure)"),
-    ("read_bytes", "bytes read"),
-    ("written_bytes", "bytes written"),
-    ("load_rule_skipped_chunks", "chunks skipped by the load rule"),
-)
-TIER_TOTAL_ROWS = (
-    ("tier_hit_requests", "requests with a secondary-tier hit"),
-    ("tier_loads_lost", "of them, loading slower than recompute"),
-    ("tier_load_rule", "tier load rule"),
-)
-
-
-def tier_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """The secondary tiers' rows (``tier1_fs_device`` -> ``tier 1:fs device``), if any."""
-    rows = []
-    for key in summary:
-        if key.startswith("tier") and key.endswith("_device"):
-            prefix = key[: -len("device")]
-            number, kind = prefix[len("tier") : -1].split("_", 1)
-            rows += [(prefix + k, f"tier {number}:{kind} {label}") for k, label in TIER_ROWS]
-    return [*rows, *TIER_TOTAL_ROWS] if rows else []
-
-
-def show(key: str, value: Any, signed: bool = False) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float) and key.endswith(_TWO_DECIMALS):
-        return f"{value:{'+' if signed else ''},.2f}"
-    if signed and isinstance(value, (int, float)) and not isinstance(value, bool):
-        text = format_value(value)
-        return text if text.startswith("-") else "+" + text
-    return format_value(value)
 
 
 def format_comparison(result: Result, baseline: bool) -> str:
@@ -130,20 +38,22 @@ def format_comparison(result: Result, baseline: bool) -> str:
         f"kvsim simulate: {summary['trace']} "
         f"({summary['model']} on {summary['gpu']}, link {summary['link']})"
     )
-    keyed = [*RUN_ROWS, *metric_rows(summary), *LOAD_ROWS, *CACHE_ROWS, *tier_rows(summary)]
-    rows = [(key, label) for key, label in keyed if summary.get(key) is not None]
+    rows = summary_rows(summary)
     diff = result.compare() if baseline else None
     table = []
     for key, label in rows:
-        cells = [show(key, summary[key])]
+        cells = [format_metric(key, summary[key])]
         if diff is not None:
-            cells.append(show(key, summary.get(BASELINE_PREFIX + key)))
+            cells.append(format_metric(key, summary.get(BASELINE_PREFIX + key)))
             if key in diff.index:
                 d, ratio = diff.loc[key, "difference"], diff.loc[key, "ratio"]
                 pct = (ratio - 1) * 100 if not math.isnan(ratio) else None
                 if isinstance(summary[key], int) and not isinstance(summary[key], bool):
                     d = int(d)
-                cells += [show(key, d, signed=True), "-" if pct is None else f"{pct:+.1f}%"]
+                cells += [
+                    format_metric(key, d, signed=True),
+                    "-" if pct is None else f"{pct:+.1f}%",
+                ]
             else:
                 cells += ["-", "-"]
         table.append((label, cells))
@@ -160,9 +70,60 @@ def format_comparison(result: Result, baseline: bool) -> str:
     return "\n".join(lines)
 
 
+#: the per-stage table's columns: stages-table column -> heading
+STAGE_COLUMNS = (
+    ("stage", "stage"),
+    ("requests", "requests"),
+    ("failed", "failed"),
+    ("request_throughput", "req/s"),
+    ("output_throughput", "out tok/s"),
+    ("mean_ttft_ms", "TTFT mean"),
+    ("p50_ttft_ms", "p50"),
+    ("p90_ttft_ms", "p90"),
+    ("p99_ttft_ms", "p99"),
+    ("mean_e2el_ms", "E2EL mean"),
+    ("p90_e2el_ms", "p90"),
+    ("p99_e2el_ms", "p99"),
+    ("mean_itl_ms", "ITL mean"),
+    ("gpu_hit_tokens", "GPU hit tok"),
+    ("cpu_hit_tokens", "CPU hit tok"),
+)
+
+
+def format_stages(result: Result) -> str | None:
+    """Every load stage's main metrics (ms) and the whole run's, one row each; None for a
+    run without stages."""
+    table = result.tables.get("stages")
+    if table is None:
+        return None
+    cols = [(c, h) for c, h in STAGE_COLUMNS if c in table.columns]
+    cells = [[h for _, h in cols]]
+    for row in table.itertuples(index=False):
+        values = row._asdict()
+        cells.append(
+            [format_metric(c, values[c]) if c != "stage" else str(values[c]) for c, _ in cols]
+        )
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    lines = ["per load stage (the stage a request was sent in; times in ms)"]
+    lines += ["  ".join(f"{c:>{w}}" for c, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
 def _option(name: str, *flags: str, **overrides: Any) -> Callable[[FC], FC]:
     """A ``simulate`` option from :class:`SimulateOptions`' description of ``name``."""
     return schema_option(SimulateOptions, name, *flags, **overrides)
+
+
+def _simulate(out_dir: str | None, trace: Any, **kwargs: Any) -> Result:
+    """:func:`kvsim.simulate`; when its engine stalls, what ran until then is written to
+    ``out_dir`` before the one-line error (exit code 3) goes up."""
+    try:
+        return simulate(trace, **kwargs)
+    except EngineStalled as exc:
+        if out_dir and exc.result is not None:
+            write_tables(exc.result, out_dir)
+            exc.args = (f"{exc}; what was simulated until then is in {out_dir}",)
+        raise
 
 
 def write_tables(result: Result, out: str) -> list[str]:
@@ -171,7 +132,23 @@ def write_tables(result: Result, out: str) -> list[str]:
 
 
 @click.command("simulate")
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path(dir_okay=False), required=False)
+@click.option(
+    "--workload",
+    "workload_text",
+    default=None,
+    metavar="YAML|FILE",
+    help="Instead of TRACE: a benchmark workload (with --load), e.g. '{type: shared_prefix, "
+    "num_groups: 10, ...}' or a file (one holding workload: and load: blocks gives both).",
+)
+@click.option(
+    "--load",
+    "load_text",
+    default=None,
+    metavar="YAML|FILE",
+    help="The workload's load, e.g. '{type: concurrency, stages: [{concurrency: 32, "
+    "num_requests: 2000}]}' (docs/experiments.md).",
+)
 @offload_options
 @_option("gpu", show_default=True)
 @_option("baseline", is_flag=True, default=False)
@@ -230,7 +207,12 @@ def write_tables(result: Result, out: str) -> list[str]:
     "nvme-gen5; shared-fs; object-store, the obj default; instant; or a device JSON file).",
 )
 @_option("tier_load_rule")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the summary as JSON (with a 'stages' list for a run with load stages).",
+)
 @click.option(
     "--progress/--no-progress",
     "show_progress",
@@ -239,7 +221,9 @@ def write_tables(result: Result, out: str) -> list[str]:
 )
 @trace_cache_options
 def simulate_command(
-    trace: str,
+    trace: str | None,
+    workload_text: str | None,
+    load_text: str | None,
     gpu: str,
     baseline: bool,
     limit: int | None,
@@ -278,10 +262,20 @@ def simulate_command(
     KV capacity in vLLM blocks of --gpu-block-tokens tokens (default: from GPU memory).
     Without a CPU size the run has no offloading.
 
+    Instead of TRACE, --workload and --load run a benchmark client in the loop
+    (inference-perf's shared_prefix or vllm bench serve's random data; constant, poisson
+    or concurrency load in stages; docs/experiments.md). Such a run, or a trace from
+    `kvsim trace gen shared-prefix / random`, also prints every metric per load stage
+    (and --out writes the stages table).
+
     \b
-    Example:
+    Examples:
       kvsim simulate traces/mooncake_fast25_conversation_trace.jsonl \\
           --model llama-3.1-8b --gpu h200 --cpu-gib 64 --policy arc --baseline
+      kvsim simulate --gpu h100 --workload '{type: shared_prefix, num_groups: 10,
+          num_prompts_per_group: 10, system_prompt_len: 100, question_len: 447,
+          output_len: 248}' --load '{type: concurrency, stages: [{concurrency: 16,
+          num_requests: 1000}]}'
     """
     options = pop_offload_kwargs(kwargs)
     gpu_blocks = options.pop("gpu_blocks", None) or None
@@ -294,40 +288,38 @@ def simulate_command(
         raise InputError("--save-detailed writes into --out; give --out DIR")
     if tiers:  # vLLM's secondary_tiers objects, in order
         options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
-    info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info
-    try:
-        result = simulate(
-            trace,
-            gpu=gpu,
-            baseline=baseline,
-            limit=limit,
-            time_scale=time_scale,
-            poisson_rate=poisson_rate,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            gpu_kv_blocks=gpu_blocks,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=not no_prefix_caching,
-            offload_prompt_only=False if offload_all_tokens else None,
-            sync_load_budget_bytes=sync_load_budget_bytes,
-            async_scheduling=async_scheduling,
-            link=link,
-            compute_profile=compute_profile,
-            record_steps=bool(out_dir or chrome_trace),
-            record_tokens=save_detailed,
-            percentile_metrics=percentile_metrics,
-            metric_percentiles=metric_percentiles,
-            goodput=" ".join(goodput) if goodput else None,
-            vllm_config=vllm_config,
-            tier_load_rule=tier_load_rule,
-            progress=wants_progress(show_progress),
-            **{k: v for k, v in options.items() if v is not None},
-        )
-    except EngineStalled as exc:  # what ran until the stall is written, then one line
-        if out_dir and exc.result is not None:
-            write_tables(exc.result, out_dir)
-            exc.args = (f"{exc}; what was simulated until then is in {out_dir}",)
-        raise
+    workload, load = _workload_and_load(trace, workload_text, load_text)
+    info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info if trace else None
+    result = _simulate(
+        out_dir,
+        trace,
+        workload=workload,
+        load=load,
+        gpu=gpu,
+        baseline=baseline,
+        limit=limit,
+        time_scale=time_scale,
+        poisson_rate=poisson_rate,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        gpu_kv_blocks=gpu_blocks,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_prefix_caching=not no_prefix_caching,
+        offload_prompt_only=False if offload_all_tokens else None,
+        sync_load_budget_bytes=sync_load_budget_bytes,
+        async_scheduling=async_scheduling,
+        link=link,
+        compute_profile=compute_profile,
+        record_steps=bool(out_dir or chrome_trace),
+        record_tokens=save_detailed,
+        percentile_metrics=percentile_metrics,
+        metric_percentiles=metric_percentiles,
+        goodput=" ".join(goodput) if goodput else None,
+        vllm_config=vllm_config,
+        tier_load_rule=tier_load_rule,
+        progress=wants_progress(show_progress),
+        **{k: v for k, v in options.items() if v is not None},
+    )
     if out_dir:
         write_tables(result, out_dir)
     if chrome_trace:
@@ -338,10 +330,41 @@ def simulate_command(
             result.tables.get("tier_jobs"),
         )
     if as_json:
-        click.echo(json.dumps(result.summary, indent=2, default=str))
+        payload = dict(result.summary)
+        if "stages" in result.tables:  # a run with load stages: their rows too
+            payload["stages"] = result.tables["stages"].to_dict(orient="records")
+        click.echo(json.dumps(payload, indent=2, default=str))
     else:
         click.echo(format_comparison(result, baseline))
-    note_missing_reuse(info)  # after the run: an error stays the only line on stderr
+        stages = format_stages(result)
+        if stages is not None:
+            click.echo("")
+            click.echo(stages)
+    if info is not None:
+        note_missing_reuse(info)  # after the run: an error stays the only line on stderr
+
+
+def _workload_and_load(
+    trace: str | None, workload_text: str | None, load_text: str | None
+) -> tuple[Any, Any]:
+    """--workload / --load as blocks (a file may hold both, as ``workload:`` and ``load:``);
+    exactly one of TRACE and --workload."""
+    from kvsim.workloads.spec import read_block
+
+    if trace is None and workload_text is None:
+        raise InputError("give a TRACE, or --workload and --load")
+    if trace is not None and (workload_text or load_text):
+        raise InputError("give a TRACE or --workload/--load, not both")
+    if workload_text is None:
+        return None, None
+    workload = read_block(workload_text, "--workload")
+    load = read_block(load_text, "--load") if load_text is not None else None
+    if "workload" in workload:  # a file with both blocks
+        load = load if load is not None else workload.get("load")
+        workload = workload["workload"]
+    if load is None:
+        raise InputError("--workload needs --load (or a file with workload: and load:)")
+    return workload, load
 
 
 COMMANDS = [simulate_command]

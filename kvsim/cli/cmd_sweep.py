@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -199,10 +200,13 @@ def sweep_command(
         raise InputError("--address is for --executor ray")
     out = out or f"sweep-{s.name}"
     failed: list[str] = []
+    warned: list[str] = []
 
     def on_row(row: dict[str, Any], done: int, n: int) -> None:
         if row["status"] != "ok":
             failed.append(f"cell {row['cell']}: {row['error']}")
+        for line in (row.get("warnings") or "").splitlines():
+            warned.append(f"cell {row['cell']} ({cell_label(row, s.grid)}): {line}")
 
     df = sweep(
         s,
@@ -216,6 +220,8 @@ def sweep_command(
         progress=wants_progress(show_progress),
     )
     n_err = int((df["status"] != "ok").sum()) if len(df) else 0
+    for line in warned:
+        click.echo(f"kvsim: warning: {line}", err=True)
     for line in failed:
         click.echo(f"kvsim: failed {line}", err=True)
     click.echo(
@@ -225,6 +231,12 @@ def sweep_command(
     if n_err:
         click.get_current_context().exit(1)
     return 0
+
+
+def cell_label(row: Mapping[str, Any], grid: Mapping[str, Any]) -> str:
+    """A cell's name in a message: its trace and the value of each grid key."""
+    parts = [f"trace={row.get('trace')}"] + [f"{k}={row.get(k)}" for k in grid]
+    return ", ".join(parts)
 
 
 COMMANDS = [sweep_command]

@@ -16,6 +16,8 @@ from kvsim.traces import write_native
 from kvsim.traces.synthetic import ARRIVALS, KINDS, KNOBS, generate, write_mooncake
 
 MOONCAKE_BLOCK_TOKENS = 512
+#: the benchmark tools' workloads (kvsim.workloads): KIND -> the workload block's type
+BENCH_KINDS = {"shared-prefix": "shared_prefix", "random": "random"}
 
 
 @click.group("trace")
@@ -116,8 +118,21 @@ def _parse_knob(text: str) -> tuple[str, object]:
     return key.strip().replace("-", "_"), parsed
 
 
-@trace_group.command("gen", epilog="\b\nKnobs (name=default  meaning):\n" + _knob_help())
-@click.argument("kind", type=click.Choice(KINDS))
+def _bench_help() -> str:
+    return (
+        "shared-prefix / random (--set gives the workload's fields, --load is required):\n"
+        "  shared-prefix: num_groups, num_prompts_per_group, system_prompt_len, question_len,\n"
+        "  output_len (inference-perf's shared_prefix); random: input_len, output_len,\n"
+        "  range_ratio, prefix_len, num_prompts, special_tokens (vllm bench serve's random);\n"
+        "  block_tokens (default 16). See docs/experiments.md."
+    )
+
+
+@trace_group.command(
+    "gen",
+    epilog="\b\nKnobs (name=default  meaning):\n" + _knob_help() + "\n\n\b\n" + _bench_help(),
+)
+@click.argument("kind", type=click.Choice([*KINDS, *BENCH_KINDS]))
 @click.option(
     "-n",
     "--requests",
@@ -149,13 +164,24 @@ def _parse_knob(text: str) -> tuple[str, object]:
     help="Any knob below, repeatable; values are YAML (e.g. weights={chat: 1, rag: 1}).",
 )
 @click.option(
+    "--load",
+    "load_text",
+    default=None,
+    metavar="YAML|FILE",
+    help="shared-prefix / random: the load, e.g. '{type: constant, stages: [{rate: 8, "
+    "duration: 600}]}' (a file path works too).",
+)
+@click.option(
     "-o",
     "--out",
     required=True,
     type=click.Path(dir_okay=False),
-    help="Output Mooncake JSONL file.",
+    help="Output file: Mooncake JSONL, or a kvsim trace (other block sizes; shared-prefix "
+    "and random).",
 )
+@click.pass_context
 def gen_command(
+    ctx: click.Context,
     kind: str,
     n_requests: int,
     seed: int,
@@ -163,17 +189,42 @@ def gen_command(
     rate: float | None,
     arrival_trace: str | None,
     knobs: tuple[str, ...],
+    load_text: str | None,
     out: str,
 ) -> None:
     """Generate a synthetic KIND workload as a Mooncake JSONL trace (512-token blocks,
     prefix-chained hash_ids). Same KIND, seed and knobs: the same file.
 
+    shared-prefix and random are the benchmark tools' workloads (inference-perf's
+    shared_prefix, vllm bench serve's random) sent under --load, written as a kvsim trace
+    (16-token blocks) whose header states each load stage's first request, so
+    `kvsim simulate` reports every metric per stage. A concurrency load (and
+    inference-perf's multi-stage timing) has no fixed arrival times: they come out of
+    the run, so simulate it with `kvsim simulate --workload ... --load ...` instead.
+
     \b
-    Example:
+    Examples:
       kvsim trace gen chat -n 5000 --rate 4 --set turns=8 -o chat.jsonl
+      kvsim trace gen shared-prefix --set num_groups=10 --set num_prompts_per_group=10 \\
+          --set system_prompt_len=100 --set question_len=447 --set output_len=248 \\
+          --load '{type: constant, stages: [{rate: 8, duration: 600}]}' -o sp.jsonl
     """
     check_output_path(out, "--out", arrival_trace)
     params = dict(_parse_knob(k) for k in knobs)
+    if kind in BENCH_KINDS:
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in ("n_requests", "arrival", "rate", "arrival_trace")
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        ]
+        if given:
+            raise InputError(
+                f"{kind}: {', '.join(given)} do not apply; --load says when requests are sent"
+            )
+        _gen_bench(kind, params, load_text, seed, out)
+        return
+    if load_text is not None:
+        raise InputError(f"--load is for shared-prefix and random, not {kind}")
     for name, value in (("arrival", arrival), ("rate", rate), ("arrival_trace", arrival_trace)):
         if value is not None:
             params[name] = value
@@ -190,3 +241,33 @@ def gen_command(
 
 
 COMMANDS = [trace_group]
+
+
+def _gen_bench(
+    kind: str, params: dict[str, object], load_text: str | None, seed: int, out: str
+) -> None:
+    """``trace gen shared-prefix`` / ``random``: the workload under its load, as a kvsim
+    trace whose header states the stages (and the workload, load and seed it came from)."""
+    from kvsim.workloads import build_workload
+    from kvsim.workloads.spec import read_block
+
+    if load_text is None:
+        raise InputError(
+            f"{kind} needs --load (e.g. '{{type: constant, stages: [{{rate: 8, duration: 60}}]}}')"
+        )
+    block = params.pop("block_tokens", 16)
+    if type(block) is not int or block <= 0:
+        raise InputError(f"--set block_tokens: a positive integer, got {block!r}")
+    spec = {"type": BENCH_KINDS[kind], **params}
+    w = build_workload(spec, read_block(load_text, "--load"), seed=seed, block_size=block)
+    reqs = list(w.trace())
+    stages = w.stages()
+    starts = [sum(1 for s in stages if s < k) for k in range(w.num_stages)]  # empty: repeats
+    header = {"stage_starts": starts, **w.describe()}
+    header.pop("block_tokens")
+    n = write_native(out, reqs, block, header=header)
+    last = reqs[-1].arrival_s if reqs else 0.0
+    click.echo(
+        f"wrote {n} {kind} requests in {w.num_stages} stage(s) over {last:,.1f} s to "
+        f"{os.fspath(out)} (kvsim trace, {block}-token blocks)"
+    )

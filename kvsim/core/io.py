@@ -164,3 +164,25 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     except UnicodeDecodeError:
         raise InputError("not valid JSON (not UTF-8 text)", source=path) from None
     return parse_json(text, path)
+
+
+def read_yaml(path: str | os.PathLike[str], what: str) -> Any:
+    """Parse a YAML file (``what`` names it in errors: "sweep spec"); a missing, unreadable,
+    binary or malformed file is a one-line :class:`InputError` with the file and line."""
+    import yaml
+
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise InputError(f"{what} not found", source=path) from None
+    except UnicodeDecodeError:
+        raise InputError(f"a {what} is YAML text, not binary", source=path) from None
+    except OSError as e:  # a folder, no permission
+        raise InputError(f"cannot read the {what} ({e.strerror or e})", source=path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"bad YAML ({problem})", source=path, line=line) from None

@@ -1,8 +1,9 @@
 """Step time of one forward pass: which model, and the single-roofline one.
 
-On GPUs with a shipped phases profile (H100, H200) the default is the per-phase model of
-:mod:`kvsim.engine.phase_compute`; elsewhere, or with a ``"kind": "roofline"`` profile,
-it is this roofline of the model on the GPU plus a fixed overhead.
+The default everywhere is the per-phase model of :mod:`kvsim.engine.phase_compute`: the
+H100 profile fitted to published measurements (``kvsim fit-compute``), and on other GPUs
+that profile with their datasheet peaks. With a ``"kind": "roofline"`` profile it is this
+roofline of the model on the GPU plus a fixed overhead.
 
 ::
 
@@ -45,6 +46,9 @@ from kvsim.engine.phase_compute import KIND as PHASES_KIND
 from kvsim.engine.phase_compute import PhaseCompute, PhaseProfile, shipped_profile
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
+
+#: the fitted profile every GPU without its own scales by its datasheet peaks
+SCALE_FROM = "h100"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,21 +153,32 @@ def load_compute_profile(path: str | os.PathLike[str], base: ComputeParams) -> C
     return base.with_profile({k: v for k, v in data.items() if k != "kind"}, source=path)
 
 
-def default_compute_profile(gpu: GpuSpec) -> ComputeParams | PhaseProfile:
-    """The phases profile shipped for ``gpu`` (H100, H200), else its preset's roofline. A
-    GPU spec named like a shipped profile with other peak figures keeps that profile's
+def default_compute_profile(gpu: GpuSpec) -> PhaseProfile:
+    """The phases profile shipped for ``gpu`` (H100: fitted to measurements; H200: that
+    fit with its datasheet's peaks); any other GPU gets the H100 profile with its own
+    spec's peaks, labelled as such (its efficiencies and overheads are the H100's). A GPU
+    spec named like a shipped profile with other peak figures keeps that profile's
     efficiencies with its own peaks."""
     profile = shipped_profile(gpu.name)
+    scaled = profile is None
     if profile is None:
-        return ComputeParams.for_gpu(gpu)
-    if (profile.peak_flops, profile.hbm_bytes_per_s) == (gpu.peak_flops, gpu.hbm_bytes_per_s):
+        profile = shipped_profile(SCALE_FROM)
+        assert profile is not None, f"kvsim ships a {SCALE_FROM} profile"
+    if not scaled and (profile.peak_flops, profile.hbm_bytes_per_s) == (
+        gpu.peak_flops,
+        gpu.hbm_bytes_per_s,
+    ):
         return profile
     spec = f"the {gpu.name} GPU spec's figure"
+    sources = dict(profile.sources)
+    if scaled:
+        sources = {k: f"the {SCALE_FROM} profile's, unscaled: {v}" for k, v in sources.items()}
     return replace(
         profile,
+        gpu=gpu.name if scaled else profile.gpu,
         peak_flops=gpu.peak_flops,
         hbm_bytes_per_s=gpu.hbm_bytes_per_s,
-        sources={**profile.sources, "peak_flops": spec, "hbm_bytes_per_s": spec},
+        sources={**sources, "peak_flops": spec, "hbm_bytes_per_s": spec},
     )
 
 
@@ -205,8 +220,9 @@ class RooflineCompute:
             * (model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim)
             / tp
         )
-        self._weight_bytes_total = model.num_params * d / tp
-        self._weight_bytes_active = model.active_params * d / tp
+        scale = model.weight_bytes() / model.num_params if dtype_bytes is None else d
+        self._weight_bytes_total = model.num_params * scale / tp
+        self._weight_bytes_active = model.active_params * scale / tp
         self._kv_bytes_per_token = model.kv_bytes_per_token(d, tp)
         self._flops_rate = params.peak_flops * params.flops_efficiency
         self._bytes_rate = params.hbm_bytes_per_s * params.bandwidth_efficiency

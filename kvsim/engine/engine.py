@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from kvsim.core.context import RequestContext, chunk_positions
 from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.units import GIB
-from kvsim.engine.arrivals import arrival_times
+from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
 from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.connector import OffloadConnector
@@ -84,13 +84,13 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
     block_tokens = params.gpu_block_tokens
     if params.gpu_blocks is not None:
         return params.gpu_blocks
-    weights = model.num_params * model.default_dtype_bytes / params.tp
+    weights = model.weight_bytes() / params.tp
     avail = (
         gpu.memory_bytes * params.gpu_memory_utilization
         - weights
         - params.activation_reserve_gib * GIB
     )
-    per_block = model.kv_bytes_per_token(tp=params.tp) * block_tokens
+    per_block = model.gpu_kv_bytes_per_token(tp=params.tp) * block_tokens
     n = int(avail // per_block)
     if n <= NULL_GPU_BLOCKS:
         raise InputError(
@@ -170,8 +170,10 @@ class Engine:
         self.rescues = 0  # ordering deadlocks broken (see Scheduler.rescue)
         self._step_at: float | None = None
         self._token = 0
-        self._source: Iterator[tuple[float, Request]] = iter(())  # the arrivals, set by run()
-        self._arrivals_left = False
+        self._source: ArrivalSource = TraceArrivals(iter(()))  # the arrivals, set by run()
+        self._tell_finishes = False  # the source decides sends by finishes (a closed loop)
+        self._arrival_events = 0  # arrival events (requests or wake-ups) in the queue
+        self._request_pending = False  # a request arrival is in the queue
         self._ran = False
         # async scheduling: launched batches (newest first), end of the last forward launched
         self._batches: deque[_Launched] = deque()
@@ -185,27 +187,48 @@ class Engine:
         self._step_at = t
         self.events.push(t, phase, self._token)
 
-    def _push_next_arrival(self) -> None:
-        nxt = next(self._source, None)
-        self._arrivals_left = nxt is not None
+    @property
+    def _arrivals_left(self) -> bool:
+        return self._arrival_events > 0
+
+    def _push_next_arrival(self, now: float) -> None:
+        """Ask the source for its next arrival while none is pending; ``now``: the time of
+        what happened (an arrival, a wake-up, a finish), which a step may have passed."""
+        if self._request_pending:
+            return
+        nxt = self._source.next_arrival(now)
         if nxt is not None:
+            self._arrival_events += 1
+            self._request_pending = nxt[1] is not None
             self.events.push(nxt[0], PHASE_ARRIVAL, nxt)
 
-    def run(self, requests: Iterable[Request]) -> Engine:
+    def run(self, requests: Iterable[Request] | ArrivalSource) -> Engine:
+        """Run ``requests`` (a trace's requests, re-timed by ``params``, or an
+        :class:`ArrivalSource` whose sends may depend on finishes) to the end."""
         if self._ran:
             raise RuntimeError("an Engine runs once; build a new one")
         self._ran = True
         p = self.params
-        self._source = iter(arrival_times(requests, p.time_scale, p.poisson_rate, p.seed))
-        self._push_next_arrival()
+        if hasattr(requests, "next_arrival"):
+            self._source = requests  # type: ignore[assignment]
+            self._tell_finishes = getattr(requests, "wants_finishes", True)
+        else:
+            timed = arrival_times(requests, p.time_scale, p.poisson_rate, p.seed)
+            self._source = TraceArrivals(iter(timed))
+        self._push_next_arrival(self.clock.now())
         events, clock = self.events, self.clock
         while events:
             t, phase, payload = events.pop()
             clock.wait_until(t)
             if phase == PHASE_ARRIVAL:
+                self._arrival_events -= 1
+                if payload[1] is None:  # the source's wake-up
+                    self._push_next_arrival(t)
+                    continue
+                self._request_pending = False
                 self._admit(*payload)
                 self._arrived = True
-                self._push_next_arrival()
+                self._push_next_arrival(t)
                 now = clock.now()
                 if self._step_at is None or self._step_at > now:
                     self._schedule_step(now)
@@ -216,6 +239,11 @@ class Engine:
                 else:
                     self._after_step(self._step())
         self._drain()
+        if not self._source.done:
+            raise RuntimeError(
+                f"engine idle at t={clock.now():.6f}s while its arrival source still had "
+                "requests to send"
+            )
         return self
 
     def _admit(self, arrival: float, req: Request) -> None:
@@ -244,15 +272,21 @@ class Engine:
         block = self.params.gpu_block_tokens
         if -(-(sr.prompt + sr.output) // block) > self.usable_gpu_blocks:
             sr.status = REJECTED
-            self._finished(1)
+            self._finished([sr], arrival)
             return
         if manager is not None:
             manager.on_new_request(ctx)
         self.scheduler.waiting.append(sr)
 
-    def _finished(self, n: int) -> None:
+    def _finished(self, done: list[SimRequest], t: float) -> None:
+        """Count finished (or refused) requests; tell a closed-loop source, which may send
+        its next request now."""
         if self.progress is not None:
-            self.progress(n)
+            self.progress(len(done))
+        if self._tell_finishes:
+            for r in done:
+                self._source.finished(r.rid, t)
+            self._push_next_arrival(t)
 
     # --- one engine step ---
 
@@ -294,7 +328,7 @@ class Engine:
         n_preempted = len(sched.preempted)
         finished = sched.update(t2)
         if finished:
-            self._finished(len(finished))
+            self._finished(finished, t2)
         submitted = (conn.loads_submitted, conn.stores_submitted) if conn is not None else (0, 0)
         if rec.record_steps:
             self._record_step(
@@ -459,7 +493,7 @@ class Engine:
         done = conn.complete(b.results, rec.on_done) if conn is not None else 0
         finished = sched.update(b.end_s, b.entries)
         if finished:
-            self._finished(len(finished))
+            self._finished(finished, b.end_s)
         if rec.record_steps:
             self._record_step(
                 b.step,

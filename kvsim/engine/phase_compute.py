@@ -18,7 +18,21 @@ per weight or activation element, ``L`` layers, ``H`` hidden size, ``V`` vocabul
 
 ``P`` is the non-embedding parameters a token goes through (the MoE active ones) and
 ``W(T)`` the non-embedding weights read: all dense ones and, of ``N`` routed experts with
-``k`` per token, the expected share ``1 - (1 - k/N)^T`` that ``T`` tokens activate. The LM
+``k`` per token, the expected share ``1 - (1 - k/N)^T`` that ``T`` tokens activate (each
+token picks ``k`` distinct experts, uniformly: an expert escapes one token with
+probability ``1 - k/N``, all ``T`` with its ``T``-th power), read at ``moe_efficiency`` of
+the dense weights' rate (fused-MoE kernels stream their weights less well). Weight bytes
+are per part: the model's ``weight_dtype`` (fp8: one byte; mxfp4: the experts in 4.25
+bits), embeddings and LM head in 16 bits; FP8 weights run their GEMMs at
+``FP8_GEMM_SPEEDUP`` times the BF16 rate (Hopper's FP8 tensor cores). Sliding-window
+layers attend to at most ``window`` keys per query and read at most ``window`` tokens'
+KV per request.
+
+Two costs scale with requests rather than tokens: ``seq_overhead_s`` per request scheduled
+in a step (input preparation, sampling, detokenizing and streaming its token) and
+``request_overhead_s`` once per request outside the engine (the client's HTTP round trip
+and the server's tokenizer), which ``kvsim accuracy`` adds to each request's TTFT and
+E2E; a trace's arrivals are the engine's, so ``kvsim simulate`` does not. The LM
 head runs on one row per scheduled request, finished prompt or not: vLLM 0.33 computes
 logits at ``query_start_loc[1:] - 1`` for every request and drops the partial prefills'
 samples (``v1/worker/gpu_model_runner.py``), so it grows with requests, not prompt tokens.
@@ -59,9 +73,19 @@ NUMBERS = (
     "allreduce_bytes_per_s",
     "allreduce_latency_s",
     "step_overhead_s",
+    "seq_overhead_s",
+    "moe_efficiency",
+    "request_overhead_s",
 )
-MAY_BE_ZERO = frozenset({"allreduce_latency_s", "step_overhead_s"})
-OTHER_KEYS = frozenset({"kind", "gpu", "sources", "measurements", "note"})
+#: numbers a profile may leave out whatever its GPU (added after profiles were written)
+OPTIONAL = {"seq_overhead_s": 0.0, "moe_efficiency": 1.0, "request_overhead_s": 0.0}
+MAY_BE_ZERO = frozenset(
+    {"allreduce_latency_s", "step_overhead_s", "seq_overhead_s", "request_overhead_s"}
+)
+#: FP8 tensor-core GEMMs against BF16 on Hopper (H100 datasheet: 3,958 vs 1,979 TFLOPS
+#: with sparsity); an assumption on other GPUs
+FP8_GEMM_SPEEDUP = 2.0
+OTHER_KEYS = frozenset({"kind", "gpu", "sources", "measurements", "note", "provenance"})
 PHASES = ("gemm", "attention_prefill", "attention_decode", "lm_head", "all_reduce", "overhead")
 
 
@@ -79,7 +103,11 @@ class PhaseProfile:
     allreduce_bytes_per_s: float  # NCCL bus bandwidth of one all-reduce between TP workers
     allreduce_latency_s: float  # fixed cost of one all-reduce
     step_overhead_s: float  # fixed cost of one forward pass (launches, sampling)
+    seq_overhead_s: float = 0.0  # per request scheduled in a step
+    moe_efficiency: float = 1.0  # routed experts' weight reads, of weight_bandwidth
+    request_overhead_s: float = 0.0  # once per request, outside the engine (client path)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    provenance: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "compute profile") -> PhaseProfile:
@@ -103,21 +131,29 @@ class PhaseProfile:
         missing = [k for k in NUMBERS if k not in values]
         if missing:
             base = shipped_profile(gpu)
-            if base is None:
+            if base is None and all(k in OPTIONAL for k in missing):
+                values.update({k: OPTIONAL[k] for k in missing})
+            elif base is None:
                 raise InputError(
                     f"missing {', '.join(missing)} (no profile ships for gpu {gpu!r} to "
                     f"take them from; shipped: {', '.join(shipped_gpus())})",
                     source=source,
                 )
-            values = {**{k: getattr(base, k) for k in missing}, **values}
-            sources = {**{k: base.sources.get(k, "") for k in missing}, **sources}
-        return cls(gpu=gpu, sources=sources, **values)
+            else:
+                values = {**{k: getattr(base, k) for k in missing}, **values}
+                sources = {**{k: base.sources.get(k, "") for k in missing}, **sources}
+        provenance = data.get("provenance")
+        if provenance is not None and not isinstance(provenance, dict):
+            raise InputError('"provenance" must be an object', source=source)
+        return cls(gpu=gpu, sources=sources, provenance=provenance, **values)
 
     def to_dict(self) -> dict[str, Any]:
         """The profile JSON: what :meth:`from_dict` reads back."""
         out: dict[str, Any] = {"kind": KIND, "gpu": self.gpu}
         out.update({k: getattr(self, k) for k in NUMBERS})
         out["sources"] = dict(self.sources)
+        if self.provenance is not None:
+            out["provenance"] = dict(self.provenance)
         return out
 
     def to_json(self, **extra: Any) -> str:
@@ -184,10 +220,9 @@ class PhaseCompute:
         if tp < 1:
             raise InputError(f"--tp must be positive, got {tp}")
         self.model, self.profile, self.tp = model, profile, tp
-        d = model.default_dtype_bytes if dtype_bytes is None else dtype_bytes
         hidden = model.hidden_size or model.num_attention_heads * model.head_dim
         lm_params = float(model.vocab_size * hidden)  # 0 when the vocabulary is unknown
-        embeddings = lm_params if model.tie_word_embeddings else 2 * lm_params
+        embeddings = model.embedding_params
         total = model.num_params - embeddings
         active = model.active_params - embeddings
         if active <= 0:
@@ -198,35 +233,61 @@ class PhaseCompute:
         if total < active:
             raise InputError(f"{model.name}: active parameters exceed the total")
         k, n = model.experts_per_token, model.num_experts
-        self._share = k / n if 0 < k < n and active < total else 0.0
-        self._experts = (total - active) / (1 - self._share) if self._share else 0.0
+        self._experts = model.routed_expert_params if active < total else 0.0
+        self._share = k / n if self._experts and 0 < k < n else 0.0
+        if not self._share:
+            self._experts = 0.0
         self._dense = total - self._experts
         self._total, self._active = total, active
+        # bytes per weight: one size for all when dtype_bytes is given (callers before dtypes)
+        dense_b, expert_b, emb_b = (
+            (model.weight_element_bytes(part) for part in ("dense", "expert", "embedding"))
+            if dtype_bytes is None
+            else (float(dtype_bytes),) * 3
+        )
+        self._dense_b, self._expert_b, self._emb_b = dense_b, expert_b, emb_b
         p = profile
         flops = p.peak_flops
         hbm = p.hbm_bytes_per_s
-        self._d, self._hidden = d, hidden
-        self._gemm_flops = flops * p.gemm_efficiency
+        self._act_b = float(model.default_dtype_bytes)  # activations on the all-reduce wire
+        self._hidden = hidden
+        speedup = FP8_GEMM_SPEEDUP if model.weight_dtype == "fp8" and dtype_bytes is None else 1
+        self._gemm_flops = flops * p.gemm_efficiency * speedup
+        self._lm_flops = flops * p.gemm_efficiency
         self._weight_bw = hbm * p.weight_bandwidth_efficiency
+        self._expert_bw = self._weight_bw * p.moe_efficiency
         self._attn_flops = flops * p.prefill_attention_efficiency
         self._kv_bw = hbm * p.decode_attention_efficiency
         dim = model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla else model.head_dim
         self._flops_per_pair = 4.0 * model.num_layers * model.num_attention_heads * dim / tp
         self._kv_bytes_per_token = model.kv_bytes_per_token(tp=tp)  # the KV cache's dtype
         self._lm_params = lm_params / tp
+        self._window = model.sliding_window or 0
+        self._full_share = model.full_attention_layers / model.num_layers if self._window else 1.0
 
     def weight_bytes(self, tokens: int) -> float:
         """Non-embedding weight bytes one worker reads for ``tokens`` tokens: all dense
         weights and the expected share of routed experts the tokens activate (uniform
         routing); an MoE without expert counts reads at most ``active x tokens``."""
+        dense, experts = self._weight_parts(tokens)
+        return (dense * self._dense_b + experts * self._expert_b) / self.tp
+
+    def expected_experts_touched(self, tokens: int) -> float:
+        """Expected distinct routed experts per layer ``tokens`` tokens activate (uniform
+        routing, ``k`` distinct experts per token): ``N (1 - (1 - k/N)^T)``."""
+        if not self._share:
+            return 0.0
+        n = self.model.num_experts
+        return n * (1.0 - (1.0 - self._share) ** tokens)
+
+    def _weight_parts(self, tokens: int) -> tuple[float, float]:
+        """``(dense, routed expert)`` parameters read for ``tokens`` tokens."""
         if self._share:
             hit = 1.0 - (1.0 - self._share) ** tokens
-            params = self._dense + self._experts * hit
-        elif self._active < self._total:
-            params = min(self._total, self._active * max(1, tokens))
-        else:
-            params = self._total
-        return params * self._d / self.tp
+            return self._dense, self._experts * hit
+        if self._active < self._total:
+            return min(self._total, self._active * max(1, tokens)), 0.0
+        return self._total, 0.0
 
     def phases(self, batch: StepBatch) -> dict[str, float]:
         """Seconds of each phase of ``batch`` (all zero for an empty step)."""
@@ -234,9 +295,11 @@ class PhaseCompute:
         if tokens <= 0:
             return dict.fromkeys(PHASES, 0.0)
         p = self.profile
+        dense, experts = self._weight_parts(tokens)
         gemm = max(
             2.0 * self._active * tokens / self.tp / self._gemm_flops,
-            self.weight_bytes(tokens) / self._weight_bw,
+            dense * self._dense_b / self.tp / self._weight_bw
+            + experts * self._expert_b / self.tp / self._expert_bw,
         )
         decode_ctx = batch.decode_context
         decode_pairs = decode_ctx + batch.decode_tokens
@@ -245,26 +308,41 @@ class PhaseCompute:
         rows = batch.num_seqs
         lm_head = (
             max(
-                2.0 * self._lm_params * rows / self._gemm_flops,
-                self._lm_params * self._d / self._weight_bw,
+                2.0 * self._lm_params * rows / self._lm_flops,
+                self._lm_params * self._emb_b / self._weight_bw,
             )
             if rows > 0 and self._lm_params > 0
             else 0.0
         )
         all_reduce = 0.0
         if self.tp > 1:
-            wire = 2.0 * (self.tp - 1) / self.tp * tokens * self._hidden * self._d
+            wire = 2.0 * (self.tp - 1) / self.tp * tokens * self._hidden * self._act_b
             all_reduce = (
                 2 * self.model.num_layers * (p.allreduce_latency_s + wire / p.allreduce_bytes_per_s)
             )
+        prefill_seqs = batch.num_prefill_seqs
         return {
             "gemm": gemm,
-            "attention_prefill": self._attention(prefill_pairs, prefill_read),
-            "attention_decode": self._attention(decode_pairs, decode_pairs),
+            "attention_prefill": self._layers_attention(
+                prefill_pairs, prefill_read, batch.prefill_tokens, prefill_seqs
+            ),
+            "attention_decode": self._layers_attention(
+                decode_pairs, decode_pairs, batch.decode_tokens, batch.decode_tokens
+            ),
             "lm_head": lm_head,
             "all_reduce": all_reduce,
-            "overhead": p.step_overhead_s,
+            "overhead": p.step_overhead_s + p.seq_overhead_s * rows,
         }
+
+    def _layers_attention(self, pairs: float, kv_tokens: float, queries: int, seqs: int) -> float:
+        """Attention of all layers: full ones over ``pairs`` reading ``kv_tokens``; sliding
+        ones over at most ``window`` keys per query and ``window`` tokens per request."""
+        full = self._attention(pairs, kv_tokens) * self._full_share
+        if self._full_share >= 1.0:
+            return full
+        w = self._window
+        sliding = self._attention(min(pairs, queries * w), min(kv_tokens, queries + seqs * w))
+        return full + sliding * (1.0 - self._full_share)
 
     def _attention(self, pairs: float, kv_tokens: float) -> float:
         """Attention over ``pairs`` (query, key) pairs reading ``kv_tokens`` tokens' KV."""

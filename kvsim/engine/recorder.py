@@ -6,7 +6,7 @@ Columns are kept in compact arrays while the run goes, and become pandas tables 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -213,9 +213,10 @@ class Recorder:
             np.frombuffer(r.token_gaps, dtype=np.float32) for r in self.requests if r.token_gaps
         ]
 
-    def token_times(self) -> Iterator[np.ndarray]:
-        """Each request's output-token times (s), one request at a time, requests that got any."""
-        for r in self.requests:
+    def token_times(self, requests: Iterable[SimRequest] | None = None) -> Iterator[np.ndarray]:
+        """Each request's output-token times (s), one request at a time, requests that got any
+        (of ``requests``, default all of the run's)."""
+        for r in self.requests if requests is None else requests:
             if r.first_token is not None:
                 yield _times(r.token_gaps, r.first_token)
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from kvsim.core.errors import EngineStalled, InputError, InputWarning
 from kvsim.engine.compute_model import (
@@ -26,6 +28,7 @@ from kvsim.engine.compute_model import (
     make_compute,
 )
 from kvsim.engine.engine import Engine
+from kvsim.engine.stage_report import stage_table
 from kvsim.engine.summary import summarize
 from kvsim.engine.tier_report import add_tier_outputs
 from kvsim.engine.transfer_model import TransferModelParams, get_link
@@ -37,6 +40,7 @@ from kvsim.report.serve_metrics import BenchSettings
 from kvsim.specs.hardware import GpuSpec, get_gpu, vllm_batch_defaults
 from kvsim.specs.models import ModelSpec
 from kvsim.traces.model import Trace
+from kvsim.workloads import ClientSource, Workload
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -149,18 +153,30 @@ def _compute_profile(path: str | None, gpu: GpuSpec) -> ComputeProfile:
 
 def run_engine(
     setup: TimedSetup,
-    tr: Trace,
+    tr: Trace | Workload,
     offload: bool,
     bench: BenchSettings,
     record_tokens: bool = False,
     progress: Callable[[int], None] | None = None,
+    stages: Sequence[int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """One pass of ``tr`` through a new engine, with (``offload``) or without the CPU
-    tier; returns its summary and its tables (requests, transfers, steps, tokens).
+    """One pass of ``tr`` (a trace, or a benchmark workload whose client runs in the loop)
+    through a new engine, with (``offload``) or without the CPU tier; returns its summary
+    and its tables (requests, transfers, steps, tokens; ``stages``, every metric per load
+    stage, for a workload or when ``stages`` gives each trace request's stage).
 
     Raises :class:`EngineStalled` when the engine stalls, with ``partial`` set to the summary
     (its ``stalled`` field the message) and tables of what was simulated until then."""
     stalled: EngineStalled | None = None
+    future: Trace | None = None  # read only by policies that need it
+    if offload:
+        future = tr if isinstance(tr, Trace) else None if tr.closed else tr.trace()
+    source: ClientSource | None = None
+    arrivals: Trace | ClientSource
+    if isinstance(tr, Workload):
+        arrivals = source = tr.source()
+    else:
+        arrivals = tr
     engine = Engine(
         setup.config,
         setup.params,
@@ -169,11 +185,11 @@ def run_engine(
         compute=setup.compute,
         transfer=setup.link,
         offload=offload,
-        requests_for_future=tr if offload else None,  # read only by policies that need it
+        requests_for_future=future,
         progress=progress,
     )
     try:
-        engine.run(tr)
+        engine.run(arrivals)
     except EngineStalled as exc:
         stalled = exc
     rec = engine.recorder
@@ -184,10 +200,17 @@ def run_engine(
     }
     if record_tokens:
         tables["tokens"] = rec.token_table()
+    if source is not None:
+        stages = source.stage_of
+    if stages is not None:
+        requests = tables["requests"]
+        requests["stage"] = np.asarray(stages, dtype=np.int64)[requests["request"].to_numpy()]
+        tables["stages"] = stage_table(requests, rec, requests["stage"].to_numpy(), bench)
+    closed = isinstance(tr, Workload) and tr.load.type == "concurrency"
     reqs = tables["requests"]
     if stalled is not None:  # the summary covers the requests that ended (finished or rejected)
         reqs = reqs[reqs["rejected"] | reqs["finish_s"].notna()]
-    summary = summarize(engine, reqs, tables["transfers"], bench)
+    summary = summarize(engine, reqs, tables["transfers"], bench, closed)
     if engine.tiers is not None:
         add_tier_outputs(engine.tiers, tables, summary, setup.config.chunk_tokens)
     if stalled is not None:

@@ -12,7 +12,6 @@ from kvsim.engine.transfer_protocol import STORE
 from kvsim.report.serve_metrics import (
     BenchSettings,
     Load,
-    OverloadWarning,
     bench_fields,
     inter_token_latencies,
 )
@@ -39,10 +38,13 @@ def summarize(
     requests: pd.DataFrame,
     transfers: pd.DataFrame,
     bench: BenchSettings | None = None,
+    closed_loop: bool = False,
 ) -> dict[str, Any]:
     """The run's summary: vLLM ``bench serve``'s metrics (:mod:`kvsim.report.serve_metrics`, per
-    ``bench``), the load (an overloaded run warns, :class:`OverloadWarning`), then kvsim's
-    cache, traffic and link counters."""
+    ``bench``), the load (an overloaded or bursty run warns: a
+    :class:`~kvsim.report.serve_metrics.LoadWarning`, unless its arrivals came from a
+    closed loop of clients, which waits for the GPU by design), then kvsim's cache, traffic
+    and link counters."""
     bench = bench or BenchSettings()
     done = requests[~requests["rejected"]]
     first_arrival = float(requests["arrival_s"].min()) if len(requests) else 0.0
@@ -59,9 +61,9 @@ def summarize(
     out.update(bench_fields(requests, itls, rec.token_times(), span, bench))
     load = Load.of(requests, itls, engine.busy_s, engine.steps, span)
     out.update(load.fields())
-    if out["overloaded"]:
-        run = "with offloading" if engine.offload else "without offloading"
-        warnings.warn(load.message(run), OverloadWarning, stacklevel=2)
+    said = load.warning("with offloading" if engine.offload else "without offloading")
+    if said is not None and not closed_loop:
+        warnings.warn(said[0], said[1], stacklevel=2)
     out["kv_wait_total_s"] = float(done["kv_wait_s"].sum())
     out["gpu_hit_tokens"] = int(done["gpu_hit_tokens"].sum())
     out["cpu_hit_tokens"] = int(done["cpu_hit_tokens"].sum())

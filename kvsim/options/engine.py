@@ -83,7 +83,13 @@ TimeScale = Annotated[
     Meta(gt=0, description="Multiply trace timestamps by this (0.5 = twice the request rate)."),
 ]
 PoissonRate = Annotated[
-    float, Meta(gt=0, description="Re-time arrivals as Poisson at this rate (req/s, seeded).")
+    float,
+    Meta(
+        gt=0,
+        description="Re-time arrivals as Poisson at this rate (req/s, seeded); "
+        "--request-rate is vllm bench serve's name for it.",
+        extra={"aliases": ["--request-rate"]},
+    ),
 ]
 RecordSteps = Annotated[bool, Meta(description="Keep the per-step table (default true).")]
 Count = Annotated[int, Meta(ge=1)]

@@ -25,6 +25,10 @@ SCHEMAS: dict[str, str] = {
     "kv-transfer-config": "kvsim.options.vllm:KVTransferConfig",
     "gpu-spec": "kvsim.specs.hardware:GpuSpec",
     "sweep": "kvsim.sweeps.spec_schema:SweepSpecFile",
+    "workload-shared-prefix": "kvsim.workloads.spec:SharedPrefixWorkload",
+    "workload-random": "kvsim.workloads.spec:RandomWorkload",
+    "load": "kvsim.workloads.spec:Load",
+    "measurements": "kvsim.accuracy.measurements:MeasurementsFile",
 }
 
 

@@ -27,6 +27,7 @@ from kvsim.plots.capacity import (
     hit_vs_capacity,
     mrc,
     mrc_curve,
+    mrc_title,
     parameter_names,
     series_columns,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "hit_vs_capacity",
     "mrc",
     "mrc_curve",
+    "mrc_title",
     "out_paths",
     "parameter_names",
     "plt",

@@ -25,6 +25,7 @@ import pandas as pd
 
 from kvsim.core.errors import InputError
 from kvsim.plots.style import (
+    DENSE_POINTS,
     REFERENCES,
     Preset,
     finish,
@@ -198,6 +199,7 @@ def _axes_labels(ax: Axes, df: pd.DataFrame, x: str, y: str, log_x: bool | None)
             line
             for line in ax.get_lines()
             if line.get_transform().contains_branch_seperately(ax.transData)[1]
+            and np.asarray(line.get_ydata()).size  # legend-only proxies carry no data
         ]
         top = max(float(np.nanmax(np.asarray(line.get_ydata(), float))) for line in in_data)
         ax.set_ylim(0, max(1e-3, top * 1.1))
@@ -305,10 +307,12 @@ def mrc(
     ``baseline`` and ``belady`` are the reference lines of :func:`hit_vs_capacity`.
     """
     ylabel = "hit ratio"
+    points: pd.DataFrame | None = None
     if not isinstance(curve, pd.DataFrame):
         ylabel = "CPU hit ratio" if curve.protocol == "prefix" else ylabel
         if exact_from is None and curve.protocol == "prefix" and curve.exact_from > 1:
             exact_from = curve.exact_from
+        points = curve.points
         curve = curve.table
     if x in (None, "cpu_gib") and "cpu_gib" in curve.columns and curve["cpu_gib"].notna().any():
         xcol = "cpu_gib"
@@ -322,7 +326,7 @@ def mrc(
         raise InputError("mrc: the curve has no rows with a positive capacity")
     with styled(preset) as p:
         (a,) = panels(ax, p, 1)
-        draw_curves(a, df, xcol, y, series_columns(df, xcol), steps=True, label="LRU")
+        _mrc_lines(a, df, xcol, y, points)
         _references(a, xcol, y, belady=belady, ceiling=ceiling, baseline=baseline)
         if exact_from is not None and exact_from > 1:
             at = float(exact_from)
@@ -341,10 +345,108 @@ def mrc(
             )
         _axes_labels(a, df, xcol, y, True)
         a.set_ylabel(ylabel if y == "hit_ratio" else y.replace("_", " "))
+        if title is None:
+            title = mrc_title(curve)
         if title:
             a.set_title(title)
         legend([a], p, own=ax is None)
         return finish([a], p)
+
+
+def mrc_title(table: pd.DataFrame, trace: str | None = None) -> str:
+    """A curve's title from its own columns: the policies (upper case, as papers name them)
+    and the model, then the trace's file name when given."""
+    names = ", ".join(
+        str(v).upper() for v in sorted(set(table.get("policy", pd.Series(["lru"])).astype(str)))
+    )
+    model = table["model"].dropna().astype(str) if "model" in table.columns else pd.Series([])
+    parts = [f"{names} hit ratio vs CPU capacity"]
+    if len(model):
+        parts.append(", ".join(dict.fromkeys(model)))
+    if trace:
+        parts.append(os.path.basename(trace))
+    return ": ".join(parts[:1]) + ("" if len(parts) == 1 else " (" + "; ".join(parts[1:]) + ")")
+
+
+def _mrc_lines(ax: Axes, df: pd.DataFrame, x: str, y: str, points: pd.DataFrame | None) -> None:
+    """One step line per policy; exact points filled, estimated ones (sampled, or below
+    ``exact_from``) hollow; the asked ``--cpu-gib`` sizes as large diamonds."""
+    groups = list(df.groupby("policy", sort=True)) if "policy" in df.columns else [("lru", df)]
+    if len(groups) > MAX_LINES:
+        raise InputError(f"mrc: {len(groups)} policies in one table (at most {MAX_LINES})")
+    exact_col = "exact" if "exact" in df.columns else None
+    hollow_seen = filled_seen = False
+    for i, (name, g) in enumerate(groups):
+        g = g.sort_values(x)
+        style = series_style(i)
+        colour = style["color"]
+        ax.plot(
+            g[x],
+            g[y],
+            color=colour,
+            linestyle=style["linestyle"],
+            drawstyle="steps-post",
+            label=str(name).upper(),
+            gid=f"mrc:{name}",
+        )
+        exact = g[exact_col].astype(str).str.lower().isin(("true", "1")) if exact_col else None
+        shown = g if len(g) <= DENSE_POINTS else g.iloc[:: max(1, len(g) // DENSE_POINTS)]
+        ex = exact.loc[shown.index] if exact is not None else pd.Series(True, index=shown.index)
+        if ex.any():
+            filled_seen = True
+            ax.plot(
+                shown[x][ex],
+                shown[y][ex],
+                linestyle="none",
+                marker=style["marker"],
+                color=colour,
+                gid=f"exact:{name}",
+            )
+        if (~ex).any():
+            hollow_seen = True
+            ax.plot(
+                shown[x][~ex],
+                shown[y][~ex],
+                linestyle="none",
+                marker=style["marker"],
+                color=colour,
+                markerfacecolor="none",
+                gid=f"estimate:{name}",
+            )
+    if filled_seen and hollow_seen:  # say what the two kinds of marker mean, once
+        ax.plot([], [], linestyle="none", marker="o", color="0.4", label="exact (a full replay)")
+        ax.plot(
+            [],
+            [],
+            linestyle="none",
+            marker="o",
+            color="0.4",
+            markerfacecolor="none",
+            label="estimate (sampled)",
+        )
+    elif hollow_seen:
+        ax.plot(
+            [],
+            [],
+            linestyle="none",
+            marker="o",
+            color="0.4",
+            markerfacecolor="none",
+            label="every point an estimate (sampled)",
+        )
+    if points is not None and len(points):
+        px = "cpu_gib" if x == "cpu_gib" and "cpu_gib" in points.columns else "capacity"
+        ax.plot(
+            points[px],
+            points["hit_ratio"],
+            linestyle="none",
+            marker="D",
+            markersize=7,
+            color="black",
+            markerfacecolor="none",
+            gid="asked_sizes",
+            label="at the asked --cpu-gib sizes",
+        )
 
 
 def mrc_curve(

@@ -142,10 +142,26 @@ def panels(
     if isinstance(ax, Sequence):
         if len(ax) != n:
             raise ValueError(f"this figure draws {n} panel(s); got {len(ax)} axes")
-        return list(ax)
-    if n == 1 or overlay:
-        return [ax] * n
-    raise ValueError(f"this figure draws {n} panels; pass a sequence of {n} axes")
+        given = list(ax)
+    elif n == 1 or overlay:
+        given = [ax] * n
+    else:
+        raise ValueError(f"this figure draws {n} panels; pass a sequence of {n} axes")
+    for a in dict.fromkeys(given):
+        style_axes(a, p)
+    return given
+
+
+def style_axes(ax: Axes, p: Preset) -> None:
+    """Give axes made outside :func:`styled` (a caller's) the preset's look: what the rc
+    settings would have set had the axes been made inside it (spines, label sizes)."""
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    for spine in ax.spines.values():
+        spine.set_linewidth(0.6)
+    ax.xaxis.label.set_fontsize(p.font_pt)
+    ax.yaxis.label.set_fontsize(p.font_pt)
+    ax.title.set_fontsize(p.font_pt)
 
 
 def finish(axes: Sequence[Axes], p: Preset) -> Figure:
@@ -227,11 +243,16 @@ def save_as(
     fig: Figure, path: str | os.PathLike[str], *, close: bool = True, option: str = "--out"
 ) -> str:
     """Write one figure file atomically, its format (png, pdf or svg) from the extension; any
-    other extension is an :class:`~kvsim.core.errors.InputError` naming ``option``."""
+    other extension is an :class:`~kvsim.core.errors.InputError` naming ``option``.
+
+    A figure kvsim laid out (constrained layout, the preset's width) is saved at its size; a
+    caller's figure without a layout engine is saved with a tight box, so labels that
+    overflow its edges are not cut."""
     path = os.fspath(path)
     fmt = figure_format(path, option)
+    tight = "tight" if fig.get_layout_engine() is None else None
     with mpl.rc_context(_SAVE_RC), atomic_path(path) as tmp:
-        fig.savefig(tmp, format=fmt, dpi=SAVE_DPI, metadata=_METADATA[fmt])
+        fig.savefig(tmp, format=fmt, dpi=SAVE_DPI, metadata=_METADATA[fmt], bbox_inches=tight)
     if close:
         plt.close(fig)
     return path

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write
+from kvsim.report.labels import format_metric, format_value
 
 if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
     import pandas as pd
@@ -86,7 +87,7 @@ class Result:
         lines = [self._title()]
         items = self.headline()
         width = max((len(k) for k in items), default=0)
-        lines += [f"  {k:<{width}}  {format_value(v)}" for k, v in items.items()]
+        lines += [f"  {k:<{width}}  {format_metric(k, v)}" for k, v in items.items()]
         more = len(self.summary) - len(items)
         if more > 0:
             lines.append(f"  ... {more} more in .summary")
@@ -101,7 +102,7 @@ class Result:
         def rows(items: Mapping[str, Any]) -> str:
             return "".join(
                 f"<tr><td style='text-align:left'>{escape(k)}</td>"
-                f"<td style='text-align:right'>{escape(format_value(v))}</td></tr>"
+                f"<td style='text-align:right'>{escape(format_metric(k, v))}</td></tr>"
                 for k, v in items.items()
             )
 
@@ -147,7 +148,9 @@ class Result:
         a = pd.Series([float(left[k]) for k in numeric], index=numeric, dtype=float)
         b = pd.Series([float(right[k]) for k in numeric], index=numeric, dtype=float)
         ratio = a / b.where(b != 0)
-        frame = pd.DataFrame({names[0]: a, names[1]: b, "difference": a - b, "ratio": ratio})
+        from kvsim.report.comparison import Comparison
+
+        frame = Comparison({names[0]: a, names[1]: b, "difference": a - b, "ratio": ratio})
         frame.index.name = "metric"
         return frame
 
@@ -197,16 +200,6 @@ class Result:
     @staticmethod
     def _number(v: Any) -> bool:
         return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-def format_value(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
 
 
 def format_table(rows: Mapping[str, Any] | list[tuple[str, Any]], title: str | None = None) -> str:

@@ -39,14 +39,23 @@ METRICS = (*VLLM_METRICS, QUEUE)
 SLO_METRICS = ("ttft", "tpot", "e2el")
 DEFAULT_PERCENTILES = (99.0,)
 
-#: the overload rule's thresholds (README, "Overload")
+#: the load rule's thresholds (docs/timed-mode.md, "Overload and bursts")
 QUEUE_SHARE = 0.5  # queueing is at least this share of the total TTFT...
 QUEUE_STEPS = 10  # ...and the mean queue time this many engine steps (median ITL) or more
-BUSY_FRAC = 0.95  # or prompt tokens arrive faster than the GPU computes them, busy this much
+BUSY_FRAC = 0.95  # the GPU computes this share of the run or more: busy nearly all the time
+QUEUE_GROWTH = 2.0  # the last third of arrivals waits this many times the first third's
 
 
-class OverloadWarning(InputWarning):
+class LoadWarning(InputWarning):
+    """The latencies of a run say as much about its arrivals as about the engine."""
+
+
+class OverloadWarning(LoadWarning):
     """The offered load is more than the modelled engine sustains: latencies measure the queue."""
+
+
+class BurstyLoadWarning(LoadWarning):
+    """Queueing dominates mean TTFT at a moderate load: bursts of arrivals, not overload."""
 
 
 @dataclass(frozen=True)
@@ -283,7 +292,7 @@ def good_requests(done: pd.DataFrame, slos: Sequence[tuple[str, float]]) -> int:
 
 @dataclass(frozen=True)
 class Load:
-    """How hard a run pushed the engine (README, "Overload").
+    """How hard a run pushed the engine (docs/timed-mode.md, "Overload and bursts").
 
     ``offered``: prompt tokens of the completed requests per second of their arrival span;
     ``sustainable``: the same prompt tokens per second the GPU spent computing, i.e. what the
@@ -297,6 +306,9 @@ class Load:
     queue_share: float  # total queue time / total TTFT
     mean_queue_s: float
     step_s: float
+    median_queue_s: float = 0.0
+    p99_queue_s: float = 0.0
+    queue_growth: float | None = None  # mean queue, last third of arrivals / first third
 
     @classmethod
     def of(
@@ -308,7 +320,17 @@ class Load:
         span = float(arrivals.max() - arrivals.min()) if len(done) else 0.0
         ttft_total = float(done["ttft_s"].sum())
         queue = done["queue_s"].to_numpy(dtype=np.float64)
+        by_arrival = done.sort_values("arrival_s", kind="stable")["queue_s"].to_numpy(np.float64)
+        third = len(by_arrival) // 3
+        growth = None
+        if third:
+            first = float(by_arrival[:third].mean())
+            last = float(by_arrival[-third:].mean())
+            growth = last / first if first > 0 else (math.inf if last > 0 else 1.0)
         return cls(
+            median_queue_s=float(np.median(queue)) if len(queue) else 0.0,
+            p99_queue_s=float(np.percentile(queue, 99)) if len(queue) else 0.0,
+            queue_growth=growth,
             busy_frac=busy_s / duration,
             offered=prompt / span if span > 0 else None,
             sustainable=prompt / busy_s if busy_s > 0 else None,
@@ -321,19 +343,19 @@ class Load:
             ),
         )
 
-    def reasons(self) -> list[str]:
-        """Why the run is overloaded (empty: it is not): queueing dominates TTFT (at least
-        QUEUE_SHARE of it, and a mean queue of QUEUE_STEPS engine steps or more, so requests
-        wait for other requests rather than for the next step), or the arrivals outpace the
-        GPU (more prompt tokens offered per second than it sustains while it computes
-        BUSY_FRAC of the run or more; a burst the GPU works off at once is not overload)."""
-        reasons = []
+    def queue_dominates(self) -> bool:
+        """Queueing is at least QUEUE_SHARE of the total TTFT and the mean queue at least
+        QUEUE_STEPS engine steps: requests wait for other requests, not for the next step."""
         waits = self.mean_queue_s > 0 and self.mean_queue_s >= QUEUE_STEPS * self.step_s
-        if waits and self.queue_share >= QUEUE_SHARE:
-            reasons.append(
-                f"queueing is {self.queue_share:.0%} of TTFT "
-                f"(mean queue {self.mean_queue_s * 1000:,.0f} ms)"
-            )
+        return waits and self.queue_share >= QUEUE_SHARE
+
+    def reasons(self) -> list[str]:
+        """Why the run is overloaded (empty: it is not). Overload is a lasting excess, told
+        apart from a burst: the arrivals outpace the GPU (more prompt tokens offered per
+        second than it sustains, while it computes BUSY_FRAC of the run or more), or queueing
+        dominates TTFT while the GPU is busy BUSY_FRAC of the run, or the queue grows through
+        the run (the last third of arrivals waits QUEUE_GROWTH times the first third's)."""
+        reasons = []
         outpaced = (
             self.offered is not None
             and self.sustainable is not None
@@ -341,7 +363,30 @@ class Load:
         )
         if outpaced and self.busy_frac >= BUSY_FRAC:
             reasons.append(f"arrivals outpace the GPU, busy {self.busy_frac:.0%} of the run")
+        if self.queue_dominates():
+            queueing = (
+                f"queueing is {self.queue_share:.0%} of TTFT "
+                f"(mean queue {self.mean_queue_s * 1000:,.0f} ms)"
+            )
+            if self.busy_frac >= BUSY_FRAC and not reasons:
+                reasons.append(f"{queueing} with the GPU busy {self.busy_frac:.0%} of the run")
+            elif reasons:
+                reasons.insert(0, queueing)
+            elif self.queue_growth is not None and self.queue_growth >= QUEUE_GROWTH:
+                reasons.append(
+                    f"{queueing}, growing through the run (the last third of arrivals waits "
+                    f"{_times(self.queue_growth)} the first third's)"
+                )
         return reasons
+
+    def bursty(self) -> bool:
+        """Queueing dominates TTFT but the run is not overloaded: a tail of waits from bursts
+        of arrivals at a moderate load."""
+        return self.queue_dominates() and not self.reasons()
+
+    def kind(self) -> str:
+        """``overloaded``, ``bursty`` or ``steady``."""
+        return "overloaded" if self.reasons() else ("bursty" if self.bursty() else "steady")
 
     def fields(self) -> dict[str, Any]:
         """The summary's keys for this load."""
@@ -351,7 +396,16 @@ class Load:
             "sustainable_prompt_tok_s": self.sustainable,
             "queue_share_of_ttft": self.queue_share,
             "overloaded": bool(self.reasons()),
+            "load": self.kind(),
         }
+
+    def warning(self, run: str) -> tuple[str, type[LoadWarning]] | None:
+        """The one-line warning for this run and its category (None: a steady run)."""
+        if self.reasons():
+            return self.message(run), OverloadWarning
+        if self.bursty():
+            return self.bursty_message(run), BurstyLoadWarning
+        return None
 
     def message(self, run: str) -> str:
         """The one-line warning for an overloaded run."""
@@ -362,6 +416,21 @@ class Load:
             "the backlog more than the engine: slow the arrivals (--time-scale above 1) or add "
             "capacity"
         )
+
+    def bursty_message(self, run: str) -> str:
+        """The one-line warning for a bursty run at a moderate load."""
+        return (
+            f"bursty arrivals ({run}): queueing is {self.queue_share:.0%} of TTFT but the "
+            f"median queue is {self.median_queue_s * 1000:,.0f} ms (p99 "
+            f"{self.p99_queue_s * 1000:,.0f} ms) with the GPU busy {self.busy_frac:.0%} of the "
+            "run: bursts, not overload; means are dominated by the bursts' tail, so compare "
+            "median and p99 TTFT (a bigger GPU KV cache or more instances shortens the tail; "
+            "slowing the arrivals does not change their shape)"
+        )
+
+
+def _times(ratio: float) -> str:
+    return "infinitely more than" if math.isinf(ratio) else f"{ratio:,.1f}x"
 
 
 def _rate(value: float | None) -> str:

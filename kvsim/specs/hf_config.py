@@ -16,8 +16,12 @@ layers. Parameter counts (weights for the timed engine's GPU memory and roofline
 estimated from the shapes: embeddings (and an untied LM head), attention projections (MLA's
 low-rank ones), gated MLPs, and MoE experts (routed, shared, router; DeepSeek's
 ``first_k_dense_replace`` dense layers), without norms and biases (under 0.1 %).
-Per-layer patterns (sliding-window layers, mixed attention types) are not read: every layer
-is sized as full attention, which is what the CPU tier stores per token.
+
+Also read: ``quantization_config.quant_method`` ``fp8`` or ``mxfp4`` (the weights' storage;
+another method is an error rather than a silent 16-bit sizing), ``sliding_window`` (unless
+``use_sliding_window`` is false, as Qwen's configs say) over the layers ``layer_types``
+marks ``sliding_attention`` (no ``layer_types``: all layers), and
+``max_position_embeddings``. The CPU tier still stores every layer per token.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ from typing import Any
 from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
 
-__all__ = ["model_fields_from_hf_config", "read_hf_config"]
+__all__ = ["model_fields_from_hf_config", "model_fields_from_mapping", "read_hf_config"]
+
+#: quantization_config.quant_method -> kvsim's weight dtype (kvsim.specs.models.WEIGHT_DTYPES)
+_QUANT_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4"}
 
 #: config dtype -> bytes per element vLLM serves it in (float32 is downcast by --dtype auto)
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2}
@@ -117,16 +124,18 @@ def _attention_params(f: _Fields, hidden: int, heads: int, kv_heads: int, head_d
     return q + kv + heads * v_dim * hidden
 
 
-def _mlp_params(f: _Fields, hidden: int, layers: int) -> tuple[int, int, int, int]:
-    """``(total, active, experts, experts_per_token)`` of all layers' gated MLPs."""
+def _mlp_params(f: _Fields, hidden: int, layers: int) -> tuple[int, int, int, int, int]:
+    """``(total, active, routed, experts, experts_per_token)`` of all layers' gated MLPs
+    (``routed``: the routed experts' weights)."""
     dense = 3 * hidden * f.integer("intermediate_size")
     experts_key = next(
         (k for k in ("n_routed_experts", "num_local_experts", "num_experts") if f.has(k)), None
     )
     if experts_key is None:
-        return dense * layers, dense * layers, 0, 0
+        return dense * layers, dense * layers, 0, 0, 0
     experts = f.integer(experts_key)
-    top_k = f.integer("num_experts_per_tok")
+    top_k_key = "num_experts_per_tok" if f.has("num_experts_per_tok") else "experts_per_token"
+    top_k = f.integer(top_k_key)
     expert = 3 * hidden * f.integer("moe_intermediate_size", f.integer("intermediate_size"))
     shared = f.integer("n_shared_experts", 0, low=0) * expert
     if f.has("shared_expert_intermediate_size"):  # Qwen-MoE: one shared expert of its own size
@@ -136,7 +145,39 @@ def _mlp_params(f: _Fields, hidden: int, layers: int) -> tuple[int, int, int, in
     moe_layers = layers - dense_layers
     total = dense * dense_layers + moe_layers * (experts * expert + shared + router)
     active = dense * dense_layers + moe_layers * (top_k * expert + shared + router)
-    return total, active, experts, top_k
+    return total, active, moe_layers * experts * expert, experts, top_k
+
+
+def _weight_dtype(f: _Fields) -> str:
+    """The weights' storage from ``quantization_config`` (none: the model's dtype)."""
+    q = f.data.get("quantization_config")
+    if q is None:
+        return "auto"
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if not isinstance(method, str) or method.strip().lower() not in _QUANT_METHODS:
+        raise InputError(
+            f"quantization_config.quant_method {method!r}: kvsim models "
+            f"{', '.join(_QUANT_METHODS)} weights (or none)",
+            source=f.source,
+        )
+    return _QUANT_METHODS[method.strip().lower()]
+
+
+def _sliding(f: _Fields, layers: int) -> tuple[int | None, int | None]:
+    """``(sliding_window, sliding layers)``; ``(None, None)`` for full attention only."""
+    if not f.has("sliding_window") or f.data.get("use_sliding_window") is False:
+        return None, None
+    window = f.integer("sliding_window")
+    types = f.data.get("layer_types")
+    if types is None:
+        return window, None
+    if not isinstance(types, list) or len(types) != layers:
+        raise InputError(
+            f"layer_types must list one type per layer ({layers}), got {types!r}",
+            source=f.source,
+        )
+    sliding = sum(1 for t in types if t == "sliding_attention")
+    return (window, sliding) if sliding else (None, None)
 
 
 def model_fields_from_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -144,6 +185,13 @@ def model_fields_from_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     (file or folder) describes (``get_model`` builds the spec: this module needs no import
     of it); its name is the path as given, so summaries say which file sized the run."""
     file, raw = read_hf_config(path)
+    return model_fields_from_mapping(raw, os.fspath(path), file)
+
+
+def model_fields_from_mapping(raw: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    """The spec fields of a ``config.json``'s mapping ``raw``, named ``name``; errors name
+    ``source``."""
+    file = source
     f = _Fields(_language_model(raw, file), file)
     layers = f.integer("num_hidden_layers")
     heads = f.integer("num_attention_heads")
@@ -156,14 +204,15 @@ def model_fields_from_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     kv_rank = f.integer("kv_lora_rank") if mla else 0
     rope = f.integer("qk_rope_head_dim") if mla else 0
     attention = _attention_params(f, hidden, heads, kv_heads, head_dim)
-    mlp_total, mlp_active, experts, top_k = _mlp_params(f, hidden, layers)
+    mlp_total, mlp_active, routed, experts, top_k = _mlp_params(f, hidden, layers)
+    window, sliding_layers = _sliding(f, layers)
     embeddings = vocab * hidden * (1 if tied else 2)
     total = embeddings + layers * attention + mlp_total
     active = embeddings + layers * attention + mlp_active
     if not (math.isfinite(total) and total > 0):
         raise InputError("the shapes give no parameters", source=file)
     return dict(
-        name=os.fspath(path),
+        name=name,
         num_layers=layers,
         num_kv_heads=1 if mla else kv_heads,
         head_dim=kv_rank + rope if mla else head_dim,
@@ -179,4 +228,9 @@ def model_fields_from_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         tie_word_embeddings=tied,
         num_experts=experts,
         experts_per_token=top_k,
+        weight_dtype=_weight_dtype(f),
+        expert_params=float(routed),
+        sliding_window=window,
+        sliding_window_layers=sliding_layers,
+        max_position_embeddings=f.integer("max_position_embeddings", 0, low=0),
     )

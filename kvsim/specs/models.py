@@ -1,7 +1,16 @@
-"""KV-cache geometry of a few well-known models.
+"""KV-cache geometry and compute shape of well-known models.
 
-The numbers come from the published Hugging Face ``config.json`` of each model. Only the
-fields that matter for KV-cache sizing (and, later, a roofline compute model) are kept.
+The numbers come from the published Hugging Face ``config.json`` of each model (the newer
+presets are those files' fields, read by :mod:`kvsim.specs.hf_config` as ``--model
+config.json`` is: :mod:`kvsim.specs.model_configs`). Only the fields that matter for
+KV-cache sizing and the step-time model are kept.
+
+Weights: ``weight_dtype`` is how vLLM stores them (``auto``: the model's dtype; ``fp8``: one
+byte per linear-layer weight, embeddings and LM head in 16 bits, as vLLM's FP8 checkpoints;
+``mxfp4``: the routed experts in 4-bit blocks with one 8-bit scale per 32 (4.25 bits), the
+rest in 16 bits, as gpt-oss ships). Sliding-window layers (``sliding_window`` over
+``sliding_window_layers`` of the layers; None: all of them, as Mistral-7B) attend to at
+most ``sliding_window`` keys and keep only that many tokens' KV on the GPU.
 
 Dense (GQA/MHA) models store K and V for every KV head of every layer. Under tensor
 parallelism each worker holds ``max(1, num_kv_heads // tp)`` heads, as vLLM does
@@ -29,11 +38,21 @@ from kvsim.core.errors import InputError
 __all__ = [
     "KV_CACHE_DTYPES",
     "MODELS",
+    "WEIGHT_DTYPES",
     "ModelSpec",
     "get_model",
     "kv_dtype_bytes",
     "resolve_model",
 ]
+
+#: vLLM weight storage kvsim models -> bytes per quantized weight (None: the model's dtype)
+WEIGHT_DTYPES: dict[str, float | None] = {
+    "auto": None,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "mxfp4": 4.25 / 8,  # 4-bit values, one E8M0 scale per 32 (OCP MX spec)
+}
 
 #: vLLM ``--kv-cache-dtype`` values kvsim models -> bytes per element (None: the model's dtype)
 KV_CACHE_DTYPES: dict[str, int | None] = {
@@ -86,7 +105,7 @@ class ModelSpec:
     kv_lora_rank: int = 0  # MLA latent size per token per layer
     qk_rope_head_dim: int = 0  # MLA rope part per token per layer
     default_dtype_bytes: int = 2
-    sliding_window: int | None = None  # not used by the presets; supported by sizing
+    sliding_window: int | None = None  # tokens a sliding-window layer attends to
     # what the per-phase compute model (kvsim.engine.phase_compute) needs beyond the KV
     # geometry; 0 = unknown (that model then estimates: hidden = heads x head_dim, no
     # separate LM head). Values: the models' Hugging Face config.json.
@@ -96,6 +115,76 @@ class ModelSpec:
     num_experts: int = 0  # MoE: routed experts per layer (0: dense)
     experts_per_token: int = 0  # MoE: routed experts each token activates
     kv_cache_dtype: str = "auto"  # vLLM --kv-cache-dtype (KV_CACHE_DTYPES); auto: the model's
+    weight_dtype: str = "auto"  # WEIGHT_DTYPES: how the weights are stored
+    expert_params: float = 0.0  # routed-expert weights of all layers (0: derived from k/N)
+    sliding_window_layers: int | None = None  # layers using sliding_window (None: all)
+    max_position_embeddings: int = 0  # the longest context the model takes (0: unknown)
+
+    def __post_init__(self) -> None:
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise InputError(
+                f"{self.name}: unknown weight dtype {self.weight_dtype!r}; known: "
+                f"{', '.join(WEIGHT_DTYPES)}"
+            )
+
+    @property
+    def embedding_params(self) -> float:
+        """Input embedding plus an untied LM head (0 when the vocabulary is unknown)."""
+        hidden = self.hidden_size or self.num_attention_heads * self.head_dim
+        return float(self.vocab_size * hidden) * (1 if self.tie_word_embeddings else 2)
+
+    def weight_element_bytes(self, part: str) -> float:
+        """Bytes per weight of ``part``: ``embedding`` (always the model's dtype), ``dense``
+        (attention, dense MLPs, shared experts, routers) or ``expert`` (routed experts)."""
+        q = WEIGHT_DTYPES[self.weight_dtype]
+        if part == "embedding" or q is None:
+            return float(self.default_dtype_bytes)
+        if self.weight_dtype == "mxfp4" and part == "dense":
+            return float(self.default_dtype_bytes)  # only the experts are MXFP4 (gpt-oss)
+        return float(q)
+
+    @property
+    def routed_expert_params(self) -> float:
+        """Weights of the routed experts, all layers: ``expert_params``, or for an MoE preset
+        without it, ``(total - active) / (1 - k/N)`` (the inactive share is ``1 - k/N``)."""
+        if self.expert_params:
+            return self.expert_params
+        k, n = self.experts_per_token, self.num_experts
+        if 0 < k < n and self.active_params < self.num_params:
+            return (self.num_params - self.active_params) / (1 - k / n)
+        return 0.0
+
+    def weight_bytes(self) -> float:
+        """Bytes of all weights (before the TP split): what vLLM loads onto the GPUs."""
+        experts = self.routed_expert_params
+        dense = self.num_params - self.embedding_params - experts
+        return (
+            self.embedding_params * self.weight_element_bytes("embedding")
+            + dense * self.weight_element_bytes("dense")
+            + experts * self.weight_element_bytes("expert")
+        )
+
+    def with_weight_dtype(self, weight_dtype: str | None) -> ModelSpec:
+        """This model with its weights stored as ``weight_dtype`` (None: unchanged)."""
+        if weight_dtype is None:
+            return self
+        return replace(self, weight_dtype=weight_dtype.strip().lower())
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers attending to the whole context."""
+        if not self.sliding_window:
+            return self.num_layers
+        sliding = self.sliding_window_layers
+        return 0 if sliding is None else self.num_layers - sliding
+
+    def gpu_kv_bytes_per_token(self, tp: int = 1) -> int:
+        """KV bytes per token that grow with the context on one GPU worker: the full-attention
+        layers' (a sliding layer keeps at most ``sliding_window`` tokens per request, which
+        vLLM's hybrid allocator frees as the window moves); all layers when every one slides."""
+        full = self.full_attention_layers
+        layers = full if full > 0 else self.num_layers
+        return layers * self.kv_bytes_per_token_per_layer(tp=tp)
 
     @property
     def kv_element_bytes(self) -> int:
@@ -212,7 +301,18 @@ _PRESETS = (
     ),
 )
 
-MODELS: dict[str, ModelSpec] = {m.name: m for m in _PRESETS}
+
+def _from_hf_configs() -> tuple[ModelSpec, ...]:
+    from kvsim.specs.hf_config import model_fields_from_mapping
+    from kvsim.specs.model_configs import HF_CONFIGS, SOURCES
+
+    return tuple(
+        ModelSpec(**model_fields_from_mapping(data, name, SOURCES[name]))
+        for name, data in HF_CONFIGS.items()
+    )
+
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (*_PRESETS, *_from_hf_configs())}
 
 
 def get_model(name: str | os.PathLike[str]) -> ModelSpec:

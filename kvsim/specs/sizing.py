@@ -227,10 +227,11 @@ def size_for_model(
 ) -> CPUTierSizing:
     """Size the CPU tier for a model at tensor-parallel size ``tp``.
 
-    ``replicated_layout=None`` picks vLLM's default: on for MLA models at ``tp > 1``
-    (single node, mp backend, CUDA assumed). ``groups=None`` means one full-attention
-    group, or one sliding-window group when the model has ``sliding_window``. The model is
-    a spec, looked up by the caller (names are resolved at the edge, once).
+        ``replicated_layout=None`` picks vLLM's default: on for MLA models at ``tp > 1``
+        (single node, mp backend, CUDA assumed). ``groups=None`` means one full-attention
+        group, or one sliding-window group when the model has ``sliding_window`` (and a full one
+    beside it when only some layers slide). The model is
+        a spec, looked up by the caller (names are resolved at the edge, once).
     """
     spec = model
     if gpu_block_tokens <= 0:
@@ -239,7 +240,12 @@ def size_for_model(
         replicated_layout = spec.is_mla and tp > 1
     if groups is None:
         sliding = spec.sliding_window
-        groups = (KVGroup("sliding", sliding),) if sliding else (KVGroup(),)
+        if not sliding:
+            groups = (KVGroup(),)
+        elif spec.full_attention_layers:  # hybrid (gpt-oss): a full and a sliding group
+            groups = (KVGroup(), KVGroup("sliding", sliding))
+        else:
+            groups = (KVGroup("sliding", sliding),)
     worker_bytes = spec.kv_bytes_per_token(dtype_bytes, tp) * gpu_block_tokens
     return size_cpu_tier(
         cpu_bytes_to_use,

@@ -15,9 +15,11 @@ import math
 import os
 import time
 import traceback
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from kvsim.core.errors import InputWarning
 from kvsim.sweeps.baselines import baseline_key, timed_summary
 from kvsim.sweeps.inputs import resolve_trace, trace_label
 from kvsim.sweeps.tier_sets import TIERS, secondary_tiers, tier_set_label, tier_shares
@@ -84,7 +86,10 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
     try:
         if TIERS in cell:
             options.update(secondary_tiers(cell[TIERS], "vllm_config" in options))
-        metrics = _summary(cell, options, base_dir)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            metrics = _summary(cell, options, base_dir)
+        row["warnings"] = _said(caught)
         metrics.pop("trace", None)
         if TIERS in cell:
             metrics.update(tier_shares(metrics))
@@ -98,6 +103,19 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
         row.update(status="error", error=f"{type(e).__name__}: {e}{where}")
     row["elapsed_s"] = time.perf_counter() - start
     return row
+
+
+def _said(caught: list[warnings.WarningMessage]) -> str | None:
+    """kvsim's warnings of one cell, each once, one per line, for the driver to print with
+    the cell's name (in a worker they would print without it, or not at all); any other
+    warning is passed on as it came."""
+    said: dict[str, None] = {}
+    for w in caught:
+        if issubclass(w.category, InputWarning):
+            said[str(w.message)] = None
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return "\n".join(said) or None
 
 
 def _summary(cell: dict[str, Any], options: dict[str, Any], base_dir: str | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any, cast
 import msgspec
 
 from kvsim.core.errors import InputError
+from kvsim.core.io import read_yaml
 from kvsim.options.schema import Schema, load, short_repr
 from kvsim.sweeps.cells import count_cells, expand
 from kvsim.sweeps.spec_schema import (
@@ -162,22 +163,7 @@ def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(path: str) -> Any:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except FileNotFoundError:
-        raise InputError("sweep spec not found", source=path) from None
-    except UnicodeDecodeError:
-        raise InputError("a sweep spec is YAML text, not binary", source=path) from None
-    except OSError as e:  # a folder, no permission
-        raise InputError(f"cannot read the sweep spec ({e.strerror or e})", source=path) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"bad YAML ({problem})", source=path, line=line) from None
+    return read_yaml(path, "sweep spec")
 
 
 def _load(struct: type[Schema], data: Mapping[str, Any], source: str) -> None:

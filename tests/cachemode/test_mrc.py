@@ -72,7 +72,9 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
         main(["mrc", SAMPLE, "--csv", str(csv), "--plot", str(png), "--sample-rate", "0.5"])
     assert exc.value.code == 0
     head = csv.read_text().splitlines()
-    assert head[0] == "capacity,hit_ratio,miss_ratio,capacity_tokens" and len(head) > 10
+    assert (
+        head[0] == "capacity,hit_ratio,miss_ratio,capacity_tokens,policy,exact" and len(head) > 10
+    )
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "mrc.csv",

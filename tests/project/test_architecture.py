@@ -19,6 +19,7 @@ LAYERS: dict[str, int] = {
     "report": 0,
     # 1: workloads and rules
     "traces": 1,
+    "workloads": 1,
     "policies": 1,
     # 2: the CPU tier and the GPU block pool, and the bridges to vLLM
     "manager": 2,
@@ -30,6 +31,7 @@ LAYERS: dict[str, int] = {
     # 4: jobs for users: the Python API, sweeps, figures, and the real backend
     "api": 4,
     "sweeps": 4,
+    "accuracy": 4,
     "plots": 4,
     "real": 4,
     # 5: the command line and the package's public face

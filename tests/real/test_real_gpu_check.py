@@ -23,7 +23,7 @@ from real.triton_load import GatherKernel
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # What the H200 image has besides the standard library, plus what the check carries as a
-# wheel (the image lacks msgspec, kvsim's schema library: `.whl` in the run's carry).
+# wheel (the image lacks msgspec, kvsim's schema library: unpacked in `.gpu_deps/`, carried).
 DEVICE_IMAGE = {"torch", "numpy", "pandas", "click", "pyarrow", "cuda", "kvsim", "real"}
 CARRIED = {"msgspec"}
 

@@ -5,6 +5,7 @@ record per line (``arrival_s`` in seconds, ``input_tokens``, ``output_tokens``,
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Iterable
@@ -77,6 +78,37 @@ def stated_block_tokens(path: str) -> int:
     return read_header(line, path)
 
 
+def stated_stages(path: str) -> list[int] | None:
+    """The first request of each load stage (an empty stage repeats the next one's), where
+    the header states them
+    (``"stage_starts": [0, 4800]``, written by ``kvsim trace gen shared-prefix`` /
+    ``random``), else None; a bad list is a one-line error."""
+    lineno, line = first_line(path)
+    if line is None or lineno != 1:
+        return None
+    try:
+        h = json.loads(line)
+    except ValueError:
+        return None
+    starts = h.get("stage_starts") if type(h) is dict else None
+    if starts is None:
+        return None
+    if (
+        type(starts) is not list
+        or not starts
+        or starts[0] != 0
+        or any(type(s) is not int for s in starts)
+        or any(a > b for a, b in itertools.pairwise(starts))
+    ):
+        raise InputError(
+            "header field 'stage_starts' must be non-decreasing request indices from 0, got "
+            + show(starts),
+            source=path,
+            line=1,
+        )
+    return list(starts)
+
+
 def record_parser(block_tokens: int, prompt: str = "input_tokens") -> RecordParser:
     """The checks of the native format's records; ``prompt`` names the prompt-length field
     (the file's is ``input_tokens``; a requests DataFrame's column is ``prompt_tokens``, and
@@ -115,20 +147,25 @@ def record_parser(block_tokens: int, prompt: str = "input_tokens") -> RecordPars
 
 
 def write_native(
-    path: str | os.PathLike[str], requests: Iterable[Request], block_tokens: int
+    path: str | os.PathLike[str],
+    requests: Iterable[Request],
+    block_tokens: int,
+    header: dict[str, Any] | None = None,
 ) -> int:
     """Write ``requests`` as a native kvsim JSONL trace, atomically; return the request count.
 
     The data goes to a temporary file in the destination directory that replaces ``path`` only
     once complete, so readers never see a half-written trace. A ``.gz`` path is gzip-compressed.
-    ``request_id`` is not stored (it is the 0-based line order on reading).
+    ``request_id`` is not stored (it is the 0-based line order on reading). ``header``
+    adds keys to the header line (``stage_starts``, a generator's description).
     """
     if type(block_tokens) is not int or block_tokens <= 0:
         raise InputError(f"block_tokens must be a positive integer, got {block_tokens!r}")
     n = 0
     with atomic_text(path) as out:
         dumps = json.dumps
-        out.write(dumps({"kvsim_trace": VERSION, "block_tokens": block_tokens}) + "\n")
+        head = {"kvsim_trace": VERSION, "block_tokens": block_tokens, **(header or {})}
+        out.write(dumps(head) + "\n")
         for r in requests:
             rec = {
                 "arrival_s": r.arrival_s,

@@ -1,0 +1,185 @@
+"""Fit the per-phase step-time model's few global parameters to a measurements file, with
+the simulation in the loop (``kvsim fit-compute``).
+
+What is fitted (``FITTED``): how well the GPU streams weights (``weight_bandwidth_``) and
+KV (``decode_attention_efficiency``), the fixed cost of a step (``step_overhead_s``) and of
+each request in it (``seq_overhead_s``), the client's path outside the engine
+(``request_overhead_s``), the fixed cost of an all-reduce (``allreduce_latency_s``) and
+the fused-MoE kernels' weight streaming (``moe_efficiency``). One value each for every
+model, parallelism and load: no per-model coefficient, so a fit on some models predicts
+others. The peaks stay the datasheet's; the GEMM and prefill-attention efficiencies stay the
+shipped assumptions (prefix-cached shared-prefix loads compute almost no prefill, so these
+measurements do not pin them).
+
+The loss is the mean over experiments and load stages of ``|log(predicted / measured)|``
+of mean TTFT, mean E2E and mean ITL (a relative error, symmetric, that no one metric's
+scale dominates). The search is coordinate descent written plainly: each parameter in turn
+moves by its step both ways and keeps a move that lowers the loss; a sweep without one
+halves every step; it stops after ``max_evals`` simulations of the file or when the steps
+are small. Each evaluation simulates the stages cut to ``max_stage_s`` (the loads are
+steady: the rates stay) to keep the loop affordable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvsim.accuracy.report import accuracy
+from kvsim.core.errors import InputError
+from kvsim.engine.phase_compute import PhaseProfile, shipped_profile
+
+__all__ = ["FITTED", "FitResult", "fit_compute"]
+
+#: parameter -> (lower bound, upper bound, first step, step kind: "mul" or "add")
+FITTED: dict[str, tuple[float, float, float, str]] = {
+    "weight_bandwidth_efficiency": (0.3, 1.0, 1.1, "mul"),
+    "decode_attention_efficiency": (0.2, 1.0, 1.1, "mul"),
+    "step_overhead_s": (0.0, 0.02, 0.0005, "add"),
+    "seq_overhead_s": (0.0, 0.0005, 0.00001, "add"),
+    "request_overhead_s": (0.0, 0.05, 0.004, "add"),
+    "allreduce_latency_s": (0.0, 0.0001, 0.000005, "add"),
+    "moe_efficiency": (0.2, 1.0, 1.1, "mul"),
+}
+LOSS_METRICS = ("ttft_mean", "e2e_mean", "itl_mean")
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The fitted profile, its loss, and the training error of the final evaluation."""
+
+    profile: PhaseProfile
+    loss: float
+    evaluations: int
+    summary: dict[str, dict[str, float]]
+
+
+def _loss(report: Any) -> float:
+    if report.failures:
+        failed = report.failures[0]
+        raise InputError(f"experiment {failed.experiment}: {failed.error}")
+    errors = [
+        abs(math.log(row.predicted / row.measured))
+        for row in report.rows
+        if row.stage != "all"
+        and row.metric in LOSS_METRICS
+        and row.measured
+        and row.predicted > 0
+        and math.isfinite(row.predicted)
+    ]
+    if not errors:
+        raise InputError("no stage measures mean TTFT, E2E or ITL: nothing to fit")
+    return sum(errors) / len(errors)
+
+
+def _with(profile: PhaseProfile, name: str, value: float) -> PhaseProfile:
+    """``profile`` with coefficient ``name`` set to ``value``."""
+    changes: dict[str, Any] = {name: value}
+    return replace(profile, **changes)
+
+
+def _step(value: float, step: float, kind: str, sign: int, low: float, high: float) -> float:
+    moved = value * step**sign if kind == "mul" else value + sign * step
+    return min(high, max(low, moved))
+
+
+def fit_compute(
+    file: str,
+    gpu: str,
+    *,
+    max_stage_s: float = 20.0,
+    max_evals: int = 40,
+    start: PhaseProfile | None = None,
+    log: Callable[[str], None] | None = None,
+) -> FitResult:
+    """Fit ``FITTED`` on every experiment of ``file`` run on ``gpu`` (they must all name it).
+
+    Args:
+        file: a measurements file (the training set).
+        gpu: the GPU preset the profile is for (its datasheet peaks are kept).
+        max_stage_s: each evaluation's stage length cap, seconds.
+        max_evals: simulations of the whole file at most.
+        start: where the search starts (default: the profile shipped for ``gpu``).
+        log: called with a line per improvement.
+    """
+    from kvsim.accuracy.measurements import read_measurements
+
+    parsed = read_measurements(file)
+    others = sorted({e.gpu for e in parsed.experiments if e.gpu.strip().lower() != gpu})
+    if others:
+        raise InputError(f"{file}: experiments on {', '.join(others)}, not --gpu {gpu}")
+    base = start or shipped_profile(gpu)
+    if base is None:
+        raise InputError(f"--gpu {gpu}: no shipped profile to start from")
+    evals = 0
+
+    def evaluate(p: PhaseProfile) -> tuple[float, Any]:
+        nonlocal evals
+        evals += 1
+        with warnings.catch_warnings():  # a trial's overload is the loss's to judge
+            warnings.simplefilter("ignore")
+            report = accuracy(file, compute_profile=p, max_stage_s=max_stage_s)
+        return _loss(report), report
+
+    best, best_loss, best_report = _search(base, evaluate, max_evals, lambda: evals, log)
+    with open(file, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    summary = best_report.summary()
+    provenance = {
+        "fitted_on": os.path.basename(file),
+        "sha256": digest,
+        "experiments": [e.id for e in parsed.experiments],
+        "fitted": list(FITTED),
+        "max_stage_s": max_stage_s,
+        "evaluations": evals,
+        "loss_mean_abs_log_error": best_loss,
+        "training_error_median_ape_pct": {k: v["median"] for k, v in summary.items()},
+        "note": "training error: measured on the experiments the parameters were fitted to",
+    }
+    label = f"fitted by kvsim fit-compute on {os.path.basename(file)} (sha256 {digest[:12]})"
+    sources = {**best.sources, **dict.fromkeys(FITTED, label)}
+    fitted = replace(best, sources=sources, provenance=provenance)
+    return FitResult(fitted, best_loss, evals, summary)
+
+
+def _search(
+    base: PhaseProfile,
+    evaluate: Callable[[PhaseProfile], tuple[float, Any]],
+    max_evals: int,
+    evals: Callable[[], int],
+    log: Callable[[str], None] | None,
+) -> tuple[PhaseProfile, float, Any]:
+    """Coordinate descent from ``base``: ``(best profile, its loss, its report)``."""
+    best = base
+    best_loss, best_report = evaluate(best)
+    if log:
+        log(f"start: loss {best_loss:.4f}")
+    steps = {k: v[2] for k, v in FITTED.items()}
+    while evals() < max_evals:
+        improved = False
+        for name, (low, high, _, kind) in FITTED.items():
+            for sign in (1, -1):
+                value = getattr(best, name)
+                moved = _step(value, steps[name], kind, sign, low, high)
+                if moved == value or evals() >= max_evals:
+                    continue
+                trial = _with(best, name, moved)
+                loss, report = evaluate(trial)
+                if log:
+                    log(f"eval {evals()}: {name} = {moved:.6g}: loss {loss:.4f}")
+                if loss < best_loss:
+                    best, best_loss, best_report = trial, loss, report
+                    improved = True
+                    break
+        if not improved:
+            steps = {
+                k: (1 + (s - 1) / 2) if FITTED[k][3] == "mul" else s / 2 for k, s in steps.items()
+            }
+            if max(s - 1 for k, s in steps.items() if FITTED[k][3] == "mul") < 0.01:
+                break
+    return best, best_loss, best_report

@@ -1,0 +1,181 @@
+"""The kvsim measurements format, version 1: published measurements of vLLM on real GPUs,
+each experiment with what ran (model, GPU, parallelism, vLLM's engine arguments under
+vLLM's own names, the benchmark client's workload and load) and what was measured, per load
+stage and for the whole run.
+
+One :class:`~kvsim.options.schema.Schema` describes it (``kvsim schema measurements``);
+:func:`read_measurements` reads a file exactly: an unknown key, a wrong type or a stage
+index past the load's stages is one line naming the file and the key path.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from kvsim.core.errors import InputError
+from kvsim.core.io import read_yaml
+from kvsim.options.schema import Schema, load
+from kvsim.options.vllm import KVTransferConfig
+from kvsim.workloads import Load, RandomWorkload, SharedPrefixWorkload, load_workload
+from kvsim.workloads.spec import WorkloadSpec
+
+__all__ = [
+    "Experiment",
+    "Measured",
+    "MeasurementsFile",
+    "Stats",
+    "VllmArgs",
+    "read_measurements",
+]
+
+_Pos = Annotated[int, Meta(ge=1)]
+_Ms = Annotated[float, Meta(ge=0)]
+
+
+class Stats(Schema, frozen=True):
+    """A latency's statistics in ms (any subset)."""
+
+    mean: _Ms | None = None
+    p50: _Ms | None = None
+    p90: _Ms | None = None
+    p99: _Ms | None = None
+
+
+class Measured(Schema, frozen=True):
+    """What one stage (by send time; ``all``: the whole run) measured."""
+
+    stage: Annotated[
+        Annotated[int, Meta(ge=0)] | Literal["all"],
+        Meta(description="Load stage index from 0, or all (the whole run)."),
+    ]
+    ttft_ms: Stats | None = None
+    e2e_ms: Stats | None = None
+    itl_ms: Stats | None = None
+    requests: Annotated[int, Meta(ge=0)] | None = None
+    failed: Annotated[int, Meta(ge=0)] | None = None
+    prompt_len_mean: Annotated[float, Meta(ge=0)] | None = None
+    output_len_mean: (
+        Annotated[
+            float, Meta(ge=0, description="Output tokens per request as the client counted them.")
+        ]
+        | None
+    ) = None
+    output_tokens_per_s: Annotated[float, Meta(ge=0)] | None = None
+    total_tokens_per_s: Annotated[float, Meta(ge=0)] | None = None
+    requests_per_s: Annotated[float, Meta(ge=0)] | None = None
+
+
+class VllmArgs(Schema, frozen=True):
+    """vLLM's engine arguments, under vLLM's names (unset: vLLM's default)."""
+
+    max_num_seqs: _Pos | None = None
+    max_num_batched_tokens: _Pos | None = None
+    max_model_len: _Pos | None = None
+    block_size: _Pos = 16
+    gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.9
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    dtype: Literal["auto", "float16", "half", "bfloat16"] = "auto"
+    num_gpu_blocks_override: _Pos | None = None
+    kv_transfer_config: KVTransferConfig | None = None
+
+
+class Router(Schema, frozen=True):
+    """How requests are spread over ``instances`` engines (the fleet issue)."""
+
+    name: Annotated[str, Meta(min_length=1)]
+
+
+def _inline(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its ``$ref``s to its own ``$defs`` replaced by their text."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(copy.deepcopy(defs[ref.split("/")[-1]]))
+            return {k: walk(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return dict(walk(schema))
+
+
+_WORKLOAD_SCHEMA = {
+    "anyOf": [_inline(msgspec.json.schema(t)) for t in (SharedPrefixWorkload, RandomWorkload)],
+    "description": "The benchmark client's data: type shared_prefix or random, with its keys.",
+}
+
+
+class Experiment(Schema, frozen=True, kw_only=True):
+    """One run of vLLM on real GPUs and what it measured."""
+
+    id: Annotated[str, Meta(min_length=1)]
+    source: str
+    model: Annotated[
+        str, Meta(min_length=1, description="A preset, or a config.json path (from the file).")
+    ]
+    gpu: Annotated[str, Meta(min_length=1, description="A preset, or a GPU spec JSON path.")]
+    tp: _Pos = 1
+    instances: _Pos = 1
+    router: Router | None = None
+    vllm: VllmArgs = VllmArgs()
+    workload: Annotated[dict[str, Any], Meta(extra_json_schema=_WORKLOAD_SCHEMA)]
+    load: Load
+    measured: Annotated[list[Measured], Meta(min_length=1)]
+
+    def __post_init__(self) -> None:
+        stages = len(self.load.stages)
+        seen: set[int | str] = set()
+        for i, m in enumerate(self.measured):
+            if m.stage != "all" and m.stage >= stages:
+                raise ValueError(
+                    f"measured[{i}].stage: {m.stage} is past the load's {stages} stage(s)"
+                )
+            if m.stage in seen:
+                raise ValueError(f"measured[{i}].stage: {m.stage} is measured twice")
+            seen.add(m.stage)
+
+    def workload_spec(self, source: str | None = None, index: int = 0) -> WorkloadSpec:
+        """The ``workload:`` block as its structure (checked)."""
+        return load_workload(self.workload, source=source, prefix=f"experiments[{index}].workload")
+
+    def measured_at(self, stage: int | str) -> Measured | None:
+        return next((m for m in self.measured if m.stage == stage), None)
+
+
+class MeasurementsFile(Schema, frozen=True):
+    """A kvsim measurements file (format version 1)."""
+
+    kvsim_measurements: Annotated[Literal[1], Meta(description="The format version: 1.")]
+    experiments: Annotated[list[Experiment], Meta(min_length=1)]
+
+
+def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
+    """A measurements file, checked whole (every experiment's workload too) before anything
+    runs; a bad file is one line naming it and the key path."""
+    source = os.fspath(path)
+    data = read_yaml(source, "measurements file")
+    if not isinstance(data, dict):
+        raise InputError("a measurements file is a YAML mapping", source=source)
+    if "kvsim_measurements" in data and data["kvsim_measurements"] != 1:
+        raise InputError(
+            f"kvsim_measurements: version {data['kvsim_measurements']!r} is not one this "
+            "kvsim reads (1)",
+            source=source,
+        )
+    parsed = load(MeasurementsFile, data, source=source)
+    ids: set[str] = set()
+    for i, exp in enumerate(parsed.experiments):
+        if exp.id in ids:
+            raise InputError(f"experiments[{i}].id: {exp.id!r} is used twice", source=source)
+        ids.add(exp.id)
+        exp.workload_spec(source, i)
+    return parsed

@@ -1,0 +1,179 @@
+"""A measurements file's experiments run and compared: the rows, the error summary (median
+and mean APE per metric over the experiments' whole runs), ``accuracy.csv`` and
+``metadata.json``."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvsim.accuracy.measurements import read_measurements
+from kvsim.accuracy.run import METRICS, ExperimentResult, Row, run_experiment
+from kvsim.core.io import atomic_write
+
+if TYPE_CHECKING:
+    from kvsim.engine.phase_compute import PhaseProfile
+
+__all__ = ["CSV_COLUMNS", "AccuracyReport", "accuracy"]
+
+CSV_COLUMNS = ("experiment", "stage", "metric", "predicted", "measured", "ape_pct")
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    """Every experiment's result and what the run was made of."""
+
+    file: str
+    results: tuple[ExperimentResult, ...]
+    config: dict[str, Any]
+
+    @property
+    def rows(self) -> list[Row]:
+        return [row for r in self.results for row in r.rows]
+
+    @property
+    def failures(self) -> list[ExperimentResult]:
+        return [r for r in self.results if r.error is not None]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """``{metric: {median, mean, n}}`` of the APE over the experiments' whole runs."""
+        out: dict[str, dict[str, float]] = {}
+        for metric in METRICS:
+            apes = [
+                a
+                for row in self.rows
+                if row.stage == "all" and row.metric == metric
+                for a in [row.ape_pct]
+                if a is not None
+            ]
+            if apes:
+                out[metric] = {
+                    "median": statistics.median(apes),
+                    "mean": statistics.fmean(apes),
+                    "n": float(len(apes)),
+                }
+        return out
+
+    def write(self, folder: str, command: str | None = None) -> None:
+        """``accuracy.csv`` (one row per predicted metric) and ``metadata.json``."""
+        from kvsim.report.result import write_metadata
+
+        os.makedirs(folder, exist_ok=True)
+        with atomic_write(os.path.join(folder, "accuracy.csv"), newline="") as f:
+            w = csv.writer(f)
+            w.writerow(CSV_COLUMNS)
+            for row in self.rows:
+                ape = row.ape_pct
+                w.writerow(
+                    (
+                        row.experiment,
+                        row.stage,
+                        row.metric,
+                        _num(row.predicted),
+                        "" if row.measured is None else _num(row.measured),
+                        "" if ape is None else _num(ape),
+                    )
+                )
+        config = {
+            **self.config,
+            "experiments": [
+                {
+                    "id": r.experiment,
+                    "error": r.error,
+                    "requests": r.requests,
+                    "seconds": round(r.seconds, 3),
+                }
+                for r in self.results
+            ],
+            "summary": self.summary(),
+        }
+        write_metadata(folder, [], config, command)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "rows": [
+                {
+                    "experiment": r.experiment,
+                    "stage": r.stage,
+                    "metric": r.metric,
+                    "predicted": r.predicted,
+                    "measured": r.measured,
+                    "ape_pct": r.ape_pct,
+                }
+                for r in self.rows
+            ],
+            "summary": self.summary(),
+            "failures": {r.experiment: r.error for r in self.failures},
+        }
+
+
+def _num(x: float) -> str:
+    return "nan" if not math.isfinite(x) else f"{x:.6g}"
+
+
+def accuracy(
+    file: str,
+    *,
+    compute_profile: str | PhaseProfile | None = None,
+    max_stage_s: float | None = None,
+    experiments: Sequence[str] | None = None,
+    seed: int = 0,
+    async_scheduling: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> AccuracyReport:
+    """Run every experiment of measurements ``file`` (or those named in ``experiments``)
+    and compare with what it measured.
+
+    Args:
+        file: a kvsim measurements file (format 1).
+        compute_profile: a profile path or object (default: the GPU's shipped one).
+        max_stage_s: cut every load stage to this many seconds (a quick run; rates stay).
+        experiments: ids to run (default all; an unknown id is an error).
+        seed: the workloads' and loads' seed.
+        async_scheduling: vLLM 0.33's engine loop (default); False: the synchronous one.
+        progress: called with 1 as each experiment finishes.
+    """
+    from kvsim.core.errors import InputError, did_you_mean
+
+    parsed = read_measurements(file)
+    chosen = list(parsed.experiments)
+    if experiments:
+        ids = {e.id for e in chosen}
+        for name in experiments:
+            if name not in ids:
+                raise InputError(f"--experiment {name!r}: not in {file}{did_you_mean(name, ids)}")
+        chosen = [e for e in chosen if e.id in set(experiments)]
+    base = os.path.dirname(os.path.abspath(file))
+    results = []
+    for exp in chosen:
+        results.append(
+            run_experiment(
+                exp,
+                base,
+                compute_profile=compute_profile,
+                max_stage_s=max_stage_s,
+                seed=seed,
+                async_scheduling=async_scheduling,
+            )
+        )
+        if progress is not None:
+            progress(1)
+    profile_name = (
+        compute_profile
+        if isinstance(compute_profile, str) or compute_profile is None
+        else f"phases profile for {compute_profile.gpu}"
+    )
+    config = {
+        "file": os.path.abspath(file),
+        "compute_profile": profile_name or "the GPU's shipped default",
+        "max_stage_s": max_stage_s,
+        "seed": seed,
+        "async_scheduling": async_scheduling,
+    }
+    return AccuracyReport(os.fspath(file), tuple(results), config)

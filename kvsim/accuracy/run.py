@@ -1,0 +1,278 @@
+"""Re-create each experiment of a measurements file, simulate it, and set what kvsim
+predicts beside what was measured: one row per (experiment, stage, metric).
+
+What is compared (``METRICS``), per load stage (requests by the stage they were sent in)
+and for the whole run (``all``):
+
+- ``ttft_*`` and ``e2e_*``: mean, p90, p99 of each request's time to first token and end
+  to end latency, in ms, as the client sees them: the engine's plus the compute profile's
+  ``request_overhead_s`` (HTTP, tokenizer: the client's path outside the engine);
+- ``itl_mean``: ``(e2e mean - ttft mean) / (output tokens - 1)``, the file's definition,
+  with the tokens the server emitted (the workload's ``output_len``: ``ignore_eos``);
+- ``requests_per_s``: requests over the span from the stage's first send to its last
+  finish (what inference-perf reports);
+- ``output_tokens_per_s``: the same span's output tokens, counted as the client counts
+  them where the file says how (its ``output_len_mean`` re-tokenises text: the server's
+  tokens times ``output_len_mean / output_len``).
+
+The absolute percentage error is ``|predicted - measured| / measured x 100``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvsim.accuracy.measurements import Experiment, Measured, Stats
+from kvsim.core.errors import InputError
+from kvsim.specs.models import MODELS, ModelSpec, get_model
+
+if TYPE_CHECKING:
+    from kvsim.engine.phase_compute import PhaseProfile
+
+__all__ = ["METRICS", "ExperimentResult", "Row", "run_experiment", "stage_metrics"]
+
+METRICS = (
+    "ttft_mean",
+    "ttft_p90",
+    "ttft_p99",
+    "e2e_mean",
+    "e2e_p90",
+    "e2e_p99",
+    "itl_mean",
+    "output_tokens_per_s",
+    "requests_per_s",
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One predicted value beside its measurement (None: the file has none)."""
+
+    experiment: str
+    stage: str  # "0", "1", ... or "all"
+    metric: str
+    predicted: float
+    measured: float | None
+
+    @property
+    def ape_pct(self) -> float | None:
+        if self.measured is None or self.measured == 0 or not math.isfinite(self.predicted):
+            return None
+        return abs(self.predicted - self.measured) / abs(self.measured) * 100.0
+
+
+@dataclass(frozen=True)
+class ExperimentResult:
+    """One experiment's rows, or why it could not run (``error``)."""
+
+    experiment: str
+    rows: tuple[Row, ...] = ()
+    error: str | None = None
+    requests: int = 0
+    seconds: float = 0.0
+
+
+def _model(exp: Experiment, base_dir: str) -> str:
+    """The experiment's model: a preset, or a config.json path relative to the file."""
+    if exp.model.strip().lower() in MODELS:
+        return exp.model
+    path = exp.model if os.path.isabs(exp.model) else os.path.join(base_dir, exp.model)
+    get_model(path)  # checked here: one line naming the file
+    return path
+
+
+def _max_model_len(exp: Experiment, model: ModelSpec, longest: int) -> None:
+    """vLLM refuses a ``max_model_len`` past the model's positions, and rejects a request
+    longer than ``max_model_len``: the experiment cannot have run as written."""
+    mml = exp.vllm.max_model_len
+    if mml is None:
+        return
+    if model.max_position_embeddings and mml > model.max_position_embeddings:
+        raise InputError(
+            f"vllm.max_model_len {mml} exceeds {model.name}'s max_position_embeddings "
+            f"({model.max_position_embeddings}): vLLM refuses to start"
+        )
+    if longest > mml:
+        raise InputError(
+            f"a request of {longest} tokens (prompt + output) exceeds vllm.max_model_len {mml}: "
+            "vLLM would reject it"
+        )
+
+
+def shortened(exp: Experiment, max_stage_s: float | None) -> Experiment:
+    """``exp`` with every stage cut to at most ``max_stage_s`` seconds (or as many requests
+    as that many seconds send at its rate); the rates and concurrencies stay."""
+    import msgspec
+
+    if max_stage_s is None:
+        return exp
+    stages = []
+    for st in exp.load.stages:
+        changes: dict[str, Any] = {}
+        if st.duration is not None and st.duration > max_stage_s:
+            changes["duration"] = max_stage_s
+        if st.num_requests is not None and st.concurrency is not None:
+            changes["num_requests"] = max(
+                1, min(st.num_requests, int(st.concurrency * max_stage_s))
+            )
+        stages.append(msgspec.structs.replace(st, **changes) if changes else st)
+    load = msgspec.structs.replace(exp.load, stages=stages)
+    return msgspec.structs.replace(exp, load=load)
+
+
+def run_experiment(
+    exp: Experiment,
+    base_dir: str,
+    *,
+    compute_profile: str | PhaseProfile | None = None,
+    max_stage_s: float | None = None,
+    seed: int = 0,
+    async_scheduling: bool = True,
+) -> ExperimentResult:
+    """Simulate ``exp`` and compare; an experiment kvsim cannot re-create is an
+    :class:`ExperimentResult` with its one-line ``error``, never an exception.
+    ``async_scheduling=False`` runs the synchronous engine loop (vLLM before async
+    scheduling became the default) instead of 0.33's."""
+    t0 = time.perf_counter()
+    try:
+        rows, n = _run(exp, base_dir, compute_profile, max_stage_s, seed, async_scheduling)
+    except InputError as exc:
+        return ExperimentResult(exp.id, error=str(exc), seconds=time.perf_counter() - t0)
+    return ExperimentResult(exp.id, tuple(rows), requests=n, seconds=time.perf_counter() - t0)
+
+
+def _run(
+    exp: Experiment,
+    base_dir: str,
+    compute_profile: str | PhaseProfile | None,
+    max_stage_s: float | None,
+    seed: int,
+    async_scheduling: bool,
+) -> tuple[list[Row], int]:
+    import tempfile
+
+    from kvsim.api import simulate
+    from kvsim.engine.compute_model import (
+        ComputeParams,
+        default_compute_profile,
+        load_compute_profile,
+    )
+    from kvsim.engine.phase_compute import PhaseProfile
+    from kvsim.specs.hardware import get_gpu
+
+    if exp.instances != 1 or exp.router is not None:
+        raise InputError(
+            f"instances: {exp.instances} engines behind a router: kvsim accuracy runs one "
+            "engine per experiment (fleets are the fleet issue's)"
+        )
+    if not exp.vllm.enable_chunked_prefill:
+        raise InputError("vllm.enable_chunked_prefill: false is not modelled (vLLM 0.33's is on)")
+    model_arg = _model(exp, base_dir)
+    model = get_model(model_arg)
+    run = shortened(exp, max_stage_s)
+    spec = run.workload_spec()
+    longest = (
+        spec.system_prompt_len + spec.question_len + spec.output_len
+        if spec.type == "shared_prefix"
+        else math.ceil((spec.prefix_len + spec.input_len) * (1 + spec.range_ratio))
+        + spec.special_tokens
+        + math.ceil(spec.output_len * (1 + spec.range_ratio))
+    )
+    _max_model_len(exp, model, longest)
+    gpu = get_gpu(exp.gpu)
+    if isinstance(compute_profile, PhaseProfile):
+        profile: Any = compute_profile
+    elif compute_profile is not None:
+        profile = load_compute_profile(compute_profile, ComputeParams.for_gpu(gpu))
+    else:
+        profile = default_compute_profile(gpu)
+    overhead_s = float(getattr(profile, "request_overhead_s", 0.0))
+    with tempfile.TemporaryDirectory() as tmp:
+        profile_arg: str | None = compute_profile if isinstance(compute_profile, str) else None
+        if isinstance(profile, PhaseProfile):
+            profile_arg = os.path.join(tmp, "profile.json")
+            with open(profile_arg, "w", encoding="utf-8") as f:
+                f.write(profile.to_json())
+        vllm = exp.vllm
+        kv = vllm.kv_transfer_config.as_dict() if vllm.kv_transfer_config else None
+        result = simulate(
+            workload=spec,
+            load=run.load,
+            gpu=exp.gpu,
+            model=model_arg,
+            tp=exp.tp,
+            gpu_block_tokens=vllm.block_size,
+            vllm_config=kv,
+            max_num_seqs=vllm.max_num_seqs,
+            max_num_batched_tokens=vllm.max_num_batched_tokens,
+            gpu_kv_blocks=vllm.num_gpu_blocks_override,
+            gpu_memory_utilization=vllm.gpu_memory_utilization,
+            enable_prefix_caching=vllm.enable_prefix_caching,
+            compute_profile=profile_arg,
+            record_steps=False,
+            seed=seed,
+            async_scheduling=async_scheduling,
+        )
+    predicted = stage_metrics(result.tables["stages"], spec.output_len, overhead_s)
+    return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
+
+
+def stage_metrics(stages: Any, output_len: int, overhead_s: float) -> dict[str, dict[str, float]]:
+    """``{stage: {metric: value}}`` from a run's stages table (one row per stage and
+    ``all``), as the client sees them: ``overhead_s`` added to every request's TTFT and
+    E2E (so to their means and percentiles) and to each span's end; throughputs in the
+    server's tokens."""
+    oh_ms = overhead_s * 1000.0
+    out: dict[str, dict[str, float]] = {}
+    for row in stages.to_dict("records"):
+        if not row["completed"]:
+            continue
+        span = float(row["duration"]) + overhead_s
+        m = {
+            "ttft_mean": float(row["mean_ttft_ms"]) + oh_ms,
+            "ttft_p90": float(row["p90_ttft_ms"]) + oh_ms,
+            "ttft_p99": float(row["p99_ttft_ms"]) + oh_ms,
+            "e2e_mean": float(row["mean_e2el_ms"]) + oh_ms,
+            "e2e_p90": float(row["p90_e2el_ms"]) + oh_ms,
+            "e2e_p99": float(row["p99_e2el_ms"]) + oh_ms,
+            "output_tokens_per_s": float(row["total_output_tokens"]) / span,
+            "requests_per_s": float(row["completed"]) / span,
+        }
+        m["itl_mean"] = (
+            (m["e2e_mean"] - m["ttft_mean"]) / (output_len - 1) if output_len > 1 else math.nan
+        )
+        out[str(row["stage"])] = m
+    return out
+
+
+def _measured_value(m: Measured | None, metric: str, output_len: int) -> float | None:
+    if m is None:
+        return None
+    kind, _, stat = metric.partition("_")
+    if kind in ("ttft", "e2e") and stat in ("mean", "p90", "p99"):
+        stats: Stats | None = getattr(m, f"{kind}_ms")
+        return None if stats is None else getattr(stats, stat)
+    if metric == "itl_mean":
+        if m.itl_ms is not None and m.itl_ms.mean is not None:
+            return m.itl_ms.mean
+        if m.e2e_ms and m.ttft_ms and m.e2e_ms.mean is not None and m.ttft_ms.mean is not None:
+            return (m.e2e_ms.mean - m.ttft_ms.mean) / (output_len - 1) if output_len > 1 else None
+        return None
+    value: float | None = getattr(m, metric)
+    return value
+
+
+def _compare(exp: Experiment, predicted: dict[str, dict[str, float]], output_len: int) -> list[Row]:
+    rows = []
+    for stage, metrics in predicted.items():
+        m = exp.measured_at("all" if stage == "all" else int(stage))
+        for metric in METRICS:
+            value = metrics[metric]
+            if metric == "output_tokens_per_s" and m is not None and m.output_len_mean:
+                value *= m.output_len_mean / output_len  # the client's re-tokenised count
+            rows.append(Row(exp.id, stage, metric, value, _measured_value(m, metric, output_len)))
+    return rows

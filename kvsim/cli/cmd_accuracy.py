@@ -1,0 +1,171 @@
+"""``kvsim accuracy`` (kvsim against published GPU measurements) and ``kvsim fit-compute``
+(the step-time model fitted to them)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import click
+
+from kvsim.core.errors import InputError
+
+
+def _fmt(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:,.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+@click.command("accuracy")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False),
+    help="Write accuracy.csv and metadata.json here.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows and summary as JSON.")
+@click.option(
+    "--compute-profile",
+    type=click.Path(dir_okay=False),
+    help="Step-time profile JSON (default: the GPU's shipped one).",
+)
+@click.option(
+    "--max-stage-s",
+    type=click.FloatRange(min=1),
+    help="Cut every load stage to this many seconds (a quick run; rates stay).",
+)
+@click.option("--experiment", "experiments", multiple=True, help="Run only this id (repeatable).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Workload and load seed.")
+@click.option(
+    "--async-scheduling/--no-async-scheduling",
+    default=True,
+    show_default=True,
+    help="vLLM 0.33's engine loop; --no-async-scheduling: the synchronous one of older vLLM.",
+)
+@click.option("--progress/--no-progress", default=None, help="A bar counting experiments.")
+def accuracy_command(
+    file: str,
+    out: str | None,
+    as_json: bool,
+    compute_profile: str | None,
+    max_stage_s: float | None,
+    experiments: tuple[str, ...],
+    seed: int,
+    async_scheduling: bool,
+    progress: bool | None,
+) -> None:
+    """Re-create and simulate each experiment of a measurements FILE; print predicted
+    against measured per stage with the absolute percentage error, then the median and
+    mean error per metric over the whole runs.
+
+    \b
+    Example:
+      kvsim accuracy shared/measurements/h100_inference_perf_train.yaml --out acc/
+    """
+    from kvsim.accuracy import accuracy
+    from kvsim.accuracy.measurements import read_measurements
+    from kvsim.report.progress import Progress
+
+    total = len(read_measurements(file).experiments) if not experiments else len(experiments)
+    show = (sys.stderr.isatty() if progress is None else progress) and not as_json
+    with Progress(show, total, "experiments", unit="exp") as bar:
+        report = accuracy(
+            file,
+            compute_profile=compute_profile,
+            max_stage_s=max_stage_s,
+            experiments=experiments or None,
+            seed=seed,
+            async_scheduling=async_scheduling,
+            progress=bar.callback,
+        )
+    if out is not None:
+        report.write(out, command="kvsim accuracy " + " ".join(sys.argv[2:]))
+    for failed in report.failures:
+        click.echo(f"kvsim: experiment {failed.experiment}: {failed.error}", err=True)
+    if as_json:
+        click.echo(json.dumps(report.as_json(), indent=2, default=str))
+    else:
+        _print(report)
+    if report.failures:
+        raise click.exceptions.Exit(1)
+
+
+def _print(report: object) -> None:
+    from kvsim.accuracy.report import AccuracyReport
+
+    assert isinstance(report, AccuracyReport)
+    click.echo(
+        f"{'experiment':<44} {'stage':>5} {'metric':<20} "
+        f"{'predicted':>10} {'measured':>10} {'APE %':>7}"
+    )
+    for row in report.rows:
+        click.echo(
+            f"{row.experiment[:44]:<44} {row.stage:>5} {row.metric:<20} "
+            f"{_fmt(row.predicted):>10} {_fmt(row.measured):>10} {_fmt(row.ape_pct):>7}"
+        )
+    summary = report.summary()
+    ok = len(report.results) - len(report.failures)
+    click.echo(f"\nAPE over {ok} experiment(s), whole runs (stage all):")
+    click.echo(f"{'metric':<20} {'median %':>9} {'mean %':>8}")
+    for metric, s in summary.items():
+        click.echo(f"{metric:<20} {_fmt(s['median']):>9} {_fmt(s['mean']):>8}")
+
+
+@click.command("fit-compute")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--gpu", required=True, help="The GPU preset the experiments ran on (h100).")
+@click.option(
+    "--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write."
+)
+@click.option(
+    "--max-stage-s",
+    type=click.FloatRange(min=1),
+    default=20.0,
+    show_default=True,
+    help="Each evaluation's stage length cap, seconds.",
+)
+@click.option(
+    "--max-evals",
+    type=click.IntRange(min=1),
+    default=40,
+    show_default=True,
+    help="Simulations of the whole file at most.",
+)
+def fit_compute_command(file: str, gpu: str, out: str, max_stage_s: float, max_evals: int) -> None:
+    """Fit the step-time model's few global parameters to the experiments of FILE with
+    the simulation in the loop; print the training error and write a profile that
+    --compute-profile loads (its provenance inside).
+
+    \b
+    Example:
+      kvsim fit-compute shared/measurements/h100_inference_perf_train.yaml --gpu h100 \\
+          --out h100-fitted.json
+    """
+    from kvsim.accuracy.fit import fit_compute
+    from kvsim.core.io import atomic_write
+
+    gpu = gpu.strip().lower()
+    if not out.endswith(".json"):
+        raise InputError(f"--out {out!r}: a profile is a .json file")
+    result = fit_compute(
+        file,
+        gpu,
+        max_stage_s=max_stage_s,
+        max_evals=max_evals,
+        log=lambda line: click.echo(line, err=True),
+    )
+    with atomic_write(out) as f:
+        f.write(result.profile.to_json())
+    click.echo(f"{result.evaluations} evaluations, loss {result.loss:.4f}")
+    click.echo(
+        f"training error (median / mean APE %, whole runs, stages cut to {max_stage_s:g} s):"
+    )
+    for metric, s in result.summary.items():
+        click.echo(f"  {metric:<20} {_fmt(s['median']):>7} {_fmt(s['mean']):>7}")
+    click.echo(f"wrote {out}")
+
+
+COMMANDS = [accuracy_command, fit_compute_command]

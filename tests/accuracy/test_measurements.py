@@ -1,0 +1,80 @@
+"""The measurements file reader: the shared files read; a bad file is one line naming the
+file and the key, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from measurements_small import experiment, write
+from support import run_main
+
+from kvsim.accuracy.measurements import read_measurements
+from kvsim.core.errors import InputError
+from kvsim.options.registry import schema_named
+from kvsim.options.schema import json_schema
+
+SHARED = "/work/shared/measurements"
+
+
+@pytest.mark.skipif(not os.path.isdir(SHARED), reason="the shared measurements are not here")
+def test_the_shared_files_read():
+    train = read_measurements(os.path.join(SHARED, "h100_inference_perf_train.yaml"))
+    assert len(train.experiments) == 6
+    assert sum(len(e.load.stages) for e in train.experiments) == 11
+    first = train.experiments[0]
+    assert first.vllm.num_gpu_blocks_override == 7463 and first.workload_spec().num_prompts == 100
+    fleet = read_measurements(os.path.join(SHARED, "llm-d_qwen3-32b_fleet.yaml"))
+    assert fleet.experiments[0].instances == 8 and fleet.experiments[0].router is not None
+
+
+def test_the_schema_is_registered_and_describes_the_workloads():
+    schema = json_schema(schema_named("measurements"))
+    experiment_props = schema["$defs"]["Experiment"]["properties"]
+    kinds = [s["properties"]["type"] for s in experiment_props["workload"]["anyOf"]]
+    assert {k.get("default") for k in kinds} == {"shared_prefix", "random"}
+    assert schema["$defs"]["VllmArgs"]["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"vllm": {"max_num_seqs": 8, "swap_space": 4}}, "swap_space"),
+        ({"vllm": {"max_num_seqs": 0}}, "vllm.max_num_seqs"),
+        ({"workload": {"type": "sharegpt"}}, "workload.type"),
+        ({"workload": {**experiment()["workload"], "num_groups": -1}}, "num_groups"),
+        ({"load": {"type": "constant", "stages": [{"concurrency": 4, "duration": 5}]}}, "stages"),
+        ({"measured": [{"stage": 5, "ttft_ms": {"mean": 1.0}}]}, "past the load"),
+        ({"measured": [{"stage": "al"}]}, "stage"),
+        ({"measured": [{"stage": 0, "ttft_ms": {"median": 3}}]}, "median"),
+        ({"tp": "two"}, "tp"),
+    ],
+)
+def test_a_bad_experiment_is_one_line_naming_the_key(tmp_path, capsys, changes, needle):
+    path = write(tmp_path / "m.yaml", experiment(**changes))
+    with pytest.raises(InputError, match=needle):
+        read_measurements(path)
+    out_dir = tmp_path / "out"
+    code, out, err = run_main(["accuracy", path, "--out", out_dir], capsys)
+    assert code == 2 and out == "" and not out_dir.exists()
+    assert len(err.strip().splitlines()) == 1 and path in err and "Traceback" not in err
+
+
+def test_bad_files_are_one_line(tmp_path, capsys):
+    cases = {
+        "version.yaml": "kvsim_measurements: 2\nexperiments: []\n",
+        "yaml.yaml": "kvsim_measurements: 1\nexperiments: [\n",
+        "list.yaml": "- 1\n",
+        "empty.yaml": "kvsim_measurements: 1\nexperiments: []\n",
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        code, out, err = run_main(["accuracy", path], capsys)
+        assert code == 2 and out == "", name
+        assert len(err.strip().splitlines()) == 1 and name in err, (name, err)
+    twice = write(tmp_path / "twice.yaml", experiment(), experiment())
+    code, _, err = run_main(["accuracy", twice], capsys)
+    assert code == 2 and "used twice" in err
+    code, _, err = run_main(["accuracy", tmp_path / "missing.yaml"], capsys)
+    assert code == 2 and "not found" in err

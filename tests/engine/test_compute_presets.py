@@ -1,0 +1,131 @@
+"""The models behind public measurements (issue 25 §2): presets from their config.json, and
+the compute model's MoE, tensor-parallel, weight-dtype and sliding-window terms, checked
+against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvsim.core.errors import InputError
+from kvsim.engine.compute_model import StepBatch
+from kvsim.engine.engine import gpu_kv_blocks
+from kvsim.engine.params import EngineParams
+from kvsim.engine.phase_compute import FP8_GEMM_SPEEDUP, PhaseCompute, shipped_profile
+from kvsim.specs.hardware import get_gpu
+from kvsim.specs.model_configs import HF_CONFIGS
+from kvsim.specs.models import get_model
+
+H100 = shipped_profile("h100")
+
+
+def compute(name: str, tp: int = 1, **changes) -> PhaseCompute:
+    import dataclasses
+
+    assert H100 is not None
+    model = dataclasses.replace(get_model(name), **changes) if changes else get_model(name)
+    return PhaseCompute(model, H100, tp=tp)
+
+
+def decode(seqs: int, context: int) -> StepBatch:
+    return StepBatch(seqs, 0, 0, seqs, seqs * context, seqs * (context + 1.0), seqs * context)
+
+
+def test_presets_match_the_published_parameter_counts():
+    counts = {  # billions, as the model cards state them
+        "llama-2-7b": (6.74, 6.74),
+        "llama-2-70b": (69.0, 69.0),
+        "codellama-34b": (33.7, 33.7),
+        "qwen3-14b": (14.8, 14.8),
+        "qwen3-32b": (32.8, 32.8),
+        "mixtral-8x7b": (46.7, 12.9),
+        "mixtral-8x22b": (141.0, 39.0),
+        "gpt-oss-120b": (116.8, 5.7),  # 5.1 B active without the embeddings
+    }
+    for name, (total, active) in counts.items():
+        m = get_model(name)
+        assert m.num_params / 1e9 == pytest.approx(total, rel=0.01), name
+        assert m.active_params / 1e9 == pytest.approx(active, rel=0.02), name
+    assert get_model("llama-2-7b").kv_bytes_per_token() == 32 * 2 * 32 * 128 * 2  # MHA
+    assert get_model("llama-2-70b").kv_bytes_per_token(tp=4) == 80 * 2 * 2 * 128 * 2  # GQA
+
+
+def test_a_preset_equals_its_config_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(HF_CONFIGS["gpt-oss-120b"]))
+    from_file, preset = get_model(str(path)), get_model("gpt-oss-120b")
+    assert from_file.num_params == preset.num_params
+    assert (from_file.sliding_window, from_file.sliding_window_layers) == (128, 18)
+    assert from_file.weight_dtype == preset.weight_dtype == "mxfp4"
+    path.write_text(json.dumps({**HF_CONFIGS["qwen3-32b"], "sliding_window": 4096}))
+    assert get_model(str(path)).sliding_window is None  # use_sliding_window: false
+    bad = {**HF_CONFIGS["llama-2-7b"], "quantization_config": {"quant_method": "awq"}}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(InputError, match="awq"):
+        get_model(str(path))
+
+
+def test_moe_weights_read_follow_the_expected_experts_touched():
+    f = compute("mixtral-8x7b")
+    m = get_model("mixtral-8x7b")
+    # 8 experts, top 2: one token touches 2; T tokens 8 * (1 - (3/4)^T)
+    assert f.expected_experts_touched(1) == pytest.approx(2.0)
+    assert f.expected_experts_touched(2) == pytest.approx(8 * (1 - 0.75**2))  # 3.5
+    assert f.expected_experts_touched(64) == pytest.approx(8.0, rel=1e-6)
+    expert = 3 * 4096 * 14336  # one expert of one layer
+    dense = m.num_params - m.embedding_params - 8 * 32 * expert
+    for tokens in (1, 2, 5):
+        touched = f.expected_experts_touched(tokens)
+        assert f.weight_bytes(tokens) == pytest.approx((dense + touched * 32 * expert) * 2)
+    # FLOPs follow the top-k experts only: 100 tokens cost the active parameters each
+    prefill = StepBatch(1, 1, 4096, 0, 0, 4096 * 4097 / 2)
+    gemm = f.phases(prefill)["gemm"]
+    active = m.active_params - m.embedding_params
+    assert gemm == pytest.approx(2 * active * 4096 / (H100.peak_flops * H100.gemm_efficiency))
+
+
+def test_tensor_parallel_adds_two_all_reduces_per_layer():
+    assert H100 is not None
+    one, four = compute("llama-2-70b"), compute("llama-2-70b", tp=4)
+    batch = decode(32, 1000)
+    assert one.phases(batch)["all_reduce"] == 0.0
+    wire = 2 * 3 / 4 * 32 * 8192 * 2  # ring all-reduce of T x hidden fp16 activations
+    expected = 2 * 80 * (H100.allreduce_latency_s + wire / H100.allreduce_bytes_per_s)
+    assert four.phases(batch)["all_reduce"] == pytest.approx(expected)
+    assert four.weight_bytes(32) == pytest.approx(one.weight_bytes(32) / 4)
+
+
+def test_fp8_weights_halve_the_bytes_and_double_the_gemm_rate():
+    base, fp8 = compute("llama-2-70b"), compute("llama-2-70b", weight_dtype="fp8")
+    assert fp8.weight_bytes(8) == pytest.approx(base.weight_bytes(8) / 2)
+    m = get_model("llama-2-70b")
+    assert m.with_weight_dtype("fp8").weight_bytes() == pytest.approx(
+        m.embedding_params * 2 + (m.num_params - m.embedding_params)
+    )
+    big = StepBatch(1, 1, 8192, 0, 0, 0.0)
+    assert base.phases(big)["gemm"] == pytest.approx(FP8_GEMM_SPEEDUP * fp8.phases(big)["gemm"])
+    oss = get_model("gpt-oss-120b")  # MXFP4 experts (4.25 bits), the rest 16-bit
+    assert oss.weight_bytes() == pytest.approx(
+        oss.routed_expert_params * 4.25 / 8 + (oss.num_params - oss.routed_expert_params) * 2
+    )
+    gpu = get_gpu("h100")
+    blocks = gpu_kv_blocks(oss, gpu, EngineParams(tp=1, gpu_memory_utilization=0.9))
+    assert blocks > 0  # 65 GB of weights: fits on one H100 only because of MXFP4
+    with pytest.raises(InputError, match="does not fit"):  # 234 GB in bf16
+        gpu_kv_blocks(oss.with_weight_dtype("bfloat16"), gpu, EngineParams(tp=1))
+
+
+def test_sliding_window_layers_bound_their_attention_span():
+    oss = compute("gpt-oss-120b")
+    full = compute("gpt-oss-120b", sliding_window=None, sliding_window_layers=None)
+    short, long = decode(8, 100), decode(8, 20000)
+    assert oss.phases(short)["attention_decode"] == pytest.approx(
+        full.phases(short)["attention_decode"]
+    )  # within the 128-token window every layer reads the same
+    # at 20k tokens half the layers read 128: about half the full-attention time
+    ratio = oss.phases(long)["attention_decode"] / full.phases(long)["attention_decode"]
+    assert ratio == pytest.approx(0.5 + 0.5 * (8 + 8 * 128) / (8 * 20001), rel=1e-3)
+    m = get_model("gpt-oss-120b")
+    assert m.gpu_kv_bytes_per_token() == 18 * 2 * 8 * 64 * 2  # the full layers only
+    assert m.kv_bytes_per_token() == 36 * 2 * 8 * 64 * 2  # the CPU tier stores all

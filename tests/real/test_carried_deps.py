@@ -1,0 +1,25 @@
+"""Packages carried to the GPU machine in ``.gpu_deps/`` are found, and a missing one is named."""
+
+from __future__ import annotations
+
+import sys
+
+from real.carried_deps import missing_modules, use_carried_deps
+
+
+def test_a_carried_folder_goes_first_on_the_path_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "kvsim_carried_probe").mkdir()
+    (tmp_path / "kvsim_carried_probe" / "__init__.py").write_text("")
+    assert missing_modules(("kvsim_carried_probe",)) == ["kvsim_carried_probe"]
+    assert use_carried_deps(tmp_path) is True
+    assert sys.path[0] == str(tmp_path)
+    assert use_carried_deps(tmp_path) is False  # idempotent
+    assert missing_modules(("kvsim_carried_probe", "msgspec")) == []
+
+
+def test_no_folder_changes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = list(sys.path)
+    assert use_carried_deps(tmp_path / "absent") is False
+    assert sys.path == before
