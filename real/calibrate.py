@@ -140,7 +140,7 @@ def check_calibration_fits(device: Device, max_bytes: int, span: int) -> None:
     """Refuse (one line, naming ``--max-mib``) a calibration whose buffers the machine
     cannot hold, before any is allocated."""
     host, on_device = calibration_bytes(device, span)
-    what = f"calibrating copies of up to {max_bytes / MIB:g} MiB (--max-mib)"
+    what = f"calibrating copies of up to {max_bytes / MIB:,.0f} MiB (--max-mib)"
     hint = "use a smaller --max-mib"
     check_fits(host, what, hint=hint)
     check_device_fits(on_device, device.torch_device, what, hint)
