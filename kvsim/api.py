@@ -371,10 +371,12 @@ def mrc(
     asked = None if cpu_gib is None else [float(x) for x in cpu_gib]
     if asked and model is None:
         raise InputError("--cpu-gib needs --model to know the bytes per chunk")
-    asked_chunks = [
-        sizing.with_(cpu_chunks=None, cpu_gib=x).resolve(tr.block_tokens).num_chunks
-        for x in asked or ()
-    ]
+
+    def chunks_at(gib: float) -> int:  # the model resolved once, above
+        again = sizing.with_(cpu_chunks=None, cpu_gib=gib)
+        return again.resolve(tr.block_tokens, config.model_spec).num_chunks
+
+    asked_chunks = [chunks_at(x) for x in asked or ()]
     if seeds < 1:
         raise InputError(f"--seeds must be at least 1, got {seeds}")
     if policy.lower() == "lru":
@@ -401,11 +403,7 @@ def mrc(
     )
     curve = labelled(curve, str(curve.info.get("policy", "lru")))
     if asked:
-        curve.points = at_sizes(
-            curve,
-            asked,
-            lambda x: sizing.with_(cpu_chunks=None, cpu_gib=x).resolve(tr.block_tokens).num_chunks,
-        )
+        curve.points = at_sizes(curve, asked, chunks_at)
     return curve
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvsim.engine.compute_model import StepBatch
+from kvsim.engine.step_batch import StepBatch
 from real.device import Clock, Device
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -48,44 +48,13 @@ import torch
 
 from kvsim.core.errors import InputError
 from kvsim.engine.copy_paths import KERNEL_WORD_BYTES, load_uses_kernel
-
-if TYPE_CHECKING:
-    from real.device import Device, Stream
-
-Run = tuple[int, int, int]  # (dst word, src word, words)
+from real.device_types import CopyPath, DeviceLike, Run, Stream, cuda_stream_handle
 
 SRC_ACCESS_ORDER_STREAM = 1  # CUmemcpySrcAccessOrder
 SRC_ACCESS_ORDER_ANY = 3
 BATCH_ABI_VERSION = 12080  # cuMemcpyBatchAsync with failIdx, as vLLM requests it
 MAX_DESCRIPTORS = 16384  # per call: ~52k descriptors hung CUDA 13.0 (vLLM issue #49276)
 LOAD_MODES = ("auto", "dma", "kernel")  # KVSIM_LOAD_PATH: vLLM's rule, never, or always
-
-
-class CopyPath(Protocol):
-    """Enqueues copies of runs from ``src`` to ``dst`` on ``stream`` (called on the host)."""
-
-    name: str
-
-    def prepare(self, page_bytes: int, device: torch.device) -> None:
-        """Get ready for jobs of ``page_bytes`` pages on ``device`` (compile what they run)."""
-        ...
-
-    def route(
-        self, dst: torch.Tensor, src: torch.Tensor, runs: Sequence[Run], page_words: int | None
-    ) -> str:
-        """The name of the path that would copy these runs (a wrapper may choose per job)."""
-        ...
-
-    def copy(
-        self,
-        dst: torch.Tensor,
-        src: torch.Tensor,
-        runs: Sequence[Run],
-        *,
-        stream: Stream,
-        stable_source: bool,
-        page_words: int | None = None,
-    ) -> None: ...
 
 
 class TorchCopy:
@@ -160,12 +129,6 @@ def descriptor_arrays(
     srcs = np.uint64(src_base) + table[:, 1] * wb
     sizes = table[:, 2] * wb
     return dsts, srcs, sizes
-
-
-def cuda_stream_handle(stream: Stream) -> int:
-    from real.device import as_cuda_stream
-
-    return int(as_cuda_stream(stream).raw.cuda_stream)
 
 
 class BatchCopy:
@@ -385,7 +348,7 @@ class KernelLoadCopy:
 
 
 def default_copy_path(
-    device: Device, prefer: str | None = None, load: str | None = None
+    device: DeviceLike, prefer: str | None = None, load: str | None = None
 ) -> CopyPath:
     """The batch path on CUDA when available (``KVSIM_COPY_PATH=copy_`` forces ``copy_``),
     with small-page loads through the gather kernel when it resolves

@@ -37,55 +37,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import cast
 
 import torch
 
+from real.device_types import CopyPath, Event, Stream
 from real.sleep_clock import SleepRate
-
-if TYPE_CHECKING:
-    from real.copy_path import CopyPath
 
 Clock = Callable[[], float]
 
 MODES = ("eager", "deferred", "threaded")
 CPU_SWITCH_INTERVAL_S = 0.0005
 STREAM_POOL_SIZE = 32  # torch's per-priority CUDA stream pool; it repeats after that
-
-
-class Event(Protocol):
-    """What the backend calls on an event (:class:`CpuEvent` or :class:`CudaEvent`)."""
-
-    def record(self, stream: Stream) -> None: ...
-
-    def query(self) -> bool: ...
-
-    def synchronize(self) -> None: ...
-
-    def time(self) -> float: ...
-
-    def seconds_since(self, start: Event) -> float: ...
-
-
-class Stream(Protocol):
-    """What the backend calls on a stream (:class:`CpuStream` or :class:`CudaStream`).
-
-    A device hands out streams and events of its own kind only; the concrete classes
-    narrow their arguments to that kind (see :func:`_cpu_stream`, :func:`as_cuda_stream`).
-    """
-
-    name: str
-
-    def run(self, fn: Callable[[], None]) -> None: ...
-
-    def wait_event(self, event: Event) -> None: ...
-
-    def wait_stream(self, other: Stream) -> None: ...
-
-    def synchronize(self) -> None: ...
-
-    @property
-    def pending(self) -> int: ...
 
 
 def cuda_available() -> bool:

@@ -26,14 +26,11 @@ import contextlib
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from kvsim.specs.models import ModelSpec
-
-if TYPE_CHECKING:
-    from real.device import Device
+from real.device_types import DeviceLike
 
 LAYER_MAJOR = "layer_major"
 BLOCK_FIRST = "block_first"
@@ -118,7 +115,7 @@ class GpuKVCache:
         geometry: KVGeometry,
         num_blocks: int,
         layout: str = BLOCK_FIRST,
-        device: Device | torch.device | str = "cpu",
+        device: DeviceLike | torch.device | str = "cpu",
     ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")

@@ -30,18 +30,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from kvsim.engine.copy_paths import KERNEL_WORD_BYTES
+from real.device_types import DeviceLike, Run
 from real.staging import StagingBuffer, pinned_words
-
-if TYPE_CHECKING:
-    from real.copy_path import Run
-    from real.device import Device
 
 MAX_PROGRAMS = 12  # vLLM's NUM_SMS: the smallest slice of an H100 near peak for 8-32 KiB
 MAX_TILE_BYTES = 8192
@@ -177,7 +174,7 @@ def import_triton() -> tuple[Any, str]:
         return None, f"triton not importable ({type(exc).__name__}: {exc})"
 
 
-def resolve_gather_kernel(device: Device) -> tuple[GatherKernel | None, str]:
+def resolve_gather_kernel(device: DeviceLike) -> tuple[GatherKernel | None, str]:
     """The compiled kernel for a CUDA device, once it copied a probe of 17 pages from
     host memory registered as the pool's is, byte for byte; ``(None, reason)`` on CPU,
     without Triton, on ROCm, when pinning is refused (the kernel reads pinned memory only)
@@ -190,7 +187,7 @@ def resolve_gather_kernel(device: Device) -> tuple[GatherKernel | None, str]:
     return _resolved[index]
 
 
-def _probe(device: Device) -> tuple[GatherKernel | None, str]:
+def _probe(device: DeviceLike) -> tuple[GatherKernel | None, str]:
     triton, reason = import_triton()
     if triton is None:
         return None, reason
@@ -202,7 +199,7 @@ def _probe(device: Device) -> tuple[GatherKernel | None, str]:
 
 
 def probe_copy(
-    device: Device, make_kernel: Callable[[], GatherKernel]
+    device: DeviceLike, make_kernel: Callable[[], GatherKernel]
 ) -> tuple[GatherKernel | None, str]:
     """Gather 17 pages of 3, 1024 and 1524 words (under, at and over the 8 KiB tile), in
     reverse order with a gap after each, from a small pool registered as the host pool is,

@@ -11,15 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from kvsim.engine.transfer_model import TransferModelParams
 from kvsim.specs.models import ModelSpec
-
-if TYPE_CHECKING:
-    from real.validate import ValidationSpec
+from real.validation_spec import ValidationSpec
 
 MIN_JOBS = 30  # fewer jobs of a kind than this: its median error says little
 

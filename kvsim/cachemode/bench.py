@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from kvsim.cachemode import CacheReplay, fused_tier_class
-from kvsim.cachemode.driver import RequestRow
+from kvsim.cachemode.tier import RequestRow
 from kvsim.core.errors import InputError
 from kvsim.integrations.from_vllm import VllmManagerDriver, vllm_available
 from kvsim.options.offload import CacheConfig, OffloadOptions

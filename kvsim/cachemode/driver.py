@@ -18,31 +18,28 @@ columns (:func:`kvsim.traces.source.request_records`), without a ``Request`` per
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from itertools import islice
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from kvsim.cachemode.fused_arc import FusedARCTier
 from kvsim.cachemode.fused_lru import FusedLRUTier
 from kvsim.cachemode.fused_tier import FusedTier
 from kvsim.cachemode.protocol_tier import ProtocolTier
 from kvsim.cachemode.row_writer import csv_rows
+from kvsim.cachemode.tier import Emit, ReplayLoop, RequestRow, RunTotals, Tier
 from kvsim.core.io import atomic_path
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import ManagerProtocol, OffloadManager, admission_from_config
 from kvsim.options.config import CacheConfig
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
-from kvsim.policies.registry import eviction_policy_class
+from kvsim.policies.registry import config_policy_class
 from kvsim.traces.model import Request
 from kvsim.traces.source import request_records
 
-if TYPE_CHECKING:  # the tiering layer loads only for runs with secondary tiers
-    from kvsim.cachemode.tiered_tier import TieredProtocolTier
+if TYPE_CHECKING:
     from kvsim.traces.columns import Record
 
 REQUEST_COLUMNS = (
@@ -59,43 +56,16 @@ REQUEST_COLUMNS = (
 )
 
 
-#: one request's row, in :data:`REQUEST_COLUMNS` order
-RequestRow = tuple[int, float, int, int, int, int, int, int, int, bool]
-
 #: rows handed to a ``batch_sink`` at once (at least)
 BATCH_ROWS = 2048
 
-#: requests in a run's first part (replayed between two ``progress`` calls and batch
-#: checks); a part that took under PART_SECONDS doubles the next, up to MAX_PART_ROWS, so a
-#: fast loop pays little per part and a slow one (secondary tiers) still reports often
-PART_ROWS = 128
-MAX_PART_ROWS = 8192
-PART_SECONDS = 0.05
-
-#: where a replay loop sends each request's row
-Emit = Callable[[RequestRow], object]
-
-#: a loop that replays a part of a run: (records, emit) -> counts in :data:`_TOTALS` order
-ReplayLoop = Callable[["Iterable[Record]", Emit], tuple[int, ...]]
+#: requests in a part of a run (replayed between two ``progress`` calls and batch checks)
+PART_ROWS = 1024
 
 #: a run's totals, in the order the replay loops count them: the requests, the sums of the
 #: rows' columns from prompt_tokens to evicted_blocks (stored and evicted counted in chunks
 #: by the loops), and the failed stores
 _TOTALS = ("requests", *REQUEST_COLUMNS[2:8], "store_failures")
-
-
-@contextlib.contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """Python's cycle collector paused for a replay: the loops make no reference cycles,
-    but the collector would still walk every young row, record and id list many times
-    over (about a tenth of a plain replay); cycles anyone else makes wait until the end."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _discard(row: RequestRow) -> None:
@@ -118,7 +88,7 @@ FUSED_TIERS: dict[type, type[FusedTier]] = {LRUPolicy: FusedLRUTier, ARCPolicy: 
 
 def fused_tier_class(config: CacheConfig) -> type[FusedTier] | None:
     """The fused tier for the configured policy, if it has one."""
-    return FUSED_TIERS.get(eviction_policy_class(config.policy, config.policy_module))
+    return FUSED_TIERS.get(config_policy_class(config))
 
 
 class CacheReplay:
@@ -146,7 +116,7 @@ class CacheReplay:
                 "the fused tier runs kvsim's own 'lru' and 'arc' only, "
                 "without a manager of the caller's or secondary tiers"
             )
-        self.tier: ProtocolTier | FusedTier | TieredProtocolTier
+        self.tier: Tier
         if tiered:  # secondary tiers: kvsim's tiering manager, through the full protocol
             if manager is not None:
                 raise ValueError("secondary tiers run kvsim's tiering manager, not the caller's")
@@ -182,8 +152,7 @@ class CacheReplay:
         ``row_sink``, and to ``batch_sink`` in lists of at least :data:`BATCH_ROWS` (the
         last one shorter; each list is the sink's to keep); ``progress(n)`` hears of every
         ``n`` requests replayed. Returns the running summary."""
-        with _no_cycle_collection():
-            done = self._run_parts(requests, row_sink, batch_sink, progress)
+        done = self._run_parts(requests, row_sink, batch_sink, progress)
         upc = self.layout.units_per_chunk
         t = self.totals
         for name, value in zip(_TOTALS, done):
@@ -206,14 +175,10 @@ class CacheReplay:
             emit = batch.append if row_sink is None else _both(row_sink, batch)
         done = [0] * 8
         records = request_records(requests)
-        size = PART_ROWS
         while True:  # a part is read as it is replayed: one record at a time in memory
-            start = time.perf_counter()
-            counts = replay(islice(records, size), emit)
+            counts = replay(islice(records, PART_ROWS), emit)
             if not counts[0]:
                 break
-            if time.perf_counter() - start < PART_SECONDS:
-                size = min(2 * size, MAX_PART_ROWS)
             done = [a + b for a, b in zip(done, counts)]
             if batch_sink is not None and len(batch) >= BATCH_ROWS:
                 batch_sink(batch[:])
@@ -228,18 +193,14 @@ class CacheReplay:
         """The loop for this configuration: the fused LRU tier's own whole-run loop where a
         chunk is one trace block and no GPU cache sits before the CPU tier (the common
         ``kvsim replay``), else :meth:`_replay_requests`."""
-        tier, layout = self.tier, self.layout
-        if (
-            isinstance(tier, FusedLRUTier)
-            and tier.runs_whole_blocks
-            and layout.split == 1
-            and layout.units_per_chunk == 1
-            and not self.gpu.enabled
-        ):
-            return cast("ReplayLoop", tier.run_whole_blocks)  # block ids are its chunk keys
+        layout = self.layout
+        if layout.split == 1 and layout.units_per_chunk == 1 and not self.gpu.enabled:
+            loop = self.tier.whole_run_loop()  # block ids are its chunk keys
+            if loop is not None:
+                return loop
         return self._replay_requests
 
-    def _replay_requests(self, records: Iterable[Record], emit: Emit) -> tuple[int, ...]:
+    def _replay_requests(self, records: Iterable[Record], emit: Emit) -> RunTotals:
         """Replay ``records`` a request at a time through the tier's :meth:`serve`; returns
         the counts to add to :data:`_TOTALS` (stored and evicted in chunks)."""
         layout = self.layout
@@ -346,16 +307,12 @@ class CacheReplay:
             "admission": cfg.admission,
             "store_threshold": cfg.store_threshold,
         }
-        if cfg.secondary_tiers:
-            from kvsim.cachemode.tiered_tier import TieredProtocolTier
-
-            assert isinstance(tier, TieredProtocolTier)
-            out.update(tier.summary(blocks, self.layout.unit_tokens, chunk_bytes))
+        out.update(tier.summary(blocks, self.layout.unit_tokens, chunk_bytes))
         return out
 
 
-#: one CSV line per row: ``str()`` of each value, as :mod:`csv` writes numbers and booleans
-_CSV_LINE = ",".join(["%s"] * len(REQUEST_COLUMNS)) + "\r\n"
+#: each column's Arrow type in a ``--requests-csv`` file
+_CSV_TYPES = ("int64", "double", *["int64"] * 7, "bool")
 
 
 def write_requests_csv(
@@ -365,11 +322,11 @@ def write_requests_csv(
     progress: Callable[[int], object] | None = None,
 ) -> dict[str, Any]:
     """Replay ``requests`` and write their rows to a CSV at ``path`` (header
-    :data:`REQUEST_COLUMNS`; the bytes :func:`csv.writer` writes), formatted a batch at a
-    time, by a helper process where one can be forked (:mod:`kvsim.cachemode.row_writer`);
-    the file is written whole or not at all. Returns the summary."""
+    :data:`REQUEST_COLUMNS`), formatted a batch at a time by Arrow's CSV writer
+    (:mod:`kvsim.cachemode.row_writer`); the file is written whole or not at all. Returns
+    the summary."""
     with (
         atomic_path(path) as tmp,
-        csv_rows(tmp, ",".join(REQUEST_COLUMNS) + "\r\n", _CSV_LINE) as write,
+        csv_rows(tmp, list(zip(REQUEST_COLUMNS, _CSV_TYPES))) as write,
     ):
         return replay.run(requests, batch_sink=write, progress=progress)

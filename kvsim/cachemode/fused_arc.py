@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import filterfalse
+from typing import Any
 
 from kvsim.cachemode.fused_tier import FusedTier
 from kvsim.core.keys import ChunkKey
@@ -48,7 +49,7 @@ class FusedARCTier(FusedTier):
     def resident_keys(self) -> list[ChunkKey]:
         return [*self.t1, *self.t2]
 
-    def _lookup(self, keys: Sequence[ChunkKey]) -> int:
+    def _lookup(self, keys: Sequence[ChunkKey], ctx: Any = None) -> int:
         t1, t2 = self.t1, self.t2
         count = 0
         for key in keys:
@@ -57,7 +58,7 @@ class FusedARCTier(FusedTier):
             count += 1
         return count
 
-    def _load(self, keys: Sequence[ChunkKey]) -> None:
+    def _reuse(self, keys: Sequence[ChunkKey]) -> None:
         self._reused.update(keys)  # loads come before any insertion of the request
 
     def _offer(self, offer: list[ChunkKey], retry: bool) -> list[ChunkKey]:
@@ -103,7 +104,7 @@ class FusedARCTier(FusedTier):
             b2.pop(key, None)
         self._inserted.update(keys)
 
-    def _finish(self, keys: Sequence[ChunkKey]) -> None:
+    def _finish(self, keys: Sequence[ChunkKey], ctx: Any = None) -> None:
         reused, inserted = self._reused, self._inserted
         if inserted or reused:
             # keys the request never observed are in neither set, so all its keys can be passed

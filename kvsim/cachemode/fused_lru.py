@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kvsim.cachemode.fused_tier import FusedTier
+from kvsim.cachemode.tier import Emit, ReplayLoop, RunTotals
 from kvsim.core.keys import ChunkKey, KeyLayout
 from kvsim.policies.admission.base import AdmissionPolicy
 
-if TYPE_CHECKING:
-    from kvsim.cachemode.driver import Emit
-
-#: a run's totals: requests, prompt tokens, prompt blocks, GPU hit blocks (none), CPU hit
-#: blocks, stored, evicted, failed stores (what :meth:`FusedLRUTier.run_whole_blocks` returns)
-RunTotals = tuple[int, int, int, int, int, int, int, int]
-
-#: a trace record (:data:`kvsim.traces.columns.Record`) whose block ids are chunk keys
-KeyRecord = tuple[int, float, int, int, Sequence[ChunkKey], "int | None"]
+if TYPE_CHECKING:  # numpy stays unloaded for a cached trace
+    from kvsim.traces.columns import Record
 
 
 class FusedLRUTier(FusedTier):
@@ -50,62 +44,17 @@ class FusedLRUTier(FusedTier):
             OrderedDict()
         )  # committed keys, least recent first
         self._mine: set[ChunkKey] = set()  # the running request's resident keys (provisional ranks)
-        # the common case (every offer admitted, one offer per request) has its own path
+        # the common case (every offer admitted, one offer per request) has its own loop
         self._plain = not (self._records or self._filters or prefill_step)
 
-    def serve(
-        self,
-        req_id: Hashable,
-        keys: list[ChunkKey],
-        local_tokens: int,
-        store_chunks: int,
-        input_tokens: int,
-    ) -> tuple[int, int, int, int, int]:
-        """:meth:`FusedTier.serve` without its generality when every offer is admitted at
-        once (no admission filter, no chunked prefill): the same decisions, for the loop
-        that dominates a ``kvsim replay``; anything rarer takes the general path."""
-        if not self._plain:
-            return super().serve(req_id, keys, local_tokens, store_chunks, input_tokens)
-        first, next_store, cpu_hit_tokens = self._load_prefix(keys, local_tokens)
-        order = self._order
-        n = need = 0
-        end = store_chunks if store_chunks > next_store else next_store
-        if store_chunks > next_store:
-            offer = keys[next_store:store_chunks]
-            to_store = self._take_reused(offer)
-            n = len(to_store)
-            if n:
-                counters = self.counters
-                counters.allocation_sizes.observe(n)
-                # keys[first:end] that are not new are the request's provisional keys
-                need = n - (self.num_chunks - len(order) - (end - first - n))
-                if need > len(order):
-                    failed = self._store_evicting_own(keys, offer, to_store, first, end, need)
-                    if failed:
-                        return cpu_hit_tokens, 0, 0, failed, 0
-                    counters.stored_chunks += n
-                    counters.evicted_chunks += need
-                    return cpu_hit_tokens, n, need, 0, 0
-                if need > 0:
-                    popitem = order.popitem
-                    for _ in range(need):
-                        popitem(False)
-                    counters.evicted_chunks += need
-                else:
-                    need = 0
-                counters.stored_chunks += n
-        for key in reversed(keys[first:end]):  # commit tail first: the head is newest
-            order[key] = None
-        return cpu_hit_tokens, n, need, 0, 0
-
-    @property
-    def runs_whole_blocks(self) -> bool:
-        """Whether :meth:`run_whole_blocks` makes this tier's decisions (see there)."""
-        return self._plain
+    def whole_run_loop(self) -> ReplayLoop | None:
+        """:meth:`run_whole_blocks` for a plain tier (every offer admitted at once: no
+        admission filter, no chunked prefill), else None."""
+        return self.run_whole_blocks if self._plain else None
 
     def run_whole_blocks(
         self,
-        records: Iterable[KeyRecord],
+        records: Iterable[Record],
         emit: Emit,
     ) -> RunTotals:
         """Replay ``records`` where a chunk is one trace block and nothing sits before the
@@ -113,8 +62,12 @@ class FusedLRUTier(FusedTier):
         complete chunk offered, inlined into one loop, since per-request calls cost as
         much as the dict operations themselves on a typical trace. Each request's row
         (the driver's ``REQUEST_COLUMNS``) goes to ``emit``. Only for a plain tier
-        (:attr:`runs_whole_blocks`); the rare store that evicts the request's own keys
-        takes :meth:`_store_evicting_own`, as :meth:`serve` does."""
+        (:meth:`whole_run_loop`); the rare store that evicts the request's own keys
+        takes :meth:`_store_evicting_own`, by the general rules.
+
+        This is the one other copy of :meth:`Tier.serve`'s sequence, kept because it
+        earns its keep on the command users run most (``docs/speed.md``);
+        ``tests/cachemode/test_replay_fused.py`` checks it against the protocol tier."""
         assert self._plain
         unit_keys = KeyLayout(self.chunk_tokens, self.chunk_tokens).unit_keys  # a chunk is a block
         order = self._order
@@ -173,28 +126,6 @@ class FusedLRUTier(FusedTier):
         counters.allocation_sizes.observe_all(sizes)
         return n_req, n_tokens, n_blocks, 0, n_hit, n_stored, n_evicted, n_failed
 
-    def _load_prefix(self, keys: list[ChunkKey], local_tokens: int) -> tuple[int, int, int]:
-        """The connector's scan and load: ``(first provisional key, next key to offer,
-        CPU hit tokens)``; ``(0, 0, 0)`` when nothing loads."""
-        tpc = self.chunk_tokens
-        if len(keys) * tpc - local_tokens < tpc:
-            return 0, 0, 0
-        order = self._order
-        start = local_tokens // tpc
-        count = 0
-        for key in keys[start:] if start else keys:
-            if key not in order:
-                break
-            count += 1
-        hit_tokens = tpc * (start + count) - local_tokens
-        if hit_tokens < tpc:
-            return 0, 0, 0
-        end = start + count
-        for key in keys[start:end]:  # loaded: raised to provisional
-            del order[key]
-        self.counters.loaded_chunks += count
-        return start, end, hit_tokens
-
     def _take_reused(self, offer: Sequence[ChunkKey]) -> Sequence[ChunkKey]:
         """Resident keys offered again are reuse (raised to provisional); the rest."""
         order = self._order
@@ -250,7 +181,7 @@ class FusedLRUTier(FusedTier):
     def resident_keys(self) -> list[ChunkKey]:
         return list(self._order)  # between requests every resident key is committed
 
-    def _lookup(self, keys: Sequence[ChunkKey]) -> int:
+    def _lookup(self, keys: Sequence[ChunkKey], ctx: Any = None) -> int:
         order = self._order
         count = 0
         for key in keys:
@@ -259,7 +190,7 @@ class FusedLRUTier(FusedTier):
             count += 1
         return count
 
-    def _load(self, keys: Sequence[ChunkKey]) -> None:
+    def _reuse(self, keys: Sequence[ChunkKey]) -> None:
         order = self._order
         for key in keys:  # raised to provisional
             del order[key]
@@ -297,7 +228,7 @@ class FusedLRUTier(FusedTier):
     def _insert(self, keys: Sequence[ChunkKey]) -> None:
         self._mine.update(keys)
 
-    def _finish(self, keys: Sequence[ChunkKey]) -> None:
+    def _finish(self, keys: Sequence[ChunkKey], ctx: Any = None) -> None:
         mine = self._mine
         if not mine:
             return

@@ -284,15 +284,7 @@ def _object_counts(
     :func:`replay_config` builds, so without forced keys both give the same hits."""
     from kvsim.cachemode.object_protocol import block_stream, object_cache
 
-    cache = object_cache(
-        config.num_chunks,
-        config.policy,
-        admission=config.admission,
-        policy_module=config.policy_module,
-        seed=config.seed,
-        store_threshold=config.store_threshold,
-        max_tracker_size=config.max_tracker_size,
-    )
+    cache = object_cache(config)
     stream = list(block_stream(requests, config.layout))
     cache.prepare(stream)
     f_hits = f_accesses = 0

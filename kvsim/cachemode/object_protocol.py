@@ -18,7 +18,8 @@ from typing import Any, cast
 
 from kvsim.core.context import RequestContext
 from kvsim.core.keys import ChunkKey, KeyLayout
-from kvsim.options.config import CacheConfig, resolve_admission
+from kvsim.manager.offload import admission_from_config
+from kvsim.options.config import CacheConfig
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
 from kvsim.traces.model import Request
@@ -137,51 +138,21 @@ class ObjectCache:
         return stats
 
 
-def object_cache(
-    capacity: int,
-    policy: str = "lru",
-    *,
-    admission: str = "always",
-    policy_module: str | None = None,
-    seed: int = 0,
-    store_threshold: int = 0,
-    max_tracker_size: int = 64_000,
-) -> ObjectCache:
-    """An empty object-protocol cache with its eviction policy and admission rule (the
-    one place they are built, for whole replays and for miniatures replayed in pieces)."""
-    from kvsim.policies.registry import make_admission, make_eviction_policy
+def object_cache(config: CacheConfig) -> ObjectCache:
+    """An empty object-protocol cache of ``config.num_chunks`` chunks with the configured
+    eviction policy and admission rule (the one place they are built, for whole replays
+    and for miniatures replayed in pieces); the admission rule is the manager's
+    (:func:`~kvsim.manager.offload.admission_from_config`)."""
+    from kvsim.policies.registry import make_eviction_policy
 
-    pol = make_eviction_policy(policy, capacity, policy_module)
-    adm = None
-    if resolve_admission(admission, store_threshold) != "always":
-        adm = make_admission(
-            admission, store_threshold=store_threshold, max_tracker_size=max_tracker_size, seed=seed
-        )
-    return ObjectCache(pol, capacity, adm)
+    policy = make_eviction_policy(config.policy, config.num_chunks, config.policy_module)
+    return ObjectCache(policy, config.num_chunks, admission_from_config(config))
 
 
-def object_replay(
-    requests: Iterable[Request],
-    layout: KeyLayout,
-    capacity: int,
-    policy: str = "lru",
-    *,
-    admission: str = "always",
-    policy_module: str | None = None,
-    seed: int = 0,
-    store_threshold: int = 0,
-    max_tracker_size: int = 64_000,
-) -> dict[str, Any]:
+def object_replay(requests: Iterable[Request], config: CacheConfig) -> dict[str, Any]:
     """Replay a trace's block stream under the object protocol; returns a summary dict."""
-    cache = object_cache(
-        capacity,
-        policy,
-        admission=admission,
-        policy_module=policy_module,
-        seed=seed,
-        store_threshold=store_threshold,
-        max_tracker_size=max_tracker_size,
-    )
+    cache = object_cache(config)
+    layout = config.layout
     if cache._timed:
         stream = list(block_stream(requests, layout))
         cache.prepare(stream)
@@ -198,10 +169,10 @@ def object_replay(
         "miss_ratio": s.miss_ratio,
         "evictions": s.evictions,
         "bypassed": s.bypassed,
-        "capacity": capacity,
+        "capacity": config.num_chunks,
         "chunk_tokens": layout.chunk_tokens,
-        "policy": policy,
-        "admission": admission,
+        "policy": config.policy,
+        "admission": config.admission,
     }
 
 
@@ -221,15 +192,4 @@ def replay_config(
         from kvsim.core.errors import InputError
 
         raise InputError("--protocol object models the CPU tier alone; drop the secondary tiers")
-    admission = config.admission
-    return object_replay(
-        requests,
-        config.layout,
-        config.num_chunks,
-        config.policy,
-        admission=admission,
-        policy_module=config.policy_module,
-        seed=config.seed,
-        store_threshold=config.store_threshold,
-        max_tracker_size=config.max_tracker_size,
-    )
+    return object_replay(requests, config)

@@ -1,123 +1,60 @@
-"""Per-request rows written as CSV text, formatted off the replay's critical path.
+"""Per-request rows written as CSV by Arrow's C++ CSV writer, a batch at a time.
 
-Formatting a row (ten values, one a float) costs about as much as replaying its request's
-blocks does in a plain ``kvsim replay``, and the replay loop cannot run in parallel. So
-where it is safe, a forked helper process formats and writes the rows while the loop runs
-on: each batch crosses a pipe as :mod:`marshal` bytes (a tenth of the formatting's cost)
-and the helper writes exactly the text the loop's process would. "Safe" means a POSIX
-``fork``, one Python thread and no IPython kernel: forking a process that runs other
-threads can copy a held lock, so anything else (a notebook, a program with threads,
-Windows) formats in process. Either way the bytes are the same, and the caller's
-:func:`~kvsim.core.io.atomic_path` makes the file whole or absent.
+Formatting a row (ten values, one a float) in Python costs about as much as replaying its
+request's blocks in a plain ``kvsim replay``; Arrow's writer formats a batch of columns in
+C++ (``pyarrow.csv.CSVWriter``, one record batch per call). Numbers are written as Arrow
+writes them (the shortest text that reads back as the same value: ``0`` for an arrival at
+0 s, ``0.00001``), booleans as ``true`` / ``false``, lines end in CRLF as
+:func:`csv.writer`'s do; pandas, Arrow and :mod:`csv` read the file back to the same
+values. The caller's :func:`~kvsim.core.io.atomic_path` makes the file whole or absent.
 """
 
 from __future__ import annotations
 
 import contextlib
-import marshal
-import os
-import signal
-import sys
-import threading
+from array import array
 from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any
+from typing import Any
 
-try:  # imported here, not when forking: a signal that lands in an import can trip
-    import fcntl  # CPython's import locks (gh-87712), and the fork is where one lands
-except ImportError:  # not POSIX
-    fcntl = None  # type: ignore[assignment]
-
-#: bytes that announce a batch's length on the pipe
-_LENGTH = 8
-
-#: the pipe's capacity asked for (Linux's default is 64 KiB; a batch is about 100 KiB)
-_PIPE_BYTES = 1 << 20
-
-
-def can_fork() -> bool:
-    """Whether a helper process may be forked here (see the module's note)."""
-    return hasattr(os, "fork") and threading.active_count() == 1 and "IPython" not in sys.modules
+#: Arrow type name -> the :mod:`array` typecode its values are packed with
+_TYPECODES = {"int64": "q", "double": "d"}
 
 
 @contextlib.contextmanager
-def csv_rows(path: str, header: str, line: str) -> Iterator[Callable[[list[Any]], object]]:
-    """A sink for batches of rows written to ``path`` (opened anew) after ``header``, each
-    row as ``line % row``; by a forked helper when :func:`can_fork`, else here. Raises
-    ``OSError`` when the helper could not write the file (it says why on stderr)."""
-    if not can_fork():
-        with open(path, "w", newline="") as f:
-            f.write(header)
-            yield lambda rows: f.write(_text(rows, line))
-        return
-    read_end, write_end = os.pipe()
-    _widen(write_end)
-    pid = os.fork()
-    if pid == 0:  # the helper: never returns, whatever happens (a signal included)
-        code = 1
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it
-            os.close(write_end)
-            code = _helper(read_end, path, header, line)
-        finally:
-            os._exit(code)
-    pipe = None
-    try:  # from here on, however the parent stops, the helper is stopped and reaped
-        os.close(read_end)
-        pipe = os.fdopen(write_end, "wb")
-        yield lambda rows: _send(pipe, rows, line)
-        pipe.close()
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        pid = 0  # reaped
-    except BaseException:
-        if pid:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                if pipe is not None:
-                    pipe.close()
-            os.waitpid(pid, 0)
-        raise
-    if code != 0:
-        raise OSError(f"the helper process writing the rows failed (exit code {code})")
+def csv_rows(
+    path: str, columns: Sequence[tuple[str, str]]
+) -> Iterator[Callable[[list[tuple[Any, ...]]], object]]:
+    """A sink for batches of rows written to ``path`` (opened anew) under a header of the
+    columns' names; ``columns`` are ``(name, Arrow type name)`` (``int64``, ``double``,
+    ``bool``), the rows tuples in that order. Only a run that writes rows loads pyarrow.
+
+    Raises ``TypeError`` for a value that is not of its column's type, ``OSError`` when
+    the file cannot be written."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in columns])
+    kinds = [kind for _, kind in columns]
+    options = pa_csv.WriteOptions(quoting_style="none", quoting_header="none", eol="\r\n")
+    with pa_csv.CSVWriter(path, schema, write_options=options) as writer:
+
+        def write(rows: list[tuple[Any, ...]]) -> None:
+            if rows:
+                n = len(rows)
+                arrays = [
+                    pa.Array.from_buffers(t, n, [None, pa.py_buffer(_packed(values, kind))])
+                    for values, kind, t in zip(zip(*rows), kinds, schema.types)
+                ]
+                writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
+
+        yield write
 
 
-def _widen(fd: int) -> None:
-    """A pipe that holds a few batches (Linux; elsewhere the default), so the replay
-    rarely waits on the helper."""
-    if fcntl is not None:
-        with contextlib.suppress(OSError, AttributeError):
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-
-
-def _text(rows: Sequence[Any], line: str) -> str:
-    return "".join([line % row for row in rows])
-
-
-def _send(pipe: IO[bytes], rows: list[Any], line: str) -> None:
-    """One batch down the pipe: marshalled rows, or their text when a value is not
-    marshallable (an id of a type of the caller's)."""
-    try:
-        payload = marshal.dumps(rows)
-    except ValueError:
-        payload = marshal.dumps(_text(rows, line))
-    pipe.write(len(payload).to_bytes(_LENGTH, "little"))
-    pipe.write(payload)
-
-
-def _helper(read_end: int, path: str, header: str, line: str) -> int:
-    """Format what comes down the pipe into ``path`` until it closes; the exit code: 0
-    only if every byte was written. The file is the one the parent made: never created
-    here, so a helper that outlives it leaves nothing behind."""
-    try:
-        out = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        with os.fdopen(read_end, "rb") as pipe, open(out, "w", newline="") as f:
-            f.write(header)
-            while size := pipe.read(_LENGTH):
-                batch = marshal.loads(pipe.read(int.from_bytes(size, "little")))
-                f.write(batch if isinstance(batch, str) else _text(batch, line))
-    except Exception as exc:  # reported by the exit status, and on stderr
-        with contextlib.suppress(Exception):  # not sys.stderr: it may hold the parent's text
-            os.write(2, f"kvsim: writing {path}: {exc}\n".encode())
-        return 1
-    return 0
+def _packed(values: Sequence[Any], kind: str) -> bytes:
+    """A column's values as Arrow's data buffer: packed numbers, or a bitmap (bit ``i``
+    of the little-endian bytes is ``values[i]``). Packed in C (:mod:`array`, ``int``):
+    ``pyarrow.array`` on a Python list would import pandas, a second a run."""
+    if kind == "bool":
+        bits = "".join(["1" if v else "0" for v in reversed(values)])
+        return int(bits, 2).to_bytes((len(values) + 7) // 8, "little")
+    return array(_TYPECODES[kind], values).tobytes()

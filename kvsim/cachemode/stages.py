@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from kvsim.cachemode.bench import use_vllm, vllm_replay
-from kvsim.cachemode.driver import CacheReplay, RequestRow, write_requests_csv
+from kvsim.cachemode.driver import CacheReplay, write_requests_csv
+from kvsim.cachemode.tier import RequestRow
 from kvsim.options.offload import CacheConfig, OffloadOptions
 from kvsim.traces import Request, as_trace
 from kvsim.traces import cache as trace_cache

@@ -25,13 +25,13 @@ prompt keep evicting one another). kvsim counts it and runs the request without 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
-from kvsim.cachemode.protocol_tier import offer_stores
-from kvsim.core.context import RequestContext, chunk_positions
+from kvsim.cachemode.protocol_tier import ProtocolTier
+from kvsim.core.context import RequestContext
 from kvsim.core.keys import ChunkKey
-from kvsim.manager.offload import LookupResult, ManagerCounters
+from kvsim.manager.offload import LookupResult, ManagerProtocol
 from kvsim.options.config import CacheConfig
 from kvsim.options.tiers import describe_tier
 from kvsim.tiering import TieredManager
@@ -47,17 +47,17 @@ _PENDING = LookupResult.HIT_PENDING
 _RETRY = LookupResult.RETRY
 
 
-class TieredProtocolTier:
+class TieredProtocolTier(ProtocolTier):
     """The CPU tier and its secondary tiers for cache mode (``tier`` in the summary:
-    ``tiered``)."""
+    ``tiered``): the protocol tier whose scan waits for the tiers, whose loads are
+    attributed to the tier they came from and whose finish ends the request's step."""
 
     name = "tiered"
 
     def __init__(self, manager: TieredManager, chunk_tokens: int, prefill_step: int | None) -> None:
-        self.manager = manager
-        self.chunk_tokens = chunk_tokens
-        self.prefill_step = prefill_step
-        self.counters: ManagerCounters = manager.counters
+        # the protocol's calls but ``lookup_prefix``: the scan is :meth:`_lookup`'s own
+        super().__init__(cast("ManagerProtocol[Any]", manager), chunk_tokens, prefill_step)
+        self.tiered = manager
         #: tokens loaded per source: [0] was in the CPU tier, [i + 1] promoted from tier i
         self.hit_tokens = [0] * (len(manager.tiers) + 1)
         self.steps_waited = 0
@@ -72,19 +72,15 @@ class TieredProtocolTier:
         manager = build_tiered_manager(config, requests_for_future, instant=True)
         return cls(manager, config.chunk_tokens, config.prefill_chunk_tokens)
 
-    @property
-    def num_resident(self) -> int:
-        return self.manager.num_resident
-
     def resident_keys(self) -> list[ChunkKey]:
         """The CPU tier's keys, least recently used first when the policy can tell."""
-        policy = self.manager.primary.policy
+        policy = self.tiered.primary.policy
         order = getattr(policy, "eviction_order", None)
         return order() if order is not None else list(policy.keys())
 
-    def _settled_hits(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> int:
+    def _lookup(self, keys: Sequence[ChunkKey], ctx: RequestContext) -> int:
         """Scan step after step until the scan settles; 0 hits for a stalled request."""
-        manager = self.manager
+        manager = self.tiered
         for step in range(MAX_LOOKUP_STEPS):
             count, defer = manager.scan_prefix(keys, ctx)  # the connector's prefix scan
             if not defer:
@@ -97,58 +93,20 @@ class TieredProtocolTier:
         self.requests_stalled += 1
         return 0
 
-    def serve(
-        self,
-        req_id: Hashable,
-        keys: list[ChunkKey],
-        local_tokens: int,
-        store_chunks: int,
-        input_tokens: int,
-    ) -> tuple[int, int, int, int, int]:
-        """Returns ``(cpu_hit_tokens, stored, evicted, failed_offers, skipped)`` in chunks,
-        as :meth:`kvsim.cachemode.protocol_tier.ProtocolTier.serve`."""
-        manager = self.manager
-        tpc = self.chunk_tokens
-        ctx = manager.new_context(req_id, chunk_positions(keys, tpc))
-        manager.on_new_request(ctx)
-
-        next_store = 0
-        cpu_hit_tokens = 0
-        if len(keys) * tpc - local_tokens >= tpc:
-            start = local_tokens // tpc
-            count = self._settled_hits(keys[start:], ctx)
-            hit_tokens = tpc * (start + count) - local_tokens
-            if hit_tokens >= tpc:
-                load_keys = keys[start : start + count]
-                manager.prepare_load(load_keys, ctx)
-                manager.complete_load(load_keys, ctx)
-                cpu_hit_tokens = hit_tokens
-                next_store = start + count
-                self._attribute(load_keys, ctx, tpc * (start + 1) - local_tokens)
-
-        stored, evicted, failed = offer_stores(
-            manager,
-            keys,
-            ctx,
-            next_store,
-            store_chunks,
-            local_tokens + cpu_hit_tokens,
-            input_tokens,
-            tpc,
-            self.prefill_step,
-        )
-        manager.on_schedule_end(new_req_ids=(req_id,))
-        manager.on_request_finished(ctx)
-        return cpu_hit_tokens, stored, evicted, failed, 0
-
-    def _attribute(self, keys: Sequence[ChunkKey], ctx: RequestContext, first_tokens: int) -> None:
-        """Count each loaded chunk's new tokens (the first may be partly a GPU hit) for the
-        tier it came from."""
-        source = self.manager.load_source
+    def _load(self, keys: Sequence[ChunkKey], ctx: RequestContext, first_tokens: int) -> None:
+        """Load, then count each loaded chunk's new tokens (the first may be partly a GPU
+        hit) for the tier it came from."""
+        super()._load(keys, ctx, first_tokens)
+        source = self.tiered.load_source
         hit = self.hit_tokens
         tpc = self.chunk_tokens
         for i, key in enumerate(keys):
             hit[source(key, ctx)] += first_tokens if i == 0 else tpc
+
+    def _finish(self, keys: list[ChunkKey], ctx: RequestContext) -> None:
+        """The step ends with the request scheduled, then the request finishes."""
+        self.tiered.on_schedule_end(new_req_ids=(ctx.req_id,))
+        super()._finish(keys, ctx)
 
     def summary(
         self, prompt_blocks: int, unit_tokens: int, chunk_bytes: int | None
@@ -156,7 +114,7 @@ class TieredProtocolTier:
         """The tiers' part of the replay summary: hits per tier (a CPU-tier hit was in the
         CPU tier at lookup, a tier hit was promoted from it for the request), promoted,
         cascaded and dropped chunks, and what went beyond vLLM (a capacity)."""
-        manager = self.manager
+        manager = self.tiered
         ratio = (lambda x: x / prompt_blocks) if prompt_blocks else (lambda x: 0.0)
         cpu_blocks = self.hit_tokens[0] // unit_tokens
         out: dict[str, Any] = {

@@ -14,7 +14,7 @@ _EXPORTS = {
     "VirtualClock": "kvsim.engine.clock",
     "ComputeParams": "kvsim.engine.compute_model",
     "RooflineCompute": "kvsim.engine.compute_model",
-    "StepBatch": "kvsim.engine.compute_model",
+    "StepBatch": "kvsim.engine.step_batch",
     "Engine": "kvsim.engine.engine",
     "gpu_kv_blocks": "kvsim.engine.engine",
     "EngineParams": "kvsim.engine.params",
@@ -30,11 +30,12 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # what IDEs and mypy see
     from kvsim.engine.clock import MonotonicClock, VirtualClock
-    from kvsim.engine.compute_model import ComputeParams, RooflineCompute, StepBatch
+    from kvsim.engine.compute_model import ComputeParams, RooflineCompute
     from kvsim.engine.engine import Engine, gpu_kv_blocks
     from kvsim.engine.params import EngineParams
     from kvsim.engine.phase_compute import PhaseCompute, PhaseProfile
     from kvsim.engine.sim_backend import SimulatedTransferBackend
+    from kvsim.engine.step_batch import StepBatch
     from kvsim.engine.transfer_model import (
         LINK_PRESETS,
         DirectionParams,

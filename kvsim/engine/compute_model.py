@@ -37,43 +37,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
+from kvsim.engine.compute_file import ComputeKind, LinearProfileFile, RooflineProfileFile
 from kvsim.engine.phase_compute import KIND as PHASES_KIND
 from kvsim.engine.phase_compute import PhaseCompute, PhaseProfile, shipped_profile
+from kvsim.engine.step_batch import StepBatch
+from kvsim.options.schema import load
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
 
 #: the fitted profile every GPU without its own scales by its datasheet peaks
 SCALE_FROM = "h100"
-
-
-@dataclass(frozen=True, slots=True)
-class StepBatch:
-    """What one step computes, in aggregate."""
-
-    num_seqs: int
-    num_prefill_seqs: int
-    prefill_tokens: int
-    decode_tokens: int
-    context_tokens: int  # cached tokens read by attention (sum over the batch)
-    attention_pairs: float  # (query, key) pairs
-    # the part of context_tokens that decoding requests read; None (callers that predate
-    # it): all of it in a batch without prefills, none otherwise
-    decode_context_tokens: int | None = None
-
-    @property
-    def tokens(self) -> int:
-        return self.prefill_tokens + self.decode_tokens
-
-    @property
-    def decode_context(self) -> int:
-        if self.decode_context_tokens is not None:
-            return self.decode_context_tokens
-        return self.context_tokens if self.num_prefill_seqs == 0 else 0
 
 
 @dataclass(frozen=True)
@@ -90,20 +67,10 @@ class ComputeParams:
     def for_gpu(cls, gpu: GpuSpec) -> ComputeParams:
         return cls(gpu.peak_flops, gpu.hbm_bytes_per_s)
 
-    def with_profile(self, data: dict[str, Any], source: str = "compute profile") -> ComputeParams:
-        names = {f.name for f in fields(self)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise InputError(f"unknown key(s) {', '.join(unknown)}", source=source)
-        try:
-            values = {k: float(v) for k, v in data.items()}
-        except (TypeError, ValueError):
-            raise InputError("values must be numbers", source=source) from None
-        if any(v < 0 for v in values.values()) or any(
-            values.get(k, 1) <= 0 for k in names - {"step_overhead_s"}
-        ):
-            raise InputError("values must be positive (step_overhead_s may be 0)", source=source)
-        return replace(self, **values)
+    def with_profile(self, data: Any, source: str = "compute profile") -> ComputeParams:
+        """These coefficients with those a roofline profile gives (checked by
+        :class:`RooflineProfileFile`)."""
+        return replace(self, **load(RooflineProfileFile, data, source=source).given())
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,19 +81,10 @@ class LinearCompute:
     per_token_s: float
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "compute profile") -> LinearCompute:
-        unknown = sorted(set(data) - {"kind", "step_s", "per_token_s"})
-        if unknown:
-            raise InputError(
-                f"unknown key(s) {', '.join(unknown)} for a linear profile", source=source
-            )
-        values = []
-        for name in ("step_s", "per_token_s"):
-            v = data.get(name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
-                raise InputError(f"{name} must be a finite number >= 0, got {v!r}", source=source)
-            values.append(float(v))
-        return cls(*values)
+    def from_dict(cls, data: Any, source: str = "compute profile") -> LinearCompute:
+        """A ``"kind": "linear"`` profile, checked by :class:`LinearProfileFile`."""
+        f = load(LinearProfileFile, data, source=source)
+        return cls(f.step_s, f.per_token_s)
 
     def __call__(self, batch: StepBatch) -> float:
         tokens = batch.prefill_tokens + batch.decode_tokens
@@ -141,16 +99,12 @@ def load_compute_profile(path: str | os.PathLike[str], base: ComputeParams) -> C
     or a ``"kind": "phases"`` one."""
     path = os.fspath(path)
     data = read_json(path)
-    if not isinstance(data, dict):
-        raise InputError("expected a JSON object", source=path)
-    kind = data.get("kind", "roofline")
+    kind = load(ComputeKind, data, source=path).kind
     if kind == "linear":
         return LinearCompute.from_dict(data, source=path)
     if kind == PHASES_KIND:
         return PhaseProfile.from_dict(data, source=path)
-    if kind != "roofline":
-        raise InputError(f"unknown kind {kind!r}; known: roofline, linear, phases", source=path)
-    return base.with_profile({k: v for k, v in data.items() if k != "kind"}, source=path)
+    return base.with_profile(data, source=path)
 
 
 def default_compute_profile(gpu: GpuSpec) -> PhaseProfile:

@@ -35,7 +35,6 @@ from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.units import GIB
 from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
-from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.connector import OffloadConnector
 from kvsim.engine.events import PHASE_ARRIVAL, PHASE_STEP, PHASE_TRANSFER, EventQueue
 from kvsim.engine.params import EngineParams
@@ -43,6 +42,7 @@ from kvsim.engine.recorder import Recorder
 from kvsim.engine.request_state import REJECTED, WAITING_FOR_KV, SimRequest
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.sim_backend import SimulatedTransferBackend
+from kvsim.engine.step_batch import StepBatch
 from kvsim.engine.tier_driver import TierDriver
 from kvsim.engine.transfer_model import TransferModelParams
 from kvsim.engine.transfer_protocol import TransferBackend, TransferResult

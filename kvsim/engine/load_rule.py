@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from kvsim.core.context import RequestContext
 from kvsim.core.keys import ChunkKey
-from kvsim.engine.compute_model import StepBatch
+from kvsim.engine.step_batch import StepBatch
 from kvsim.engine.transfer_model import DirectionParams
 from kvsim.tiering.devices import TierDevice
 

@@ -49,43 +49,21 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvsim.core.errors import InputError
+from kvsim.engine.compute_file import NUMBERS, OPTIONAL, PhasesProfileFile
+from kvsim.engine.step_batch import StepBatch
+from kvsim.options.schema import load
 from kvsim.specs.models import ModelSpec
 
-if TYPE_CHECKING:
-    from kvsim.engine.compute_model import StepBatch
-
 KIND = "phases"
-# the coefficients, in profile order; all > 0 except these two, which may be 0
-NUMBERS = (
-    "peak_flops",
-    "hbm_bytes_per_s",
-    "gemm_efficiency",
-    "weight_bandwidth_efficiency",
-    "prefill_attention_efficiency",
-    "decode_attention_efficiency",
-    "allreduce_bytes_per_s",
-    "allreduce_latency_s",
-    "step_overhead_s",
-    "seq_overhead_s",
-    "moe_efficiency",
-    "request_overhead_s",
-)
-#: numbers a profile may leave out whatever its GPU (added after profiles were written)
-OPTIONAL = {"seq_overhead_s": 0.0, "moe_efficiency": 1.0, "request_overhead_s": 0.0}
-MAY_BE_ZERO = frozenset(
-    {"allreduce_latency_s", "step_overhead_s", "seq_overhead_s", "request_overhead_s"}
-)
 #: FP8 tensor-core GEMMs against BF16 on Hopper (H100 datasheet: 3,958 vs 1,979 TFLOPS
 #: with sparsity); an assumption on other GPUs
 FP8_GEMM_SPEEDUP = 2.0
-OTHER_KEYS = frozenset({"kind", "gpu", "sources", "measurements", "note", "provenance"})
 PHASES = ("gemm", "attention_prefill", "attention_decode", "lm_head", "all_reduce", "overhead")
 
 
@@ -110,24 +88,13 @@ class PhaseProfile:
     provenance: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "compute profile") -> PhaseProfile:
-        """Validate a ``"kind": "phases"`` profile; numbers it leaves out come from the
-        shipped profile of the GPU it names (an error when there is none)."""
-        unknown = sorted(set(data) - set(NUMBERS) - OTHER_KEYS)
-        if unknown:
-            raise InputError(
-                f"unknown key(s) {', '.join(unknown)} for a phases profile; known: "
-                f"{', '.join(sorted(set(NUMBERS) | OTHER_KEYS))}",
-                source=source,
-            )
-        gpu = data.get("gpu")
-        if not isinstance(gpu, str) or not gpu.strip():
-            raise InputError('"gpu" must name the GPU the profile is for', source=source)
-        gpu = gpu.strip().lower()
-        values = {k: _number(data, k, source) for k in NUMBERS if k in data}
-        sources = _sources(data.get("sources", {}), source)
-        if "measurements" in data and not isinstance(data["measurements"], list):
-            raise InputError('"measurements" must be a list', source=source)
+    def from_dict(cls, data: Any, source: str = "compute profile") -> PhaseProfile:
+        """A ``"kind": "phases"`` profile, checked by :class:`PhasesProfileFile`; numbers it
+        leaves out come from the shipped profile of the GPU it names (an error when there
+        is none)."""
+        f = load(PhasesProfileFile, data, source=source)
+        gpu = f.gpu.strip().lower()
+        values, sources = f.given(), dict(f.sources)
         missing = [k for k in NUMBERS if k not in values]
         if missing:
             base = shipped_profile(gpu)
@@ -142,10 +109,7 @@ class PhaseProfile:
             else:
                 values = {**{k: getattr(base, k) for k in missing}, **values}
                 sources = {**{k: base.sources.get(k, "") for k in missing}, **sources}
-        provenance = data.get("provenance")
-        if provenance is not None and not isinstance(provenance, dict):
-            raise InputError('"provenance" must be an object', source=source)
-        return cls(gpu=gpu, sources=sources, provenance=provenance, **values)
+        return cls(gpu=gpu, sources=sources, provenance=f.provenance, **values)
 
     def to_dict(self) -> dict[str, Any]:
         """The profile JSON: what :meth:`from_dict` reads back."""
@@ -158,26 +122,6 @@ class PhaseProfile:
 
     def to_json(self, **extra: Any) -> str:
         return json.dumps({**self.to_dict(), **extra}, indent=2) + "\n"
-
-
-def _number(data: Mapping[str, Any], key: str, source: str) -> float:
-    v = data[key]
-    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-    if not ok or v < 0 or (v == 0 and key not in MAY_BE_ZERO):
-        need = ">= 0" if key in MAY_BE_ZERO else "> 0"
-        raise InputError(f"{key} must be a finite number {need}, got {v!r}", source=source)
-    return float(v)
-
-
-def _sources(value: Any, source: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        raise InputError('"sources" must map coefficient names to text', source=source)
-    unknown = sorted(set(value) - set(NUMBERS))
-    if unknown:
-        raise InputError(f"sources for unknown coefficient(s) {', '.join(unknown)}", source=source)
-    return dict(value)
 
 
 _DATA = "data"
@@ -205,10 +149,7 @@ def shipped_profile(gpu: str) -> PhaseProfile | None:
     from kvsim.core.io import parse_json
 
     where = f"kvsim/{_DATA}/{name}"
-    data = parse_json(path.read_text(encoding="utf-8"), where)
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise InputError('expected a {"kind": "phases"} object', source=where)
-    return PhaseProfile.from_dict(data, source=where)
+    return PhaseProfile.from_dict(parse_json(path.read_text(encoding="utf-8"), where), where)
 
 
 class PhaseCompute:

@@ -49,10 +49,10 @@ from collections.abc import Hashable, Sequence
 from typing import cast
 
 from kvsim.core.errors import InputError
-from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.connector import OffloadConnector
 from kvsim.engine.params import EngineParams
 from kvsim.engine.request_state import FINISHED, RUNNING, WAITING, WAITING_FOR_KV, SimRequest
+from kvsim.engine.step_batch import StepBatch
 from kvsim.manager.gpu_cache import GpuBlockPool
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvsim.engine.clock import Clock
-from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.load_rule import LoadCosts, PaysOffRule
+from kvsim.engine.step_batch import StepBatch
 from kvsim.engine.transfer_model import DirectionParams
 from kvsim.options.config import CacheConfig
 from kvsim.tiering.devices import DeviceSpec, TierDevice, tier_device

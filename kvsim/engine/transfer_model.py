@@ -34,7 +34,9 @@ Calibration profile JSON (written by ``kvsim calibrate``, read by ``load_transfe
 Instead of ``curve`` a direction may give ``"curves": [{"descriptors": 10000, "curve":
 [...]}, {"descriptors": 50000, "curve": [...]}]`` (increasing counts). Curve points must have
 increasing sizes > 0 and rates > 0. Without a ``kernel`` every load is DMA (what a real
-backend without vLLM's Triton path does); unknown keys are errors.
+backend without vLLM's Triton path does); unknown keys are errors. The file is described
+once, with its bounds and help, by :mod:`kvsim.engine.link_file` (``kvsim schema
+link-profile``); the classes here are the checked values the engine runs.
 
 The simplest link, for setting a run side by side with another simulator or with vLLM's
 own scheduler under one trivial time model (each job takes bytes / rate, no overhead, no
@@ -49,33 +51,26 @@ import json
 import math
 import os
 from bisect import bisect_left
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
 from kvsim.engine.copy_paths import load_uses_kernel
+from kvsim.engine.link_file import (
+    PROFILE_VERSION,
+    ConstantLinkFile,
+    DirectionFile,
+    LinkKind,
+    LinkProfileFile,
+)
+from kvsim.options.schema import load
 
-PROFILE_VERSION = 1
 GB = 1e9
 DMA = "dma"
 KERNEL = "kernel"
 
 Curve = tuple[tuple[float, float], ...]  # (page_bytes, GB/s), increasing page_bytes
-
-
-def _check_curve(curve: Curve, what: str) -> None:
-    if not curve:
-        raise InputError(f"transfer profile: {what} needs at least one [page_bytes, GBps] point")
-    last = 0.0
-    for size, rate in curve:
-        if not (size > last and rate > 0 and math.isfinite(size) and math.isfinite(rate)):
-            raise InputError(
-                f"transfer profile: {what} sizes must increase and rates be > 0, "
-                f"got [{size}, {rate}]"
-            )
-        last = size
 
 
 def _interpolate(curve: Curve, x: float) -> float:
@@ -96,11 +91,6 @@ class KernelParams:
 
     launch_s: float
     curve: Curve  # (page_bytes, GB/s)
-
-    def __post_init__(self) -> None:
-        if not (self.launch_s >= 0 and math.isfinite(self.launch_s)):
-            raise InputError(f"transfer profile: kernel launch_s must be >= 0, got {self.launch_s}")
-        _check_curve(self.curve, "kernel curve")
 
     def rate(self, page_bytes: float) -> float:
         """Bytes per second for pages of ``page_bytes``."""
@@ -137,22 +127,6 @@ class DirectionParams:
     _table: tuple[tuple[float, Curve], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not (self.overhead_s >= 0 and self.per_copy_s >= 0):
-            raise InputError("transfer profile: overhead_s and per_copy_s must be >= 0")
-        if not (math.isfinite(self.overhead_s) and math.isfinite(self.per_copy_s)):
-            raise InputError("transfer profile: overhead_s and per_copy_s must be finite")
-        if bool(self.curve) == bool(self.curves):
-            raise InputError("transfer profile: give a direction either curve or curves")
-        if self.curve:
-            _check_curve(self.curve, "curve")
-        last = 0.0
-        for n, c in self.curves:
-            if not n > last:
-                raise InputError(
-                    f"transfer profile: curves need increasing descriptor counts > 0, got {n}"
-                )
-            _check_curve(c, f"curve for {n:g} descriptors")
-            last = n
         object.__setattr__(self, "_table", self.curves or ((1.0, self.curve),))
 
     def bandwidth(self, copy_bytes: float, descriptors: float = 1) -> float:
@@ -202,50 +176,11 @@ class DirectionParams:
         return out
 
     @classmethod
-    def from_dict(cls, data: Any, name: str) -> DirectionParams:
-        """One direction of a profile (``name`` is ``h2d`` or ``d2h``, for messages)."""
-        if not isinstance(data, Mapping):
-            raise InputError(f"{name} must be an object")
-        allowed = {"overhead_s", "per_copy_s", "curve", "curves"} | (
-            {"kernel"} if name == "h2d" else set()
-        )
-        _no_unknown(data, allowed, name, "stores always use DMA" if name == "d2h" else "")
-        curves = tuple(_keyed_curve(c, f"{name} curves") for c in data.get("curves", ()))
-        kernel = None
-        if "kernel" in data:
-            k = data["kernel"]
-            if not isinstance(k, Mapping):
-                raise InputError(f"{name} kernel must be an object")
-            _no_unknown(k, {"launch_s", "curve"}, f"{name} kernel")
-            kernel = KernelParams(float(k["launch_s"]), _curve(k["curve"]))
-        return cls(
-            float(data["overhead_s"]),
-            float(data["per_copy_s"]),
-            _curve(data.get("curve", ())),
-            curves,
-            kernel,
-        )
-
-
-def _curve(points: Any) -> Curve:
-    return tuple((float(s), float(r)) for s, r in points)
-
-
-def _keyed_curve(obj: Any, where: str) -> tuple[float, Curve]:
-    if not isinstance(obj, Mapping):
-        raise InputError(f"{where}: expected objects with descriptors and curve")
-    _no_unknown(obj, {"descriptors", "curve"}, where)
-    return float(obj["descriptors"]), _curve(obj["curve"])
-
-
-def _no_unknown(data: Mapping[str, Any], allowed: set[str], where: str, hint: str = "") -> None:
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        why = f" ({hint})" if hint else ""
-        raise InputError(
-            f"{where}: unknown key(s) {', '.join(map(str, unknown))}{why}; "
-            f"known: {', '.join(sorted(allowed))}"
-        )
+    def from_file(cls, d: DirectionFile) -> DirectionParams:
+        """One direction of a checked profile file."""
+        kernel = None if d.kernel is None else KernelParams(d.kernel.launch_s, d.kernel.curve)
+        curves = tuple((c.descriptors, c.curve) for c in d.curves or ())
+        return cls(d.overhead_s, d.per_copy_s, d.curve or (), curves, kernel)
 
 
 @dataclass(frozen=True)
@@ -256,14 +191,6 @@ class TransferModelParams:
     h2d: DirectionParams
     d2h: DirectionParams
     duplex_factor: float = 0.8
-
-    def __post_init__(self) -> None:
-        if not 0 < self.duplex_factor <= 1:
-            raise InputError(
-                f"transfer profile: duplex_factor must be in (0, 1], got {self.duplex_factor}"
-            )
-        if self.d2h.kernel is not None:
-            raise InputError("transfer profile: d2h has no kernel (stores always use DMA)")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -278,56 +205,29 @@ class TransferModelParams:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(
-        cls, data: dict[str, Any], source: str = "transfer profile"
-    ) -> TransferModelParams:
-        if not isinstance(data, dict):
-            raise InputError("expected a JSON object", source=source)
-        if data.get("kind") == "constant":
+    def from_dict(cls, data: Any, source: str = "transfer profile") -> TransferModelParams:
+        """A link file's object (:mod:`kvsim.engine.link_file`): a calibration profile, or
+        a ``{"kind": "constant"}`` link; any error is one line naming ``source``."""
+        if load(LinkKind, data, source=source).kind == "constant":
             return constant_link(data, source)
-        if data.get("version") != PROFILE_VERSION:
-            raise InputError(
-                f"unsupported version {data.get('version')!r} (expected {PROFILE_VERSION})",
-                source=source,
-            )
-        try:
-            _no_unknown(data, {"version", "link", "h2d", "d2h", "duplex_factor"}, "profile")
-            return cls(
-                str(data.get("link", "profile")),
-                DirectionParams.from_dict(data["h2d"], "h2d"),
-                DirectionParams.from_dict(data["d2h"], "d2h"),
-                float(data.get("duplex_factor", 0.8)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, InputError):
-                raise InputError(str(exc), source=source) from None
-            raise InputError(
-                f"malformed profile ({type(exc).__name__}: {exc})", source=source
-            ) from None
+        f = load(LinkProfileFile, data, source=source)
+        return cls(
+            f.link,
+            DirectionParams.from_file(f.h2d),
+            DirectionParams.from_file(f.d2h),
+            f.duplex_factor,
+        )
 
 
-def constant_link(data: dict[str, Any], source: str = "link") -> TransferModelParams:
+def constant_link(data: Any, source: str = "link") -> TransferModelParams:
     """``{"kind": "constant", "h2d_bytes_per_s": X, "d2h_bytes_per_s": Y}``: bytes / rate."""
-    unknown = sorted(set(data) - {"kind", "h2d_bytes_per_s", "d2h_bytes_per_s", "link"})
-    if unknown:
-        raise InputError(f"unknown key(s) {', '.join(unknown)} for a constant link", source=source)
-    rates = {}
-    for name in ("h2d_bytes_per_s", "d2h_bytes_per_s"):
-        value = data.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise InputError(f"{name} must be a positive number, got {value!r}", source=source)
-        if value == float("inf"):
-            raise InputError(f"{name} must be finite", source=source)
-        rates[name] = float(value)
+    f = load(ConstantLinkFile, data, source=source)
 
     def direction(rate: float) -> DirectionParams:
         return DirectionParams(0.0, 0.0, ((1.0, rate / GB),))
 
     return TransferModelParams(
-        str(data.get("link", "constant")),
-        direction(rates["h2d_bytes_per_s"]),
-        direction(rates["d2h_bytes_per_s"]),
-        duplex_factor=1.0,
+        f.link, direction(f.h2d_bytes_per_s), direction(f.d2h_bytes_per_s), duplex_factor=1.0
     )
 
 

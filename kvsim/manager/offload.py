@@ -23,7 +23,7 @@ from kvsim.manager.protocol import StoreResult as StoreResult  # re-exported
 from kvsim.options.config import CacheConfig
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.base import Chunk, EvictionPolicy, FuturePolicy
-from kvsim.policies.registry import make_admission, make_eviction_policy
+from kvsim.policies.registry import config_policy_class, make_admission, make_eviction_policy
 from kvsim.report.metric_names import (
     ALLOCATION_SIZE_BUCKETS,
     CPU_ALLOCATION_SIZE,
@@ -151,7 +151,7 @@ class OffloadManager:
         # a plugin's faults are reported as the user's, one line; kvsim's own propagate
         self._user_policy = not type(policy).__module__.startswith("kvsim.")
         self.admission = admission if admission is not None else AdmissionPolicy()
-        self._filters = type(self.admission).admit is not AdmissionPolicy.admit
+        self._filters = self.admission.filters
         self.events: list[OffloadingEvent] | None = [] if enable_events else None
         self._num_allocated = 0
         self._free_list: list[int] = []
@@ -171,7 +171,7 @@ class OffloadManager:
     ) -> OffloadManager:
         """The manager with the configured eviction and admission policies; ``requests`` is
         the trace's future, read only by a policy that needs it (Belady)."""
-        policy = make_eviction_policy(config.policy, config.num_chunks, config.policy_module)
+        policy = make_eviction_policy(config_policy_class(config), config.num_chunks)
         if getattr(policy, "needs_future", False):
             if requests is None:
                 raise ValueError(f"policy {config.policy!r} needs the trace's future")

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvsim.core.keys import KeyLayout
 from kvsim.core.units import GIB
-from kvsim.options.tiers import TierSpec
+from kvsim.options.tier_spec import TierSpec
 from kvsim.specs.models import ModelSpec
 
 __all__ = ["THRESHOLD_FILTERS_FROM", "CacheConfig", "resolve_admission"]

@@ -207,9 +207,16 @@ class OffloadOptions(Schema, frozen=True):
         if not (isinstance(tiers, tuple) and all(isinstance(t, TierSpec) for t in tiers)):
             msgspec.structs.force_setattr(self, "secondary_tiers", as_tier_specs(tiers))
 
-    def resolve(self, trace_block_tokens: int) -> CacheConfig:
+    def resolve(self, trace_block_tokens: int, model: ModelSpec | None = None) -> CacheConfig:
         """The run's configuration for a trace of ``trace_block_tokens``-token blocks; the
-        rules between options are checked here, with a one-line :class:`InputError`."""
+        rules between options are checked here, with a one-line :class:`InputError`.
+
+        Args:
+            trace_block_tokens: the trace's block size.
+            model: these options' model, already resolved (a previous configuration's
+                ``model_spec``), so that resolving again at other sizes looks no name up;
+                None: looked up here, once.
+        """
         block_tokens = self.block_tokens or trace_block_tokens
         chunk_tokens = self.chunk_tokens or block_tokens
         KeyLayout(block_tokens, chunk_tokens)  # validates the pair
@@ -221,7 +228,7 @@ class OffloadOptions(Schema, frozen=True):
                 "(vLLM's TieringOffloadingSpec refuses store_threshold)"
             )
         self._check_one_size()
-        spec = self.model_spec()
+        spec = self.model_spec() if model is None else model
         chunk_bytes = None if spec is None else self._sizing(spec, chunk_tokens, 0).raw_chunk_bytes
         return CacheConfig(
             num_chunks=self._num_chunks(spec, chunk_tokens),

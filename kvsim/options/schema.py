@@ -42,6 +42,7 @@ __all__ = [
     "fields",
     "json_schema",
     "load",
+    "not_finite",
     "short_repr",
 ]
 
@@ -67,7 +68,7 @@ _PATH = re.compile(r"^(?P<msg>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.S)
 _STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<key>[^`]*)`$")
-_GOT_TYPE = re.compile(r", got `[^`]*`$")  # msgspec names the value's type; we show the value
+_GOT_TYPE = re.compile(r", got (`[^`]*`|\d+)$")  # msgspec names the value's type; we show the value
 _short = reprlib.Repr()
 _short.maxstring = 60
 _short.maxother = 60
@@ -103,6 +104,13 @@ def load(
     Returns:
         the validated, frozen instance.
     """
+    bad = _non_finite(data, [])
+    if bad is not None:
+        steps, value = bad
+        if names is not None and steps and isinstance(steps[0], str):
+            steps[0] = names(steps[0])
+        path = _dotted([*prefix.split(".")] if prefix else [], steps)
+        raise not_finite(path, value, source)
     token = _LOADING.set(True)
     try:
         return msgspec.convert(data, schema, strict=True)
@@ -147,12 +155,36 @@ def check_fields(
             msgspec.structs.force_setattr(obj, f.name, plain)
             value = plain
         if isinstance(value, float) and not math.isfinite(value):
-            name = names(f.encode_name) if names else f.encode_name
-            raise InputError(f"{name}: must be finite, got {value!r}", source=source)
+            raise not_finite(names(f.encode_name) if names else f.encode_name, value, source)
         try:
             msgspec.convert(value, f.type, strict=True)
         except msgspec.ValidationError as exc:
             raise _one_line(exc, f.type, value, source, "", None, f.encode_name, names) from None
+
+
+def not_finite(path: str, value: float, source: str | None) -> InputError:
+    """The one rule on numbers every structure shares, worded once: no input number may be
+    infinite or NaN (JSON has neither; ``1e999``, YAML's ``.inf`` and Python's ``math.inf``
+    would make one). A field that means "unlimited" says so with null."""
+    where = f"{path}: " if path else ""
+    return InputError(f"{where}must be finite, got {value!r}", source=source)
+
+
+def _non_finite(data: Any, steps: list[str | int]) -> tuple[list[str | int], float] | None:
+    """The key path and value of the first infinite or NaN number in plain ``data``."""
+    if isinstance(data, float):
+        return None if math.isfinite(data) else (steps, data)
+    if isinstance(data, Mapping):
+        items: Any = data.items()
+    elif isinstance(data, (list, tuple)):
+        items = enumerate(data)
+    else:
+        return None
+    for key, value in items:
+        found = _non_finite(value, [*steps, key if isinstance(key, int) else str(key)])
+        if found is not None:
+            return found
+    return None
 
 
 def _plain_number(value: Any) -> Any:
@@ -189,13 +221,15 @@ def _one_line(
         key = unknown.group("key")
         steps.append(key)
         value = value.get(key) if isinstance(value, Mapping) else None
-        msg = "unknown key" + did_you_mean(key, _known_keys(schema, steps[:-1]))
+        msg = "unknown key" + did_you_mean(key, _known_keys(schema, steps[:-1], data))
     elif missing := _MISSING.match(msg):
         steps.append(missing.group("key"))
         where = _dotted([*prefix.split(".")] if prefix else [], steps)
         return InputError(f"{where}: missing (a required key)", source=source)
+    elif msg.startswith("Invalid value") and (tags := _tags(schema, steps[:-1])):
+        msg = "must be one of " + ", ".join(tags)
     elif msg.startswith("Invalid enum value"):
-        choices = _choices(_type_at(schema, steps))
+        choices = _choices(_type_at(schema, steps, data))
         if choices:
             msg = "must be one of " + ", ".join(map(str, choices))
     if field is not None:  # one field's value, checked alone (check_fields)
@@ -224,11 +258,12 @@ def _at(data: Any, steps: list[str | int]) -> Any:
     return data
 
 
-def _type_at(schema: Any, steps: list[str | int]) -> Any:
-    """The msgspec type info reached by ``steps`` from ``schema`` (None where unknown)."""
+def _type_at(schema: Any, steps: list[str | int], data: Any = None) -> Any:
+    """The msgspec type info reached by ``steps`` from ``schema`` (None where unknown); a
+    tagged union's member is picked by the tag ``data`` gives there."""
     t: Any = mi.type_info(schema)
-    for s in steps:
-        t = _unwrap(t)
+    for i, s in enumerate(steps):
+        t = _unwrap(t, _at(data, steps[:i]))
         if isinstance(t, mi.StructType) and isinstance(s, str):
             t = next((f.type for f in t.fields if f.encode_name == s), None)
         elif isinstance(t, (mi.ListType, mi.TupleType, mi.VarTupleType)):
@@ -237,16 +272,33 @@ def _type_at(schema: Any, steps: list[str | int]) -> Any:
             t = t.value_type
         else:
             return None
-    return _unwrap(t)
+    return _unwrap(t, _at(data, steps))
 
 
-def _unwrap(t: Any) -> Any:
-    """The struct inside ``X | None`` and similar unions, if there is exactly one."""
+def _unwrap(t: Any, value: Any = None) -> Any:
+    """The struct inside ``Annotated[X, Meta]``, ``X | None`` and similar unions, if there
+    is exactly one, or the member of a tagged union whose tag ``value`` gives."""
+    while isinstance(t, mi.Metadata):
+        t = t.type
     if isinstance(t, mi.UnionType):
-        structs = [u for u in t.types if isinstance(u, (mi.StructType, mi.DictType))]
+        inner = [_unwrap(u) for u in t.types]
+        structs = [u for u in inner if isinstance(u, (mi.StructType, mi.DictType))]
         if len(structs) == 1:
             return structs[0]
+        if isinstance(value, Mapping):
+            for u in structs:
+                if isinstance(u, mi.StructType) and u.tag_field and value.get(u.tag_field) == u.tag:
+                    return u
     return t
+
+
+def _tags(schema: Any, steps: list[str | int]) -> list[str]:
+    """The tags of the tagged union at ``steps`` (empty when it is not one)."""
+    t: Any = _type_at(schema, steps)
+    if not isinstance(t, mi.UnionType):
+        return []
+    members = [_unwrap(u) for u in t.types]
+    return [str(u.tag) for u in members if isinstance(u, mi.StructType) and u.tag_field]
 
 
 def _choices(t: Any) -> tuple[Any, ...]:
@@ -258,8 +310,8 @@ def _choices(t: Any) -> tuple[Any, ...]:
     return tuple(t.values) if isinstance(t, mi.LiteralType) else ()
 
 
-def _known_keys(schema: Any, steps: list[str | int]) -> list[str]:
-    t = _type_at(schema, steps)
+def _known_keys(schema: Any, steps: list[str | int], data: Any = None) -> list[str]:
+    t = _type_at(schema, steps, data)
     return [f.encode_name for f in t.fields] if isinstance(t, mi.StructType) else []
 
 

@@ -1,6 +1,10 @@
-"""Secondary tiers as a user asks for them: vLLM 0.33's ``secondary_tiers`` JSON (the
-``TieringOffloadingSpec`` keys of ``kv_connector_extra_config``) and the CLI shorthand
-``--tier fs:capacity=2TiB``, checked and turned into frozen :class:`TierSpec` values.
+"""Secondary tiers as a user asks for them, described once: vLLM 0.33's
+``secondary_tiers`` objects (the ``TieringOffloadingSpec`` keys of
+``kv_connector_extra_config``: :data:`TierConfig`, one class per tier type, and
+:class:`BackpressureConfig`) and the CLI shorthand ``--tier fs:capacity=2TiB``, checked and
+turned into the frozen :class:`~kvsim.options.tier_spec.TierSpec` values the run reads.
+Validation, bounds, help texts, "did you mean" and the JSON Schema (``kvsim schema
+secondary-tier``, ``kvsim schema backpressure``) come from these classes.
 
 This module is vocabulary only (layer 0): it validates and records. The tiers themselves
 run in :mod:`kvsim.tiering`.
@@ -17,70 +21,51 @@ skip promotions that cannot beat recomputing, beyond vLLM; ``off``, the default:
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
 
-from kvsim.core.errors import InputError
-from kvsim.core.units import GIB, human_bytes
+from msgspec import UNSET, Meta, UnsetType
 
-#: the ``spec_name`` that makes vLLM read ``secondary_tiers``
-TIERING_SPEC_NAME = "TieringOffloadingSpec"
+from kvsim.core.errors import InputError, did_you_mean
+from kvsim.core.units import GIB
+from kvsim.options.schema import Schema, fields, load
+from kvsim.options.tier_spec import (
+    DEFAULT_FAILURE_THRESHOLD,
+    LOCAL_WATER_S,
+    NETWORK_WATER_S,
+    TIERING_SPEC_NAME,
+    BackpressureSpec,
+    TierSpec,
+    describe_tier,
+)
 
-#: tier types kvsim runs -> the vLLM constructor keys each accepts (besides ``type``,
-#: ``backpressure`` and the ``kvsim_`` keys)
-TIER_KEYS: dict[str, frozenset[str]] = {
-    "fs": frozenset(
-        {"root_dir", "n_read_threads", "n_write_threads", "enable_kv_events", "locality"}
-    ),
-    "obj": frozenset({"store_config", "prefix", "io_threads", "enable_kv_events", "locality"}),
-    "example": frozenset({"custom_param"}),
-}
+__all__ = [
+    "LOAD_RULES",
+    "PEER_TIERS",
+    "TIERING_SPEC_NAME",
+    "TIER_TYPES",
+    "BackpressureConfig",
+    "BackpressureSpec",
+    "ExampleTier",
+    "FsTier",
+    "ObjTier",
+    "TierConfig",
+    "TierSpec",
+    "as_tier_specs",
+    "describe_tier",
+    "parse_byte_size",
+    "refuse_unmodelled_tiers",
+    "tier_from_shorthand",
+    "tier_specs",
+    "tier_to_shorthand",
+]
+
 #: vLLM tier types that answer peer instances, which a one-instance replay cannot model
 PEER_TIERS = frozenset({"p2p", "kvcr"})
-#: tiers whose existence checks answer a step later (vLLM's ``AsyncLookupManager``)
-ASYNC_LOOKUP_TIERS = frozenset({"fs", "obj"})
-KVSIM_TIER_KEYS = frozenset(
-    {
-        "kvsim_capacity",
-        "kvsim_capacity_chunks",
-        "kvsim_eviction_policy",
-        "kvsim_device",
-        "kvsim_load_rule",
-    }
-)
 #: ``kvsim_load_rule`` values: ``off`` is vLLM's behaviour, ``pays-off`` goes beyond it
 LOAD_RULES = ("off", "pays-off")
-#: vLLM keys that size a tier's I/O thread pools: (read threads, write threads)
-_THREAD_KEYS = {
-    "n_read_threads": (True, False),
-    "n_write_threads": (False, True),
-    "io_threads": (True, True),
-}
-
-DETECTORS = ("EMABackpressureDetector",)
-DROP_POLICIES = ("ThrottledDropPolicy", "DropStorePolicy")
 _VLLM_BACKPRESSURE_MODULE = "vllm.v1.kv_offload.tiering.backpressure."
-_DETECTOR_NUMBERS = (
-    "high_water_s",
-    "low_water_s",
-    "alpha",
-    "warmup_completions",
-    "decay_half_life_s",
-    "cooldown_s",
-    "failure_threshold",
-)
-
-# vLLM's EMABackpressureDetector defaults (seconds per MiB of store latency)
-LOCAL_WATER_S = (0.010, 0.002)
-NETWORK_WATER_S = (0.050, 0.010)
-DEFAULT_ALPHA = 0.15
-DEFAULT_WARMUP_COMPLETIONS = 10
-DEFAULT_DECAY_HALF_LIFE_S = 2.0
-DEFAULT_COOLDOWN_S = 1.0
-DEFAULT_FAILURE_THRESHOLD = 3
 
 _UNIT_BYTES = {
     "": 1,
@@ -99,85 +84,346 @@ _UNIT_BYTES = {
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*")
 
 
-@dataclass(frozen=True)
-class BackpressureSpec:
-    """One tier's back-pressure detector and drop policy, vLLM's defaults filled in."""
-
-    detector: str = "EMABackpressureDetector"
-    policy: str = "ThrottledDropPolicy"
-    high_water_s: float = LOCAL_WATER_S[0]
-    low_water_s: float = LOCAL_WATER_S[1]
-    alpha: float = DEFAULT_ALPHA
-    warmup_completions: int = DEFAULT_WARMUP_COMPLETIONS
-    decay_half_life_s: float = DEFAULT_DECAY_HALF_LIFE_S
-    cooldown_s: float = DEFAULT_COOLDOWN_S
-    failure_threshold: int | None = None
-
-
-@dataclass(frozen=True)
-class TierSpec:
-    """One secondary tier, in configuration order (its index is its place there)."""
-
-    type: str
-    locality: str | None = None
-    backpressure: BackpressureSpec | None = None
-    capacity_bytes: int | None = None  # beyond vLLM
-    capacity_chunks: int | None = None  # beyond vLLM
-    eviction_policy: str | None = None  # beyond vLLM; "lru" when a capacity is given
-    device: str | None = None  # timed mode: a device preset or JSON path (None: the type's)
-    load_rule: str | None = None  # beyond vLLM: "pays-off", or None (vLLM's: always load)
-    n_read_threads: int | None = None  # vLLM's fs n_read_threads / obj io_threads
-    n_write_threads: int | None = None  # vLLM's fs n_write_threads / obj io_threads
-
-    @property
-    def bounded(self) -> bool:
-        return self.capacity_bytes is not None or self.capacity_chunks is not None
-
-    @property
-    def async_lookup(self) -> bool:
-        return self.type in ASYNC_LOOKUP_TIERS
-
-
-def parse_byte_size(value: object, where: str) -> int:
-    """Bytes from a JSON number or text such as ``2TiB``, ``500 GB``, ``1.5e12``."""
+def _byte_size(value: object) -> int:
+    """Bytes from a number or text such as ``2TiB``, ``500 GB``, ``1.5e12`` (a
+    ``ValueError`` saying what is wrong otherwise)."""
     if isinstance(value, bool):
-        raise InputError(f"{where}: expected a size in bytes, got {value!r}")
+        raise ValueError(f"expected a size in bytes, got {value!r}")
     if isinstance(value, (int, float)):
         number, unit = float(value), ""
     elif isinstance(value, str) and (m := _SIZE.fullmatch(value)):
         number, unit = float(m.group(1)), m.group(2).lower()
         if unit not in _UNIT_BYTES:
             known = "B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB, PB"
-            raise InputError(f"{where}: unknown unit {m.group(2)!r} in {value!r} (use {known})")
+            raise ValueError(f"unknown unit {m.group(2)!r} in {value!r} (use {known})")
     else:
-        raise InputError(f"{where}: expected a size such as 2TiB or 500GB, got {value!r}")
+        raise ValueError(f"expected a size such as 2TiB or 500GB, got {value!r}")
     size = number * _UNIT_BYTES[unit]
-    if not math.isfinite(size) or size < 1:
-        raise InputError(f"{where}: a size must be at least 1 byte, got {value!r}")
+    if not size >= 1 or size == float("inf"):
+        raise ValueError(f"a size must be at least 1 byte, got {value!r}")
     return int(size)
 
 
-def parse_secondary_tiers(
-    extra: dict[str, Any], source: str = "--vllm-config"
-) -> tuple[TierSpec, ...]:
-    """The tiers of a ``kv_connector_extra_config`` (none without ``secondary_tiers``)."""
-    tiers = extra.get("secondary_tiers")
-    if tiers is None:
-        return ()
-    if extra.get("spec_name") != TIERING_SPEC_NAME:
-        raise InputError(
-            f"{source}: secondary_tiers needs spec_name {TIERING_SPEC_NAME!r} "
-            f"(vLLM's CPUOffloadingSpec ignores them), got {extra.get('spec_name')!r}"
+def parse_byte_size(value: object, where: str) -> int:
+    """Bytes from a JSON number or text such as ``2TiB``, ``500 GB``, ``1.5e12``."""
+    try:
+        return _byte_size(value)
+    except ValueError as exc:
+        raise InputError(f"{where}: {exc}") from None
+
+
+#: the vLLM back-pressure classes kvsim models, by short or full name
+Detector = Literal[
+    "EMABackpressureDetector",
+    "vllm.v1.kv_offload.tiering.backpressure.EMABackpressureDetector",
+]
+DropPolicy = Literal[
+    "ThrottledDropPolicy",
+    "DropStorePolicy",
+    "vllm.v1.kv_offload.tiering.backpressure.ThrottledDropPolicy",
+    "vllm.v1.kv_offload.tiering.backpressure.DropStorePolicy",
+]
+
+_Seconds = Annotated[float, Meta(ge=0)]
+
+
+class BackpressureConfig(Schema, frozen=True, kw_only=True):
+    """vLLM's back-pressure of a tier (``EMABackpressureDetector`` and a drop policy): the
+    top-level ``backpressure`` gives every tier's defaults, a tier's own ``backpressure``
+    overrides them key by key; what neither gives is vLLM's default for the tier's type
+    and locality."""
+
+    backpressure_cls: (
+        Annotated[
+            Detector,
+            Meta(description="The detector (kvsim models EMABackpressureDetector)."),
+        ]
+        | UnsetType
+    ) = UNSET
+    policy_cls: (
+        Annotated[
+            DropPolicy,
+            Meta(description="The drop policy (default ThrottledDropPolicy)."),
+        ]
+        | UnsetType
+    ) = UNSET
+    high_water_s: (
+        Annotated[
+            _Seconds,
+            Meta(description="Store latency per MiB above which stores are dropped, s."),
+        ]
+        | UnsetType
+    ) = UNSET
+    low_water_s: (
+        Annotated[_Seconds, Meta(description="Store latency per MiB below which they resume, s.")]
+        | UnsetType
+    ) = UNSET
+    alpha: (
+        Annotated[float, Meta(gt=0, le=1, description="EMA weight of a new sample (0.15).")]
+        | UnsetType
+    ) = UNSET
+    warmup_completions: (
+        Annotated[int, Meta(ge=0, description="Completions before the detector acts (10).")]
+        | UnsetType
+    ) = UNSET
+    decay_half_life_s: (
+        Annotated[float, Meta(gt=0, description="Half-life of the EMA while idle, s (2).")]
+        | UnsetType
+    ) = UNSET
+    cooldown_s: (
+        Annotated[_Seconds, Meta(description="Time dropping lasts at least, s (1).")] | UnsetType
+    ) = UNSET
+    failure_threshold: (
+        Annotated[
+            int, Meta(ge=1, description="Failed stores that trip it (fs, obj: 3; null: off).")
+        ]
+        | UnsetType
+        | None
+    ) = UNSET
+
+    def resolve(self, kind: str, locality: str | None, where: str) -> BackpressureSpec:
+        """The detector with vLLM's defaults for the tier's type and locality filled in."""
+        given = self.as_dict()
+        if "backpressure_cls" not in given:
+            raise InputError(
+                f"{where}: must include 'backpressure_cls' (e.g. 'EMABackpressureDetector')"
+            )
+        detector = given.pop("backpressure_cls").removeprefix(_VLLM_BACKPRESSURE_MODULE)
+        policy = given.pop("policy_cls", "ThrottledDropPolicy").removeprefix(
+            _VLLM_BACKPRESSURE_MODULE
         )
-    if not isinstance(tiers, list):
-        raise InputError(f"{source}: secondary_tiers must be a list of tier configurations")
-    defaults = extra.get("backpressure")
-    if defaults is not None and not isinstance(defaults, dict):
-        raise InputError(f"{source}: backpressure must be an object, got {defaults!r}")
-    return tuple(
-        _parse_tier(tier, defaults, f"{source}: secondary_tiers[{i}]")
-        for i, tier in enumerate(tiers)
-    )
+        remote = locality == "REMOTE" or kind == "obj"
+        high, low = NETWORK_WATER_S if remote else LOCAL_WATER_S
+        given.setdefault("high_water_s", high)
+        given.setdefault("low_water_s", low)
+        if kind in ("fs", "obj"):
+            given.setdefault("failure_threshold", DEFAULT_FAILURE_THRESHOLD)
+        spec = BackpressureSpec(detector=detector, policy=policy, **given)
+        if spec.low_water_s > spec.high_water_s:
+            raise InputError(
+                f"{where}: low_water_s ({spec.low_water_s}) must be <= high_water_s "
+                f"({spec.high_water_s})"
+            )
+        return spec
+
+    def under(self, defaults: BackpressureConfig | None) -> BackpressureConfig:
+        """These keys over ``defaults``' (vLLM's merge of the top-level ``backpressure``)."""
+        if defaults is None:
+            return self
+        return BackpressureConfig(**{**defaults.as_dict(), **self.as_dict()})
+
+
+_Count = Annotated[int, Meta(ge=1)]
+_Locality = Annotated[
+    Literal["LOCAL", "REMOTE"], Meta(description="Where the tier's storage is (vLLM's).")
+]
+
+
+class _Tier(Schema, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
+    """The keys every tier type takes: back-pressure and kvsim's own (``kvsim_``)."""
+
+    backpressure: (
+        Annotated[
+            BackpressureConfig,
+            Meta(description="This tier's back-pressure, over the top-level backpressure."),
+        ]
+        | None
+    ) = None
+    kvsim_capacity: (
+        Annotated[
+            int | float | str,
+            Meta(
+                description=(
+                    "Beyond vLLM: the tier's capacity, bytes or text such as 2TiB or 500GB."
+                )
+            ),
+        ]
+        | None
+    ) = None
+    kvsim_capacity_chunks: (
+        Annotated[_Count, Meta(description="Beyond vLLM: the tier's capacity in chunks.")] | None
+    ) = None
+    kvsim_eviction_policy: (
+        Annotated[
+            str,
+            Meta(
+                min_length=1,
+                description="Beyond vLLM: the bounded tier's eviction policy (default lru).",
+            ),
+        ]
+        | None
+    ) = None
+    kvsim_device: (
+        Annotated[
+            str,
+            Meta(
+                pattern=r"\S",
+                description=(
+                    "Timed mode: a device preset (kvsim.tiering.devices) or a device JSON file."
+                ),
+            ),
+        ]
+        | None
+    ) = None
+    kvsim_load_rule: (
+        Annotated[
+            Literal["off", "pays-off"],
+            Meta(description="pays-off (beyond vLLM): skip promotions slower than recomputing."),
+        ]
+        | None
+    ) = None
+
+    def __post_init__(self) -> None:
+        if self.kvsim_capacity is not None and self.kvsim_capacity_chunks is not None:
+            raise ValueError("give kvsim_capacity or kvsim_capacity_chunks, not both")
+        if self.kvsim_capacity is not None:
+            try:
+                _byte_size(self.kvsim_capacity)
+            except ValueError as exc:
+                raise ValueError(f"kvsim_capacity: {exc}") from None
+        bounded = self.kvsim_capacity is not None or self.kvsim_capacity_chunks is not None
+        if self.kvsim_eviction_policy is not None and not bounded:
+            raise ValueError(
+                "kvsim_eviction_policy needs a capacity (kvsim_capacity or "
+                "kvsim_capacity_chunks); without one the tier never evicts, as in vLLM"
+            )
+
+    @property
+    def kind(self) -> str:
+        return str(self.__struct_config__.tag)
+
+    def threads(self) -> tuple[int | None, int | None]:
+        """vLLM's I/O thread counts of the tier: (read threads, write threads)."""
+        return None, None
+
+    def where(self) -> str | None:
+        """The tier's ``locality``, where its type has one."""
+        return None
+
+    def to_spec(self, defaults: BackpressureConfig | None, where: str) -> TierSpec:
+        """The run's value of this tier, the top-level back-pressure ``defaults`` merged."""
+        kind, locality = self.kind, self.where()
+        backpressure = None
+        if self.backpressure is not None or (defaults is not None and defaults.as_dict()):
+            merged = (self.backpressure or BackpressureConfig()).under(defaults)
+            backpressure = merged.resolve(kind, locality, f"{where}.backpressure")
+        bounded = self.kvsim_capacity is not None or self.kvsim_capacity_chunks is not None
+        n_read, n_write = self.threads()
+        return TierSpec(
+            type=kind,
+            locality=locality,
+            backpressure=backpressure,
+            capacity_bytes=(
+                None if self.kvsim_capacity is None else _byte_size(self.kvsim_capacity)
+            ),
+            capacity_chunks=self.kvsim_capacity_chunks,
+            eviction_policy=self.kvsim_eviction_policy or ("lru" if bounded else None),
+            device=None if self.kvsim_device is None else self.kvsim_device.strip(),
+            load_rule=None if self.kvsim_load_rule in (None, "off") else self.kvsim_load_rule,
+            n_read_threads=n_read,
+            n_write_threads=n_write,
+        )
+
+
+class FsTier(_Tier, frozen=True, kw_only=True, omit_defaults=True, tag="fs"):
+    """vLLM's file-system tier (files under ``root_dir``)."""
+
+    root_dir: Annotated[str, Meta(description="Where vLLM writes the files.")] | None = None
+    n_read_threads: Annotated[_Count, Meta(description="Reading threads (16).")] | None = None
+    n_write_threads: Annotated[_Count, Meta(description="Writing threads (16).")] | None = None
+    enable_kv_events: Annotated[bool, Meta(description="vLLM's KV events (ignored).")] | None = None
+    locality: _Locality | None = None
+
+    def threads(self) -> tuple[int | None, int | None]:
+        return self.n_read_threads, self.n_write_threads
+
+    def where(self) -> str | None:
+        return self.locality
+
+
+class ObjTier(_Tier, frozen=True, kw_only=True, omit_defaults=True, tag="obj"):
+    """vLLM's object-store tier."""
+
+    store_config: Annotated[Any, Meta(description="The object store's configuration.")] = None
+    prefix: Annotated[str, Meta(description="Key prefix of the objects.")] | None = None
+    io_threads: Annotated[_Count, Meta(description="I/O threads (read and write).")] | None = None
+    enable_kv_events: Annotated[bool, Meta(description="vLLM's KV events (ignored).")] | None = None
+    locality: _Locality | None = None
+
+    def threads(self) -> tuple[int | None, int | None]:
+        return self.io_threads, self.io_threads
+
+    def where(self) -> str | None:
+        return self.locality
+
+
+class ExampleTier(_Tier, frozen=True, kw_only=True, omit_defaults=True, tag="example"):
+    """vLLM's example tier (in memory, instant)."""
+
+    custom_param: Annotated[Any, Meta(description="The example tier's parameter.")] = None
+
+
+#: one secondary tier of vLLM's ``secondary_tiers``, by its ``type``
+TierConfig = FsTier | ObjTier | ExampleTier
+#: tier types kvsim runs
+TIER_TYPES: tuple[str, ...] = ("fs", "obj", "example")
+
+
+class SecondaryTiers(Schema, frozen=True, kw_only=True):
+    """The tiers of a ``TieringOffloadingSpec`` (what ``kvsim schema secondary-tiers``
+    prints for editors; the same keys sit in ``kv_connector_extra_config``)."""
+
+    secondary_tiers: Annotated[
+        list[TierConfig], Meta(description="The tiers behind the CPU tier, in order.")
+    ]
+    backpressure: (
+        Annotated[BackpressureConfig, Meta(description="Every tier's back-pressure defaults.")]
+        | None
+    ) = None
+
+
+def refuse_unmodelled_tiers(tiers: object, where: str, source: str | None) -> None:
+    """Tiers kvsim cannot run, refused with the reason before their keys are checked
+    (:func:`refuse_unmodelled`, for each of a list)."""
+    if isinstance(tiers, (list, tuple)):
+        for i, tier in enumerate(tiers):
+            refuse_unmodelled(tier, f"{where}[{i}]", source)
+
+
+def refuse_unmodelled(tier: object, where: str, source: str | None) -> None:
+    """An out-of-tree tier (``module_path``) or one of vLLM's peer tiers is an error that
+    says why kvsim cannot run it."""
+    if not isinstance(tier, Mapping):
+        return
+    kind = tier.get("type")
+    if "module_path" in tier:
+        raise InputError(
+            f"{where}: out-of-tree tier {kind!r} cannot run in kvsim; "
+            f"model it as one of {', '.join(TIER_TYPES)}",
+            source=source,
+        )
+    if kind in PEER_TIERS:
+        raise InputError(
+            f"{where}: tier {kind!r} serves peer vLLM instances, which a one-instance "
+            f"replay does not model (kvsim runs {', '.join(TIER_TYPES)})",
+            source=source,
+        )
+
+
+def tier_specs(
+    tiers: Sequence[TierConfig],
+    defaults: BackpressureConfig | None,
+    source: str | None = None,
+    where: str = "secondary_tiers",
+) -> tuple[TierSpec, ...]:
+    """The run's values of checked tiers, in configuration order."""
+    out = []
+    for i, tier in enumerate(tiers):
+        try:
+            out.append(tier.to_spec(defaults, f"{where}[{i}]"))
+        except InputError as exc:
+            raise InputError(str(exc), source=source) from None
+    return tuple(out)
 
 
 def as_tier_specs(tiers: object, source: str = "secondary_tiers") -> tuple[TierSpec, ...]:
@@ -185,175 +431,20 @@ def as_tier_specs(tiers: object, source: str = "secondary_tiers") -> tuple[TierS
     :class:`TierSpec` values as they are, vLLM tier objects checked and parsed."""
     if isinstance(tiers, (str, bytes)) or not isinstance(tiers, (list, tuple)):
         raise InputError(f"{source} must be a list of tier configurations, got {tiers!r}")
+    refuse_unmodelled_tiers(tiers, source, None)
     return tuple(
-        tier if isinstance(tier, TierSpec) else _parse_tier(tier, None, f"{source}[{i}]")
+        tier
+        if isinstance(tier, TierSpec)
+        else load(TierConfig, tier, source=None, prefix=f"{source}[{i}]").to_spec(  # type: ignore[arg-type]
+            None, f"{source}[{i}]"
+        )
         for i, tier in enumerate(tiers)
     )
 
 
-def _parse_tier(tier: object, bp_defaults: dict[str, Any] | None, where: str) -> TierSpec:
-    if not isinstance(tier, dict):
-        raise InputError(f"{where}: expected an object, got {tier!r}")
-    kind = tier.get("type")
-    if not kind or not isinstance(kind, str):
-        raise InputError(f"{where}: a secondary tier must include 'type'")
-    if "module_path" in tier:
-        raise InputError(
-            f"{where}: out-of-tree tier {kind!r} cannot run in kvsim; "
-            f"model it as one of {', '.join(TIER_KEYS)}"
-        )
-    if kind in PEER_TIERS:
-        raise InputError(
-            f"{where}: tier {kind!r} serves peer vLLM instances, which a one-instance "
-            f"replay does not model (kvsim runs {', '.join(TIER_KEYS)})"
-        )
-    if kind not in TIER_KEYS:
-        raise InputError(
-            f"{where}: unknown secondary tier type {kind!r}; known: {', '.join(TIER_KEYS)}"
-        )
-    allowed = TIER_KEYS[kind] | KVSIM_TIER_KEYS | {"type", "backpressure"}
-    unknown = sorted(set(tier) - allowed)
-    if unknown:
-        raise InputError(
-            f"{where}: unknown key(s) {', '.join(unknown)} for a {kind!r} tier; "
-            f"known: {', '.join(sorted(allowed - {'type'}))}"
-        )
-    locality = tier.get("locality")
-    if locality is not None and locality not in ("LOCAL", "REMOTE"):
-        raise InputError(f"{where}: locality must be 'LOCAL' or 'REMOTE', got {locality!r}")
-    return TierSpec(
-        type=kind,
-        locality=locality,
-        backpressure=_merged_backpressure(tier, bp_defaults, kind, locality, where),
-        **_capacity(tier, where),
-        **_timing(tier, where),
-    )
-
-
-def _timing(tier: dict[str, Any], where: str) -> dict[str, Any]:
-    """The keys timed mode reads: the device, the load rule and the I/O thread counts."""
-    out: dict[str, Any] = {}
-    device = tier.get("kvsim_device")
-    if device is not None:
-        if not isinstance(device, str) or not device.strip():
-            raise InputError(f"{where}.kvsim_device must be a preset name or a JSON path")
-        out["device"] = device.strip()
-    rule = tier.get("kvsim_load_rule")
-    if rule is not None:
-        if rule not in LOAD_RULES:
-            raise InputError(
-                f"{where}.kvsim_load_rule must be one of {', '.join(LOAD_RULES)}, got {rule!r}"
-            )
-        out["load_rule"] = None if rule == "off" else rule
-    for key, (reads, writes) in _THREAD_KEYS.items():
-        if key not in tier:
-            continue
-        n = tier[key]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise InputError(f"{where}.{key} must be a whole number >= 1, got {n!r}")
-        if reads:
-            out["n_read_threads"] = n
-        if writes:
-            out["n_write_threads"] = n
-    return out
-
-
-def _capacity(tier: dict[str, Any], where: str) -> dict[str, Any]:
-    """The ``kvsim_`` capacity keys (beyond vLLM), checked."""
-    out: dict[str, Any] = {}
-    if "kvsim_capacity" in tier and "kvsim_capacity_chunks" in tier:
-        raise InputError(f"{where}: give kvsim_capacity or kvsim_capacity_chunks, not both")
-    if "kvsim_capacity" in tier:
-        out["capacity_bytes"] = parse_byte_size(tier["kvsim_capacity"], f"{where}.kvsim_capacity")
-    if "kvsim_capacity_chunks" in tier:
-        chunks = tier["kvsim_capacity_chunks"]
-        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
-            raise InputError(
-                f"{where}.kvsim_capacity_chunks must be a whole number >= 1, got {chunks!r}"
-            )
-        out["capacity_chunks"] = chunks
-    if "kvsim_eviction_policy" in tier:
-        policy = tier["kvsim_eviction_policy"]
-        if not isinstance(policy, str) or not policy:
-            raise InputError(f"{where}.kvsim_eviction_policy must be a policy name, got {policy!r}")
-        if not out:
-            raise InputError(
-                f"{where}: kvsim_eviction_policy needs a capacity (kvsim_capacity or "
-                "kvsim_capacity_chunks); without one the tier never evicts, as in vLLM"
-            )
-        out["eviction_policy"] = policy
-    elif out:
-        out["eviction_policy"] = "lru"
-    return out
-
-
-def _merged_backpressure(
-    tier: dict[str, Any],
-    defaults: dict[str, Any] | None,
-    kind: str,
-    locality: str | None,
-    where: str,
-) -> BackpressureSpec | None:
-    """vLLM's merge: top-level ``backpressure`` fields under the tier's own, then the
-    detector's defaults for the tier type and locality; None when neither is given."""
-    own = tier.get("backpressure")
-    if own is not None and not isinstance(own, dict):
-        raise InputError(f"{where}.backpressure must be an object, got {own!r}")
-    merged: dict[str, Any] = {**(defaults or {}), **(own or {})}
-    if not merged and "backpressure" not in tier:
-        return None
-    where = f"{where}.backpressure"
-    detector = _class_name(
-        merged.pop("backpressure_cls", None), DETECTORS, where, "backpressure_cls"
-    )
-    policy = merged.pop("policy_cls", None)
-    policy = (
-        "ThrottledDropPolicy"
-        if policy is None
-        else _class_name(policy, DROP_POLICIES, where, "policy_cls")
-    )
-    unknown = sorted(set(merged) - set(_DETECTOR_NUMBERS))
-    if unknown:
-        raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
-    for key, value in merged.items():
-        if key == "failure_threshold" and value is None:
-            continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
-            raise InputError(f"{where}.{key} must be a number, got {value!r}")
-    remote = locality == "REMOTE" or kind == "obj"
-    high, low = NETWORK_WATER_S if remote else LOCAL_WATER_S
-    merged.setdefault("high_water_s", high)
-    merged.setdefault("low_water_s", low)
-    if kind in ("fs", "obj"):
-        merged.setdefault("failure_threshold", DEFAULT_FAILURE_THRESHOLD)
-    spec = BackpressureSpec(detector=detector, policy=policy, **merged)
-    if not 0 < spec.alpha <= 1:
-        raise InputError(f"{where}.alpha must be in (0, 1], got {spec.alpha}")
-    if spec.low_water_s > spec.high_water_s:
-        raise InputError(
-            f"{where}: low_water_s ({spec.low_water_s}) must be <= high_water_s "
-            f"({spec.high_water_s})"
-        )
-    if spec.failure_threshold is not None and spec.failure_threshold < 1:
-        raise InputError(f"{where}.failure_threshold must be >= 1, got {spec.failure_threshold}")
-    return spec
-
-
-def _class_name(value: object, known: tuple[str, ...], where: str, key: str) -> str:
-    """A vLLM back-pressure class by short or full name, among those kvsim models."""
-    if value is None:
-        raise InputError(f"{where}: must include {key!r} (e.g. {known[0]!r})")
-    name = value.removeprefix(_VLLM_BACKPRESSURE_MODULE) if isinstance(value, str) else value
-    if name not in known:
-        raise InputError(f"{where}.{key}: kvsim models {', '.join(known)}; got {value!r}")
-    return str(name)
-
-
 # --- the CLI shorthand ---
+
+_TIER_CLASSES: dict[str, type[_Tier]] = {"fs": FsTier, "obj": ObjTier, "example": ExampleTier}
 
 #: shorthand key -> the tier-config key it stands for
 _SHORTHAND_KEYS = {
@@ -387,16 +478,17 @@ def tier_from_shorthand(text: str, where: str | None = None) -> dict[str, Any]:
         if name in tier:
             raise InputError(f"{where}: {key} given twice")
         tier[name] = int(value) if value.isdigit() else value
-    if kind in TIER_KEYS:
-        known = TIER_KEYS[kind] | set(_SHORTHAND_KEYS)
-        unknown = sorted(
-            k for k in tier if k != "type" and k not in known and k not in KVSIM_TIER_KEYS
-        )
-        if unknown:
-            raise InputError(
-                f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-    _parse_tier(tier, None, where)  # every other error, now, with the option's name
+    cls = _TIER_CLASSES.get(kind)
+    if cls is not None:  # the shorthand's names and the tier type's vLLM keys
+        known = [
+            *_SHORTHAND_KEYS,
+            *(f.name for f in fields(cls) if not f.name.startswith("kvsim_")),
+        ]
+        for key in tier:
+            if key != "type" and key not in known and key not in _SHORT_NAMES:
+                raise InputError(f"{where}: unknown key {key!r}{did_you_mean(key, known)}")
+    refuse_unmodelled(tier, where, None)
+    load(TierConfig, tier, source=where).to_spec(None, where)  # type: ignore[arg-type]
     return tier
 
 
@@ -411,14 +503,3 @@ def tier_to_shorthand(tier: Mapping[str, Any]) -> str:
         if k != "type"
     ]
     return f"{tier['type']}:{','.join(parts)}" if parts else str(tier["type"])
-
-
-def describe_tier(spec: TierSpec, index: int) -> str:
-    """``1:fs``, vLLM's metric label of the tier, with kvsim's capacity when it has one."""
-    label = f"{index + 1}:{spec.type}"
-    if spec.capacity_chunks is not None:
-        return f"{label} ({spec.capacity_chunks} chunks, {spec.eviction_policy}; beyond vLLM)"
-    if spec.capacity_bytes is not None:
-        size = human_bytes(spec.capacity_bytes)
-        return f"{label} ({size}, {spec.eviction_policy}; beyond vLLM)"
-    return label

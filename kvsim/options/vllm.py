@@ -21,7 +21,13 @@ from kvsim.core.io import parse_json, read_json
 from kvsim.options.config import resolve_admission
 from kvsim.options.offload import Count, NonNegative, OffloadOptions, Text
 from kvsim.options.schema import Schema, load
-from kvsim.options.tiers import TIERING_SPEC_NAME, parse_secondary_tiers
+from kvsim.options.tier_spec import TIERING_SPEC_NAME
+from kvsim.options.tiers import (
+    BackpressureConfig,
+    TierConfig,
+    refuse_unmodelled_tiers,
+    tier_specs,
+)
 
 __all__ = [
     "CONNECTOR_KNOBS",
@@ -159,11 +165,11 @@ class KVConnectorExtraConfig(Schema, frozen=True):
     ) = UNSET
     secondary_tiers: (
         Annotated[
-            list[dict[str, Any]],
+            list[TierConfig],
             Meta(
                 description=(
-                    "TieringOffloadingSpec's tiers behind the CPU tier (fs, obj, example), "
-                    "checked by kvsim.options.tiers."
+                    "TieringOffloadingSpec's tiers behind the CPU tier (fs, obj, example; "
+                    "kvsim schema secondary-tiers)."
                 ),
                 extra={"use": USED},
             ),
@@ -172,7 +178,7 @@ class KVConnectorExtraConfig(Schema, frozen=True):
     ) = UNSET
     backpressure: (
         Annotated[
-            dict[str, Any],
+            BackpressureConfig,
             Meta(
                 description="Back-pressure defaults for every secondary tier.",
                 extra={"use": USED},
@@ -248,6 +254,11 @@ class KVConnectorExtraConfig(Schema, frozen=True):
         if self.cpu_bytes_to_use is not UNSET and self.num_cpu_blocks is not UNSET:
             raise ValueError("give cpu_bytes_to_use or num_cpu_blocks, not both")
         tiering = self.spec_name == TIERING_SPEC_NAME
+        if self.secondary_tiers is not UNSET and not tiering:
+            raise ValueError(
+                f"secondary_tiers needs spec_name {TIERING_SPEC_NAME!r} (vLLM's "
+                f"{self.value('spec_name')} ignores them)"
+            )
         threshold = self.store_threshold if self.store_threshold is not UNSET else 0
         if tiering and resolve_admission("always", threshold) != "always":
             raise ValueError(f"store_threshold is not supported for {TIERING_SPEC_NAME}")
@@ -326,9 +337,13 @@ def extra_config(data: Any, source: str = "--vllm-config") -> KVConnectorExtraCo
     if not isinstance(data, dict):
         raise InputError(f"expected a JSON object, got {type(data).__name__}", source=source)
     if "kv_connector_extra_config" in data:
-        if not isinstance(data["kv_connector_extra_config"], dict):
+        inner = data["kv_connector_extra_config"]
+        if not isinstance(inner, dict):
             raise InputError("kv_connector_extra_config must be an object", source=source)
+        where = "kv_connector_extra_config.secondary_tiers"
+        refuse_unmodelled_tiers(inner.get("secondary_tiers"), where, source)
         return load(KVTransferConfig, data, source=source).kv_connector_extra_config
+    refuse_unmodelled_tiers(data.get("secondary_tiers"), "secondary_tiers", source)
     return load(KVConnectorExtraConfig, data, source=source)
 
 
@@ -375,7 +390,9 @@ def options_from_vllm_config(
     ):
         if getattr(cfg, key) is not UNSET:
             changes[option] = getattr(cfg, key)
-    changes["secondary_tiers"] = parse_secondary_tiers(cfg.given(), source)
+    tiers = [] if cfg.secondary_tiers is UNSET else cfg.secondary_tiers
+    defaults = None if cfg.backpressure is UNSET else cfg.backpressure
+    changes["secondary_tiers"] = tier_specs(tiers, defaults, source)
     return opts.with_(**changes)
 
 

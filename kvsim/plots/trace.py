@@ -89,9 +89,13 @@ def block_popularity(
 def arrival_rate(
     stats: Result, *, ax: Axes | None = None, preset: str | Preset | None = None
 ) -> Figure:
-    """Requests per second over the trace, in the statistics' bins."""
+    """Requests per second over the trace, in the statistics' bins. The last bin ends at the
+    last arrival, so it is partial; it is left out (a partial bin would read as a drop in
+    the rate) unless it is the only one."""
     arr = stats.arrivals
     width = float(stats.summary.get("arrival_bin_s", 1.0))
+    if len(arr) > 1 and "width_s" in arr.columns and float(arr["width_s"].iloc[-1]) < width:
+        arr = arr.iloc[:-1]
     with styled(preset) as p:
         (a,) = panels(ax, p, 1)
         a.plot(arr["start_s"], arr["rate_rps"], drawstyle="steps-post")

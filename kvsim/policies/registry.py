@@ -11,7 +11,7 @@ import inspect
 from typing import Any, TypeVar
 
 from kvsim.core.errors import InputError, PolicyFault
-from kvsim.options.config import THRESHOLD_FILTERS_FROM, resolve_admission
+from kvsim.options.config import THRESHOLD_FILTERS_FROM, CacheConfig, resolve_admission
 from kvsim.policies.admission.base import AdmissionPolicy
 from kvsim.policies.admission.length import LengthAdmission
 from kvsim.policies.admission.probabilistic import ProbabilisticAdmission
@@ -137,10 +137,28 @@ def eviction_policy_class(spec: str, module_path: str | None = None) -> type[Evi
     )
 
 
+def config_policy_class(config: CacheConfig) -> type[EvictionPolicy]:
+    """The eviction policy class a run's configuration names, resolved once per
+    configuration (kept on it): the manager, the cache-mode driver and the tiers read this,
+    not the name. (Options sit a layer below the policies, so the class is resolved at its
+    first use rather than when the options are; a configuration copied with another policy
+    resolves its own.)"""
+    key = (config.policy, config.policy_module)
+    memo = config.__dict__.get("_policy_class")
+    if memo is None or memo[0] != key:
+        memo = (key, eviction_policy_class(*key))
+        object.__setattr__(config, "_policy_class", memo)
+    cls: type[EvictionPolicy] = memo[1]
+    return cls
+
+
 def make_eviction_policy(
-    spec: str, capacity: int, module_path: str | None = None
+    spec: str | type[EvictionPolicy], capacity: int, module_path: str | None = None
 ) -> EvictionPolicy:
-    cls = eviction_policy_class(spec, module_path)
+    """A policy of ``capacity`` chunks: ``spec`` a name (resolved here) or a class already
+    resolved (:func:`config_policy_class`); a user's policy that fails to build is a
+    :class:`PolicyFault`."""
+    cls = spec if isinstance(spec, type) else eviction_policy_class(spec, module_path)
     try:
         return cls(capacity)
     except InputError:

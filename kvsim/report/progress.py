@@ -62,9 +62,8 @@ def request_bar(total: int | None, desc: str, unit: str = "req") -> tqdm[Any]:
     """A tqdm.auto bar over ``total`` requests (None: unknown, a count and a rate), on
     stderr outside a notebook. Without IPython loaded tqdm.auto picks the plain bar, so
     that one is imported directly, skipping tqdm.auto's notebook checks (20 ms). The bar
-    starts no monitor thread (kvsim's loops report every few hundred requests), so a run
-    with a bar stays single-threaded, as forking the CSV helper needs
-    (:mod:`kvsim.cachemode.row_writer`)."""
+    starts no monitor thread: kvsim's loops report every part of a run (a thousand
+    requests or so), so the thread would only add a second one to the process."""
     if "IPython" in sys.modules:
         from tqdm.auto import tqdm as chosen
     else:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -26,6 +27,10 @@ from kvsim.sweeps.tier_sets import TIERS
 #: names the folder a sweep's processes share while it runs: one offload-free baseline per
 #: (trace, engine configuration), run by the first timed cell that needs it
 BASELINES_ENV = "KVSIM_SWEEP_BASELINES"
+#: the run label of a baseline's warnings (``Load.warning``), and where a shared baseline
+#: keeps them, so that a cell reading it warns as the cell alone would
+BASELINE_RUN = "(without offloading)"
+_WARNINGS = "__warnings__"
 #: options that shape only the CPU tier, which a run without offloading never reads
 _CPU_TIER_OPTIONS = frozenset(
     {
@@ -59,6 +64,7 @@ def timed_summary(
     """
     try:
         from kvsim.api import BASELINE_PREFIX, simulate
+        from kvsim.report import serve_metrics
     except ImportError as e:
         raise RuntimeError(f"timed mode is not available in this kvsim build ({e})") from None
     folder = os.environ.get(BASELINES_ENV)
@@ -68,12 +74,25 @@ def timed_summary(
     with _locked(path + ".lock"):
         shared = _read_baseline(path)
         if shared is None:  # the first cell of this configuration: it runs the baseline
-            summary = dict(simulate(trace, limit=limit, **options).summary)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                summary = dict(simulate(trace, limit=limit, **options).summary)
+            said = []
+            for w in caught:  # passed on; the baseline's own are kept for the other cells
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                if issubclass(w.category, serve_metrics.LoadWarning) and BASELINE_RUN in str(
+                    w.message
+                ):
+                    said.append([w.category.__name__, str(w.message)])
             base = {k: v for k, v in summary.items() if k.startswith(BASELINE_PREFIX)}
+            base[_WARNINGS] = said
             with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
                 json.dump(base, f, default=json_default, allow_nan=True)
             return summary
     summary = dict(simulate(trace, limit=limit, **{**options, "baseline": False}).summary)
+    for category, message in shared.pop(_WARNINGS, []):  # as the cell alone would warn
+        kind = getattr(serve_metrics, category, serve_metrics.LoadWarning)
+        warnings.warn(message, kind, stacklevel=2)
     summary.update(shared)
     return summary
 

@@ -86,8 +86,6 @@ class SweepSpec:
         options = dict(data.get("options", {}))
         grid = {k: v if isinstance(v, list) else [v] for k, v in data.get("grid", {}).items()}
         traces = data["traces"] if isinstance(data["traces"], list) else [data["traces"]]
-        for where, value in _values(options, grid):
-            _check_finite(value, where, source)
         for i, trace in enumerate(traces):
             if isinstance(trace, Mapping):
                 _check_generator(trace, f"traces[{i}]", source)
@@ -131,7 +129,6 @@ def check_value(name: str, value: Any, where: str) -> None:
         load(_one_option(name), {name: value}, source=None, names=lambda _: where)
     except InputError as e:
         raise InputError(_with_hint(str(e))) from None
-    _check_finite(value, where, None)
 
 
 @functools.cache
@@ -213,20 +210,6 @@ def _check_option_keys(data: Mapping[str, Any], mode: str, source: str) -> None:
                     f"got {short_repr(keys[key])}",
                     source=source,
                 )
-
-
-def _values(options: dict[str, Any], grid: dict[str, list[Any]]) -> Iterator[tuple[str, Any]]:
-    for name, value in options.items():
-        yield f"options.{name}", value
-    for name, values in grid.items():
-        for i, value in enumerate(values):
-            yield f"grid.{name}[{i}]", value
-
-
-def _check_finite(value: Any, where: str, source: str | None) -> None:
-    """A number in a spec is finite (YAML's ``.inf`` and ``.nan`` are numbers to msgspec)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InputError(f"{where}: must be a finite number, got {value!r}", source=source)
 
 
 def _check_generator(trace: Mapping[str, Any], where: str, source: str) -> None:

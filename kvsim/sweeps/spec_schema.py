@@ -27,8 +27,11 @@ from kvsim.sweeps.tier_sets import TIERS
 MODES = ("cache", "timed")
 Mode = Literal["cache", "timed"]
 
-#: job keywords a cell cannot set: the sweep sets them, or they write files of their own
-NOT_OPTIONS = frozenset({"limit", "per_request", "requests_csv", "secondary_tiers"})
+#: job keywords a cell cannot set: the sweep sets them, they write files of their own, or
+#: (``workload``, ``load``: a benchmark client instead of a trace) a cell's trace replaces them
+NOT_OPTIONS = frozenset(
+    {"limit", "per_request", "requests_csv", "secondary_tiers", "workload", "load"}
+)
 
 TierSetField = Annotated[
     Any,

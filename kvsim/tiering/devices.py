@@ -16,7 +16,8 @@ their batch is sent.
 
 Presets (``nvme-gen4``, ``nvme-gen5``, ``shared-fs``, ``object-store``, ``instant``) are
 ``kvsim/data/tier_devices.json``, each figure with its source; a JSON file of the same
-fields makes a custom device. The model is deterministic: equal-time events are taken in a
+fields makes a custom device (described once by :class:`kvsim.tiering.device_file.DeviceFile`,
+``kvsim schema tier-device``). The model is deterministic: equal-time events are taken in a
 fixed order.
 """
 
@@ -35,7 +36,9 @@ from typing import Any
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
+from kvsim.options.schema import load
 from kvsim.options.tiers import TierSpec
+from kvsim.tiering.device_file import DeviceFile
 
 #: the default device of each tier type
 DEFAULT_DEVICES = {"fs": "nvme-gen4", "obj": "object-store", "example": "instant"}
@@ -47,7 +50,6 @@ _RATES = (
 )
 _LATENCIES = ("read_latency_s", "write_latency_s", "lookup_latency_s")
 _THREADS = ("n_read_threads", "n_write_threads")
-_FIELDS = frozenset((*_RATES, *_LATENCIES, *_THREADS, "description", "source", "name"))
 
 
 @dataclass(frozen=True)
@@ -126,10 +128,7 @@ def load_device(name_or_path: str, where: str = "device") -> DeviceSpec:
     if name_or_path in presets:
         return _device(name_or_path, presets[name_or_path], where)
     if os.path.exists(name_or_path) or name_or_path.endswith(".json"):
-        data = read_json(name_or_path)
-        if not isinstance(data, dict):
-            raise InputError(f"{where}: {name_or_path} must hold a JSON object")
-        return _device(str(data.get("name", name_or_path)), data, f"{where} {name_or_path}")
+        return _device(name_or_path, read_json(name_or_path), f"{where} {name_or_path}")
     raise InputError(
         f"{where}: unknown device {name_or_path!r}; presets: {', '.join(presets)} "
         "(or a device JSON file)"
@@ -144,46 +143,21 @@ def tier_device(spec: TierSpec, where: str) -> DeviceSpec:
     return device.with_threads(spec.n_read_threads, spec.n_write_threads)
 
 
-def _device(name: str, data: dict[str, Any], where: str) -> DeviceSpec:
-    unknown = sorted(set(data) - _FIELDS)
-    if unknown:
-        raise InputError(f"{where}: unknown key(s) {', '.join(unknown)}")
-    values: dict[str, Any] = {}
-    for key in _RATES:
-        value = _number(data, key, where, allow_null=True)
-        if value <= 0:
-            raise InputError(f"{where}: {key} must be > 0 (null: unlimited), got {value}")
-        values[key] = value
-    for key in _LATENCIES:
-        value = _number(data, key, where)
-        if value < 0:
-            raise InputError(f"{where}: {key} must be >= 0, got {value}")
-        values[key] = value
-    for key in _THREADS:
-        n = data.get(key)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise InputError(f"{where}: {key} must be a whole number >= 1, got {n!r}")
-        values[key] = n
-    source = data.get("source", {})
-    if not isinstance(source, dict):
-        raise InputError(f"{where}: source must be an object of strings")
+def _device(name: str, data: Any, where: str) -> DeviceSpec:
+    """A device from its JSON object, checked by :class:`DeviceFile`."""
+    f = load(DeviceFile, data, source=where)
+    rates = {k: math.inf if getattr(f, k) is None else getattr(f, k) for k in _RATES}
     return DeviceSpec(
-        name=name,
-        description=str(data.get("description", "")),
-        source={str(k): str(v) for k, v in source.items()},
-        **values,
+        name=f.name or name,
+        description=f.description,
+        source=dict(f.source),
+        read_latency_s=f.read_latency_s,
+        write_latency_s=f.write_latency_s,
+        lookup_latency_s=f.lookup_latency_s,
+        n_read_threads=f.n_read_threads,
+        n_write_threads=f.n_write_threads,
+        **rates,
     )
-
-
-def _number(data: dict[str, Any], key: str, where: str, allow_null: bool = False) -> float:
-    if key not in data:
-        raise InputError(f"{where}: missing {key}")
-    value = data[key]
-    if value is None and allow_null:
-        return math.inf
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InputError(f"{where}: {key} must be a number, got {value!r}")
-    return float(value)
 
 
 # --- the queue model ---

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .columns import TraceColumns
-from .formats.jsonl import JsonlLayout
+from .formats.jsonl_layout import JsonlLayout
 
 _SCHEMAS: dict[JsonlLayout, Any] = {}
 

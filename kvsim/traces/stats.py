@@ -174,8 +174,17 @@ def trace_stats(
         ((arrivals_s - t0) // width).astype(np.int64) if len(arrivals_s) else np.zeros(0, np.int64)
     )
     per_bin = np.bincount(idx, minlength=nbins)
+    # the last bin ends at the last arrival: its width is what the trace covers of it
+    widths = np.full(nbins, width, dtype=float)
+    if nbins:
+        widths[-1] = duration - width * (nbins - 1)
     arrivals = pd.DataFrame(
-        {"start_s": t0 + width * np.arange(nbins), "requests": per_bin, "rate_rps": per_bin / width}
+        {
+            "start_s": t0 + width * np.arange(nbins),
+            "requests": per_bin,
+            "rate_rps": per_bin / width,
+            "width_s": widths,
+        }
     )
 
     n_blocks = int(requests["blocks"].sum())

@@ -13,6 +13,7 @@ from kvsim.cachemode.mrc import lru_mrc
 from kvsim.cachemode.object_protocol import object_replay
 from kvsim.core.errors import InputError
 from kvsim.core.keys import KeyLayout
+from kvsim.options.config import CacheConfig
 from kvsim.traces import as_trace
 
 
@@ -42,7 +43,7 @@ def test_object_curve_equals_replays(trace):
     layout = KeyLayout(trace.block_tokens, trace.block_tokens)
     curve = lru_mrc(trace, layout, protocol="object")
     for capacity in (1, 7, 150, 1200, 5000):
-        s = object_replay(trace, layout, capacity, "lru")
+        s = object_replay(trace, CacheConfig(capacity, trace.block_tokens, trace.block_tokens))
         assert curve.hit_ratio(capacity) == pytest.approx(s["hit_ratio"], abs=1e-12), capacity
 
 

@@ -10,6 +10,7 @@ from support import SAMPLE, SYNTHETIC
 from kvsim.api import replay
 from kvsim.cachemode.object_protocol import ObjectCache, block_stream, object_replay
 from kvsim.core.keys import KeyLayout
+from kvsim.options.config import CacheConfig
 from kvsim.policies.registry import make_eviction_policy
 from kvsim.traces import as_trace
 
@@ -102,7 +103,7 @@ def test_accounting_and_capacity():
 def test_object_replay_summary_and_api():
     tr = as_trace(SAMPLE)
     layout = KeyLayout(tr.block_tokens, tr.block_tokens)
-    s = object_replay(tr, layout, 400, "sieve")
+    s = object_replay(tr, CacheConfig(400, tr.block_tokens, tr.block_tokens, policy="sieve"))
     assert s["accesses"] == sum(1 for _ in block_stream(tr, layout))
     assert s["hits"] + s["misses"] == s["accesses"]
     r = replay(tr, cpu_chunks=400, policy="sieve", protocol="object")

@@ -49,14 +49,18 @@ def test_light_commands_import_no_heavy_module(argv):
 def test_replay_with_rows_imports_no_table_library(tmp_path, monkeypatch):
     """A plain replay's wait is start-up, reading and the loop (issue 15): no pandas, and
     once the trace is cached neither pyarrow nor numpy (the first read parses with Arrow
-    into numpy columns; a cached one reads plain records from the entry's bytes)."""
+    into numpy columns; a cached one reads plain records from the entry's bytes); rows
+    written to a CSV load pyarrow's CSV writer (and numpy, which pyarrow imports), never
+    pandas."""
     from support import SAMPLE
 
     monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
-    argv = ["replay", SAMPLE, "--cpu-chunks", "64", "--requests-csv", str(tmp_path / "r.csv")]
+    argv = ["replay", SAMPLE, "--cpu-chunks", "64"]
     heavy = (*HEAVY, "numpy")
     assert _heavy_modules_after(argv, heavy) == ["numpy", "pyarrow"]
     assert _heavy_modules_after(argv, heavy) == []
+    argv += ["--requests-csv", str(tmp_path / "r.csv")]
+    assert _heavy_modules_after(argv, heavy) == ["numpy", "pyarrow"]
 
 
 def _heavy_modules_after(argv: list[str], heavy: tuple[str, ...] = HEAVY) -> list[str]:

@@ -31,10 +31,10 @@ def test_linear_profile_is_step_plus_per_token(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("data", "phrase"),
     [
-        ({"kind": "linear", "step_s": -1, "per_token_s": 0}, "step_s"),
-        ({"kind": "linear", "step_s": 0.1}, "per_token_s"),
-        ({"kind": "linear", "step_s": 0.1, "per_token_s": 0, "x": 1}, "unknown key"),
-        ({"kind": "cubic"}, "unknown kind"),
+        ({"kind": "linear", "step_s": -1, "per_token_s": 0}, "step_s: .*>= 0.*got -1"),
+        ({"kind": "linear", "step_s": 0.1}, r"per_token_s: missing \(a required key\)"),
+        ({"kind": "linear", "step_s": 0.1, "per_token_s": 0, "x": 1}, "x: unknown key"),
+        ({"kind": "cubic"}, "kind: must be one of linear, phases, roofline, got 'cubic'"),
     ],
 )
 def test_bad_linear_profiles_name_the_problem(tmp_path, data, phrase) -> None:

@@ -314,13 +314,22 @@ def _with(path: tuple[str, ...], value: object) -> dict:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (_with(("h2dd",), {}), "unknown key"),
-        (_with(("h2d", "curv"), [[1, 1]]), "unknown key.*curv"),
+        (_with(("h2dd",), {}), r"h2dd: unknown key \(did you mean 'h2d'\?\)"),
+        (_with(("h2d", "curv"), [[1, 1]]), r"h2d\.curv: unknown key \(did you mean 'curve'\?\)"),
         (_with(("d2h", "kernel"), {"launch_s": 0, "curve": [[1, 1]]}), "stores always use DMA"),
-        (_with(("h2d", "kernel"), {"launch": 0, "curve": [[1, 1]]}), "kernel: unknown key"),
-        (_with(("h2d", "kernel"), {"launch_s": -1, "curve": [[1, 1]]}), "launch_s"),
-        (_with(("h2d", "kernel"), {"launch_s": 0, "curve": []}), "at least one"),
-        (_with(("h2d", "kernel"), [1]), "kernel must be an object"),
+        (
+            _with(("h2d", "kernel"), {"launch": 0, "curve": [[1, 1]]}),
+            r"h2d\.kernel\.launch: unknown key \(did you mean 'launch_s'\?\), got 0",
+        ),
+        (
+            _with(("h2d", "kernel"), {"launch_s": -1, "curve": [[1, 1]]}),
+            r"h2d\.kernel\.launch_s: .*>= 0.*got -1",
+        ),
+        (
+            _with(("h2d", "kernel"), {"launch_s": 0, "curve": []}),
+            r"h2d\.kernel\.curve: .*length >= 1, got \[\]",
+        ),
+        (_with(("h2d", "kernel"), [1]), r"h2d\.kernel: Expected `object.*got \[1\]"),
         (_with(("h2d", "curves"), [{"descriptors": 10, "curve": [[1, 1]]}]), "either curve or"),
         (
             {**_base(), "h2d": {"overhead_s": 0, "per_copy_s": 0}},
@@ -349,14 +358,14 @@ def _with(path: tuple[str, ...], value: object) -> dict:
                     "curves": [{"descriptors": 100, "curve": [[1, 1]], "n": 3}],
                 },
             },
-            "unknown key.*n",
+            r"h2d\.curves\[0\]\.n: unknown key, got 3",
         ),
         (
             {**_base(), "h2d": {"overhead_s": 0, "per_copy_s": 0, "curves": [[100, [[1, 1]]]]}},
-            "expected objects",
+            r"h2d\.curves\[0\]: Expected `object`, got \[100",
         ),
-        (_with(("h2d", "per_copy_s"), -1e-6), "must be >= 0"),
-        (_with(("h2d",), [1]), "h2d must be an object"),
+        (_with(("h2d", "per_copy_s"), -1e-6), r"h2d\.per_copy_s: .*>= 0.*got -1e-06"),
+        (_with(("h2d",), [1]), r"h2d: Expected `object`, got \[1\]"),
     ],
 )
 def test_bad_profile_keys_are_input_errors_naming_the_file(tmp_path, data, message):

@@ -189,7 +189,7 @@ def test_mrc_figure_has_gib_axis_and_ceiling(hand_trace, tmp_path, capsys):
     assert code == 0, err
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "c.csv").read_text().splitlines()[0] == (
-        "capacity,hit_ratio,miss_ratio,capacity_tokens,cpu_gib"
+        "capacity,hit_ratio,miss_ratio,capacity_tokens,cpu_gib,policy,exact,model"
     )
     from kvsim import plots
 

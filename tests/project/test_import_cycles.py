@@ -12,19 +12,7 @@ from support import ROOT
 
 #: circles still in the tree, each to be broken by the files' owners; the test fails when
 #: a new one appears, and when one listed here is gone (then drop it from this list)
-KNOWN: set[frozenset[str]] = {
-    # StepBatch is needed by both: a shared types module (engine/step_batch.py) breaks it
-    frozenset({"kvsim.engine.compute_model", "kvsim.engine.phase_compute"}),
-    # fused_lru names the driver's types only
-    frozenset({"kvsim.cachemode.driver", "kvsim.cachemode.fused_lru"}),
-    frozenset(
-        {"real.copy_path", "real.device", "real.host_pool", "real.kv_cache", "real.triton_load"}
-    ),
-    # type-only: the report names the spec it describes
-    frozenset({"real.validate", "real.validation_report"}),
-    # the layout is a value both need; the reader calls the decoder lazily
-    frozenset({"kvsim.traces.fast_jsonl", "kvsim.traces.formats.jsonl"}),
-}
+KNOWN: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, Path]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvsim.engine.compute_model import StepBatch
+from kvsim.engine.step_batch import StepBatch
 from kvsim.engine.transfer_protocol import EXPEDITED, LOAD, STORE, TransferJob
 from real.compute import EmulatedCompute
 from real.device import Device

@@ -244,8 +244,8 @@ BASE = f"traces: [{SAMPLE}]\nlimit: 20\n"
         ("options: [model, x]\ngrid: {cpu_chunks: [10]}", "options: Expected `object`"),
         ("options: {cpu_gib: '64'}", "options.cpu_gib: Expected `float"),
         ("options: {cpu_gib: abc}", "options.cpu_gib"),
-        ("options: {cpu_gib: .nan}", "options.cpu_gib: Expected `float` > 0.0, got nan"),
-        ("options: {cpu_gib: .inf}", "options.cpu_gib: must be a finite number, got inf"),
+        ("options: {cpu_gib: .nan}", "options.cpu_gib: must be finite, got nan"),
+        ("options: {cpu_gib: .inf}", "options.cpu_gib: must be finite, got inf"),
         ("grid: {cpu_gib: [4], cpu_chunks: [10]}", "only one CPU tier size"),
         ("grid: {policy: [lru, arc]}", "no CPU tier size"),
         ("mode: [cache]\ngrid: {cpu_chunks: [10]}", "mode: "),
@@ -292,7 +292,7 @@ def test_bad_limit_and_traces(tmp_path, run_main, body, needle):
     [
         (["--cpu-gib", "abc"], "--cpu-gib: Expected `float"),
         (["--cpu-gib", "nan"], "--cpu-gib: Expected `float"),  # YAML's NaN is .nan
-        (["--cpu-gib", ".inf"], "--cpu-gib: must be a finite number, got inf"),
+        (["--cpu-gib", ".inf"], "--cpu-gib: must be finite, got inf"),
         (["--cpu-gib", "4,-1"], "--cpu-gib: Expected `float` > 0.0, got -1"),
         (["--cpu-chunks", "-5"], "--cpu-chunks: Expected `int` >= 1, got -5"),
         (["--cpu-chunks", "1e3"], "got '1e3' (YAML read it as text: write a plain number such"),

@@ -62,8 +62,8 @@ def test_cli_one_row_per_cpu_size_and_tier_set_with_each_tiers_share(tmp_path, c
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("fs:capcity=1TiB", "unknown key(s) capcity"),
-        ("nvme", "unknown secondary tier type 'nvme'"),
+        ("fs:capcity=1TiB", "unknown key 'capcity' (did you mean 'capacity'?)"),
+        ("nvme", "type: must be one of fs, obj, example, got 'nvme'"),
         ("", "empty tier set"),
         ("fs+none", "'none' is a tier set of its own"),
         ("fs:capacity=2XB", "unknown unit 'XB'"),

@@ -24,7 +24,6 @@ from kvsim.options.tiers import (
     TierSpec,
     as_tier_specs,
     parse_byte_size,
-    parse_secondary_tiers,
     tier_from_shorthand,
 )
 from kvsim.options.vllm import options_from_vllm_config
@@ -327,16 +326,17 @@ def test_vllms_secondary_tiers_json_is_read_as_is():
 
 
 def test_a_tier_without_back_pressure_config_has_no_detector():
-    (tier,) = parse_secondary_tiers({"spec_name": TIERING, "secondary_tiers": [{"type": "obj"}]})
+    extra = {"spec_name": TIERING, "secondary_tiers": [{"type": "obj"}]}
+    (tier,) = options_from_vllm_config(extra).secondary_tiers
     assert tier.backpressure is None
-    (tier,) = parse_secondary_tiers(
+    (tier,) = options_from_vllm_config(
         {
             "spec_name": TIERING,
             "secondary_tiers": [
                 {"type": "obj", "backpressure": {"backpressure_cls": "EMABackpressureDetector"}}
             ],
         }
-    )
+    ).secondary_tiers
     assert (tier.backpressure.high_water_s, tier.backpressure.low_water_s) == (0.050, 0.010)
 
 
@@ -379,10 +379,13 @@ def test_byte_sizes(text, size):
             {"spec_name": TIERING, "secondary_tiers": {"type": "fs"}},
             "secondary_tiers: Expected `array`",
         ),
-        ({"spec_name": TIERING, "secondary_tiers": [{"root_dir": "/x"}]}, "must include 'type'"),
+        (
+            {"spec_name": TIERING, "secondary_tiers": [{"root_dir": "/x"}]},
+            "secondary_tiers[0].type: missing (a required key)",
+        ),
         (
             {"spec_name": TIERING, "secondary_tiers": [{"type": "nvme"}]},
-            "unknown secondary tier type",
+            "secondary_tiers[0].type: must be one of fs, obj, example, got 'nvme'",
         ),
         ({"spec_name": TIERING, "secondary_tiers": [{"type": "p2p"}]}, "peer vLLM instances"),
         (
@@ -391,11 +394,11 @@ def test_byte_sizes(text, size):
         ),
         (
             {"spec_name": TIERING, "secondary_tiers": [{"type": "fs", "rootdir": "/x"}]},
-            "unknown key(s) rootdir",
+            "secondary_tiers[0].rootdir: unknown key (did you mean 'root_dir'?)",
         ),
         (
             {"spec_name": TIERING, "secondary_tiers": [{"type": "fs", "locality": "local"}]},
-            "'LOCAL' or 'REMOTE'",
+            "locality: must be one of LOCAL, REMOTE, got 'local'",
         ),
         (
             {"spec_name": TIERING, "secondary_tiers": [{"type": "fs", "backpressure": {}}]},
@@ -406,7 +409,7 @@ def test_byte_sizes(text, size):
                 "spec_name": TIERING,
                 "secondary_tiers": [{"type": "fs", "backpressure": {"backpressure_cls": "Other"}}],
             },
-            "kvsim models EMABackpressureDetector",
+            "backpressure.backpressure_cls: must be one of EMABackpressureDetector,",
         ),
         (
             {
@@ -414,7 +417,7 @@ def test_byte_sizes(text, size):
                 "backpressure": {"backpressure_cls": "EMABackpressureDetector", "alpha": 2},
                 "secondary_tiers": [{"type": "fs"}],
             },
-            "alpha must be in (0, 1]",
+            "backpressure.alpha: Expected `float` <= 1.0, got 2",
         ),
         (
             {
@@ -496,8 +499,8 @@ def test_cli_without_tier_is_unchanged(capsys):
 @pytest.mark.parametrize(
     ("tier", "message"),
     [
-        ("nvme", "unknown secondary tier type 'nvme'"),
-        ("fs:capcity=2TiB", "unknown key(s) capcity"),
+        ("nvme", "type: must be one of fs, obj, example, got 'nvme'"),
+        ("fs:capcity=2TiB", "unknown key 'capcity' (did you mean 'capacity'?)"),
         ("fs:capacity=2XB", "unknown unit"),
         ("fs:capacity", "expected KEY=VALUE"),
         ("p2p", "peer vLLM instances"),

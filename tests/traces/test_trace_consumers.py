@@ -1,5 +1,5 @@
-"""What reads a trace in batches downstream: ``--requests-csv`` rows byte for byte as the
-``csv`` module writes them, batches in order, Parquet equal to the CSV; and sweep cells that
+"""What reads a trace in batches downstream: ``--requests-csv`` rows that read back as the
+replay's rows, batches in order, Parquet equal to the CSV; and sweep cells that
 share one parse (and one timed baseline per engine configuration) of their trace."""
 
 from __future__ import annotations
@@ -17,14 +17,25 @@ from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.traces import open_trace
 
 
-def _old_requests_csv(requests: list, cfg: dict, path: Path) -> None:
-    """How ``replay(requests_csv=...)`` wrote its CSV before: ``csv.writer``, row by row."""
-    config = kvsim.api.make_options(**cfg).resolve(512)
+def _rows_and_file(
+    requests: list, cfg: dict, path: Path, **extra: int
+) -> tuple[list, list[list[str]]]:
+    """The replay's rows in memory, and the lines of the ``--requests-csv`` file it wrote."""
+    from kvsim.api import make_options
+
+    config = make_options(**cfg).resolve(512)
     assert config.as_dict() == kvsim.replay(requests, per_request=False, **cfg).config
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(REQUEST_COLUMNS)
-        CacheReplay(config).run(requests, writer.writerow)
+    rows: list = []
+    CacheReplay(config).run(requests, rows.append)
+    kvsim.replay(requests, requests_csv=path, **cfg, **extra)
+    with open(path, newline="") as f:
+        return rows, list(csv.reader(f))
+
+
+def _parsed(fields: list[str]) -> tuple:
+    """One CSV line back as values: ids and counts ints, the arrival a float, the flag a bool."""
+    assert fields[-1] in ("true", "false")
+    return (int(fields[0]), float(fields[1]), *map(int, fields[2:-1]), fields[-1] == "true")
 
 
 @pytest.mark.parametrize(
@@ -34,27 +45,21 @@ def _old_requests_csv(requests: list, cfg: dict, path: Path) -> None:
         {"cpu_chunks": 3, "gpu_blocks": 40, "store_threshold": 2, "policy": "arc"},
     ],
 )
-def test_requests_csv_is_byte_for_byte_the_csv_modules(tmp_path, cfg):
-    requests = list(open_trace(SAMPLE))
-    old = tmp_path / "old.csv"
-    _old_requests_csv(requests, cfg, old)
-    new = tmp_path / "new.csv"
-    kvsim.replay(SAMPLE, requests_csv=new, **cfg)
-    assert new.read_bytes() == old.read_bytes()
-    assert old.read_bytes().startswith(
-        b"request,arrival_s,prompt_tokens,prompt_blocks,gpu_hit_blocks,cpu_hit_blocks,"
-        b"stored_blocks,evicted_blocks,skipped_blocks,store_failed\r\n0,0.0,"
-    )
+def test_requests_csv_holds_the_replays_rows(tmp_path, cfg):
+    path = tmp_path / "rows.csv"
+    rows, lines = _rows_and_file(list(open_trace(SAMPLE)), cfg, path)
+    assert lines[0] == list(REQUEST_COLUMNS)
+    assert [_parsed(line) for line in lines[1:]] == rows and len(rows) == 200
+    assert path.read_bytes().startswith(",".join(REQUEST_COLUMNS).encode() + b"\r\n0,0,")
+    assert any(r[-1] for r in rows) == (b",true\r\n" in path.read_bytes())
 
 
 def test_requests_csv_from_a_list_trace_matches_too(tmp_path):
-    """Requests in memory (ints where floats are expected too) format as csv would."""
+    """Requests in memory (ints where floats are expected too) read back as their rows."""
     reqs = [kvsim.Request(0, 0, 1100, 7, (4, 5, 6)), kvsim.Request(1, 2.5, 1100, 7, (4, 5, 6))]
-    old = tmp_path / "old.csv"
-    _old_requests_csv(reqs, {"cpu_chunks": 4}, old)
-    new = tmp_path / "new.csv"
-    kvsim.replay(reqs, requests_csv=new, cpu_chunks=4, block_tokens=512)
-    assert new.read_bytes() == old.read_bytes()
+    rows, lines = _rows_and_file(reqs, {"cpu_chunks": 4}, tmp_path / "r.csv", block_tokens=512)
+    assert [_parsed(line) for line in lines[1:]] == rows
+    assert lines[2][:2] == ["1", "2.5"]
 
 
 def test_batches_reach_the_sink_in_order(tmp_path):

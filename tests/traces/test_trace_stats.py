@@ -52,6 +52,15 @@ def test_hand_computed_reuse_distances_and_times():
     assert st.popularity[["block", "accesses"]].values.tolist() == [[1, 4], [2, 3], [4, 1], [5, 1]]
     assert st.arrivals["requests"].tolist() == [2, 1, 0, 1]
     assert st.arrivals["rate_rps"].tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5])
+    assert st.arrivals["width_s"].tolist() == pytest.approx([2.0, 2.0, 2.0, 0.0])  # ends at 6 s
+
+
+def test_arrival_rate_figure_leaves_out_the_partial_last_bin():
+    from kvsim import plots
+
+    st = trace_stats(_tiny(), bin_s=2)
+    (line,) = plots.arrival_rate(st).axes[0].get_lines()
+    assert list(line.get_ydata()) == pytest.approx([1.0, 0.5, 0.0])  # no drop to a partial bin
     d = st.distributions.set_index("quantity")
     assert d.at["reuse_distance", "p50"] == 1.0 and d.at["reuse_distance", "max"] == 3.0
     assert d.at["prompt_tokens", "mean"] == pytest.approx(9.5)

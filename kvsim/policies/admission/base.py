@@ -28,12 +28,17 @@ def parse_arg(arg: str, kind: type[_Number], usage: str) -> _Number:
 
 
 class AdmissionPolicy:
-    """Admit everything. Subclasses override ``record_offer`` and ``admit``."""
+    """Admit everything. Subclasses override ``record_offer`` and ``admit``, and say so
+    with the flags: a manager calls a hook only when its flag is set."""
 
     name: ClassVar[str] = "always"
     description: ClassVar[str] = "admit every new chunk (vLLM's default, store_threshold < 2)"
-    #: False lets the manager skip the per-offer bookkeeping call entirely.
+    #: True when ``record_offer`` does something; False lets the manager skip the
+    #: per-offer bookkeeping call entirely.
     records_offers: ClassVar[bool] = False
+    #: True when ``admit`` may keep a candidate out; False lets the manager skip the call
+    #: (every candidate is admitted) and build no request context for it.
+    filters: ClassVar[bool] = False
 
     def record_offer(self, keys: Sequence[ChunkKey]) -> None:
         """See one offer (every key passed to one prepare_store call)."""

@@ -22,6 +22,7 @@ class LengthAdmission(AdmissionPolicy):
 
     name = "length"
     description = "skip requests shorter than N tokens (length:N, N=1024)"
+    filters = True
     records_offers = True
 
     def __init__(self, min_tokens: int = 1024, chunk_tokens: int = 512, seed: int = 0) -> None:

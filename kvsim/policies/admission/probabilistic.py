@@ -21,6 +21,7 @@ class ProbabilisticAdmission(AdmissionPolicy):
 
     name = "probabilistic"
     description = "admit each new chunk with probability p (probabilistic:P, P=0.5; seeded)"
+    filters = True
 
     def __init__(self, probability: float = 0.5, seed: int = 0) -> None:
         if not 0.0 <= probability <= 1.0:

@@ -23,6 +23,7 @@ class StoreThresholdAdmission(AdmissionPolicy):
 
     name = "threshold"
     description = "vLLM store_threshold: admit a chunk after N offers (bounded LRU counter table)"
+    filters = True
     records_offers = True
 
     def __init__(

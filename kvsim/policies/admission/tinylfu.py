@@ -28,6 +28,7 @@ class TinyLFUAdmission(AdmissionPolicy):
         "TinyLFU: store a chunk once a count-min sketch (+doorkeeper) has seen it N times "
         "(tinylfu:N, N=2)"
     )
+    filters = True
     records_offers = True
 
     def __init__(

@@ -13,7 +13,6 @@ import collections
 import dataclasses
 import io
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputError
@@ -21,6 +20,7 @@ from kvsim.core.errors import InputError
 from .batching import line_batches
 from .checks import RecordParser
 from .files import numbered_lines, open_bin
+from .jsonl_layout import JsonlLayout
 
 if TYPE_CHECKING:
     from kvsim.traces.columns import TraceColumns
@@ -29,34 +29,6 @@ if TYPE_CHECKING:
 
 #: ``check(line, path) -> block_tokens``: validates a file's header line
 HeaderCheck = Callable[[bytes, str], int]
-
-
-@dataclass(frozen=True)
-class JsonlLayout:
-    """A JSONL format's record fields, as the one-call decoder reads them.
-
-    It must accept exactly the records the format's parser accepts (a test compares them).
-
-    Attributes:
-        arrival, prompt, output, hashes: the fields of the arrival time, the prompt and
-            output lengths and the block ids.
-        session: the session-id field, or None when records have none.
-        session_optional: records may leave the session out (or null).
-        ints, texts: other fields that must be present, as integers / strings.
-        empty_hashes: an empty id list is allowed whatever the prompt length.
-        time_scale: arrival seconds = the field's value / ``time_scale`` (None: 1).
-    """
-
-    arrival: str
-    prompt: str
-    output: str
-    hashes: str
-    session: str | None = None
-    session_optional: bool = False
-    ints: tuple[str, ...] = ()
-    texts: tuple[str, ...] = ()
-    empty_hashes: bool = False
-    time_scale: float | None = None
 
 
 def jsonl_reader(
