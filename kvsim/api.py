@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
 from kvsim.cachemode.driver import write_requests_csv
-from kvsim.core.errors import InputError, InputWarning, did_you_mean
+from kvsim.core.errors import EngineStalled, InputError, InputWarning, did_you_mean
 from kvsim.options.fleet import FLEET_FIELDS, FleetOptions
 from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
 from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
@@ -618,8 +618,15 @@ def simulate(
         run = fleet_runner(fleet, sized)
 
     label = "simulating (offload)" if baseline and sized else "simulating"
+    stalled: EngineStalled | None = None  # raised after the Result of what ran is built
     with Progress(progress, n_requests, label) as bar:
-        summary, tables = run(setup, tr, sized, bench, record_tokens, bar.callback, stages=stages)
+        try:
+            summary, tables = run(
+                setup, tr, sized, bench, record_tokens, bar.callback, stages=stages
+            )
+        except EngineStalled as exc:
+            stalled = exc
+            summary, tables = exc.partial
         summary = {
             "trace": tr.name if isinstance(tr, Workload) else str(tr.path),
             "gpu": setup.gpu.name,
@@ -628,11 +635,15 @@ def simulate(
             **setup.config.capacity_summary(offload=sized),
             **summary,
         }
-        if baseline:
+        if baseline and stalled is None:
             bar.next_pass("baseline (no offload)")
-            base_summary, base_tables = run(
-                setup, tr, False, bench, record_tokens, bar.callback, stages=stages
-            )
+            try:
+                base_summary, base_tables = run(
+                    setup, tr, False, bench, record_tokens, bar.callback, stages=stages
+                )
+            except EngineStalled as exc:
+                stalled = exc
+                base_summary, base_tables = exc.partial
             summary.update({BASELINE_PREFIX + k: v for k, v in base_summary.items()})
             for name in ("requests", "steps", "tokens", "stages", "instances"):
                 if name in base_tables:
@@ -646,7 +657,11 @@ def simulate(
         "bench": bench.as_dict(),
         **(fleet.as_dict() if fleet is not None else {}),
     }
-    return Result(summary=summary, tables=tables, config=config_out)
+    result = Result(summary=summary, tables=tables, config=config_out)
+    if stalled is not None:
+        stalled.result = result
+        raise stalled
+    return result
 
 
 def _arrivals(

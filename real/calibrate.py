@@ -43,6 +43,7 @@ from real.device import Device, Event, Stream
 from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import KVGeometry
 from real.lifetime import release_when_idle
+from real.machine import check_device_fits, check_fits
 from real.profile import to_profile
 from real.triton_load import GatherKernel
 
@@ -128,6 +129,23 @@ def _buffers(
     return pools, h2d_src, d2h_dst, gpu_a, gpu_b
 
 
+def calibration_bytes(device: Device, span: int) -> tuple[int, int]:
+    """``(host, device)`` bytes :func:`_buffers` allocates for a ``span``-byte walk: two host
+    pools and two device buffers of ``span`` each (on CPU the device's are host memory)."""
+    pools, buffers = 2 * span, 2 * span
+    return (pools, buffers) if device.is_cuda else (pools + buffers, 0)
+
+
+def check_calibration_fits(device: Device, max_bytes: int, span: int) -> None:
+    """Refuse (one line, naming ``--max-mib``) a calibration whose buffers the machine
+    cannot hold, before any is allocated."""
+    host, on_device = calibration_bytes(device, span)
+    what = f"calibrating copies of up to {max_bytes / MIB:,.0f} MiB (--max-mib)"
+    hint = "use a smaller --max-mib"
+    check_fits(host, what, hint=hint)
+    check_device_fits(on_device, device.torch_device, what, hint)
+
+
 def _runs(words: int, count: int, offset: int = 0) -> list[Run]:
     return [(offset + i * words, offset + i * words, words) for i in range(count)]
 
@@ -188,6 +206,7 @@ def measure(
     pinning = Pinning(pin, require_pin and pin, register, unregister)
     span = max(max_bytes, span_bytes or 0)
     span_words = span // 8
+    check_calibration_fits(device, max_bytes, span)
     pools, h2d_src, d2h_dst, gpu_a, gpu_b = _buffers(device, span, pinning)
     offset = 0
 

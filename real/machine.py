@@ -2,14 +2,17 @@
 
 A CPU-only run keeps both the host pool and the stand-in "GPU" cache in RAM, so the
 defaults that suit an H200 host (a 16 GiB tier, up to 48 GiB of GPU KV) would exhaust a
-small machine; here they are derived from the memory actually available, and a pool that
-cannot fit is refused with one line before anything is allocated.
+small machine; here they are derived from the memory actually available, and what a
+command would allocate (host pools, the GPU KV cache or its CPU stand-in, calibration
+buffers) is compared with what the machine has first: a run that cannot fit is refused with
+one line (exit 2) before anything is allocated.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from kvsim.core.errors import InputError
 from kvsim.core.units import GIB
@@ -50,11 +53,43 @@ def _quarter_gib(nbytes: float) -> float:
     return int(nbytes / GIB * 4) / 4
 
 
-def check_fits(host_bytes: int, what: str, available: int | None = None) -> None:
-    """Raise a one-line :class:`InputError` when ``host_bytes`` exceed the free memory."""
+def device_memory_available(torch_device: Any) -> int | None:
+    """Free bytes on a CUDA device (``torch.cuda.mem_get_info``); None off CUDA or when the
+    driver cannot say."""
+    import torch
+
+    if getattr(torch_device, "type", None) != "cuda":
+        return None
+    try:
+        return int(torch.cuda.mem_get_info(torch_device)[0])
+    except (RuntimeError, AssertionError):
+        return None
+
+
+def check_fits(
+    host_bytes: int,
+    what: str,
+    available: int | None = None,
+    hint: str = "use a smaller --cpu-gib / --cpu-chunks",
+) -> None:
+    """Raise a one-line :class:`InputError` when ``host_bytes`` exceed the free memory
+    (``available``, default ``MemAvailable``); ``hint`` names the options that shrink it."""
     free = available if available is not None else available_memory()
     if free is not None and host_bytes > free:
         raise InputError(
             f"{what} needs {host_bytes / GIB:.2f} GiB of host memory but only "
-            f"{free / GIB:.2f} GiB is available; use a smaller --cpu-gib / --cpu-chunks"
+            f"{free / GIB:.2f} GiB is available; {hint}"
+        )
+
+
+def check_device_fits(
+    device_bytes: int, torch_device: Any, what: str, hint: str, available: int | None = None
+) -> None:
+    """The same check for memory on a CUDA device (``available``, default what the driver
+    reports free); nothing to check off CUDA (the caller counts a CPU stand-in as host)."""
+    free = available if available is not None else device_memory_available(torch_device)
+    if free is not None and device_bytes > free:
+        raise InputError(
+            f"{what} needs {device_bytes / GIB:.2f} GiB on {torch_device} but only "
+            f"{free / GIB:.2f} GiB is free there; {hint}"
         )

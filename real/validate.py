@@ -57,7 +57,7 @@ from real.device import Device
 from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import GpuKVCache, KVGeometry
 from real.lifetime import release_when_idle
-from real.machine import check_fits
+from real.machine import check_device_fits, check_fits
 from real.trace_slice import WINDOW_PER_REQUEST, conversation_turns
 from real.transfer import Fault, RealTransferBackend
 from real.validation_report import ValidationReport, link_time, request_rows
@@ -120,9 +120,10 @@ def prepare(
         gpu_kv_blocks(model, gpu, base),
         int(spec.max_gpu_kv_gib * GIB // geometry.block_bytes),
     )
-    if n_blocks < 1:
+    if n_blocks < 2:  # one is vLLM's null block (kvsim.specs.sizing.usable_gpu_blocks)
         raise InputError(
-            f"--max-gpu-kv-gib {spec.max_gpu_kv_gib} holds no {geometry.block_bytes}-byte block"
+            f"--max-gpu-kv-gib {spec.max_gpu_kv_gib} holds fewer than two "
+            f"{geometry.block_bytes}-byte blocks (vLLM keeps one as its null block)"
         )
     eparams = EngineParams(**{**base.as_dict(), "gpu_blocks": n_blocks})
     return RunSetup(
@@ -137,6 +138,26 @@ def prepare(
         geometry,
         HostLayout(geometry, config.layout.units_per_chunk, spec.layout),
         n_blocks,
+    )
+
+
+def check_memory(s: RunSetup, device: Device) -> None:
+    """What the run will allocate against what the machine has, before anything is: the
+    host pool in host memory; the GPU KV cache on the CUDA device, or in host memory too
+    for the CPU stand-in. One line naming the options that shrink the part that fails."""
+    host_bytes = s.config.num_chunks * s.host_layout.row_bytes
+    kv_bytes = s.n_blocks * s.geometry.block_bytes
+    kv_hint = "use a smaller --max-gpu-kv-gib / --gpu-kv-blocks"
+    if device.is_cuda:
+        check_fits(host_bytes, "the host pool")
+        what = f"the GPU KV cache ({s.n_blocks} blocks)"
+        check_device_fits(kv_bytes, device.torch_device, what, kv_hint)
+        return
+    check_fits(
+        host_bytes + kv_bytes,
+        f"the host pool ({host_bytes / GIB:.2f} GiB) and the CPU stand-in for the GPU KV "
+        f"cache ({s.n_blocks} blocks, {kv_bytes / GIB:.2f} GiB)",
+        hint="use a smaller --cpu-gib / --cpu-chunks, --max-gpu-kv-gib / --gpu-kv-blocks",
     )
 
 
@@ -179,9 +200,7 @@ def run_validation(
     device = device or Device.auto()
     s = prepare(trace, spec, params)
     # memory first: refuse (one line) before simulating what could not run for real
-    host_bytes = s.config.num_chunks * s.host_layout.row_bytes
-    on_host = host_bytes + (0 if device.is_cuda else s.n_blocks * s.geometry.block_bytes)
-    check_fits(on_host, "the host pool" + ("" if device.is_cuda else " and the CPU KV cache"))
+    check_memory(s, device)
     pin = device.is_cuda if pin is None else pin
     host = HostPool(
         s.host_layout,

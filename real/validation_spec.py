@@ -67,13 +67,14 @@ class ValidationSpec:
     def small_for_tests(cls) -> ValidationSpec:
         """Seconds on CPU for the bundled Bailian sample (26 chat requests, 16-token
         blocks): llama-3.2-1b's compute with a tiny KV (2 KiB per block), and a GPU cache
-        small enough that later turns hit the CPU tier."""
+        small enough that later turns hit the CPU tier (60 blocks, 61 with vLLM's null
+        block)."""
         return cls(
             model=TINY_KV_MODEL,
             cpu_gib=None,
             cpu_chunks=512,
             limit=None,
-            gpu_blocks=60,
+            gpu_blocks=61,
             time_scale=0.03,
             compute_scale=0.1,
             max_gpu_kv_gib=1.0,
@@ -83,14 +84,15 @@ class ValidationSpec:
     def for_cpu_check(cls) -> ValidationSpec:
         """About a minute on a 2-core machine: 150 conversation turns of the Mooncake trace
         with :data:`SMALL_KV_MODEL` (1 MiB blocks), a 2 GiB tier and a 60-block cache
-        (36 load and 226 store jobs), arrivals 10x faster, a quarter-length forward."""
+        (61 with vLLM's null block; 36 load and 226 store jobs), arrivals 10x faster, a
+        quarter-length forward."""
         return cls(
             model=SMALL_KV_MODEL,
             cpu_gib=None,
             cpu_chunks=2048,
             limit=150,
             select="conversations",
-            gpu_blocks=60,
+            gpu_blocks=61,
             time_scale=0.1,
             compute_scale=0.25,
             max_gpu_kv_gib=1.0,
@@ -101,15 +103,16 @@ class ValidationSpec:
     def for_gpu_check(cls) -> ValidationSpec:
         """About 30 s of run on one H200 (simulated: 28 s): 300 conversation turns of the
         Mooncake trace (``select="conversations"``) with llama-3.2-1b (16 MiB per 512-token
-        block), a 24 GiB pinned tier, a 60-block GPU cache tight enough that later turns
-        load from the tier (simulated: 51 load and 466 store jobs), arrivals 10x faster and
-        a quarter-length forward, so the run is short and the copies weigh."""
+        block), a 24 GiB pinned tier, a 60-block GPU cache (61 with vLLM's null block)
+        tight enough that later turns load from the tier (simulated: 51 load and 466 store
+        jobs), arrivals 10x faster and a quarter-length forward, so the run is short and the
+        copies weigh."""
         return cls(
             model="llama-3.2-1b",
             cpu_gib=24.0,
             limit=300,
             select="conversations",
-            gpu_blocks=60,
+            gpu_blocks=61,
             time_scale=0.1,
             compute_scale=0.25,
         )

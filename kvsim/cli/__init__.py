@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from kvsim.core.errors import InputError, InputWarning
+from kvsim.core.errors import EngineStalled, InputError, InputWarning
 
 #: command -> (module under kvsim.cli, attribute, its short help at HELP_LIMIT characters).
 #: Commands load on first use, so ``kvsim --help`` and ``kvsim policies`` never import
@@ -208,7 +208,8 @@ def _process_hooks() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: bad input is one line on stderr and exit code 2, never a traceback."""
+    """Entry point: bad input is one line on stderr and exit code 2, never a traceback; a
+    timed run whose engine stalls (:class:`EngineStalled`) is one line and exit code 3."""
     with _process_hooks():
         _main(argv)
 
@@ -219,6 +220,9 @@ def _main(argv: list[str] | None) -> None:
     except InputError as exc:
         click.echo(f"kvsim: error: {one_line(str(exc))}", err=True)
         sys.exit(2)
+    except EngineStalled as exc:  # a deadlock of vLLM's scheduling rules, not bad input
+        click.echo(f"kvsim: error: {exc}", err=True)
+        sys.exit(EngineStalled.exit_code)
     except click.exceptions.Abort:
         click.echo("kvsim: aborted", err=True)
         sys.exit(130)

@@ -190,9 +190,10 @@ def calibrate_command(
 )
 @click.option(
     "--gpu-kv-blocks",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=2),
     default=None,
-    help="GPU KV blocks (key units); default: vLLM's budget capped by --max-gpu-kv-gib.",
+    help="GPU KV blocks (key units; one is vLLM's null block); default: vLLM's budget "
+    "capped by --max-gpu-kv-gib.",
 )
 @click.option(
     "--max-gpu-kv-gib",

@@ -26,7 +26,7 @@ from kvsim.cli.common import (
     wants_progress,
 )
 from kvsim.cli.trace_cache_options import trace_cache_options
-from kvsim.core.errors import InputError
+from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.input_files import referenced_files
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.options.runs import SimulateOptions
@@ -118,6 +118,18 @@ def format_stages(result: Result) -> str | None:
 def _option(name: str, *flags: str, **overrides: Any) -> Callable[[FC], FC]:
     """A ``simulate`` option from :class:`SimulateOptions`' description of ``name``."""
     return schema_option(SimulateOptions, name, *flags, **overrides)
+
+
+def _simulate(out_dir: str | None, trace: Any, **kwargs: Any) -> Result:
+    """:func:`kvsim.simulate`; when its engine stalls, what ran until then is written to
+    ``out_dir`` before the one-line error (exit code 3) goes up."""
+    try:
+        return simulate(trace, **kwargs)
+    except EngineStalled as exc:
+        if out_dir and exc.result is not None:
+            write_tables(exc.result, out_dir)
+            exc.args = (f"{exc}; what was simulated until then is in {out_dir}",)
+        raise
 
 
 def write_tables(result: Result, out: str) -> list[str]:
@@ -287,7 +299,8 @@ def simulate_command(
     workload, load = _workload_and_load(trace, workload_text, load_text)
     info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info if trace else None
     with plugin_output_to_stderr():
-        result = simulate(
+        result = _simulate(
+            out_dir,
             trace,
             workload=workload,
             load=load,

@@ -8,6 +8,7 @@ file and line, or the option, that is wrong.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 class InputError(ValueError):
@@ -30,6 +31,23 @@ class PolicyFault(InputError):
 
     def __init__(self, cls: type, call: str, problem: str) -> None:
         super().__init__(f"policy {cls.__module__}:{cls.__qualname__} failed in {call}: {problem}")
+
+
+class EngineStalled(RuntimeError):
+    """The timed engine holds work nothing can ever move: nothing runs, no transfer is in
+    flight, no arrival is left, and every waiting request needs GPU blocks it cannot get.
+    vLLM 0.33's scheduler stops in the same state (its engine idles forever); kvsim says so
+    in one line. Neither bad input nor a kvsim fault, so it has its own exit code
+    (:data:`exit_code`, 3), and what was simulated up to the stall is kept: ``result`` (a
+    :class:`kvsim.Result` when the run came through :func:`kvsim.simulate`, whose ``--out``
+    is still written)."""
+
+    exit_code = 3
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.result: Any = None
+        self.partial: Any = None  # the engine layer's (summary, tables), before a Result
 
 
 class InputWarning(UserWarning):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim.core.context import RequestContext, chunk_positions
-from kvsim.core.errors import InputError
+from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.units import GIB
 from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
@@ -51,6 +51,7 @@ from kvsim.manager.offload import OffloadManager
 from kvsim.options.config import CacheConfig
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
+from kvsim.specs.sizing import NULL_GPU_BLOCKS, usable_gpu_blocks
 from kvsim.tiering.build import build_tiered_manager
 from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Request
@@ -72,14 +73,15 @@ class _Launched:
     entries: list[tuple[SimRequest, int, bool]]
     results: list[TransferResult]  # completions its worker calls saw
     n_preempted: int
-    submitted: int
+    submitted: tuple[int, int]  # (loads, stores) its worker calls submitted
     progress: bool  # tokens, a flush stall, completions seen or stores queued
 
 
 def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
-    """vLLM's KV budget: memory * utilization - weights - activations, in GPU blocks of
-    ``params.gpu_block_tokens`` tokens (or ``params.gpu_blocks``, as vLLM's
-    ``num_gpu_blocks_override``)."""
+    """vLLM's ``num_gpu_blocks``: memory * utilization - weights - activations, in GPU blocks
+    of ``params.gpu_block_tokens`` tokens (or ``params.gpu_blocks``, as vLLM's
+    ``num_gpu_blocks_override``). One of them is vLLM's null block: requests get
+    :func:`kvsim.specs.sizing.usable_gpu_blocks` of them."""
     block_tokens = params.gpu_block_tokens
     if params.gpu_blocks is not None:
         return params.gpu_blocks
@@ -91,7 +93,7 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
     )
     per_block = model.gpu_kv_bytes_per_token(tp=params.tp) * block_tokens
     n = int(avail // per_block)
-    if n < 1:
+    if n <= NULL_GPU_BLOCKS:
         raise InputError(
             f"{model.name} does not fit on {gpu.name} at tp={params.tp} with "
             f"gpu_memory_utilization={params.gpu_memory_utilization}: no memory left for KV"
@@ -128,8 +130,9 @@ class Engine:
         self.compute = compute
         self.transfer = transfer
         self.backend = backend if backend is not None else SimulatedTransferBackend(self.transfer)
-        self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params)
-        self.pool = GpuBlockPool(self.num_gpu_blocks)
+        self.num_gpu_blocks = gpu_kv_blocks(self.model, self.gpu, params)  # vLLM's, null included
+        self.usable_gpu_blocks = usable_gpu_blocks(self.num_gpu_blocks)
+        self.pool = GpuBlockPool(self.usable_gpu_blocks)
         self.offload = offload
         self.manager = None
         self.connector: OffloadConnector | None = None
@@ -317,7 +320,7 @@ class Engine:
         )
         self.recorder.requests.append(sr)
         block = self.params.gpu_block_tokens
-        if -(-(sr.prompt + sr.output) // block) > self.num_gpu_blocks:
+        if -(-(sr.prompt + sr.output) // block) > self.usable_gpu_blocks:
             sr.status = REJECTED
             self._finished([sr], arrival)
             return
@@ -376,12 +379,12 @@ class Engine:
         finished = sched.update(t2)
         if finished:
             self._finished(finished, t2)
-        submitted = (conn.loads_submitted + conn.stores_submitted) if conn is not None else 0
+        submitted = (conn.loads_submitted, conn.stores_submitted) if conn is not None else (0, 0)
         if rec.record_steps:
             self._record_step(
                 step, t0, t2, stall, t2 - t1, batch, len(finished), n_preempted, submitted, done
             )
-        return bool(batch.num_seqs or done or submitted)
+        return bool(batch.num_seqs or done or submitted[0] or submitted[1])
 
     def _record_step(
         self,
@@ -393,9 +396,12 @@ class Engine:
         batch: StepBatch,
         n_finished: int,
         n_preempted: int,
-        submitted: int,
+        submitted: tuple[int, int],
         done: int,
     ) -> None:
+        """One row of the steps table. ``submitted`` is the step's own (loads, stores): in the
+        async loop the connector's counters belong to a later launch by the time a step is
+        processed."""
         sched, conn, pool = self.scheduler, self.connector, self.pool
         waiting_kv = (
             sum(1 for r in sched.kv_holding if r.status == WAITING_FOR_KV)
@@ -415,8 +421,8 @@ class Engine:
             pool.num_free,
             n_finished,
             n_preempted,
-            conn.loads_submitted if conn else 0,
-            conn.stores_submitted if conn else 0,
+            submitted[0],
+            submitted[1],
             done,
             conn.allocation_failures if conn else 0,
             self.manager.num_resident if self.manager else 0,
@@ -467,9 +473,11 @@ class Engine:
             self.rescues += 1
             self._schedule_step(now)
         elif not self._arrivals_left:
-            raise RuntimeError(
+            raise EngineStalled(
                 f"engine stalled at t={now:.6f}s with {sched.num_waiting} waiting "
-                f"and {len(sched.running)} running requests and nothing in flight"
+                f"({len(sched.kv_holding)} holding GPU blocks) and {len(sched.running)} running "
+                "requests and nothing in flight: the waiting ones need GPU blocks they can never "
+                "get (vLLM 0.33 stops in the same state); give more GPU blocks"
             )
 
     # --- async scheduling: vLLM's batch queue ---
@@ -513,13 +521,13 @@ class Engine:
             self._compute_tail = end
             self.busy_s += dur
         results: list[TransferResult] = []
-        submitted = 0
+        submitted = (0, 0)
         queued = False
         if conn is not None:
             conn.after_launch(self.backend, t1, end, rec.on_submit)
             conn.queue_stores()
             results = conn.take_results()
-            submitted = conn.loads_submitted + conn.stores_submitted
+            submitted = (conn.loads_submitted, conn.stores_submitted)
             queued = bool(conn.store_now)
         progress = bool(batch.num_seqs or stall > 0 or results or queued)
         return _Launched(

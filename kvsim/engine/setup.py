@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.core.errors import InputError, InputWarning
+from kvsim.core.errors import EngineStalled, InputError, InputWarning
 from kvsim.engine.compute_model import (
     ComputeParams,
     ComputeProfile,
@@ -172,7 +172,10 @@ def run_engine(
     """One pass of ``tr`` (a trace, or a benchmark workload whose client runs in the loop)
     through a new engine, with (``offload``) or without the CPU tier; returns its summary
     and its tables (requests, transfers, steps, tokens; ``stages``, every metric per load
-    stage, for a workload or when ``stages`` gives each trace request's stage)."""
+    stage, for a workload or when ``stages`` gives each trace request's stage).
+
+    Raises :class:`EngineStalled` when the engine stalls, with ``partial`` set to the summary
+    (its ``stalled`` field the message) and tables of what was simulated until then."""
     future: Trace | None = None  # read only by policies that need it
     if offload:
         future = tr if isinstance(tr, Trace) else None if tr.closed else tr.trace()
@@ -182,11 +185,16 @@ def run_engine(
         arrivals = source = tr.source()
     else:
         arrivals = tr
-    engine = make_engine(setup, offload, future, progress).run(arrivals)
+    engine = make_engine(setup, offload, future, progress)
+    stalled: EngineStalled | None = None
+    try:
+        engine.run(arrivals)
+    except EngineStalled as exc:
+        stalled = exc
     if source is not None:
         stages = source.stage_of
     closed = isinstance(tr, Workload) and tr.load.type == "concurrency"
-    return engine_outputs(engine, bench, record_tokens, stages, closed)
+    return engine_outputs(engine, bench, record_tokens, stages, closed, stalled)
 
 
 def make_engine(
@@ -220,10 +228,12 @@ def engine_outputs(
     record_tokens: bool = False,
     stages: Sequence[int] | None = None,
     closed: bool = False,
+    stalled: EngineStalled | None = None,
 ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """A finished engine's summary and tables (requests, transfers, steps, tokens, every
-    metric per load stage when ``stages`` gives each request's, and the secondary tiers'
-    columns, table and keys); ``closed``: the load was a closed loop of clients."""
+    """A finished (or ``stalled``) engine's summary and tables (requests, transfers, steps,
+    tokens, every metric per load stage when ``stages`` gives each request's, and the
+    secondary tiers' columns, table and keys); ``closed``: the load was a closed loop of
+    clients. A stall is raised again, after its ``partial`` is set to what ran."""
     rec = engine.recorder
     tables = {
         "requests": rec.request_table(),
@@ -236,9 +246,17 @@ def engine_outputs(
         requests = tables["requests"]
         requests["stage"] = np.asarray(stages, dtype=np.int64)[requests["request"].to_numpy()]
         tables["stages"] = stage_table(requests, rec, requests["stage"].to_numpy(), bench)
-    summary = summarize(engine, tables["requests"], tables["transfers"], bench, closed)
+    reqs = tables["requests"]
+    if stalled is not None:  # the summary covers the requests that ended (finished or rejected)
+        reqs = reqs[reqs["rejected"] | reqs["finish_s"].notna()]
+    summary = summarize(engine, reqs, tables["transfers"], bench, closed)
     if engine.tiers is not None:
         add_tier_outputs(engine.tiers, tables, summary, engine.config.chunk_tokens)
+    if stalled is not None:
+        summary["stalled"] = str(stalled)
+        summary["unfinished_requests"] = len(tables["requests"]) - len(reqs)
+        stalled.partial = (summary, tables)
+        raise stalled
     return summary, tables
 
 

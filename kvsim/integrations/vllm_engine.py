@@ -20,10 +20,11 @@ Objects built by hand (no GPU, no model, no profiling)
   gpu_block_tokens, enable_prefix_caching=True)``; every other setting is vLLM 0.33's default
   (notably ``scheduler_reserve_full_isl=True``, ``watermark=0``, ``sync_load_budget_bytes=0``,
   ``offload_prompt_only=True``, hash ``sha256``).
-* ``KVCacheConfig`` with ``num_blocks = gpu_blocks + 1`` (vLLM's ``BlockPool`` keeps block 0
-  as the null block, so ``gpu_blocks`` is the number of *usable* blocks) and one full-attention
-  group whose page is ``gpu_block_tokens * kv_bytes_per_token`` bytes.
-* ``max_model_len`` (when not given) is ``gpu_blocks * gpu_block_tokens``: what vLLM's
+* ``KVCacheConfig`` with ``num_blocks = gpu_blocks``, as ``num_gpu_blocks_override`` gives it:
+  vLLM's ``BlockPool`` takes block 0 out as the null block, so ``gpu_blocks - 1`` are usable
+  (kvsim's ``EngineParams.gpu_blocks`` means the same), and one full-attention group whose
+  page is ``gpu_block_tokens * kv_bytes_per_token`` bytes.
+* ``max_model_len`` (when not given) is ``(gpu_blocks - 1) * gpu_block_tokens``: what vLLM's
   ``max_model_len=-1`` auto-fit derives from the usable blocks.
 * Offloading: ``KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both")`` with
   ``block_size=chunk_tokens``, ``eviction_policy=policy``, ``store_threshold`` and a
@@ -43,7 +44,8 @@ Objects built by hand (no GPU, no model, no profiling)
 
 Loop (EngineCore + GPUModelRunner call order)
 ---------------------------------------------
-One iteration, at host time ``now``:
+Arrivals are counted from the first one (:func:`rebased`), as kvsim's timed mode counts
+them. One iteration, at host time ``now``:
 
 1. Requests with ``arrival_s <= now`` are added (``Scheduler.add_request``), in
    ``(arrival_s, request_id)`` order. If the engine has no work (``has_requests()`` false and
@@ -139,6 +141,7 @@ would add less than one chunk. Only the GPU blocks past the GPU hit are copied.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -457,6 +460,15 @@ class _Engine:
         clock.now = max(clock.now, nxt)
 
 
+def rebased(requests: Sequence[Request]) -> list[Request]:
+    """The requests with arrivals counted from the first one, as kvsim's timed mode counts
+    them (:mod:`kvsim.engine.arrivals`): both clocks start at 0."""
+    if not requests:
+        return []
+    origin = min(r.arrival_s for r in requests)
+    return [dataclasses.replace(r, arrival_s=r.arrival_s - origin) for r in requests]
+
+
 def run_vllm_engine(
     requests: Sequence[Request],
     *,
@@ -493,7 +505,10 @@ def run_vllm_engine(
     if kv_bytes_per_token < 2:
         raise ValueError("kv_bytes_per_token must be >= 2")
     page_bytes = gpu_block_tokens * kv_bytes_per_token
-    mml = gpu_blocks * gpu_block_tokens if max_model_len is None else max_model_len
+    requests = rebased(requests)
+    if gpu_blocks < 2:
+        raise ValueError("gpu_blocks must be >= 2 (block 0 is vLLM's null block)")
+    mml = (gpu_blocks - 1) * gpu_block_tokens if max_model_len is None else max_model_len
     with quiet_vllm():
         vllm_config = build_vllm_config(
             max_model_len=mml,

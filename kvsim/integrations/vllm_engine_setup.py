@@ -303,7 +303,7 @@ def build_vllm_config(
 
 
 def kv_cache_config(gpu_blocks: int, gpu_block_tokens: int, page_bytes: int) -> KVCacheConfig:
-    num_blocks = gpu_blocks + 1  # block 0 is the BlockPool's null block
+    num_blocks = gpu_blocks  # as num_gpu_blocks_override: block 0 becomes the null block
     spec = FullAttentionSpec(
         block_size=gpu_block_tokens,
         num_kv_heads=1,

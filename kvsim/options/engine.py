@@ -36,10 +36,10 @@ LongPrefillTokenThreshold = Annotated[
 GpuKvBlocks = Annotated[
     int,
     Meta(
-        ge=1,
+        ge=2,
         description=(
-            "GPU KV capacity in --gpu-block-tokens blocks (vLLM num_gpu_blocks_override; "
-            "default: from GPU memory)."
+            "GPU KV capacity in --gpu-block-tokens blocks (vLLM num_gpu_blocks_override, "
+            "its null block included: one fewer hold KV; default: from GPU memory)."
         ),
     ),
 ]

@@ -25,6 +25,7 @@ from kvsim.core.units import GIB
 from kvsim.specs.models import ModelSpec
 
 __all__ = [
+    "NULL_GPU_BLOCKS",
     "PAGE_ALIGNMENT",
     "CPUTierSizing",
     "KVGroup",
@@ -36,11 +37,30 @@ __all__ = [
     "size_cpu_tier",
     "size_for_model",
     "sliding_window_size_in_chunks",
+    "usable_gpu_blocks",
 ]
 
 PAGE_ALIGNMENT = 4096  # SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT (mmap.PAGESIZE)
 
 GROUP_KINDS = ("full", "sliding", "chunked_local", "mamba")
+
+# vLLM's BlockPool takes block 0 out of its free queue as the null block (a placeholder
+# for skipped positions) and never gives it to a request: of ``num_gpu_blocks`` (from
+# memory or ``num_gpu_blocks_override``) one fewer hold KV. Its auto-fit of
+# ``max_model_len`` and its capacity check plan against the usable ones too.
+NULL_GPU_BLOCKS = 1
+
+
+def usable_gpu_blocks(num_gpu_blocks: int) -> int:
+    """GPU KV blocks a request can get out of vLLM's ``num_gpu_blocks`` (the null block
+    taken out). Raises :class:`InputError` when none is left."""
+    usable = num_gpu_blocks - NULL_GPU_BLOCKS
+    if usable < 1:
+        raise InputError(
+            f"{num_gpu_blocks} GPU KV block(s) leave none for requests: vLLM keeps one as "
+            f"its null block, so at least {NULL_GPU_BLOCKS + 1} are needed"
+        )
+    return usable
 
 
 def cdiv(a: int, b: int) -> int:

@@ -9,6 +9,7 @@ from kvsim.engine.transfer_model import DirectionParams, TransferModelParams
 from kvsim.options.offload import CacheConfig
 from kvsim.specs.hardware import get_gpu
 from kvsim.specs.models import get_model
+from kvsim.specs.sizing import NULL_GPU_BLOCKS
 from kvsim.traces import Request, Trace
 
 CHUNK_BYTES = 16 * 131072  # llama-3.1-8b: 128 KiB per token, 16-token chunk = 2 MiB
@@ -30,7 +31,7 @@ def req(i: int, t: float, prompt: int, out: int, hashes) -> Request:
 def make_engine(
     *,
     cpu_chunks: int = 100,
-    gpu_blocks: int = 64,
+    gpu_blocks: int = 64,  # usable ones
     per_chunk: float = 0.25,
     prefix: bool = False,
     budget: int = 8192,
@@ -46,8 +47,12 @@ def make_engine(
         store_threshold=store_threshold,
     )
     params.setdefault("async_scheduling", False)  # the scenarios pin vLLM's synchronous loop
+    # the scenarios count the blocks requests can use; vLLM's count has its null block too
     ep = EngineParams(
-        gpu_blocks=gpu_blocks, enable_prefix_caching=prefix, max_num_batched_tokens=budget, **params
+        gpu_blocks=gpu_blocks + NULL_GPU_BLOCKS,
+        enable_prefix_caching=prefix,
+        max_num_batched_tokens=budget,
+        **params,
     )
     return Engine(
         config,

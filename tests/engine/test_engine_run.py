@@ -161,6 +161,25 @@ def test_gpu_kv_blocks_from_memory():
         gpu_kv_blocks(get_model("llama-3.1-70b"), get_gpu("l40s"), EngineParams())
 
 
+def test_the_null_block_is_not_kv_capacity():
+    """vLLM's BlockPool keeps block 0 as its null block: of N blocks (from memory or
+    num_gpu_blocks_override) N - 1 hold KV, and a request that needs N is rejected."""
+    from kvsim.engine.bench import TwinKnobs, twin_engine
+    from kvsim.specs.sizing import usable_gpu_blocks
+
+    assert usable_gpu_blocks(10) == 9
+    with pytest.raises(InputError, match="null block"):
+        usable_gpu_blocks(1)
+    engine = twin_engine(TwinKnobs(block_tokens=64, gpu_blocks=10))
+    assert (engine.num_gpu_blocks, engine.pool.num_blocks) == (10, 9)
+    fits, too_long = Request(0, 0.0, 9 * 16 - 1, 1, (1, 2)), Request(1, 0.1, 9 * 16, 1, (3, 4))
+    engine.run(Trace.from_requests([fits, too_long], 64))
+    table = engine.recorder.request_table()
+    assert list(table.rejected) == [False, True]
+    with pytest.raises(InputError, match=r"--gpu-kv-blocks: .* >= 2"):
+        twin_engine(TwinKnobs(block_tokens=64, gpu_blocks=1))
+
+
 class CountingBackend:
     """A backend seen only through the protocol: wraps the simulated one and counts calls."""
 

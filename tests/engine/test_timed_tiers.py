@@ -265,15 +265,16 @@ def test_load_rule_weighs_the_whole_run_over_the_tiers_threads(tmp_path):
 @expect_overload
 def test_kv_wait_ends_when_the_lookup_answers_not_when_blocks_free_up(tmp_path):
     """Request 3 waits 0.25 s for the fs tier's existence check, then for GPU blocks that
-    request 2 (150 output tokens, 13-block GPU) holds until 21.27 s: the second wait is
-    queueing, so its KV wait is the check (and promotion), not the whole wait."""
+    request 2 (150 output tokens, 13 usable GPU blocks: 14 with vLLM's null block) holds
+    until 21.27 s: the second wait is queueing, so its KV wait is the check (and promotion),
+    not the whole wait."""
     reqs = [
         Request(0, 0.0, 50, 2, (1, 2, 3)),
         Request(1, 10.0, 50, 2, (7, 8, 9)),
         Request(2, 19.5, 50, 150, (11, 12, 13)),
         Request(3, 20.5, 50, 2, (1, 2, 4)),
     ]
-    result = run(tmp_path, device(tmp_path, "c", 0.0, 0.25), reqs, gpu_kv_blocks=13)
+    result = run(tmp_path, device(tmp_path, "c", 0.0, 0.25), reqs, gpu_kv_blocks=14)
     req = result.tables["requests"].set_index("request")
     assert req.loc[3, "first_scheduled_s"] >= req.loc[2, "finish_s"]  # it waited for blocks
     assert req.loc[3, "queue_s"] > 0.7

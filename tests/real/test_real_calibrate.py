@@ -151,3 +151,38 @@ def test_calibrate_on_cuda_refuses_an_unpinned_host_buffer():
             register=fail,
             unregister=lambda p: None,
         )
+
+
+def test_calibrate_refuses_buffers_the_machine_cannot_hold(tmp_path, capsys, monkeypatch):
+    """Issue 27 item 9: the buffers are counted before any is allocated. On CPU the walk
+    spans 4 x --max-mib and four buffers of it live in host memory (two host pools, two
+    stand-in device buffers): --max-mib 1000000 would be 16 TB."""
+    from real import calibrate as calibrate_mod
+    from real import machine
+
+    cpu = Device("cpu")
+    assert calibrate_mod.calibration_bytes(cpu, 1 << 20) == (4 << 20, 0)
+    out = tmp_path / "profile.json"
+    for max_mib, free in (("1000000", None), ("16", 100 << 20)):
+        if free is not None:  # 16 MiB: 256 MiB of buffers against 100 MiB free
+            monkeypatch.setattr(machine, "available_memory", lambda free=free: free)
+        with pytest.raises(SystemExit) as exc:
+            main(["calibrate", "--out", str(out), "--device", "cpu", "--max-mib", max_mib])
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2, err
+        assert len(err.splitlines()) == 1 and "--max-mib" in err and "Traceback" not in err
+        assert not out.exists()
+
+
+def test_device_memory_is_checked_where_there_is_a_device():
+    """On CUDA the device buffers are checked against what the driver reports free; off
+    CUDA there is no device memory to check (the CPU stand-in is counted as host)."""
+    import torch
+
+    from kvsim.core.errors import InputError
+    from real.machine import check_device_fits, device_memory_available
+
+    assert device_memory_available(torch.device("cpu")) is None
+    check_device_fits(1 << 50, torch.device("cpu"), "x", "hint")  # nothing to check
+    with pytest.raises(InputError, match=r"needs 2\.00 GiB on cuda:0 but only 1\.00 GiB .*--max"):
+        check_device_fits(2 << 30, torch.device("cuda", 0), "x", "use --max", available=1 << 30)

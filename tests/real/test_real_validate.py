@@ -138,6 +138,23 @@ def test_cpu_defaults_follow_the_machine_and_big_pools_are_refused(capsys):
     assert exc.value.code == 2 and "GiB is available" in err and len(err.splitlines()) == 1
 
 
+def test_the_cpu_stand_in_for_gpu_kv_is_counted_before_it_is_allocated(capsys, monkeypatch):
+    """Issue 27 item 9: on CPU the stand-in GPU KV cache lives in host memory: with a small
+    host pool and --max-gpu-kv-gib 12 against 4 GiB free, the run is refused, one line
+    naming the option, before anything is allocated."""
+    from real import machine
+
+    monkeypatch.setattr(machine, "available_memory", lambda: 4 * GIB)
+    allocated = []
+    monkeypatch.setattr(validate_mod, "GpuKVCache", lambda *a, **k: allocated.append(a))
+    args = ["validate", default_trace(), "--device", "cpu", "--cpu-chunks", "8"]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--max-gpu-kv-gib", "12", "--limit", "4"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "--max-gpu-kv-gib" in err and "stand-in" in err and not allocated
+
+
 def test_validate_command_prints_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "report.json"
     with pytest.raises(SystemExit) as exc:
