@@ -13,12 +13,21 @@ from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
 from kvsim.report.result import check_run_folder
 
-KINDS = ("hit-vs-capacity", "tiers-vs-capacity", "mrc", "ttft-cdf", "usage-timeline", "transfers")
+KINDS = (
+    "hit-vs-capacity",
+    "metric-vs-capacity",
+    "tiers-vs-capacity",
+    "mrc",
+    "ttft-cdf",
+    "usage-timeline",
+    "transfers",
+)
 #: figure size presets (kvsim.plots.PRESETS; named here so the CLI loads matplotlib only to draw)
 STYLES = ("one-column", "two-column")
 #: which file of a results folder each kind reads
 FOLDER_FILES = {
     "hit-vs-capacity": "results",
+    "metric-vs-capacity": "results",
     "tiers-vs-capacity": "results",
     "mrc": "mrc",
     "ttft-cdf": "requests",
@@ -27,8 +36,9 @@ FOLDER_FILES = {
 }
 #: the kinds each kind-specific option acts on (given for another kind, it is an error)
 OPTION_KINDS = {
-    "x": ("hit-vs-capacity", "tiers-vs-capacity", "mrc"),
-    "y": ("hit-vs-capacity", "tiers-vs-capacity", "mrc"),
+    "x": ("hit-vs-capacity", "metric-vs-capacity", "tiers-vs-capacity", "mrc"),
+    "y": ("hit-vs-capacity", "metric-vs-capacity", "tiers-vs-capacity", "mrc"),
+    "log_y": ("metric-vs-capacity",),
     "by": ("hit-vs-capacity", "ttft-cdf"),
     "ceiling": ("hit-vs-capacity", "tiers-vs-capacity", "mrc"),
     "baseline": ("hit-vs-capacity", "tiers-vs-capacity", "mrc"),
@@ -103,9 +113,14 @@ def table_kind(df: pd.DataFrame, source: str) -> str:
     )
 
 
-def _kind_of(results: str, kind: str | None) -> tuple[str, pd.DataFrame | None]:
+def _kind_of(
+    results: str, kind: str | None, y: str | None = None
+) -> tuple[str, pd.DataFrame | None]:
     """The figure to draw (given, or told by the table or folder) and the table when it had
-    to be read to tell."""
+    to be read to tell. A hit-vs-capacity ``y`` that is no ratio (a latency, a rate) is a
+    metric-vs-capacity figure, with that metric's labels, axis and baseline."""
+    if kind == "hit-vs-capacity" and y is not None and not y.endswith(("ratio", "share")):
+        return "metric-vs-capacity", None
     if kind is not None:
         return kind, None
     if not os.path.isdir(results):
@@ -177,7 +192,19 @@ def _check_options(kind: str, given: dict[str, Any]) -> None:
 )
 @click.option("--title", default=None, help="Figure title ('' for none).")
 @click.option("--x", default=None, help="hit-vs-capacity: capacity column; mrc: cpu_gib or chunks.")
-@click.option("--y", default=None, help="hit-vs-capacity, mrc: hit-ratio column.")
+@click.option(
+    "--y",
+    default=None,
+    help="hit-vs-capacity, mrc: hit-ratio column; metric-vs-capacity: any metric "
+    "(median_ttft_ms, output_throughput, ...; a hit-vs-capacity --y that is not a ratio "
+    "draws this kind).",
+)
+@click.option(
+    "--log-y/--linear-y",
+    "log_y",
+    default=None,
+    help="metric-vs-capacity: a logarithmic y axis (default: linear from 0).",
+)
 @click.option(
     "--by",
     default=None,
@@ -228,11 +255,14 @@ def plot_command(
     belady: str | None,
     cpu_chunks: int | None,
     max_points: int | None,
+    log_y: bool | None,
 ) -> None:
     """Draw a KIND figure from RESULTS (a Parquet/CSV table or a results folder).
 
     \b
     hit-vs-capacity  sweep results (kvsim sweep --out DIR)
+    metric-vs-capacity  a sweep's --y metric (a timed sweep's median_ttft_ms, ...) vs
+                     CPU size, coloured by policy, with its baseline_ column if any
     tiers-vs-capacity  a --tier-set sweep: one line per tier set, hit ratio (and
                      median TTFT when timed) vs CPU size; the default for such a sweep
     mrc              kvsim mrc --csv table (capacity, hit_ratio)
@@ -240,7 +270,7 @@ def plot_command(
     usage-timeline   timed steps table: CPU occupancy, GPU usage, vLLM's pinned gauge
     transfers        timed transfers table (direction, bytes, start_s, end_s)
     """
-    kind, df = _kind_of(results, kind)
+    kind, df = _kind_of(results, kind, y)
     by_cols = [c.strip() for c in by.split(",") if c.strip()] if by else None
     _check_options(
         kind,
@@ -253,6 +283,7 @@ def plot_command(
             "belady": belady,
             "cpu_chunks": cpu_chunks,
             "max_points": max_points,
+            "log_y": log_y,
         },
     )
     if out is None:
@@ -272,6 +303,8 @@ def plot_command(
     refs: dict[str, Any] = {"ceiling": ceiling, "baseline": baseline, "belady": belady_df}
     if kind == "hit-vs-capacity":
         fig = plots.hit_vs_capacity(df, x=x, y=y, by=by_cols, **refs, **common)
+    elif kind == "metric-vs-capacity":
+        fig = plots.metric_vs_capacity(df, y or "", x=x, log_y=bool(log_y), **common)
     elif kind == "tiers-vs-capacity":
         fig = plots.tiers_vs_capacity(df, x=x, y=y, ceiling=ceiling, baseline=baseline, **common)
     elif kind == "mrc":

@@ -33,6 +33,7 @@ from kvsim.plots.capacity import (
     series_columns,
 )
 from kvsim.plots.fleet import fleet_balance
+from kvsim.plots.metric_capacity import metric_vs_capacity
 from kvsim.plots.style import (
     DEFAULT_PRESET,
     MIN_FONT_PT,
@@ -70,6 +71,7 @@ __all__ = [
     "block_popularity",
     "fleet_balance",
     "hit_vs_capacity",
+    "metric_vs_capacity",
     "mrc",
     "mrc_curve",
     "mrc_title",

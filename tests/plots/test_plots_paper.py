@@ -292,6 +292,11 @@ def _instances() -> pd.DataFrame:
 
 FIGURES = [
     ("hit_vs_capacity", lambda **k: plots.hit_vs_capacity(_wide_table(), **k), 1),
+    (
+        "metric_vs_capacity",
+        lambda **k: plots.metric_vs_capacity(_wide_table(), "combined_hit_ratio", **k),
+        1,
+    ),
     ("mrc", lambda **k: plots.mrc(_MRC, ceiling=0.4, **k), 1),
     ("tiers_vs_capacity", lambda **k: plots.tiers_vs_capacity(_tiers_table(), **k), 1),
     ("ttft_cdf", lambda **k: plots.ttft_cdf(_requests(0.1), baseline=_requests(0.2), **k), 1),
@@ -494,6 +499,7 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, args, message):
 def test_cli_kinds_cover_every_table():
     assert set(KINDS) == {
         "hit-vs-capacity",
+        "metric-vs-capacity",
         "tiers-vs-capacity",
         "mrc",
         "ttft-cdf",
