@@ -9,18 +9,15 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import gzip
 import inspect
 import os
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from kvsim.cachemode import REQUEST_COLUMNS, CacheReplay
-from kvsim.cachemode.driver import write_requests_csv
-from kvsim.core.errors import EngineStalled, InputError, InputWarning, did_you_mean
+from kvsim.cachemode.run import replay_trace, request_total
+from kvsim.core.errors import EngineStalled, InputError, did_you_mean
 from kvsim.options.fleet import FLEET_FIELDS, FleetOptions
-from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, CacheConfig, OffloadOptions
+from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, OffloadOptions
 from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
 from kvsim.options.vllm import (
     KVConnectorExtraConfig,
@@ -31,7 +28,7 @@ from kvsim.options.vllm import (
 )
 from kvsim.report.progress import Progress, ProgressArg
 from kvsim.report.result import Result
-from kvsim.traces import Request, Trace, as_trace, requests_frame
+from kvsim.traces import Trace, as_trace, requests_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -133,28 +130,6 @@ def named_options(fn: Callable[P, R]) -> Callable[P, R]:
         return fn(*args, **kwargs)
 
     return checked
-
-
-def _counted(requests: Iterable[Request], progress: Callable[[int], None]) -> Iterable[Request]:
-    for req in requests:
-        yield req
-        progress(1)
-
-
-def _request_total(tr: Trace) -> int | None:
-    """How many requests a replay of ``tr`` reads, for the progress bar: a file's lines are
-    counted, not parsed (a header line aside), so the bar costs a fraction of the run."""
-    path = tr.path
-    if os.path.isfile(path):
-        opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            n = sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
-        n -= tr.format in ("azure", "native")  # a CSV header, a native trace's header line
-    elif path.startswith("<"):  # in memory: counting is cheap
-        n = sum(1 for _ in tr)
-    else:  # a stream: unknown until read
-        return None
-    return n if tr.limit is None else min(n, tr.limit)
 
 
 @named_options
@@ -267,7 +242,7 @@ def replay(
         refuse_engine_knobs_in_cache_mode(extra)
     config = make_options(extra, **_pick(given, OFFLOAD_FIELDS)).resolve(tr.block_tokens)
     fleet = fleet_options(given)
-    with Progress(progress, _request_total(tr) if progress is True else None, "replaying") as bar:
+    with Progress(progress, request_total(tr) if progress is True else None, "replaying") as bar:
         if fleet is not None:
             from kvsim.fleet.cache_fleet import replay_fleet
 
@@ -281,7 +256,7 @@ def replay(
                 per_request=run.per_request,
                 progress=bar.callback,
             )
-        return _replay(tr, config, run, bar.callback)
+        return replay_trace(tr, config, run, bar.callback)
 
 
 def fleet_options(given: Mapping[str, Any]) -> FleetOptions | None:
@@ -298,65 +273,6 @@ def _pick(given: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
         for name in names
         if name in given
     }
-
-
-def _replay(
-    tr: Trace, config: CacheConfig, run: ReplayOptions, progress: Callable[[int], None] | None
-) -> Result:
-    protocol, requests_csv = run.protocol, run.requests_csv
-    if protocol != "prefix":
-        from kvsim.cachemode.object_protocol import replay_config
-
-        requests: Iterable[Request] = tr if progress is None else _counted(tr, progress)
-        if requests_csv is not None:
-            raise InputError("--requests-csv is for --protocol prefix only")
-        return Result(
-            summary={
-                "trace": str(tr.path),
-                **replay_config(requests, config, protocol),
-                **config.capacity_summary(),
-            },
-            tables={},
-            config=config.as_dict(),
-        )
-    # the trace is read for its future only by policies that need it
-    replay = CacheReplay(config, requests_for_future=tr, fused=run.fused)
-    tables = {}
-    if requests_csv is not None:
-        summary = write_requests_csv(requests_csv, replay, tr, progress)
-    elif run.per_request:
-        import pandas as pd
-
-        rows: list[tuple[Any, ...]] = []
-        summary = replay.run(tr, rows.append, progress=progress)
-        tables["requests"] = pd.DataFrame.from_records(rows, columns=list(REQUEST_COLUMNS))
-    else:
-        summary = replay.run(tr, progress=progress)
-    _note_failed_stores(summary, config)
-    return Result(
-        summary={"trace": str(tr.path), **summary, **config.capacity_summary()},
-        tables=tables,
-        config=config.as_dict(),
-    )
-
-
-def _note_failed_stores(summary: Mapping[str, Any], config: CacheConfig) -> None:
-    """Warn when stores failed for want of room and chunked prefill is off: vLLM stores a
-    step's chunks all or nothing, so a tier smaller than one whole prompt fails silently
-    otherwise, while vLLM's own chunked prefill would store such a prompt step by step."""
-    failures = int(summary.get("allocation_failures") or 0)
-    if not failures or config.prefill_chunk_tokens is not None:
-        return
-    warnings.warn(
-        f"{failures:,} of {int(summary.get('requests') or 0):,} requests could not store "
-        f"their chunks: the CPU tier ({config.num_chunks:,} chunks of {config.chunk_tokens} "
-        "tokens) is smaller than what one whole prompt stores at once (vLLM stores a step's "
-        "chunks all or nothing); vLLM's chunked prefill stores a long prompt over several "
-        "steps: --prefill-chunk-tokens 8192 (prefill_chunk_tokens, vLLM's default "
-        "max_num_batched_tokens) models it",
-        InputWarning,
-        stacklevel=3,
-    )
 
 
 def mrc(
