@@ -33,7 +33,7 @@ def request_total(tr: Trace) -> int | None:
     if os.path.isfile(path):
         opener: Callable[..., Any] = gzip.open if path.endswith(".gz") else open
         with opener(path, "rb") as f:
-            n = sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
+            n = int(sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b"")))
         n -= tr.format in ("azure", "native")  # a CSV header, a native trace's header line
     elif path.startswith("<"):  # in memory: counting is cheap
         n = sum(1 for _ in tr)
