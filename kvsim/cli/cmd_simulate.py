@@ -289,9 +289,9 @@ def simulate_command(
     gpu_blocks = options.pop("gpu_blocks", None) or None
     inputs = [trace, vllm_config, compute_profile, link, gpu, tiers, options]
     check_output_folder(out_dir, "--out", run_folder_receives(out_dir or "."), inputs)
-    check_output_path(chrome_trace, "--chrome-trace", *referenced_files(inputs))
-    if out_dir is not None:
+    if out_dir is not None:  # made first: --chrome-trace may go inside it
         os.makedirs(out_dir, exist_ok=True)
+    check_output_path(chrome_trace, "--chrome-trace", *referenced_files(inputs))
     if save_detailed and not out_dir:
         raise InputError("--save-detailed writes into --out; give --out DIR")
     if tiers:  # vLLM's secondary_tiers objects, in order
