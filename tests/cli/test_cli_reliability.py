@@ -497,7 +497,8 @@ def test_an_error_on_a_trace_without_reuse_is_still_one_line(capsys):
 @pytest.mark.parametrize(
     ("extra", "phrase"),
     [
-        (["--gpu-kv-blocks", "1", "--cpu-chunks", "10"], "no request of the trace fits"),
+        # two blocks: vLLM's null block and one 16-token block, which no request fits in
+        (["--gpu-kv-blocks", "2", "--cpu-chunks", "10"], "no request of the trace fits"),
         (["--cpu-gib", "4", "--cpu-chunks", "50"], "only one CPU tier size"),
     ],
 )
