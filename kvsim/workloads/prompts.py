@@ -9,6 +9,7 @@ A block that reaches past the shared part is the prompt's own.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,12 +31,13 @@ class Prompt:
     block_hashes: tuple[int, ...]
 
 
-class PromptSource:
+class PromptSource(ABC):
     """``prompt(i)``: the prompt that a client's i-th request sends (0-based, counted as
     the load says: over the run or within a stage)."""
 
-    def prompt(self, i: int) -> Prompt:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abstractmethod
+    def prompt(self, i: int) -> Prompt:
+        """The i-th request's prompt; the same ``i`` always gives the same prompt."""
 
 
 class SharedPrefixPrompts(PromptSource):
