@@ -165,3 +165,17 @@ def kvsim_key(key: bytes) -> int:
     """The int key of a :func:`vllm_key` (group 0 only)."""
     assert key[8:] == b"\0\0\0\0", key
     return int.from_bytes(key[:8], "big")
+
+
+#: a Llama-3.1-8B-shaped Hugging Face config.json, for tests that pass --model FILE
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256,
+}

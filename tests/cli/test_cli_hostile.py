@@ -13,21 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support import CONVERSATION, ROOT, SAMPLE, TRACES, run_main
+from support import CONVERSATION, LLAMA_CONFIG, ROOT, SAMPLE, TRACES, run_main
 
 AZURE = TRACES / "azure_llm_2023_code.csv"
-
-LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "model_type": "llama",
-    "num_attention_heads": 32,
-    "num_hidden_layers": 32,
-    "num_key_value_heads": 8,
-    "torch_dtype": "bfloat16",
-    "vocab_size": 128256,
-}
 
 
 def one_line(err: str) -> bool:

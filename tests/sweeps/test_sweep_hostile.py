@@ -15,22 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from support import ROOT, SAMPLE, run_main
+from support import LLAMA_CONFIG, ROOT, SAMPLE, run_main
 
 from kvsim.core.errors import InputError
 from kvsim.sweeps import SweepSpec, sweep
-
-LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "model_type": "llama",
-    "num_attention_heads": 32,
-    "num_hidden_layers": 32,
-    "num_key_value_heads": 8,
-    "torch_dtype": "bfloat16",
-    "vocab_size": 128256,
-}
 
 PLUGIN_FIFO = '''
 from kvsim.policies.fifo import FIFOPolicy
