@@ -45,7 +45,7 @@ request is running or waiting (a lone request has nobody to starve).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import cast
 
 from kvsim.core.errors import InputError
@@ -126,6 +126,10 @@ class _BatchTally:
         )
 
 
+def _no_tick(t_end: float) -> None:
+    """The plain path's ``Scheduler._tick_done``: no lazy decoders to advance."""
+
+
 class Scheduler:
     """vLLM v1's scheduler over kvsim's GPU block pool: picks each step's batch, preempts."""
 
@@ -175,6 +179,8 @@ class Scheduler:
         # lazy decoders (see _go_quiet): every schedule is a tick, every update processes
         # the oldest tick scheduled
         self.lazy = lazy
+        # update's hook: a processed tick advances the quiet decoders
+        self._tick_done: Callable[[float], None] = self._advance_tick if lazy else _no_tick
         self._ticks = 0  # schedules so far (during one: the index of the current tick)
         self._processed = 0  # ticks processed
         self._tick_ends: list[float] = []  # forward end of each processed tick
@@ -183,8 +189,8 @@ class Scheduler:
         self._pending: deque[list[tuple[SimRequest, int, bool]]] = deque()
         self._n_quiet = 0
         self._quiet_ctx = 0  # sum over quiet requests of (tokens at q_start) - q_start
-        self._entered = 0  # requests gone quiet in this schedule (quiet from the next tick)
-        self._entered_ctx = 0
+        self._expiring: dict[int, list[SimRequest]] = {}  # quiet requests by q_end
+        self._stop: SimRequest | None = None  # where the last running loop broke off
 
     # --- helpers ---
 
@@ -303,7 +309,12 @@ class Scheduler:
         if self.lazy:
             self._tick_seqs.append(self._step_seq)
             self._pending.append(tally.entries)
+            for req in self._expiring.pop(self._ticks, ()):
+                if req.q_end == self._ticks:  # its quiet ticks are over
+                    self._wake(req)
         budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
+        if self.lazy:
+            self._add_quiet(tally, self._ticks, self._stop)
         if not self.preempted:
             self._schedule_waiting(now, budget, tally)
         self.scheduled = tally.reqs
@@ -370,20 +381,15 @@ class Scheduler:
         inflight = self.inflight_prefills
         n_prefill_seqs, prefill, decode = tally.n_prefill_seqs, tally.prefill, tally.decode
         context, decode_context, pairs = tally.context, tally.decode_context, tally.pairs
-        lazy = self.lazy
         tick = self._ticks
         stop: SimRequest | None = None  # where the loop broke off
         for req in running:  # a preemption pops from the tail: the loop then ends sooner
             if budget <= 0:
                 stop = req
                 break
-            if lazy:
-                q_end = req.q_end
-                if q_end > tick:  # a quiet decoder: one token, summed below
-                    budget -= 1
-                    continue
-                if q_end:  # its quiet ticks are over
-                    self._wake(req)
+            if req.q_end > tick:  # a quiet decoder: one token, summed in _add_quiet
+                budget -= 1
+                continue
             in_flight = req.in_flight
             c = req.num_computed + in_flight
             placeholders = req.placeholders
@@ -430,24 +436,9 @@ class Scheduler:
                 end if end < num_tokens else num_tokens
             ) // tpc > first:
                 add_offer(req)
-            elif lazy and sampled and n == 1 and c >= prompt:
-                self._go_quiet(req, c, num_tokens - prompt + placeholders, tick)
-        if lazy:
-            if stop is not None and self._n_quiet:
-                self._wake_from(stop)
-            # the quiet decoders: one token each at ``tokens at q_start + tick - q_start``
-            q = self._n_quiet
-            ctx = self._quiet_ctx + q * tick
-            tally.quiet = q
-            decode += q
-            decode_context += ctx
-            context += ctx
-            pairs += ctx + q  # exact: every term of ``pairs`` is an integer below 2**53
-            self._n_quiet += self._entered
-            self._quiet_ctx += self._entered_ctx
-            self._entered = self._entered_ctx = 0
         tally.n_prefill_seqs, tally.prefill, tally.decode = n_prefill_seqs, prefill, decode
         tally.context, tally.decode_context, tally.pairs = context, decode_context, pairs
+        self._stop = stop
         return budget
 
     # --- lazy decoders ---
@@ -473,10 +464,34 @@ class Scheduler:
             k = min(k, (req.next_store + 1) * conn.tpc - c - 2)
         if k < 1 or req.stale:
             return
+        q_end = tick + 1 + k
         req.q_start = tick + 1
-        req.q_end = tick + 1 + k
-        self._entered += 1
-        self._entered_ctx += c - tick  # (c + 1) tokens at q_start = tick + 1
+        req.q_end = q_end
+        self._expiring.setdefault(q_end, []).append(req)
+        self._n_quiet += 1
+        self._quiet_ctx += c - tick  # (c + 1) tokens at q_start = tick + 1
+
+    def _add_quiet(self, tally: _BatchTally, tick: int, stop: SimRequest | None) -> None:
+        """The running loop's end: the quiet decoders from ``stop`` on (where it broke off)
+        were not scheduled; the others each decode one token after ``tokens at q_start +
+        tick - q_start``, summed into the tally. Then the decoders the loop scheduled one
+        token to sample go quiet from the next tick where they can (before any admission
+        adds its entries)."""
+        if stop is not None and self._n_quiet:
+            self._wake_from(stop)
+        q = self._n_quiet
+        ctx = self._quiet_ctx + q * tick
+        tally.quiet = q
+        tally.decode += q
+        tally.decode_context += ctx
+        tally.context += ctx
+        tally.pairs += ctx + q  # exact: every term of ``pairs`` is an integer below 2**53
+        placeholder = 1 if self.async_mode else 0
+        for req, n, sampled in tally.entries:
+            if sampled and n == 1:
+                c = req.num_computed + req.in_flight - 1
+                if c >= req.prompt:
+                    self._go_quiet(req, c, req.num_output + req.placeholders - placeholder, tick)
 
     def _wake(self, req: SimRequest) -> None:
         """Materialise a quiet request: its fields as the plain path would have left them
@@ -515,6 +530,13 @@ class Scheduler:
         entry = (req, 1, True)
         for i in range(max(s0, base), upto):
             pending[i - base].append(entry)
+
+    def _advance_tick(self, t_end: float) -> None:
+        """The oldest tick scheduled is processed, its forward ending at ``t_end``: every quiet
+        decoder scheduled in it has one more token (counted when it is woken)."""
+        self._tick_ends.append(t_end)
+        self._pending.popleft()
+        self._processed += 1
 
     def _wake_from(self, stop: SimRequest) -> None:
         """The running loop broke off at ``stop``: the quiet requests from there on were not
@@ -783,10 +805,7 @@ class Scheduler:
         vLLM ``update_from_output``: a request's tokens become computed, one scheduled to
         sample gets its token; a stale batch (scheduled before the request was preempted)
         still delivers its token, which may finish the request, but computes nothing."""
-        if self.lazy:  # the oldest tick scheduled is processed: quiet requests advance
-            self._tick_ends.append(t_end)
-            self._pending.popleft()
-            self._processed += 1
+        self._tick_done(t_end)
         finished = []
         stale_finished = False
         unit = self.unit
