@@ -85,7 +85,7 @@ def run_kvsim_engine(
         run.steps.append(
             TwinStep(
                 now,
-                {r.rid: r.sched for r in scheduler.scheduled},
+                scheduler.scheduled_tokens(),
                 tuple(r.rid for r in scheduler.preempted),
             )
         )

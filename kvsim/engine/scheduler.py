@@ -549,6 +549,16 @@ class Scheduler:
                         self._wake(req)
                 return
 
+    def scheduled_tokens(self) -> dict[int, int]:
+        """Tokens per request id in the last schedule, quiet decoders included (for the tests
+        that compare steps with vLLM's; the engine never needs the list)."""
+        out = {r.rid: r.sched for r in self.scheduled}
+        tick = self._ticks - 1
+        for r in self.running:
+            if r.q_start <= tick < r.q_end:
+                out[r.rid] = 1
+        return out
+
     def wake_all(self) -> None:
         """Materialise every quiet request (before anything reads their fields)."""
         if self._n_quiet:
