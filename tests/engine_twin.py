@@ -85,7 +85,7 @@ def run_kvsim_engine(
         run.steps.append(
             TwinStep(
                 now,
-                scheduler.scheduled_tokens(),
+                {r.rid: r.sched for r in scheduler.scheduled},
                 tuple(r.rid for r in scheduler.preempted),
             )
         )

@@ -58,9 +58,6 @@ from kvsim.traces.model import Request
 
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
 BATCH_QUEUE_DEPTH = 2  # vLLM max_concurrent_batches under async scheduling
-# the scheduler's lazy decoders (Scheduler._go_quiet): the same results, faster; tests switch
-# it off to compare with the plain path
-LAZY_DECODERS = True
 
 
 @dataclass(slots=True, eq=False)
@@ -169,9 +166,7 @@ class Engine:
             self.tiers.set_load_rule(
                 self.compute, self.transfer.h2d, self.connector, params.max_num_batched_tokens
             )
-        self.scheduler = Scheduler(
-            params, self.pool, self.layout.unit_tokens, self.connector, lazy=LAZY_DECODERS
-        )
+        self.scheduler = Scheduler(params, self.pool, self.layout.unit_tokens, self.connector)
         self.recorder = Recorder(params.record_steps)
         self.progress = progress
         self.events = EventQueue()
@@ -578,7 +573,6 @@ class Engine:
     def _drain(self) -> None:
         """After the last step: let in-flight copies finish and account them, then the
         tier jobs (each at its own time)."""
-        self.scheduler.wake_all()
         conn = self.connector
         if conn is not None and conn.jobs:
             t, results = self.backend.wait(list(conn.jobs), self.clock.now())

@@ -49,8 +49,6 @@ class SimRequest:
         "placeholders",
         "preemptions",
         "prompt",
-        "q_end",
-        "q_start",
         "rid",
         "sched",
         "stale",
@@ -109,10 +107,6 @@ class SimRequest:
         self.kv_wait = 0.0
         self.kv_wait_start: float | None = None
         self.deferrals = 0
-        # the scheduler's lazy decoders (Scheduler._go_quiet): quiet for ticks
-        # [q_start, q_end), its fields above lag until materialised; q_end == 0: not quiet
-        self.q_start = 0
-        self.q_end = 0
 
     @property
     def num_tokens(self) -> int:

@@ -45,7 +45,7 @@ request is running or waiting (a lone request has nobody to starve).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import cast
 
 from kvsim.core.errors import InputError
@@ -84,7 +84,6 @@ class _BatchTally:
         "offers",
         "pairs",
         "prefill",
-        "quiet",
         "reqs",
     )
 
@@ -99,7 +98,6 @@ class _BatchTally:
         self.context = 0
         self.decode_context = 0
         self.pairs = 0.0
-        self.quiet = 0  # lazy decoders scheduled (counted in the sums, not in ``reqs``)
 
     def add(self, req: SimRequest, n: int, computed: int, is_decode: bool) -> None:
         """Schedule ``n`` tokens of ``req`` after ``computed``: the compute model's inputs."""
@@ -116,7 +114,7 @@ class _BatchTally:
 
     def batch(self) -> StepBatch:
         return StepBatch(
-            len(self.reqs) + self.quiet,
+            len(self.reqs),
             self.n_prefill_seqs,
             self.prefill,
             self.decode,
@@ -124,10 +122,6 @@ class _BatchTally:
             self.pairs,
             self.decode_context,
         )
-
-
-def _no_tick(t_end: float) -> None:
-    """The plain path's ``Scheduler._tick_done``: no lazy decoders to advance."""
 
 
 class Scheduler:
@@ -139,8 +133,6 @@ class Scheduler:
         pool: GpuBlockPool,
         unit_tokens: int,
         connector: OffloadConnector | None,
-        *,
-        lazy: bool = False,
     ) -> None:
         self.params = params
         self.pool = pool
@@ -176,21 +168,6 @@ class Scheduler:
         self._step_seq = 0  # the fence of the step being scheduled
         self.processed_seq = 0
         self.deferred_frees: deque[tuple[int, list[int]]] = deque()
-        # lazy decoders (see _go_quiet): every schedule is a tick, every update processes
-        # the oldest tick scheduled
-        self.lazy = lazy
-        # update's hook: a processed tick advances the quiet decoders
-        self._tick_done: Callable[[float], None] = self._advance_tick if lazy else _no_tick
-        self._ticks = 0  # schedules so far (during one: the index of the current tick)
-        self._processed = 0  # ticks processed
-        self._tick_ends: list[float] = []  # forward end of each processed tick
-        self._tick_seqs: list[int] = []  # the fence each tick gave its requests
-        # the batch entries of the ticks scheduled, not yet processed (oldest first)
-        self._pending: deque[list[tuple[SimRequest, int, bool]]] = deque()
-        self._n_quiet = 0
-        self._quiet_ctx = 0  # sum over quiet requests of (tokens at q_start) - q_start
-        self._expiring: dict[int, list[SimRequest]] = {}  # quiet requests by q_end
-        self._stop: SimRequest | None = None  # where the last running loop broke off
 
     # --- helpers ---
 
@@ -306,23 +283,13 @@ class Scheduler:
         # the fence the step gets if it schedules anything (see _after_schedule)
         self._step_seq = self.sched_seq + 1 if self.defer_free else self.sched_seq
         tally = _BatchTally()
-        if self.lazy:
-            self._tick_seqs.append(self._step_seq)
-            self._pending.append(tally.entries)
-            for req in self._expiring.pop(self._ticks, ()):
-                if req.q_end == self._ticks:  # its quiet ticks are over
-                    self._wake(req)
         budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
-        if self.lazy:
-            self._add_quiet(tally, self._ticks, self._stop)
         if not self.preempted:
             self._schedule_waiting(now, budget, tally)
         self.scheduled = tally.reqs
         if self.connector is not None:
             self.connector.build_store_jobs(tally.offers)
         self._after_schedule(tally)
-        if self.lazy:
-            self._ticks += 1
         return tally.batch()
 
     def _after_schedule(self, tally: _BatchTally) -> None:
@@ -336,7 +303,7 @@ class Scheduler:
         admission of an async load sums, so those leave here, and the connector's store
         offers, which count the step's tokens in flight."""
         self.finished_unreported = False
-        if self.defer_free and (tally.reqs or tally.quiet):
+        if self.defer_free and tally.reqs:
             self.sched_seq += 1
         if tally.ended_prefills:
             pop = self.inflight_prefills.pop
@@ -381,15 +348,9 @@ class Scheduler:
         inflight = self.inflight_prefills
         n_prefill_seqs, prefill, decode = tally.n_prefill_seqs, tally.prefill, tally.decode
         context, decode_context, pairs = tally.context, tally.decode_context, tally.pairs
-        tick = self._ticks
-        stop: SimRequest | None = None  # where the loop broke off
         for req in running:  # a preemption pops from the tail: the loop then ends sooner
             if budget <= 0:
-                stop = req
                 break
-            if req.q_end > tick:  # a quiet decoder: one token, summed in _add_quiet
-                budget -= 1
-                continue
             in_flight = req.in_flight
             c = req.num_computed + in_flight
             placeholders = req.placeholders
@@ -404,7 +365,6 @@ class Scheduler:
                 continue
             end = c + n
             if end > len(req.blocks) * unit and not self._grow_or_preempt(req, n):
-                stop = req
                 break
             if prefix and end // unit > req.n_cached:
                 self._cache_upto(req, end)  # decode blocks too, once full (vLLM caches them)
@@ -438,133 +398,7 @@ class Scheduler:
                 add_offer(req)
         tally.n_prefill_seqs, tally.prefill, tally.decode = n_prefill_seqs, prefill, decode
         tally.context, tally.decode_context, tally.pairs = context, decode_context, pairs
-        self._stop = stop
         return budget
-
-    # --- lazy decoders ---
-
-    def _go_quiet(self, req: SimRequest, c: int, sampled_before: int, tick: int) -> None:
-        """Make ``req``, just scheduled one decode token at ``tick`` after ``c`` tokens with
-        ``sampled_before`` output tokens and placeholders, quiet for the next K ticks: those
-        in which the plain loop would only add one token to it and the sums.
-
-        It is then scheduled one token a tick whose only effects are counters: it samples
-        each (the sequence's end moves on with it), needs no new GPU block, fills none (no
-        prefix-cache keys), completes no chunk to offer, and samples no last token (no
-        finish, no async skip); its fields lag until ``_wake`` sets them. Tick ``tick + 1
-        + j`` schedules the token after ``c + 1 + j`` tokens, ending at ``c + 2 + j``, and
-        samples output token ``sampled_before + 2 + j``. The bounds are conservative: a
-        request they stop early only takes the plain path."""
-        unit = self.unit
-        k = min(req.output - 2 - sampled_before, len(req.blocks) * unit - c - 1)
-        if self.prefix_caching:
-            k = min(k, (req.n_cached + 1) * unit - c - 2)
-        conn = self.connector
-        if conn is not None and (not conn.prompt_only or req.next_store < req.n_prompt_chunks):
-            k = min(k, (req.next_store + 1) * conn.tpc - c - 2)
-        if k < 1 or req.stale:
-            return
-        q_end = tick + 1 + k
-        req.q_start = tick + 1
-        req.q_end = q_end
-        self._expiring.setdefault(q_end, []).append(req)
-        self._n_quiet += 1
-        self._quiet_ctx += c - tick  # (c + 1) tokens at q_start = tick + 1
-
-    def _add_quiet(self, tally: _BatchTally, tick: int, stop: SimRequest | None) -> None:
-        """The running loop's end: the quiet decoders from ``stop`` on (where it broke off)
-        were not scheduled; the others each decode one token after ``tokens at q_start +
-        tick - q_start``, summed into the tally. Then the decoders the loop scheduled one
-        token to sample go quiet from the next tick where they can (before any admission
-        adds its entries)."""
-        if stop is not None and self._n_quiet:
-            self._wake_from(stop)
-        q = self._n_quiet
-        ctx = self._quiet_ctx + q * tick
-        tally.quiet = q
-        tally.decode += q
-        tally.decode_context += ctx
-        tally.context += ctx
-        tally.pairs += ctx + q  # exact: every term of ``pairs`` is an integer below 2**53
-        placeholder = 1 if self.async_mode else 0
-        for req, n, sampled in tally.entries:
-            if sampled and n == 1:
-                c = req.num_computed + req.in_flight - 1
-                if c >= req.prompt:
-                    self._go_quiet(req, c, req.num_output + req.placeholders - placeholder, tick)
-
-    def _wake(self, req: SimRequest) -> None:
-        """Materialise a quiet request: its fields as the plain path would have left them
-        after the ticks scheduled (and processed) so far, and its entries in the batches
-        still to process; it then takes the plain path.
-
-        Its token gaps are the differences of the processed ticks' end times, in float64
-        then stored as float32, as ``update`` makes them."""
-        s0 = req.q_start
-        upto = min(req.q_end, self._ticks)
-        req.q_end = 0
-        self._n_quiet -= 1
-        self._quiet_ctx -= req.num_computed + req.in_flight - s0
-        if upto <= s0:
-            return
-        base = self._processed
-        done = min(base, upto)
-        k_p = done - s0 if done > s0 else 0
-        k_s = upto - s0
-        req.in_flight += k_s - k_p
-        req.sched = 1
-        req.last_seq = self._tick_seqs[upto - 1]
-        if self.async_mode:
-            req.placeholders += k_s - k_p
-        if k_p:
-            req.num_computed += k_p
-            req.forward_tokens += k_p
-            req.num_output += k_p
-            gaps = req.token_gaps
-            last = req.last_token
-            for t in self._tick_ends[s0:done]:
-                gaps.append(t - last)
-                last = t
-            req.last_token = last
-        pending = self._pending
-        entry = (req, 1, True)
-        for i in range(max(s0, base), upto):
-            pending[i - base].append(entry)
-
-    def _advance_tick(self, t_end: float) -> None:
-        """The oldest tick scheduled is processed, its forward ending at ``t_end``: every quiet
-        decoder scheduled in it has one more token (counted when it is woken)."""
-        self._tick_ends.append(t_end)
-        self._pending.popleft()
-        self._processed += 1
-
-    def _wake_from(self, stop: SimRequest) -> None:
-        """The running loop broke off at ``stop``: the quiet requests from there on were not
-        scheduled this tick."""
-        running = self.running
-        for i in range(len(running) - 1, -1, -1):
-            if running[i] is stop:
-                for req in running[i:]:
-                    if req.q_end:
-                        self._wake(req)
-                return
-
-    def scheduled_tokens(self) -> dict[int, int]:
-        """Tokens per request id in the last schedule, quiet decoders included (for the tests
-        that compare steps with vLLM's; the engine never needs the list)."""
-        out = {r.rid: r.sched for r in self.scheduled}
-        tick = self._ticks - 1
-        for r in self.running:
-            if r.q_start <= tick < r.q_end:
-                out[r.rid] = 1
-        return out
-
-    def wake_all(self) -> None:
-        """Materialise every quiet request (before anything reads their fields)."""
-        if self._n_quiet:
-            for req in self.running:
-                if req.q_end:
-                    self._wake(req)
 
     def _grow_or_preempt(self, req: SimRequest, n: int) -> bool:
         """Get ``req`` the blocks for ``n`` more tokens, preempting from the tail of the running
@@ -575,10 +409,7 @@ class Scheduler:
             return True
         blocks = self.pool.allocate(need)
         while blocks is None:
-            tail = self.running[-1]
-            if tail.q_end:  # not reached this tick: its state as of the last one
-                self._wake(tail)
-            if not self._can_release(tail):
+            if not self._can_release(self.running[-1]):
                 return False  # vLLM: a deferred free would not help now
             victim = self.running.pop()
             self._preempt(victim)
@@ -815,7 +646,6 @@ class Scheduler:
         vLLM ``update_from_output``: a request's tokens become computed, one scheduled to
         sample gets its token; a stale batch (scheduled before the request was preempted)
         still delivers its token, which may finish the request, but computes nothing."""
-        self._tick_done(t_end)
         finished = []
         stale_finished = False
         unit = self.unit
