@@ -112,6 +112,9 @@ class OffloadConnector:
         # request's store needs the check: every step allocates, few need it)
         self._allocated: list[tuple[int, ...]] = []
         self.finished_pending: list[SimRequest] = []
+        # finished requests that made their last offer, stores still in flight (retired as
+        # their last job ends)
+        self._draining: set[SimRequest] = set()
         self.store_next: list[ConnectorJob] = []  # built this step, submitted next step
         self.store_now: list[ConnectorJob] = []  # built last step, submitted this step
         self.sync_loads: list[ConnectorJob] = []
@@ -222,6 +225,10 @@ class OffloadConnector:
             self._offer(req, max(req.prompt, req.num_tokens - 1))
             self.manager.on_request_finished(req.ctx)
             req.blocks = []  # its last offer was made: the pool holds its blocks now
+            if req.jobs:
+                self._draining.add(req)
+            else:
+                req.retire()
         self.manager.on_schedule_end()
 
     def _offer(self, req: SimRequest, tokens_after: int) -> None:
@@ -467,6 +474,9 @@ class OffloadConnector:
                             del loading[k]
                     req.load_done = True
             on_done(job, r)
+            if not req.jobs and req in self._draining:
+                self._draining.remove(req)
+                req.retire()
         return n
 
     @property
