@@ -179,3 +179,20 @@ def test_a_fleet_runs_an_open_workload_and_refuses_a_closed_loop() -> None:
     closed = {"type": "concurrency", "stages": [{"concurrency": 3, "num_requests": 12}]}
     with pytest.raises(kvsim.InputError, match="closed loop"):
         kvsim.simulate(workload=workload, load=closed, cpu_gib=8, instances=2)
+
+
+def test_a_fleet_whose_requests_keep_their_keys_and_context_has_the_same_tables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each instance's engine drops a finished request's keys and context (its recorder
+    keeps the request for its row): the fleet's tables equal those of a run keeping them."""
+    from kvsim.engine.request_state import SimRequest
+
+    reqs = _requests()
+    opts = {**OPTS, "instances": 2, "router": "prefix-aware"}
+    lean = kvsim.simulate(reqs, **opts)
+    monkeypatch.setattr(SimRequest, "retire", lambda self: None)
+    kept = kvsim.simulate(reqs, **opts)
+    assert lean.tables["transfers"].shape[0] > 0
+    for name in ("requests", "steps", "transfers"):
+        assert _csv(lean.tables[name]) == _csv(kept.tables[name]), name
