@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.core.errors import InputError
-from kvsim.plots.capacity import _need
+from kvsim.plots.capacity import need_columns
 from kvsim.plots.style import (
     REFERENCES,
     Preset,
@@ -72,9 +72,9 @@ def ttft_cdf(
     """Empirical CDF of time to first token on a log axis, one line per value of ``by``,
     with p50 and p99 marked on every line; ``baseline`` (the requests table of the run
     without offloading, ``baseline_requests``) is drawn as the reference."""
-    _need(requests, ["ttft_s"] + ([by] if by else []), "ttft-cdf")
+    need_columns(requests, ["ttft_s"] + ([by] if by else []), "ttft-cdf")
     if baseline is not None:
-        _need(baseline, ["ttft_s"], "ttft-cdf baseline")
+        need_columns(baseline, ["ttft_s"], "ttft-cdf baseline")
     groups = list(requests.groupby(by, sort=True)) if by else [("offloading", requests)]
     with styled(preset) as p:
         (a,) = panels(ax, p, 1)
@@ -222,7 +222,7 @@ def usage_timeline(
     are resampled (:func:`resample`).
     """
     time = time or next((c for c in TIME_COLUMNS if c in steps.columns), TIME_COLUMNS[0])
-    _need(steps, [time], "usage-timeline")
+    need_columns(steps, [time], "usage-timeline")
     if cpu_chunks is not None and cpu_chunks <= 0:
         raise InputError(f"usage-timeline: cpu_chunks must be positive, got {cpu_chunks}")
     if max_points < 2:
@@ -277,7 +277,7 @@ def usage_timeline(
 
 
 def _check_transfers(table: pd.DataFrame) -> None:
-    _need(table, ["direction", "bytes", "start_s", "end_s"], "transfers")
+    need_columns(table, ["direction", "bytes", "start_s", "end_s"], "transfers")
     if table.empty:
         raise InputError("transfers: the table is empty")
 
