@@ -186,9 +186,14 @@ def test_a_fleet_runs_an_open_workload() -> None:
     assert list(run.tables["stages"]["stage"]) == [0, "all"]
 
 
-@pytest.mark.parametrize("extra", [{}, {"async_scheduling": False}], ids=["async", "sync"])
-def test_a_fleet_of_one_runs_the_closed_loop_of_one_engine(extra) -> None:
-    opts = dict(workload=WORKLOAD, load=CLOSED, cpu_gib=8, gpu_blocks=400, **extra)
+@pytest.mark.parametrize(
+    "extra, timing",
+    [({}, "ideal"), ({"async_scheduling": False}, "ideal"), ({}, "inference-perf")],
+    ids=["async", "sync", "drained-stages"],
+)
+def test_a_fleet_of_one_runs_the_closed_loop_of_one_engine(extra, timing) -> None:
+    load = {**CLOSED, "timing": timing}  # inference-perf's: a stage waits for the last to drain
+    opts = dict(workload=WORKLOAD, load=load, cpu_gib=8, gpu_blocks=400, **extra)
     one = kvsim.simulate(**opts)
     fleet = kvsim.simulate(**opts, instances=1, router="prefix-aware")
     assert set(fleet.tables) == set(one.tables) | {"instances"}
