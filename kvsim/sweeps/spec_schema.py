@@ -47,6 +47,19 @@ TierSetField = Annotated[
 ]
 
 
+KeepRequests = Annotated[
+    bool,
+    Meta(
+        description=(
+            "Keep each cell's requests table, one row per request, as "
+            "OUT/cells/CELL_ID/requests.parquet (CELL_ID: the results' cell_id column): what "
+            "kvsim simulate writes for a timed cell, kvsim replay --requests-csv for a cache "
+            "cell; kvsim plot OUT --kind ttft-cdf needs it. Needs an output folder."
+        )
+    ),
+]
+
+
 class GeneratedTrace(Schema, frozen=True, forbid_unknown_fields=False):
     """A generated workload as a trace (``kvsim.generate``); its other keys are the kind's
     knobs (``kvsim trace gen --help``), which the generator checks."""
@@ -120,6 +133,7 @@ def _spec_struct(types: dict[str, Any], title: str) -> type[Schema]:
         ("name", Text | int, "sweep"),
         ("mode", Mode, "cache"),
         ("limit", Count | None, None),
+        ("keep_requests", KeepRequests, False),
         ("options", options, msgspec.field(default_factory=options)),
         ("grid", grid, msgspec.field(default_factory=grid)),
     ]
