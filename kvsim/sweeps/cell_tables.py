@@ -97,6 +97,16 @@ def read_requests(
     return pd.concat(frames, ignore_index=True)
 
 
+def check_timed(results: pd.DataFrame, source: str | None = None) -> None:
+    """Refuse a TTFT figure of a cache-mode sweep: its requests have hits, no times."""
+    if "mode" in results.columns and not (results["mode"] == "timed").any():
+        raise InputError(
+            "ttft-cdf needs a timed sweep (mode: timed, kvsim sweep --mode timed); a cache-mode "
+            "sweep's requests tables have hits per request, no times",
+            source=source,
+        )
+
+
 def read_results(folder: str) -> pd.DataFrame:
     """A sweep folder's results table (Parquet, else CSV)."""
     import pandas as pd
