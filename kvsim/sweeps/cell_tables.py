@@ -121,11 +121,33 @@ def read_results(folder: str) -> pd.DataFrame:
     raise InputError("not a sweep folder (no results.parquet or results.csv)", source=folder)
 
 
-def varying_columns(results: pd.DataFrame) -> list[str]:
-    """The configuration columns whose value differs between the cells (what tells one
-    cell's line from another's), in table order."""
-    from kvsim.sweeps.cells import CELL_KEYS
-    from kvsim.sweeps.spec_schema import option_names
+def varying_columns(results: pd.DataFrame, candidates: list[str] | None = None) -> list[str]:
+    """The configuration columns that tell the cells apart: of ``candidates`` (default:
+    every run parameter of the table) taken policy first, then the admission rule, then in
+    the given order, those that vary, each kept only when it splits the cells further (a cell's
+    ``cpu_gib`` follows from its ``cpu_chunks``: one of them is enough)."""
+    import pandas as pd
 
-    params = option_names("cache") | option_names("timed") | set(CELL_KEYS)
-    return [str(c) for c in results.columns if c in params and results[c].astype(str).nunique() > 1]
+    if candidates is None:
+        from kvsim.sweeps.cells import CELL_KEYS
+        from kvsim.sweeps.spec_schema import option_names
+
+        params = option_names("cache") | option_names("timed") | set(CELL_KEYS)
+        candidates = [str(c) for c in results.columns if c in params]
+    candidates = sorted(candidates, key=_priority)  # stable: given order within a priority
+    chosen: list[str] = []
+    keys = pd.Series("", index=results.index)
+    for c in candidates:
+        refined = keys + "\x1f" + results[c].astype(str)
+        if refined.nunique() > keys.nunique():
+            chosen.append(c)
+            keys = refined
+    return chosen
+
+
+#: the columns a cell is named by first: the policy, then the admission rule
+FIRST_COLUMNS = ("policy", "admission", "store_threshold")
+
+
+def _priority(column: str) -> int:
+    return FIRST_COLUMNS.index(column) if column in FIRST_COLUMNS else len(FIRST_COLUMNS)
