@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from kvsim.core.errors import InputError
-from kvsim.plots.capacity import CAPACITY_COLUMNS, X_LABELS, _numeric, _pick, series_columns
+from kvsim.plots.capacity import (
+    CAPACITY_COLUMNS,
+    X_LABELS,
+    numeric_rows,
+    pick_column,
+    series_columns,
+)
 from kvsim.plots.style import (
     COLOURS,
     LINESTYLES,
@@ -62,8 +68,8 @@ def metric_vs_capacity(
         raise InputError("metric-vs-capacity needs a metric (--y), e.g. median_ttft_ms")
     if y not in df.columns:
         raise InputError(f"metric-vs-capacity: no column {y!r} in the table")
-    x = _pick(df, x, CAPACITY_COLUMNS, "metric-vs-capacity", "capacity")
-    df = _numeric(df, [x, y])
+    x = pick_column(df, x, CAPACITY_COLUMNS, "metric-vs-capacity", "capacity")
+    df = numeric_rows(df, [x, y])
     if df.empty:
         raise InputError(f"metric-vs-capacity: no successful cells with {x} and {y}")
     by = series_columns(df, x)

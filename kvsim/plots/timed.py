@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.core.errors import InputError
-from kvsim.plots.capacity import MAX_LINES, _need
+from kvsim.plots.capacity import MAX_LINES, need_columns
 from kvsim.plots.style import (
     REFERENCES,
     Preset,
@@ -72,9 +72,9 @@ def ttft_cdf(
     """Empirical CDF of time to first token on a log axis, one line per value of ``by``,
     with p50 and p99 marked on every line; ``baseline`` (the requests table of the run
     without offloading, ``baseline_requests``) is drawn as the reference."""
-    _need(requests, ["ttft_s"] + ([by] if by else []), "ttft-cdf")
+    need_columns(requests, ["ttft_s"] + ([by] if by else []), "ttft-cdf")
     if baseline is not None:
-        _need(baseline, ["ttft_s"], "ttft-cdf baseline")
+        need_columns(baseline, ["ttft_s"], "ttft-cdf baseline")
     groups = list(requests.groupby(by, sort=True)) if by else [("offloading", requests)]
     lines = [
         (f"{by}={key}" if by else ("offloading" if baseline is not None else "all"), g)
@@ -103,8 +103,8 @@ def sweep_ttft_cdf(
     from kvsim.sweeps.cell_tables import CELL_ID, check_timed, varying_columns
 
     check_timed(results)
-    _need(requests, ["ttft_s", CELL_ID], "ttft-cdf")
-    _need(results, [CELL_ID], "ttft-cdf")
+    need_columns(requests, ["ttft_s", CELL_ID], "ttft-cdf")
+    need_columns(results, [CELL_ID], "ttft-cdf")
     ok = results[results["status"] == "ok"] if "status" in results.columns else results
     if len(ok) > MAX_LINES:
         raise InputError(
@@ -275,7 +275,7 @@ def usage_timeline(
     are resampled (:func:`resample`).
     """
     time = time or next((c for c in TIME_COLUMNS if c in steps.columns), TIME_COLUMNS[0])
-    _need(steps, [time], "usage-timeline")
+    need_columns(steps, [time], "usage-timeline")
     if cpu_chunks is not None and cpu_chunks <= 0:
         raise InputError(f"usage-timeline: cpu_chunks must be positive, got {cpu_chunks}")
     if max_points < 2:
@@ -330,7 +330,7 @@ def usage_timeline(
 
 
 def _check_transfers(table: pd.DataFrame) -> None:
-    _need(table, ["direction", "bytes", "start_s", "end_s"], "transfers")
+    need_columns(table, ["direction", "bytes", "start_s", "end_s"], "transfers")
     if table.empty:
         raise InputError("transfers: the table is empty")
 

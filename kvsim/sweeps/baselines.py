@@ -30,9 +30,8 @@ if TYPE_CHECKING:
 #: names the folder a sweep's processes share while it runs: one offload-free baseline per
 #: (trace, engine configuration), run by the first timed cell that needs it
 BASELINES_ENV = "KVSIM_SWEEP_BASELINES"
-#: the run label of a baseline's warnings (``Load.warning``), and where a shared baseline
-#: keeps them, so that a cell reading it warns as the cell alone would
-BASELINE_RUN = "(without offloading)"
+#: where a shared baseline keeps its load warnings, so that a cell reading it warns as the
+#: cell alone would
 _WARNINGS = "__warnings__"
 #: options that shape only the CPU tier, which a run without offloading never reads
 _CPU_TIER_OPTIONS = frozenset(
@@ -85,8 +84,8 @@ def timed_run(
             said = []
             for w in caught:  # passed on; the baseline's own are kept for the other cells
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-                if issubclass(w.category, serve_metrics.LoadWarning) and BASELINE_RUN in str(
-                    w.message
+                if issubclass(w.category, serve_metrics.LoadWarning) and serve_metrics.warns_about(
+                    str(w.message), serve_metrics.RUN_WITHOUT_OFFLOAD
                 ):
                     said.append([w.category.__name__, str(w.message)])
             base = {k: v for k, v in summary.items() if k.startswith(BASELINE_PREFIX)}
