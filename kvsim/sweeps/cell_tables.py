@@ -129,8 +129,7 @@ def varying_columns(results: pd.DataFrame, candidates: list[str] | None = None) 
     import pandas as pd
 
     if candidates is None:
-        from kvsim.sweeps.cells import CELL_KEYS
-        from kvsim.sweeps.spec_schema import option_names
+        from kvsim.sweeps.spec_schema import CELL_KEYS, option_names
 
         params = option_names("cache") | option_names("timed") | set(CELL_KEYS)
         candidates = [str(c) for c in results.columns if c in params]

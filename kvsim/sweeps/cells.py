@@ -23,6 +23,7 @@ from kvsim.core.errors import InputWarning
 from kvsim.sweeps.baselines import baseline_key, timed_run
 from kvsim.sweeps.cell_tables import write_requests
 from kvsim.sweeps.inputs import resolve_trace, trace_label
+from kvsim.sweeps.spec_schema import CELL_KEYS
 from kvsim.sweeps.tier_sets import TIERS, secondary_tiers, tier_set_label, tier_shares
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
 
 #: a row's first columns, before its configuration and metrics
 STATUS_COLUMNS = ("cell", "cell_id", "status", "error", "elapsed_s")
-#: a cell's keys that are not ``replay`` / ``simulate`` keywords
-CELL_KEYS = ("trace", "mode", "limit")
 
 
 def count_cells(traces: list[Any], grid: Mapping[str, list[Any]]) -> int:

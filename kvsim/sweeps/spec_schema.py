@@ -27,6 +27,8 @@ from kvsim.options.schema import Schema
 from kvsim.sweeps.tier_sets import TIERS
 
 MODES = ("cache", "timed")
+#: a cell's keys that are not ``replay`` / ``simulate`` keywords
+CELL_KEYS = ("trace", "mode", "limit")
 Mode = Literal["cache", "timed"]
 
 #: job keywords a cell cannot set: the sweep sets them, they write files of their own, or
