@@ -120,3 +120,15 @@ def test_keep_requests_needs_a_folder_and_says_how_to_get_tables(tmp_path):
     kvsim.sweep({**spec, "keep_requests": False}, out=tmp_path, executor="serial")
     with pytest.raises(InputError, match="rerun the sweep with --keep-requests"):
         read_requests(tmp_path)
+
+
+def test_the_spec_key_is_checked_with_the_rest_of_the_spec():
+    from kvsim.sweeps import SweepSpec
+
+    spec = {"traces": [SAMPLE], "options": {"cpu_chunks": 8}}
+    assert SweepSpec.from_mapping({**spec, "keep_requests": True}).keep_requests
+    assert not SweepSpec.from_mapping(spec).keep_requests
+    with pytest.raises(InputError, match="keep_requests"):
+        SweepSpec.from_mapping({**spec, "keep_requests": "sometimes"})
+    with pytest.raises(InputError, match="keep_requs"):  # a typo is named, not ignored
+        SweepSpec.from_mapping({**spec, "keep_requs": True})
