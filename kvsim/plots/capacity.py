@@ -86,27 +86,13 @@ def need_columns(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
         )
 
 
-def _priority(column: str) -> int:
-    order = ("policy", *ADMISSION_COLUMNS)
-    return order.index(column) if column in order else len(order)
-
-
 def series_columns(df: pd.DataFrame, x: str) -> list[str]:
     """The parameter columns that split ``df`` into lines: those that vary, policy first,
     then admission, then table order, each kept only when it splits a line further."""
+    from kvsim.sweeps.cell_tables import varying_columns
+
     params = parameter_names()
-    candidates = [
-        c for c in df.columns if c in params and c != x and df[c].astype(str).nunique() > 1
-    ]
-    candidates.sort(key=_priority)  # stable: table order within a priority
-    chosen: list[str] = []
-    keys = pd.Series("", index=df.index)
-    for c in candidates:
-        refined = keys + "\x1f" + df[c].astype(str)
-        if refined.nunique() > keys.nunique():
-            chosen.append(c)
-            keys = refined
-    return chosen
+    return varying_columns(df, [str(c) for c in df.columns if c in params and c != x])
 
 
 def pick_column(

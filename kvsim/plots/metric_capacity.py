@@ -30,7 +30,7 @@ from kvsim.plots.style import (
     panels,
     styled,
 )
-from kvsim.report.labels import label_of
+from kvsim.report.labels import cell_label, label_of
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -88,7 +88,7 @@ def metric_vs_capacity(
                 dashes.append(rest)
             i = policies.index(policy) if policy in policies else 0
             g = g.sort_values(x)
-            name = ", ".join([policy.upper()] * bool(policy) + [f"{c}={values[c]}" for c in others])
+            name = cell_label({c: values[c] for c in by})
             a.plot(
                 g[x],
                 g[y],
