@@ -73,6 +73,9 @@ class SimulatedTransferBackend:
         self._busy.add(job.job_id)
         self._start_idle(self._t)
 
+    def host_free_time(self) -> float:
+        return self._host_free
+
     def poll(self, now: float) -> list[TransferResult]:
         self._advance(now)
         done, self._done = self._done, []
