@@ -10,6 +10,8 @@ import pandas as pd
 
 from kvsim.engine.transfer_protocol import STORE
 from kvsim.report.serve_metrics import (
+    RUN_WITH_OFFLOAD,
+    RUN_WITHOUT_OFFLOAD,
     BenchSettings,
     Load,
     bench_fields,
@@ -61,7 +63,7 @@ def summarize(
     out.update(bench_fields(requests, itls, rec.token_times(), span, bench))
     load = Load.of(requests, itls, engine.busy_s, engine.steps, span)
     out.update(load.fields())
-    said = load.warning("with offloading" if engine.offload else "without offloading")
+    said = load.warning(RUN_WITH_OFFLOAD if engine.offload else RUN_WITHOUT_OFFLOAD)
     if said is not None and not closed_loop:
         warnings.warn(said[0], said[1], stacklevel=2)
     out["kv_wait_total_s"] = float(done["kv_wait_s"].sum())
