@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.core.errors import InputError
+from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.keys import ChunkKey
 from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.engine import Engine
@@ -151,17 +151,48 @@ def simulate_fleet(
         fleet.router_staleness_ms / 1000.0,
         shared.contains if shared is not None else None,
     )
-    routes = _run(engines, view, source, shared=stores is not None)
+    routes: dict[int, int] = {}
+    stalled: EngineStalled | None = None
+    try:
+        _run(engines, view, source, stores is not None, routes)
+    except EngineStalled as exc:  # one instance stalled: the fleet reports what ran
+        stalled = exc
     if client is not None:
         stages = client.stage_of
     closed = isinstance(tr, Workload) and tr.load.type == "concurrency"
     with warnings.catch_warnings():  # an instance's overload: the fleet's summary warns
         warnings.simplefilter("ignore")
-        parts = [
-            engine_outputs(e, bench, record_tokens) if e.recorder.requests else ({}, {})
-            for e in engines
-        ]  # an instance the router never chose has no summary and no rows
-    return _outputs(engines, parts, routes, view, fleet, bench, shared_prefix, stages, closed)
+        parts = [_instance_outputs(e, bench, record_tokens, stalled) for e in engines]
+    summary, tables = _outputs(
+        engines, parts, routes, view, fleet, bench, shared_prefix, stages, closed, stalled
+    )
+    if stalled is not None:
+        summary["stalled"] = str(stalled)
+        summary["unfinished_requests"] = int((~_ended(tables["requests"])).sum())
+        stalled.partial = (summary, tables)
+        raise stalled
+    return summary, tables
+
+
+def _instance_outputs(
+    engine: Engine, bench: BenchSettings, record_tokens: bool, stalled: EngineStalled | None
+) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """One instance's summary and tables (nothing for an instance the router never chose);
+    after a stall, of the requests that ended on it (:func:`engine_outputs`' partial)."""
+    if not engine.recorder.requests:
+        return {}, {}
+    if stalled is None:
+        return engine_outputs(engine, bench, record_tokens)
+    try:
+        engine_outputs(engine, bench, record_tokens, stalled=EngineStalled(str(stalled)))
+    except EngineStalled as exc:
+        return exc.partial
+    raise AssertionError("engine_outputs raises the stall it is given")
+
+
+def _ended(requests: pd.DataFrame) -> pd.Series:
+    """The requests that finished or were rejected (a stalled run's summary covers those)."""
+    return requests["rejected"] | requests["finish_s"].notna()
 
 
 def fleet_runner(fleet: FleetOptions, sized: bool) -> Callable[..., tuple[dict[str, Any], Any]]:
@@ -309,16 +340,20 @@ class _Loop:
 
 
 def _run(
-    engines: list[Engine], view: FleetRouter, source: ArrivalSource, shared: bool
-) -> dict[int, int]:
-    """The event loop over the fleet; returns request id -> routing position.
+    engines: list[Engine],
+    view: FleetRouter,
+    source: ArrivalSource,
+    shared: bool,
+    routes: dict[int, int],
+) -> None:
+    """The event loop over the fleet; fills ``routes`` (request id -> routing position) as
+    it routes, so a stall (:class:`EngineStalled`, raised through) leaves what was routed.
 
     With a shared tier, every instance's tier jobs that ended by an event's time are
     finished before it (their writes land in the shared store then, as a file appears when
     its writer renames it, whether or not its own engine is stepping)."""
     feed = _Feed(source, engines)
     loop = _Loop(engines, shared)
-    routes: dict[int, int] = {}
     while True:
         key = loop.next_key()
         due = feed.due(key)
@@ -345,7 +380,6 @@ def _run(
             break
     for e in engines:
         e.finish()
-    return routes
 
 
 def _outputs(
@@ -358,6 +392,7 @@ def _outputs(
     shared_prefix: str | None,
     stages: Sequence[int] | None = None,
     closed: bool = False,
+    stalled: EngineStalled | None = None,
 ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
     tables: dict[str, pd.DataFrame] = {}
     used = [(i, s, t) for i, (s, t) in enumerate(parts) if s]
@@ -374,7 +409,10 @@ def _outputs(
         order = req["request"].map(routes)
         tables["requests"] = req.iloc[order.argsort(kind="stable")].reset_index(drop=True)
     fleet_view = _Fleet(engines, recorders)
-    summary = summarize(fleet_view, tables["requests"], tables["transfers"], bench, closed)
+    ended = tables["requests"]
+    if stalled is not None:  # as one engine's: the summary covers the requests that ended
+        ended = ended[_ended(ended)]
+    summary = summarize(fleet_view, ended, tables["transfers"], bench, closed)
     if "pcie_h2d_util" in summary:  # each instance's own link, averaged
         span = _span(tables["requests"])
         for key, loads in (("pcie_h2d_util", False), ("pcie_d2h_util", True)):
