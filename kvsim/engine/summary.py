@@ -92,7 +92,8 @@ def summarize(
                 "chunks_evicted": counters.evicted_chunks,
                 "allocation_failures": conn.allocation_failures,
                 "stores_skipped": counters.stores_skipped,
-                "flush_and_sync_stall_s": conn.stall_time,
+                "flush_and_sync_stall_s": conn.stall_time - conn.submit_host_time,
+                "store_submit_stall_s": conn.submit_host_time,
                 "pcie_h2d_util": busy_time(loads["start_s"].to_numpy(), loads["end_s"].to_numpy())
                 / span,
                 "pcie_d2h_util": busy_time(stores["start_s"].to_numpy(), stores["end_s"].to_numpy())

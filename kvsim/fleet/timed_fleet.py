@@ -516,6 +516,7 @@ class _Fleet:
         self.connector = (
             _Sum(
                 stall_time=sum(c.stall_time for c in conns),
+                submit_host_time=sum(c.submit_host_time for c in conns),
                 allocation_failures=sum(c.allocation_failures for c in conns),
             )
             if conns
