@@ -516,6 +516,9 @@ class RealTransferBackend:
     def next_completion_time(self) -> float | None:
         return None
 
+    def host_free_time(self) -> float:
+        return 0.0  # submit's host time is real: spent before it returns
+
     # ------------------------------------------------------------------ helpers
 
     @property

@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from kvsim.core.errors import InputError
+from kvsim.core.errors import InputError, did_you_mean
 from kvsim.core.io import read_yaml
+from kvsim.options.fleet import ROUTERS
 from kvsim.options.schema import Schema, load
 from kvsim.options.vllm import KVTransferConfig
 from kvsim.workloads import Load, RandomWorkload, SharedPrefixWorkload, load_workload
@@ -86,9 +87,24 @@ class VllmArgs(Schema, frozen=True):
 
 
 class Router(Schema, frozen=True):
-    """How requests are spread over ``instances`` engines (the fleet issue)."""
+    """How requests are spread over ``instances`` engines, as ``kvsim simulate --router``
+    spreads them (docs/fleets.md)."""
 
-    name: Annotated[str, Meta(min_length=1)]
+    name: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            description=f"{', '.join(ROUTERS)}, or a plugin module:Class (docs/fleets.md).",
+        ),
+    ]
+
+    def __post_init__(self) -> None:
+        module, colon, cls = self.name.partition(":")
+        if self.name not in ROUTERS and not (colon and module and cls):
+            raise ValueError(
+                f"unknown router {self.name!r}{did_you_mean(self.name, ROUTERS)}; known: "
+                f"{', '.join(ROUTERS)}, or a plugin module:Class"
+            )
 
 
 def _inline(schema: dict[str, Any]) -> dict[str, Any]:

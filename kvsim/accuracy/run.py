@@ -13,7 +13,14 @@ and for the whole run (``all``):
   finish (what inference-perf reports);
 - ``output_tokens_per_s``: the same span's output tokens, counted as the client counts
   them where the file says how (its ``output_len_mean`` re-tokenises text: the server's
-  tokens times ``output_len_mean / output_len``).
+  tokens times ``output_len_mean / output_len``);
+- ``total_tokens_per_s``: the same span's prompt and output tokens (every prompt token,
+  cached or not, as inference-perf and llm-d's guides count them), the output part
+  counted as above.
+
+An experiment with ``instances`` and ``router`` runs as ``kvsim simulate --instances N
+--router NAME`` runs it: N engines of the experiment's settings behind that router, the
+load's clients sending to the fleet (a closed loop's N clients are N for the fleet).
 
 The absolute percentage error is ``|predicted - measured| / measured x 100``.
 """
@@ -44,6 +51,7 @@ METRICS = (
     "e2e_p99",
     "itl_mean",
     "output_tokens_per_s",
+    "total_tokens_per_s",
     "requests_per_s",
 )
 
@@ -164,11 +172,6 @@ def _run(
     from kvsim.engine.phase_compute import PhaseProfile
     from kvsim.specs.hardware import get_gpu
 
-    if exp.instances != 1 or exp.router is not None:
-        raise InputError(
-            f"instances: {exp.instances} engines behind a router: kvsim accuracy runs one "
-            "engine per experiment (fleets are the fleet issue's)"
-        )
     if not exp.vllm.enable_chunked_prefill:
         raise InputError("vllm.enable_chunked_prefill: false is not modelled (vLLM 0.33's is on)")
     model_arg = _model(exp, base_dir)
@@ -216,9 +219,21 @@ def _run(
             record_steps=False,
             seed=seed,
             async_scheduling=async_scheduling,
+            **_fleet(exp),
         )
     predicted = stage_metrics(result.tables["stages"], spec.output_len, overhead_s)
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
+
+
+def _fleet(exp: Experiment) -> dict[str, Any]:
+    """``simulate``'s fleet keywords for ``instances`` engines behind ``router``, as
+    ``kvsim simulate --instances N --router NAME`` takes them (none: the single engine)."""
+    if exp.instances == 1 and exp.router is None:
+        return {}
+    return {
+        "instances": exp.instances,
+        **({"router": exp.router.name} if exp.router is not None else {}),
+    }
 
 
 def stage_metrics(stages: Any, output_len: int, overhead_s: float) -> dict[str, dict[str, float]]:
@@ -240,6 +255,10 @@ def stage_metrics(stages: Any, output_len: int, overhead_s: float) -> dict[str, 
             "e2e_p90": float(row["p90_e2el_ms"]) + oh_ms,
             "e2e_p99": float(row["p99_e2el_ms"]) + oh_ms,
             "output_tokens_per_s": float(row["total_output_tokens"]) / span,
+            "total_tokens_per_s": (
+                float(row["total_input_tokens"]) + float(row["total_output_tokens"])
+            )
+            / span,
             "requests_per_s": float(row["completed"]) / span,
         }
         m["itl_mean"] = (
@@ -274,5 +293,8 @@ def _compare(exp: Experiment, predicted: dict[str, dict[str, float]], output_len
             value = metrics[metric]
             if metric == "output_tokens_per_s" and m is not None and m.output_len_mean:
                 value *= m.output_len_mean / output_len  # the client's re-tokenised count
+            elif metric == "total_tokens_per_s" and m is not None and m.output_len_mean:
+                out = metrics["output_tokens_per_s"]  # its output part, re-counted likewise
+                value += out * (m.output_len_mean / output_len - 1)
             rows.append(Row(exp.id, stage, metric, value, _measured_value(m, metric, output_len)))
     return rows

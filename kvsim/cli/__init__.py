@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import signal
 import sys
 import warnings
@@ -207,9 +208,18 @@ def _process_hooks() -> Iterator[None]:
             signal.signal(ending, handler)
 
 
+#: Arrow's allocator for a command: the C library's (malloc), not Arrow's default mimalloc.
+#: Tables are written (Parquet) after the run, when the engine's memory is free: malloc
+#: reuses it, where mimalloc maps pages of its own, so ``simulate --out`` peaked ~1 KB per
+#: engine step higher (docs/speed.md, "Memory"). Read by Arrow at its first allocation, so
+#: set before any command runs; a user's own setting stands.
+ARROW_ALLOCATOR = ("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: bad input is one line on stderr and exit code 2, never a traceback; a
     timed run whose engine stalls (:class:`EngineStalled`) is one line and exit code 3."""
+    os.environ.setdefault(*ARROW_ALLOCATOR)
     with _process_hooks():
         _main(argv)
 

@@ -266,7 +266,8 @@ def plot_command(
     tiers-vs-capacity  a --tier-set sweep: one line per tier set, hit ratio (and
                      median TTFT when timed) vs CPU size; the default for such a sweep
     mrc              kvsim mrc --csv table (capacity, hit_ratio)
-    ttft-cdf         timed requests table (ttft_s), with the run's baseline if any
+    ttft-cdf         timed requests table (ttft_s), with the run's baseline if any;
+                     a timed sweep's folder: one line per cell (kvsim sweep --keep-requests)
     usage-timeline   timed steps table: CPU occupancy, GPU usage, vLLM's pinned gauge
     transfers        timed transfers table (direction, bytes, start_s, end_s)
     """
@@ -296,7 +297,7 @@ def plot_command(
     from kvsim import plots
 
     plots.out_paths(out)  # a bad extension fails before anything is drawn
-    if df is None:
+    if df is None and not (kind == "ttft-cdf" and _is_sweep(results)):
         df = read_table(results, kind)
     belady_df = read_table(belady, "hit-vs-capacity") if belady else None
     common: dict[str, Any] = {"title": title, "preset": style}
@@ -310,11 +311,7 @@ def plot_command(
     elif kind == "mrc":
         fig = plots.mrc(df, x=x, y=y or "hit_ratio", **refs, **common)
     elif kind == "ttft-cdf":
-        if by_cols and len(by_cols) > 1:
-            raise InputError("--by: ttft-cdf splits lines by one column")
-        fig = plots.ttft_cdf(
-            df, baseline=baseline_requests(results), by=by_cols[0] if by_cols else None, **common
-        )
+        fig = _ttft_cdf(results, df, by_cols, common)
     elif kind == "usage-timeline":
         if max_points is not None:
             common["max_points"] = max_points
@@ -323,6 +320,34 @@ def plot_command(
         fig = plots.transfers(df, **common)
     for path in plots.save(fig, out):
         click.echo(path)
+
+
+def _is_sweep(path: str) -> bool:
+    """Whether ``path`` is a sweep's output folder (its requests are per cell)."""
+    return os.path.isdir(path) and _sibling(path, "results") is not None
+
+
+def _ttft_cdf(
+    path: str, df: pd.DataFrame | None, by: list[str] | None, common: dict[str, Any]
+) -> Any:
+    """A run's TTFT CDF (with its baseline's), or a sweep folder's, one line per cell from
+    the tables ``--keep-requests`` kept."""
+    from kvsim import plots
+
+    if not _is_sweep(path):
+        if by and len(by) > 1:
+            raise InputError("--by: ttft-cdf splits lines by one column")
+        assert df is not None
+        return plots.ttft_cdf(
+            df, baseline=baseline_requests(path), by=by[0] if by else None, **common
+        )
+    from kvsim.sweeps.cell_tables import check_timed, read_requests, read_results
+
+    if by:
+        raise InputError("--by: a sweep's ttft-cdf draws one line per cell, named by what varies")
+    results = read_results(path)
+    check_timed(results, path)
+    return plots.sweep_ttft_cdf(results, read_requests(path, results), **common)
 
 
 COMMANDS = [plot_command]

@@ -144,7 +144,8 @@ def _warn(message: str) -> None:
     "out",
     type=click.Path(file_okay=False),
     default=None,
-    help="Results folder (journal.jsonl, results.parquet, results.csv); default sweep-NAME.",
+    help="Results folder (journal.jsonl, results.parquet, results.csv, and cells/ with "
+    "--keep-requests); default sweep-NAME.",
 )
 @click.option(
     "--executor",
@@ -162,6 +163,16 @@ def _warn(message: str) -> None:
     "--fresh",
     is_flag=True,
     help="Run every cell again: start a new journal in --out instead of resuming it.",
+)
+@click.option(
+    "--keep-requests",
+    is_flag=True,
+    default=False,
+    help="Keep each cell's requests table as OUT/cells/CELL_ID/requests.parquet (CELL_ID: "
+    "the results' cell_id column), for kvsim plot OUT --kind ttft-cdf and "
+    "kvsim.sweeps.read_requests(OUT): the rows kvsim simulate writes for a timed cell, "
+    "kvsim replay --requests-csv for a cache cell (hits per request, no times). Spec key: "
+    "keep_requests: true. Resuming runs again the cells whose table is missing.",
 )
 @click.option(
     "--max-cells",
@@ -196,6 +207,7 @@ def sweep_command(
     address: str | None,
     retry_failed: bool,
     fresh: bool,
+    keep_requests: bool,
     max_cells: int,
     cell_timeout: float | None,
     show_progress: bool | None,
@@ -219,6 +231,8 @@ def sweep_command(
           --cpu-gib 16,64,256 --tier-set none --tier-set fs:capacity=1TiB --out sweep_tiers
     """
     data = _spec_data(spec, traces, mode, limit, grid_opts, tier_sets)
+    if keep_requests:
+        data["keep_requests"] = True
     if not data["traces"]:
         raise InputError("give a SPEC file or at least one --trace")
     s = SweepSpec.from_mapping(data, source=spec or "kvsim sweep")

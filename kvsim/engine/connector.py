@@ -16,7 +16,10 @@ Worker side (called by the engine around the forward pass):
 
 * ``begin_execute``: flush fence (wait for store jobs whose GPU blocks are being reused
   or whose request was preempted), submit the previous step's stores, submit sync loads
-  on the expedited queue and wait for them;
+  on the expedited queue and wait for them; the forward is launched only once the worker
+  thread has done the host part of its submissions (vLLM's ``handle_preemptions`` builds
+  each store's descriptors and calls ``cuMemcpyBatchAsync`` on that thread before the
+  forward: about 0.5 us per descriptor, the link's ``per_copy_s``);
 * ``after_launch``: once the forward is launched, submit async loads (their stream waits
   for the compute stream: they start when the forward ends), then poll completions
   (vLLM ``get_finished`` runs after the launch, so a job that ends during the forward is
@@ -112,6 +115,9 @@ class OffloadConnector:
         # request's store needs the check: every step allocates, few need it)
         self._allocated: list[tuple[int, ...]] = []
         self.finished_pending: list[SimRequest] = []
+        # finished requests that made their last offer, stores still in flight (retired as
+        # their last job ends)
+        self._draining: set[SimRequest] = set()
         self.store_next: list[ConnectorJob] = []  # built this step, submitted next step
         self.store_now: list[ConnectorJob] = []  # built last step, submitted this step
         self.sync_loads: list[ConnectorJob] = []
@@ -123,6 +129,7 @@ class OffloadConnector:
         self.allocation_failures = 0
         self.load_bytes = self.store_bytes = 0
         self.stall_time = 0.0
+        self.submit_host_time = 0.0  # of stall_time: the forward waiting for submissions
         self.stores_submitted = self.loads_submitted = 0
 
     # --- scheduler side ---
@@ -222,6 +229,10 @@ class OffloadConnector:
             self._offer(req, max(req.prompt, req.num_tokens - 1))
             self.manager.on_request_finished(req.ctx)
             req.blocks = []  # its last offer was made: the pool holds its blocks now
+            if req.jobs:
+                self._draining.add(req)
+            else:
+                req.retire()
         self.manager.on_schedule_end()
 
     def _offer(self, req: SimRequest, tokens_after: int) -> None:
@@ -354,7 +365,8 @@ class OffloadConnector:
         on_submit: Callable[[ConnectorJob, float], None],
         compute_tail: float = 0.0,
     ) -> float:
-        """Flush, submit stores and loads; returns the flush + sync-load stall in seconds.
+        """Flush, submit stores and loads; returns the stall before the forward in seconds:
+        the submissions' host time, the flush and the sync loads.
 
         Stores wait for the compute stream: they start no earlier than ``compute_tail``, the
         end of the last forward launched (async scheduling launches before it ends)."""
@@ -373,6 +385,10 @@ class OffloadConnector:
         for job in submit_now:
             on_submit(job, t0)
             backend.submit(job.transfer_job(ready), t0)
+        # the forward's launch waits for the worker thread (submit_store is synchronous)
+        submitted = backend.host_free_time()
+        self.submit_host_time += max(0.0, submitted - t0)
+        clock.wait_until(submitted)
         if flush:
             live = [j for j in flush if j in self.jobs]
             if live:
@@ -467,6 +483,9 @@ class OffloadConnector:
                             del loading[k]
                     req.load_done = True
             on_done(job, r)
+            if not req.jobs and req in self._draining:
+                self._draining.remove(req)
+                req.retire()
         return n
 
     @property

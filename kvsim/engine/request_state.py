@@ -108,6 +108,13 @@ class SimRequest:
         self.kv_wait_start: float | None = None
         self.deferrals = 0
 
+    def retire(self) -> None:
+        """Drop what only a live request reads (its keys and its context, with the manager's
+        and the policy's state in it) once it finished, made its last store offer and its
+        last transfer ended: its row needs only its numbers. ~8 KB a request (docs/speed.md,
+        "Memory"); a read of them after this fails loudly."""
+        del self.unit_keys, self.chunk_keys, self.ctx
+
     @property
     def num_tokens(self) -> int:
         return self.prompt + self.num_output

@@ -732,6 +732,7 @@ class Scheduler:
         # keep their keys in the pool, and the request's row needs none of them
         if self.connector is None:  # else the connector's last offer still reads them
             req.blocks = []
+            req.retire()
 
     @property
     def has_requests(self) -> bool:

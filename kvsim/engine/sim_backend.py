@@ -68,10 +68,15 @@ class SimulatedTransferBackend:
         self._advance(now)
         dp = self.params.d2h if job.direction == STORE else self.params.h2d
         plan = dp.plan(job.nbytes, job.num_copies)
-        self._host_free = max(self._host_free, job.submit_time) + plan.host_s
+        # the host part runs from the call (``now``); the copy waits for ``job.submit_time``
+        # too (a store for the forward that writes its blocks)
+        self._host_free = max(self._host_free, now) + plan.host_s
         self._pending[job.direction].append(_Pending(job, plan, self._host_free))
         self._busy.add(job.job_id)
         self._start_idle(self._t)
+
+    def host_free_time(self) -> float:
+        return self._host_free
 
     def poll(self, now: float) -> list[TransferResult]:
         self._advance(now)

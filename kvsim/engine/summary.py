@@ -10,6 +10,8 @@ import pandas as pd
 
 from kvsim.engine.transfer_protocol import STORE
 from kvsim.report.serve_metrics import (
+    RUN_WITH_OFFLOAD,
+    RUN_WITHOUT_OFFLOAD,
     BenchSettings,
     Load,
     bench_fields,
@@ -61,7 +63,7 @@ def summarize(
     out.update(bench_fields(requests, itls, rec.token_times(), span, bench))
     load = Load.of(requests, itls, engine.busy_s, engine.steps, span)
     out.update(load.fields())
-    said = load.warning("with offloading" if engine.offload else "without offloading")
+    said = load.warning(RUN_WITH_OFFLOAD if engine.offload else RUN_WITHOUT_OFFLOAD)
     if said is not None and not closed_loop:
         warnings.warn(said[0], said[1], stacklevel=2)
     out["kv_wait_total_s"] = float(done["kv_wait_s"].sum())
@@ -90,7 +92,8 @@ def summarize(
                 "chunks_evicted": counters.evicted_chunks,
                 "allocation_failures": conn.allocation_failures,
                 "stores_skipped": counters.stores_skipped,
-                "flush_and_sync_stall_s": conn.stall_time,
+                "flush_and_sync_stall_s": conn.stall_time - conn.submit_host_time,
+                "store_submit_stall_s": conn.submit_host_time,
                 "pcie_h2d_util": busy_time(loads["start_s"].to_numpy(), loads["end_s"].to_numpy())
                 / span,
                 "pcie_d2h_util": busy_time(stores["start_s"].to_numpy(), stores["end_s"].to_numpy())

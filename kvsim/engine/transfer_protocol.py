@@ -74,3 +74,8 @@ class TransferBackend(Protocol):
 
     def next_completion_time(self) -> float | None:
         """Earliest time a pending job completes (simulated backends), else None."""
+
+    def host_free_time(self) -> float:
+        """When the worker thread ends the host part (descriptor building, driver calls) of
+        every job submitted so far; 0.0 where that time is real (a real ``submit`` returns
+        after it)."""

@@ -2,11 +2,14 @@
 
 Each engine is the single-engine :class:`kvsim.engine.engine.Engine`, driven through its
 public step API (``start``, ``next_event``, ``handle_next``, ``arrive``, ``finish``). The
-fleet holds the trace's arrivals and a heap of the engines' next events; it always takes
-the earliest event, in the engine's own order at equal times (transfer wake-ups, then
-arrivals, then steps; engines by index), so an arrival is routed once every engine has
-seen the copies that ended by then. A fleet's cost is its engines' plus the router's, which
-looks up the request's prefix in each instance (:mod:`kvsim.fleet.view`).
+fleet holds the run's :class:`~kvsim.engine.arrivals.ArrivalSource` (a trace's arrivals,
+or the benchmark client of :mod:`kvsim.workloads.source`, the same object one engine runs)
+and a heap of the engines' next events; it always takes the earliest event, in the
+engine's own order at equal times (transfer wake-ups, then arrivals, then steps; engines by
+index), so an arrival is routed once every engine has seen the copies that ended by then.
+A closed loop of clients hears every engine's finishes, each at its time. A fleet's cost is
+its engines' plus the router's, which looks up the request's prefix in each instance
+(:mod:`kvsim.fleet.view`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvsim.core.errors import InputError
+from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.keys import ChunkKey
-from kvsim.engine.arrivals import arrival_times
+from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.engine import Engine
 from kvsim.engine.events import PHASE_ARRIVAL
 from kvsim.engine.setup import TimedSetup, engine_outputs, make_engine
+from kvsim.engine.stage_report import stage_table
 from kvsim.engine.summary import busy_time, summarize
 from kvsim.engine.transfer_protocol import STORE
 from kvsim.fleet.routers import make_router
@@ -36,7 +40,7 @@ from kvsim.manager.offload import LookupResult
 from kvsim.options.fleet import FleetOptions
 from kvsim.report.serve_metrics import BenchSettings
 from kvsim.tiering.manager import TieredManager
-from kvsim.traces.model import Trace
+from kvsim.traces.model import Request, Trace
 from kvsim.workloads import Workload
 
 _HIT = LookupResult.HIT
@@ -92,19 +96,32 @@ class EngineProbe:
 
 def simulate_fleet(
     setup: TimedSetup,
-    tr: Trace,
+    tr: Trace | Workload,
     offload: bool,
     fleet: FleetOptions,
     bench: BenchSettings,
     record_tokens: bool = False,
     progress: Callable[[int], None] | None = None,
+    stages: Sequence[int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-    """A timed run of ``tr`` on ``fleet.instances`` engines of ``setup``; returns the
-    fleet's summary (every key of an engine's, for the fleet as a whole, then the fleet's)
-    and tables: the engine's, each with the serving ``instance`` last (requests in routing
-    order), and ``instances``."""
+    """A timed run of ``tr`` (a trace, or a benchmark workload whose client sends to the
+    fleet: a closed loop's N clients are N for the whole fleet) on ``fleet.instances``
+    engines of ``setup``; returns the fleet's summary (every key of an engine's, for the
+    fleet as a whole, then the fleet's) and tables: the engine's, each with the serving
+    ``instance`` last (requests in routing order), ``instances``, and ``stages`` (every
+    metric per load stage) for a workload or when ``stages`` gives each trace request's."""
     n = fleet.instances
     config = setup.config
+    p = setup.params
+    source: ArrivalSource
+    if isinstance(tr, Workload):
+        client = tr.source()
+        source = client
+        future: Trace | None = None if tr.closed else tr.trace()
+    else:
+        client = None
+        source = TraceArrivals(arrival_times(tr, p.time_scale, p.poisson_rate, p.seed))
+        future = tr
     spec = shared_tier_spec(fleet)
     stores = None
     shared_prefix = None
@@ -112,9 +129,9 @@ def simulate_fleet(
         if not offload:
             raise InputError("--shared-tier sits behind each CPU tier: give it a size (--cpu-gib)")
         config, index = with_shared_tier(config, spec)
-        stores = {index: shared_store(config, index, tr)}
+        stores = {index: shared_store(config, index, future)}
         shared_prefix = f"tier{index + 1}_{spec.type}"
-    future = tr if offload else None  # read only by policies that need it
+    future = future if offload else None  # read only by policies that need it
     engines = [make_engine(setup, offload, future, progress, config, stores) for _ in range(n)]
     router = make_router(
         fleet.router,
@@ -134,14 +151,48 @@ def simulate_fleet(
         fleet.router_staleness_ms / 1000.0,
         shared.contains if shared is not None else None,
     )
-    routes = _run(engines, view, tr, setup, shared=stores is not None)
+    routes: dict[int, int] = {}
+    stalled: EngineStalled | None = None
+    try:
+        _run(engines, view, source, stores is not None, routes)
+    except EngineStalled as exc:  # one instance stalled: the fleet reports what ran
+        stalled = exc
+    if client is not None:
+        stages = client.stage_of
+    closed = isinstance(tr, Workload) and tr.load.type == "concurrency"
     with warnings.catch_warnings():  # an instance's overload: the fleet's summary warns
         warnings.simplefilter("ignore")
-        parts = [
-            engine_outputs(e, bench, record_tokens) if e.recorder.requests else ({}, {})
-            for e in engines
-        ]  # an instance the router never chose has no summary and no rows
-    return _outputs(engines, parts, routes, view, fleet, bench, shared_prefix)
+        parts = [_instance_outputs(e, bench, record_tokens, stalled) for e in engines]
+    summary, tables = _outputs(
+        engines, parts, routes, view, fleet, bench, shared_prefix, stages, closed, stalled
+    )
+    if stalled is not None:
+        summary["stalled"] = str(stalled)
+        summary["unfinished_requests"] = int((~_ended(tables["requests"])).sum())
+        stalled.partial = (summary, tables)
+        raise stalled
+    return summary, tables
+
+
+def _instance_outputs(
+    engine: Engine, bench: BenchSettings, record_tokens: bool, stalled: EngineStalled | None
+) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """One instance's summary and tables (nothing for an instance the router never chose);
+    after a stall, of the requests that ended on it (:func:`engine_outputs`' partial)."""
+    if not engine.recorder.requests:
+        return {}, {}
+    if stalled is None:
+        return engine_outputs(engine, bench, record_tokens)
+    try:
+        engine_outputs(engine, bench, record_tokens, stalled=EngineStalled(str(stalled)))
+    except EngineStalled as exc:
+        return exc.partial
+    raise AssertionError("engine_outputs raises the stall it is given")
+
+
+def _ended(requests: pd.DataFrame) -> pd.Series:
+    """The requests that finished or were rejected (a stalled run's summary covers those)."""
+    return requests["rejected"] | requests["finish_s"].notna()
 
 
 def fleet_runner(fleet: FleetOptions, sized: bool) -> Callable[..., tuple[dict[str, Any], Any]]:
@@ -159,20 +210,97 @@ def fleet_runner(fleet: FleetOptions, sized: bool) -> Callable[..., tuple[dict[s
         progress: Callable[[int], None] | None = None,
         stages: Sequence[int] | None = None,
     ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
-        if isinstance(tr, Workload):
-            if tr.closed:
-                raise InputError(
-                    "a fleet routes open arrivals (a trace, or a workload at a request "
-                    "rate); a closed loop of clients (concurrency) across a fleet is not "
-                    "modelled"
-                )
-            tr = tr.trace()
         mine = fleet
         if not offload:
             mine = fleet.with_(shared_tier=None, shared_tier_capacity=None, shared_tier_link=None)
-        return simulate_fleet(setup, tr, offload, mine, bench, record_tokens, progress)
+        return simulate_fleet(setup, tr, offload, mine, bench, record_tokens, progress, stages)
 
     return run
+
+
+class _Feed:
+    """The fleet's side of its :class:`~kvsim.engine.arrivals.ArrivalSource`, as an engine
+    feeds its own: the source is asked for its next send at the start, after each send or
+    wake-up and after finishes. When the source decides sends by finishes (a closed loop),
+    each engine runs this object as its own source: it sends nothing itself (the fleet
+    routes every send) and queues each finish, which the source hears at the finish's time
+    (before a send at that time), so no send follows a finish from another engine's
+    future."""
+
+    wants_finishes = True
+
+    def __init__(self, source: ArrivalSource, engines: list[Engine]) -> None:
+        self.source = source
+        self.pending: list[tuple[float, int, int]] = []  # (time, report order, request id)
+        self._order = 0
+        self.engines = engines
+        relay = getattr(source, "wants_finishes", True)
+        for e in engines:
+            if relay:
+                e.start(self, more_arrivals=True)
+            else:
+                e.start(more_arrivals=True)
+        self.nxt = source.next_arrival(0.0)
+        self.told = False  # the engines know that no more arrivals come
+
+    # --- the engines' source ---
+
+    @property
+    def done(self) -> bool:
+        return self.source.done
+
+    def next_arrival(self, now: float) -> tuple[float, Request | None] | None:
+        return None
+
+    def finished(self, request_id: int, t: float) -> None:
+        self._order += 1
+        heapq.heappush(self.pending, (t, self._order, request_id))
+
+    # --- the fleet's loop ---
+
+    def due(self, key: tuple[float, int] | None) -> int:
+        """What comes before the engines' next event ``key``: finishes to hear
+        (:data:`_HEAR`), a send or wake-up (:data:`_SEND`), or neither (0)."""
+        pending, nxt = self.pending, self.nxt
+        if (
+            pending
+            and (key is None or (pending[0][0], PHASE_ARRIVAL) <= key)
+            and (nxt is None or pending[0][0] <= nxt[0])
+        ):
+            return _HEAR
+        if nxt is not None and (key is None or (nxt[0], PHASE_ARRIVAL) <= key):
+            return _SEND
+        return 0
+
+    def hear(self) -> None:
+        """The source hears the earliest finishes (one step's), then is asked."""
+        t = self.pending[0][0]
+        self._tell(t)
+        if self.nxt is None:
+            self.ask(t)
+
+    def ask(self, t: float) -> None:
+        """After a send or wake-up at ``t``: finishes at ``t`` (a request refused on
+        arrival) are heard first."""
+        self._tell(t)
+        self.nxt = self.source.next_arrival(t)
+        if not self.told and self.nxt is None and self.source.done:
+            self.tell_engines()
+
+    def _tell(self, upto: float) -> None:
+        pending, source = self.pending, self.source
+        while pending and pending[0][0] <= upto:
+            t, _, rid = heapq.heappop(pending)
+            source.finished(rid, t)
+
+    def tell_engines(self) -> None:
+        """No more arrivals: an engine holding work it cannot move rescues or stalls."""
+        self.told = True
+        for e in self.engines:
+            e.no_more_arrivals()
+
+
+_HEAR, _SEND = 1, 2
 
 
 class _Loop:
@@ -212,41 +340,46 @@ class _Loop:
 
 
 def _run(
-    engines: list[Engine], view: FleetRouter, tr: Trace, setup: TimedSetup, shared: bool
-) -> dict[int, int]:
-    """The event loop over the fleet; returns request id -> routing position.
+    engines: list[Engine],
+    view: FleetRouter,
+    source: ArrivalSource,
+    shared: bool,
+    routes: dict[int, int],
+) -> None:
+    """The event loop over the fleet; fills ``routes`` (request id -> routing position) as
+    it routes, so a stall (:class:`EngineStalled`, raised through) leaves what was routed.
 
     With a shared tier, every instance's tier jobs that ended by an event's time are
     finished before it (their writes land in the shared store then, as a file appears when
     its writer renames it, whether or not its own engine is stepping)."""
-    p = setup.params
-    for e in engines:
-        e.start(more_arrivals=True)
+    feed = _Feed(source, engines)
     loop = _Loop(engines, shared)
-    arrivals = iter(arrival_times(tr, p.time_scale, p.poisson_rate, p.seed))
-    nxt = next(arrivals, None)
-    routes: dict[int, int] = {}
     while True:
         key = loop.next_key()
-        if nxt is not None and (key is None or (nxt[0], PHASE_ARRIVAL) <= key):
-            t, req = nxt
-            if loop.drivers:
-                loop.sync(t)
-            i = view.route(req, t)
-            routes[req.request_id] = len(routes)
-            engines[i].arrive(t, req)
-            loop.push(i)
-            nxt = next(arrivals, None)
-            if nxt is None:
-                for e in engines:
-                    e.no_more_arrivals()
+        due = feed.due(key)
+        if due == _HEAR:
+            feed.hear()
+        elif due == _SEND:
+            assert feed.nxt is not None
+            t, req = feed.nxt
+            if req is not None:
+                if loop.drivers:
+                    loop.sync(t)
+                i = view.route(req, t)
+                routes[req.request_id] = len(routes)
+                engines[i].arrive(t, req)
+                loop.push(i)
+            feed.ask(t)
         elif key is not None:
             loop.step()
+        elif not feed.told:  # nothing can happen while the source waits: say so
+            feed.tell_engines()
+            for i in range(len(engines)):
+                loop.push(i)
         else:
             break
     for e in engines:
         e.finish()
-    return routes
 
 
 def _outputs(
@@ -257,6 +390,9 @@ def _outputs(
     fleet: FleetOptions,
     bench: BenchSettings,
     shared_prefix: str | None,
+    stages: Sequence[int] | None = None,
+    closed: bool = False,
+    stalled: EngineStalled | None = None,
 ) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
     tables: dict[str, pd.DataFrame] = {}
     used = [(i, s, t) for i, (s, t) in enumerate(parts) if s]
@@ -264,10 +400,19 @@ def _outputs(
         frames = [t[name].assign(instance=i) for i, _, t in used]
         tables[name] = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     req = tables["requests"]
+    recorders = _Recorders(engines)
+    if stages is not None:  # the fleet's requests per stage, as one engine's are
+        stage = np.asarray(stages, dtype=np.int64)[req["request"].to_numpy()]
+        req.insert(len(req.columns) - 1, "stage", stage)
+        tables["stages"] = stage_table(req, recorders, stage, bench)  # type: ignore[arg-type]
     if len(engines) > 1:
         order = req["request"].map(routes)
         tables["requests"] = req.iloc[order.argsort(kind="stable")].reset_index(drop=True)
-    summary = summarize(_Fleet(engines), tables["requests"], tables["transfers"], bench)
+    fleet_view = _Fleet(engines, recorders)
+    ended = tables["requests"]
+    if stalled is not None:  # as one engine's: the summary covers the requests that ended
+        ended = ended[_ended(ended)]
+    summary = summarize(fleet_view, ended, tables["transfers"], bench, closed)
     if "pcie_h2d_util" in summary:  # each instance's own link, averaged
         span = _span(tables["requests"])
         for key, loads in (("pcie_h2d_util", False), ("pcie_d2h_util", True)):
@@ -355,7 +500,7 @@ class _Fleet:
     the GPU's busy time averaged (so busy share and sustainable rate are the fleet's),
     configuration instance 0's."""
 
-    def __init__(self, engines: list[Engine]) -> None:
+    def __init__(self, engines: list[Engine], recorders: _Recorders | None = None) -> None:
         first = engines[0]
         self.params = first.params
         self.offload = first.offload
@@ -365,12 +510,13 @@ class _Fleet:
         self.steps = sum(e.steps for e in engines)
         self.busy_s = sum(e.busy_s for e in engines) / len(engines)
         self.rescues = sum(e.rescues for e in engines)
-        self.recorder = _Recorders(engines)
+        self.recorder = recorders or _Recorders(engines)
         self.pool = _Sum(evictions=sum(e.pool.evictions for e in engines))
         conns = [e.connector for e in engines if e.connector is not None]
         self.connector = (
             _Sum(
                 stall_time=sum(c.stall_time for c in conns),
+                submit_host_time=sum(c.submit_host_time for c in conns),
                 allocation_failures=sum(c.allocation_failures for c in conns),
             )
             if conns
@@ -391,12 +537,19 @@ class _Sum:
 
 
 class _Recorders:
+    """The engines' recorders as one: ``requests`` in the order of the concatenated
+    requests table (engine by engine)."""
+
     def __init__(self, engines: list[Engine]) -> None:
         self.recorders = [e.recorder for e in engines]
+        self.requests = [r for rec in self.recorders for r in rec.requests]
 
     def token_gaps(self) -> list[Any]:
         return [g for r in self.recorders for g in r.token_gaps()]
 
-    def token_times(self) -> Any:
+    def token_times(self, requests: Any = None) -> Any:
+        if requests is not None:  # any recorder reads the requests it is given
+            yield from self.recorders[0].token_times(requests)
+            return
         for r in self.recorders:
             yield from r.token_times()

@@ -9,7 +9,8 @@ fonts >= 7 pt at that size) and returns the Figure. Nothing here reads files.
 - :func:`tiers_vs_capacity`: a ``kvsim sweep --tier-set`` table: one line per secondary-tier
   set (the ``tiers`` column), hit ratio and, for a timed sweep, median TTFT.
 - :func:`mrc`: a ``kvsim mrc`` table (``capacity``, ``hit_ratio``, ``cpu_gib``) or an MRC.
-- :func:`ttft_cdf`: a timed-mode requests table with ``ttft_s`` (and its baseline's).
+- :func:`ttft_cdf`: a timed-mode requests table with ``ttft_s`` (and its baseline's);
+  :func:`sweep_ttft_cdf`: a timed sweep's per-cell requests tables, one line per cell.
 - :func:`usage_timeline`: a timed-mode steps table; CPU occupancy = resident / capacity.
 - :func:`transfers`, :func:`transfer_bandwidth`, :func:`transfer_durations`: a timed-mode
   transfers table (``direction``, ``bytes``, ``start_s``, ``end_s``).
@@ -47,6 +48,7 @@ from kvsim.plots.style import (
 from kvsim.plots.tiers import tiers_vs_capacity
 from kvsim.plots.timed import (
     resample,
+    sweep_ttft_cdf,
     transfer_bandwidth,
     transfer_durations,
     transfers,
@@ -84,6 +86,7 @@ __all__ = [
     "save_all",
     "save_as",
     "series_columns",
+    "sweep_ttft_cdf",
     "tiers_vs_capacity",
     "token_lengths",
     "trace_figures",

@@ -76,7 +76,8 @@ def parameter_names() -> frozenset[str]:
     return frozenset((names | {"trace", "mode", "limit"}) - set(CAPACITY_COLUMNS) - _NOT_A_SERIES)
 
 
-def _need(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+def need_columns(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    """One line naming the figure (``what``) and the missing columns, if any are missing."""
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise InputError(
@@ -85,34 +86,22 @@ def _need(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
         )
 
 
-def _priority(column: str) -> int:
-    order = ("policy", *ADMISSION_COLUMNS)
-    return order.index(column) if column in order else len(order)
-
-
 def series_columns(df: pd.DataFrame, x: str) -> list[str]:
     """The parameter columns that split ``df`` into lines: those that vary, policy first,
     then admission, then table order, each kept only when it splits a line further."""
+    from kvsim.sweeps.cell_tables import varying_columns
+
     params = parameter_names()
-    candidates = [
-        c for c in df.columns if c in params and c != x and df[c].astype(str).nunique() > 1
-    ]
-    candidates.sort(key=_priority)  # stable: table order within a priority
-    chosen: list[str] = []
-    keys = pd.Series("", index=df.index)
-    for c in candidates:
-        refined = keys + "\x1f" + df[c].astype(str)
-        if refined.nunique() > keys.nunique():
-            chosen.append(c)
-            keys = refined
-    return chosen
+    return varying_columns(df, [str(c) for c in df.columns if c in params and c != x])
 
 
-def _pick(
+def pick_column(
     df: pd.DataFrame, wanted: str | None, options: Sequence[str], what: str, noun: str
 ) -> str:
+    """The column a figure plots: ``wanted`` (which must exist), else the first of ``options``
+    holding a number; one line naming the figure (``what``) when there is none."""
     if wanted is not None:
-        _need(df, [wanted], what)
+        need_columns(df, [wanted], what)
         return wanted
     for c in options:
         if c in df.columns and pd.to_numeric(df[c], errors="coerce").notna().any():
@@ -120,12 +109,15 @@ def _pick(
     raise InputError(f"{what} needs a {noun} column ({' or '.join(options)})")
 
 
-def _value(v: Any) -> str:
+def series_value(v: Any) -> str:
+    """A series' value as a legend shows it (a file's name, not its whole path)."""
     text = str(v)
     return os.path.basename(text) if os.sep in text else text
 
 
-def _numeric(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+def numeric_rows(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``df`` with ``columns`` as numbers, rows where any is not a number dropped (a failed
+    sweep cell leaves them empty)."""
     return df.assign(**{c: pd.to_numeric(df[c], errors="coerce") for c in columns}).dropna(
         subset=list(columns)
     )
@@ -153,14 +145,14 @@ def draw_curves(
     colour_cols = [c for c in by if c not in ADMISSION_COLUMNS]
 
     def part(key: tuple[Any, ...], cols: list[str]) -> tuple[str, ...]:
-        return tuple(_value(key[by.index(c)]) for c in cols)
+        return tuple(series_value(key[by.index(c)]) for c in cols)
 
     keys = [k if isinstance(k, tuple) else (k,) for k, _ in groups]
     colour_keys = sorted({part(k, colour_cols) for k in keys if not _is_belady(k, by)})
     dash_keys = sorted({part(k, dash_cols) for k in keys})
     for key, (_, g) in zip(keys, groups):
         g = g.sort_values(x)
-        name = ", ".join(_value(v) for v in key) or label or y
+        name = ", ".join(series_value(v) for v in key) or label or y
         style = series_style(
             colour_keys.index(part(key, colour_cols)) if not _is_belady(key, by) else 0,
             dash_keys.index(part(key, dash_cols)),
@@ -170,7 +162,7 @@ def draw_curves(
             style.update({k: v for k, v in REFERENCES["belady"].items() if k != "label"})
             style["gid"] = "belady"
             name = ", ".join(
-                REFERENCES["belady"]["label"] if c == "policy" else _value(v)
+                REFERENCES["belady"]["label"] if c == "policy" else series_value(v)
                 for c, v in zip(by, key)
             )
         ax.plot(
@@ -186,7 +178,7 @@ def _is_belady(key: tuple[Any, ...], by: Sequence[str]) -> bool:
     return "policy" in by and str(key[list(by).index("policy")]).lower() == "belady"
 
 
-def _axes_labels(ax: Axes, df: pd.DataFrame, x: str, y: str, log_x: bool | None) -> None:
+def axes_labels(ax: Axes, df: pd.DataFrame, x: str, y: str, log_x: bool | None) -> None:
     """Scales and labels; a ratio axis from 0 to above its highest line, references included."""
     lo, hi = float(df[x].min()), float(df[x].max())
     if log_x is None:
@@ -220,12 +212,12 @@ def _belady_frame(belady: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
         belady = belady[belady["status"] == "ok"]
     if bx is None or by is None or belady.empty:
         raise InputError(f"the Belady table needs belady rows with a {x} column and a hit ratio")
-    return _numeric(
+    return numeric_rows(
         belady.drop(columns=[c for c in (x, y) if c not in (bx, by)], errors="ignore"), [bx, by]
     ).rename(columns={bx: x, by: y})
 
 
-def _references(
+def draw_references(
     ax: Axes,
     x: str,
     y: str,
@@ -267,18 +259,18 @@ def hit_vs_capacity(
     table) the offline optimum; ``belady`` rows of ``results`` are drawn as that reference.
     """
     df = results[results["status"] == "ok"] if "status" in results.columns else results
-    x = _pick(df, x, CAPACITY_COLUMNS, "hit-vs-capacity", "capacity")
-    y = _pick(df, y, RATIO_COLUMNS, "hit-vs-capacity", "hit-ratio")
-    df = _numeric(df, [x, y])
+    x = pick_column(df, x, CAPACITY_COLUMNS, "hit-vs-capacity", "capacity")
+    y = pick_column(df, y, RATIO_COLUMNS, "hit-vs-capacity", "hit-ratio")
+    df = numeric_rows(df, [x, y])
     if df.empty:
         raise InputError("hit-vs-capacity: no successful cells to plot")
-    _need(df, list(by or []), "hit-vs-capacity --by")
+    need_columns(df, list(by or []), "hit-vs-capacity --by")
     with styled(preset) as p:
         (a,) = panels(ax, p, 1)
         lines = by if by is not None else series_columns(df, x)
         draw_curves(a, df, x, y, list(lines))
-        _references(a, x, y, belady=belady, ceiling=ceiling, baseline=baseline)
-        _axes_labels(a, df, x, y, None)
+        draw_references(a, x, y, belady=belady, ceiling=ceiling, baseline=baseline)
+        axes_labels(a, df, x, y, None)
         if title != "":
             a.set_title(title or f"{y.replace('_', ' ')} vs CPU capacity")
         legend([a], p, own=ax is None, title=", ".join(lines) or None)
@@ -317,22 +309,22 @@ def mrc(
     if x in (None, "cpu_gib") and "cpu_gib" in curve.columns and curve["cpu_gib"].notna().any():
         xcol = "cpu_gib"
     elif x in (None, "chunks", "capacity", "cpu_chunks"):
-        xcol = _pick(curve, None, CHUNK_COLUMNS, "mrc", "capacity")
+        xcol = pick_column(curve, None, CHUNK_COLUMNS, "mrc", "capacity")
     else:
         raise InputError(f"mrc: x must be cpu_gib or chunks, and the table must have it; got {x}")
-    df = _numeric(curve, [xcol, y])
+    df = numeric_rows(curve, [xcol, y])
     df = df[df[xcol] > 0]
     if df.empty:
         raise InputError("mrc: the curve has no rows with a positive capacity")
     with styled(preset) as p:
         (a,) = panels(ax, p, 1)
         _mrc_lines(a, df, xcol, y, points)
-        _references(a, xcol, y, belady=belady, ceiling=ceiling, baseline=baseline)
+        draw_references(a, xcol, y, belady=belady, ceiling=ceiling, baseline=baseline)
         if exact_from is not None and exact_from > 1:
             at = float(exact_from)
             if xcol == "cpu_gib":  # the table's own GiB per chunk
                 per_chunk = (
-                    df["cpu_gib"] / df[_pick(df, None, CHUNK_COLUMNS, "mrc", "capacity")]
+                    df["cpu_gib"] / df[pick_column(df, None, CHUNK_COLUMNS, "mrc", "capacity")]
                 ).median()
                 at *= float(per_chunk)
             a.axvline(
@@ -343,7 +335,7 @@ def mrc(
                 gid="exact_from",
                 label=f"exact from {exact_from:,} chunks",
             )
-        _axes_labels(a, df, xcol, y, True)
+        axes_labels(a, df, xcol, y, True)
         a.set_ylabel(ylabel if y == "hit_ratio" else y.replace("_", " "))
         if title is None:
             title = mrc_title(curve)

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from kvsim.core.errors import InputError
-from kvsim.plots.capacity import CAPACITY_COLUMNS, X_LABELS, _numeric, _pick, series_columns
+from kvsim.plots.capacity import (
+    CAPACITY_COLUMNS,
+    X_LABELS,
+    numeric_rows,
+    pick_column,
+    series_columns,
+)
 from kvsim.plots.style import (
     COLOURS,
     LINESTYLES,
@@ -24,7 +30,7 @@ from kvsim.plots.style import (
     panels,
     styled,
 )
-from kvsim.report.labels import label_of
+from kvsim.report.labels import cell_label, label_of
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -62,8 +68,8 @@ def metric_vs_capacity(
         raise InputError("metric-vs-capacity needs a metric (--y), e.g. median_ttft_ms")
     if y not in df.columns:
         raise InputError(f"metric-vs-capacity: no column {y!r} in the table")
-    x = _pick(df, x, CAPACITY_COLUMNS, "metric-vs-capacity", "capacity")
-    df = _numeric(df, [x, y])
+    x = pick_column(df, x, CAPACITY_COLUMNS, "metric-vs-capacity", "capacity")
+    df = numeric_rows(df, [x, y])
     if df.empty:
         raise InputError(f"metric-vs-capacity: no successful cells with {x} and {y}")
     by = series_columns(df, x)
@@ -82,7 +88,7 @@ def metric_vs_capacity(
                 dashes.append(rest)
             i = policies.index(policy) if policy in policies else 0
             g = g.sort_values(x)
-            name = ", ".join([policy.upper()] * bool(policy) + [f"{c}={values[c]}" for c in others])
+            name = cell_label({c: values[c] for c in by})
             a.plot(
                 g[x],
                 g[y],

@@ -19,13 +19,13 @@ from kvsim.plots.capacity import (
     MAX_LINES,
     RATIO_COLUMNS,
     X_LABELS,
-    _axes_labels,
-    _need,
-    _numeric,
-    _pick,
-    _references,
-    _value,
+    axes_labels,
+    draw_references,
+    need_columns,
+    numeric_rows,
+    pick_column,
     series_columns,
+    series_value,
 )
 from kvsim.plots.style import Preset, finish, legend, panels, series_style, styled
 
@@ -60,12 +60,12 @@ def _draw(ax: Axes, df: pd.DataFrame, x: str, y: str, order: list[str], others: 
             f"tiers-vs-capacity: {len(groups)} lines (tier sets x {', '.join(others)}); "
             f"at most {MAX_LINES} can be told apart"
         )
-    rest = sorted({tuple(_value(v) for v in key[1:]) for key, _ in groups})
+    rest = sorted({tuple(series_value(v) for v in key[1:]) for key, _ in groups})
     groups.sort(key=lambda kg: (order.index(str(kg[0][0])), rest.index(_rest(kg[0]))))
     for key, g in groups:
         g = g.sort_values(x)
         style = series_style(order.index(str(key[0])), rest.index(_rest(key)), points=len(g))
-        label = ", ".join(_value(v) for v in key)
+        label = ", ".join(series_value(v) for v in key)
         ax.plot(g[x], g[y], label=label, gid=f"tiers={key[0]}", **style)
 
 
@@ -81,7 +81,7 @@ def _capacity_ticks(ax: Axes, values: pd.Series) -> None:
 
 
 def _rest(key: tuple[Any, ...]) -> tuple[str, ...]:
-    return tuple(_value(v) for v in key[1:])
+    return tuple(series_value(v) for v in key[1:])
 
 
 def tiers_vs_capacity(
@@ -106,10 +106,10 @@ def tiers_vs_capacity(
     ``ax=``: one Axes, or two when the TTFT panel is drawn.
     """
     df = results[results["status"] == "ok"] if "status" in results.columns else results
-    _need(df, [TIERS], "tiers-vs-capacity (a kvsim sweep --tier-set table)")
-    x = _pick(df, x, CAPACITY_COLUMNS, "tiers-vs-capacity", "capacity")
-    y = _pick(df, y, RATIO_COLUMNS, "tiers-vs-capacity", "hit-ratio")
-    df = _numeric(df, [x, y]).assign(**{TIERS: lambda d: d[TIERS].astype(str)})
+    need_columns(df, [TIERS], "tiers-vs-capacity (a kvsim sweep --tier-set table)")
+    x = pick_column(df, x, CAPACITY_COLUMNS, "tiers-vs-capacity", "capacity")
+    y = pick_column(df, y, RATIO_COLUMNS, "tiers-vs-capacity", "hit-ratio")
+    df = numeric_rows(df, [x, y]).assign(**{TIERS: lambda d: d[TIERS].astype(str)})
     if df.empty:
         raise InputError("tiers-vs-capacity: no successful cells to plot")
     t = _ttft_column(df, ttft)
@@ -120,10 +120,10 @@ def tiers_vs_capacity(
     with styled(preset) as p:
         axes = panels(ax, p, 2 if t else 1, sharex=True)
         _draw(axes[0], df, x, y, order, others)
-        _references(axes[0], x, y, belady=None, ceiling=ceiling, baseline=baseline)
-        _axes_labels(axes[0], df, x, y, log_x)
+        draw_references(axes[0], x, y, belady=None, ceiling=ceiling, baseline=baseline)
+        axes_labels(axes[0], df, x, y, log_x)
         if t is not None:
-            times = _numeric(df, [t]).assign(ttft_s=lambda d: d[t] / 1e3)
+            times = numeric_rows(df, [t]).assign(ttft_s=lambda d: d[t] / 1e3)
             _draw(axes[1], times, x, "ttft_s", order, others)
             axes[1].set_xscale("log" if log_x else "linear")
             axes[1].set_xlabel(X_LABELS.get(x, x))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.core.errors import InputError
-from kvsim.plots.capacity import _need
+from kvsim.plots.capacity import MAX_LINES, need_columns
 from kvsim.plots.style import (
     REFERENCES,
     Preset,
@@ -72,17 +72,70 @@ def ttft_cdf(
     """Empirical CDF of time to first token on a log axis, one line per value of ``by``,
     with p50 and p99 marked on every line; ``baseline`` (the requests table of the run
     without offloading, ``baseline_requests``) is drawn as the reference."""
-    _need(requests, ["ttft_s"] + ([by] if by else []), "ttft-cdf")
+    need_columns(requests, ["ttft_s"] + ([by] if by else []), "ttft-cdf")
     if baseline is not None:
-        _need(baseline, ["ttft_s"], "ttft-cdf baseline")
+        need_columns(baseline, ["ttft_s"], "ttft-cdf baseline")
     groups = list(requests.groupby(by, sort=True)) if by else [("offloading", requests)]
+    lines = [
+        (f"{by}={key}" if by else ("offloading" if baseline is not None else "all"), g)
+        for key, g in groups
+    ]
+    return _cdfs(lines, baseline, (title, "TTFT distribution (CDF)"), ax, preset)
+
+
+def sweep_ttft_cdf(
+    results: pd.DataFrame,
+    requests: pd.DataFrame,
+    *,
+    title: str | None = None,
+    ax: Axes | None = None,
+    preset: str | Preset | None = None,
+) -> Figure:
+    """A sweep's TTFT CDFs, one line per successful cell, each named by the parameters that
+    vary across the cells (``LRU, 64 GiB``: :func:`kvsim.report.labels.cell_label`).
+
+    Args:
+        results: the sweep's results table (``cell_id`` and the configuration columns).
+        requests: the cells' requests tables as one, with ``cell_id``
+            (:func:`kvsim.sweeps.cell_tables.read_requests`).
+    """
+    from kvsim.report.labels import cell_label
+    from kvsim.sweeps.cell_tables import CELL_ID, check_timed, varying_columns
+
+    check_timed(results)
+    need_columns(requests, ["ttft_s", CELL_ID], "ttft-cdf")
+    need_columns(results, [CELL_ID], "ttft-cdf")
+    ok = results[results["status"] == "ok"] if "status" in results.columns else results
+    if len(ok) > MAX_LINES:
+        raise InputError(
+            f"ttft-cdf: the sweep has {len(ok)} cells, more lines than can be told apart "
+            f"({MAX_LINES}); load the tables with kvsim.sweeps.read_requests and pick cells"
+        )
+    varying = varying_columns(ok)
+    by_cell = dict(list(requests.groupby(CELL_ID, sort=False)))
+    lines = [
+        (cell_label({c: row[c] for c in varying}) or str(row[CELL_ID]), by_cell[row[CELL_ID]])
+        for _, row in ok.iterrows()
+        if row[CELL_ID] in by_cell
+    ]
+    return _cdfs(lines, None, (title, "TTFT distribution (CDF) per sweep cell"), ax, preset)
+
+
+def _cdfs(
+    lines: list[tuple[str, pd.DataFrame]],
+    baseline: pd.DataFrame | None,
+    title: tuple[str | None, str],
+    ax: Axes | None,
+    preset: str | Preset | None,
+) -> Figure:
+    """One CDF line per ``(label, requests)``, and the baseline's as the reference;
+    ``title`` is ``(given, default)`` (given ``""``: none)."""
     with styled(preset) as p:
         (a,) = panels(ax, p, 1)
         drawn = []
-        for i, (key, g) in enumerate(groups):
+        for i, (name, g) in enumerate(lines):
             v = _ecdf(g["ttft_s"])
             if len(v):
-                name = f"{by}={key}" if by else ("offloading" if baseline is not None else "all")
                 _cdf_line(a, v, name, series_style(i, points=len(v)))
                 drawn.append(v)
         if baseline is not None:
@@ -109,8 +162,8 @@ def ttft_cdf(
         a.set_xlabel("time to first token (ms)")
         a.set_ylabel("fraction of requests")
         a.set_ylim(0, 1.02)
-        if title != "":
-            a.set_title(title or "TTFT distribution (CDF)")
+        if title[0] != "":
+            a.set_title(title[0] or title[1])
         legend([a], p, own=ax is None)
         return finish([a], p)
 
@@ -222,7 +275,7 @@ def usage_timeline(
     are resampled (:func:`resample`).
     """
     time = time or next((c for c in TIME_COLUMNS if c in steps.columns), TIME_COLUMNS[0])
-    _need(steps, [time], "usage-timeline")
+    need_columns(steps, [time], "usage-timeline")
     if cpu_chunks is not None and cpu_chunks <= 0:
         raise InputError(f"usage-timeline: cpu_chunks must be positive, got {cpu_chunks}")
     if max_points < 2:
@@ -277,7 +330,7 @@ def usage_timeline(
 
 
 def _check_transfers(table: pd.DataFrame) -> None:
-    _need(table, ["direction", "bytes", "start_s", "end_s"], "transfers")
+    need_columns(table, ["direction", "bytes", "start_s", "end_s"], "transfers")
     if table.empty:
         raise InputError("transfers: the table is empty")
 

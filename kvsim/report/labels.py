@@ -161,3 +161,36 @@ def format_value(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def _number(value: Any) -> str:
+    """A parameter's number as a label reads it: ``16``, ``0.5``, ``1,600``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+#: how one run parameter reads in a line's label, where the bare value says what it is
+#: (others read ``name=value``): the policy as the figures name it, sizes with their unit
+PARAMETER_TEXT = {
+    "policy": lambda v: str(v).upper(),
+    "cpu_gib": lambda v: f"{_number(v)} GiB",
+    "cpu_chunks": lambda v: f"{_number(v)} chunks",
+    "cpu_bytes": lambda v: f"{_number(v)} B",
+    "trace": lambda v: str(v).replace("\\", "/").rsplit("/", 1)[-1],
+}
+
+
+def parameter_text(name: str, value: Any) -> str:
+    """One parameter of a run in a line's label: ``LRU``, ``64 GiB``, ``store_threshold=2``."""
+    text = PARAMETER_TEXT.get(name)
+    return text(value) if text is not None else f"{name}={_number(value)}"
+
+
+def cell_label(values: dict[str, Any]) -> str:
+    """A line's label from the parameters that tell it from the others (a sweep's cell, a
+    configuration's curve), policy first: ``LRU, 64 GiB, store_threshold=2``."""
+    names = sorted(values, key=lambda n: n != "policy")  # stable: given order otherwise
+    return ", ".join(parameter_text(n, values[n]) for n in names)

@@ -58,6 +58,18 @@ class BurstyLoadWarning(LoadWarning):
     """Queueing dominates mean TTFT at a moderate load: bursts of arrivals, not overload."""
 
 
+#: the run a load warning names (``Load.warning(run)``): a simulation with its CPU tier, or
+#: its baseline without one
+RUN_WITH_OFFLOAD = "with offloading"
+RUN_WITHOUT_OFFLOAD = "without offloading"
+
+
+def warns_about(message: str, run: str) -> bool:
+    """Whether a load warning's text names ``run`` (the messages below put it in brackets):
+    how a sweep tells a shared baseline's warnings from its cell's own."""
+    return f"({run})" in message
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """What to report: vLLM's ``--percentile-metrics``, ``--metric-percentiles``, ``--goodput``."""

@@ -21,20 +21,25 @@ if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
 __all__ = ["parquet_safe", "write_table"]
 
 
-def write_table(df: pd.DataFrame, folder: str | os.PathLike[str], name: str) -> list[str]:
+def write_table(
+    df: pd.DataFrame, folder: str | os.PathLike[str], name: str, csv: bool = True
+) -> list[str]:
     """Write ``df`` as ``folder/NAME.parquet`` and ``folder/NAME.csv`` (no index column).
 
     Args:
         df: the table; not changed.
-        folder: where the files go (it must exist).
+        folder: where the files go (created when missing).
         name: the files' name without suffix (``requests``, ``results``).
+        csv: also the CSV (a sweep's per-cell requests tables are Parquet only: many, large).
 
     Returns:
-        the two file names written, ``[NAME.parquet, NAME.csv]`` (relative to ``folder``).
+        the file names written, ``[NAME.parquet, NAME.csv]`` (relative to ``folder``).
     """
     out = os.fspath(folder)
     with atomic_path(os.path.join(out, f"{name}.parquet")) as tmp:
         parquet_safe(df).to_parquet(tmp, engine="pyarrow", index=False)
+    if not csv:
+        return [f"{name}.parquet"]
     with atomic_write(os.path.join(out, f"{name}.csv"), newline="") as f:
         df.to_csv(f, index=False)
     return [f"{name}.parquet", f"{name}.csv"]

@@ -10,6 +10,8 @@ The package, one job per module:
 * :mod:`~kvsim.sweeps.executors`: where cells run (this process, a process pool that
   survives worker deaths, Ray);
 * :mod:`~kvsim.sweeps.journal`: the output folder's lock, journal and resume keys;
+  :mod:`~kvsim.sweeps.cell_tables`: each cell's requests table (``keep_requests``) and
+  :func:`read_requests`, which reads them back as one table;
 * :mod:`~kvsim.sweeps.run`: :func:`sweep`, which puts them together.
 
 With an output folder (locked: one sweep at a time) each finished row is appended to
@@ -37,6 +39,7 @@ value is one tier *set*, the text ``none`` or tiers joined by ``+`` in ``kvsim r
 
 from __future__ import annotations
 
+from kvsim.sweeps.cell_tables import CELLS, read_requests, table_path
 from kvsim.sweeps.cells import STATUS_COLUMNS, cell_id, run_cell
 from kvsim.sweeps.executors import CRASH_LIMIT, EXECUTORS
 from kvsim.sweeps.inputs import trace_fingerprint
@@ -54,6 +57,7 @@ from kvsim.sweeps.tier_sets import (
 )
 
 __all__ = [
+    "CELLS",
     "CRASH_LIMIT",
     "EXECUTORS",
     "FOLDER_FILES",
@@ -70,9 +74,11 @@ __all__ = [
     "check_value",
     "option_names",
     "read_journal",
+    "read_requests",
     "run_cell",
     "run_key",
     "sweep",
+    "table_path",
     "tier_set",
     "tier_set_label",
     "tier_shares",

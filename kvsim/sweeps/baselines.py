@@ -17,19 +17,21 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.core.io import atomic_path
 from kvsim.sweeps.inputs import trace_fingerprint
 from kvsim.sweeps.journal import json_default
 from kvsim.sweeps.tier_sets import TIERS
 
+if TYPE_CHECKING:
+    from kvsim.report.result import Result
+
 #: names the folder a sweep's processes share while it runs: one offload-free baseline per
 #: (trace, engine configuration), run by the first timed cell that needs it
 BASELINES_ENV = "KVSIM_SWEEP_BASELINES"
-#: the run label of a baseline's warnings (``Load.warning``), and where a shared baseline
-#: keeps them, so that a cell reading it warns as the cell alone would
-BASELINE_RUN = "(without offloading)"
+#: where a shared baseline keeps its load warnings, so that a cell reading it warns as the
+#: cell alone would
 _WARNINGS = "__warnings__"
 #: options that shape only the CPU tier, which a run without offloading never reads
 _CPU_TIER_OPTIONS = frozenset(
@@ -47,11 +49,12 @@ _CPU_TIER_OPTIONS = frozenset(
 )
 
 
-def timed_summary(
+def timed_run(
     trace: Any, limit: int | None, options: dict[str, Any], baseline_key: Callable[[], str]
-) -> dict[str, Any]:
-    """``simulate(trace, limit=limit, **options).summary``, taking its baseline from the
-    shared folder when another cell of the same engine configuration has run it.
+) -> Result:
+    """``simulate(trace, limit=limit, **options)``, taking its baseline from the shared
+    folder when another cell of the same engine configuration has run it (its summary's
+    ``baseline_*`` metrics then come from there, and it has no ``baseline_*`` tables).
 
     Args:
         trace: what ``simulate`` reads (a path or requests).
@@ -60,7 +63,7 @@ def timed_summary(
         baseline_key: the cell's key among the shared baselines (called only when shared).
 
     Returns:
-        the run's summary, ``baseline_*`` metrics included when ``options["baseline"]``.
+        the run, ``baseline_*`` metrics included when ``options["baseline"]``.
     """
     try:
         from kvsim.api import BASELINE_PREFIX, simulate
@@ -69,32 +72,33 @@ def timed_summary(
         raise RuntimeError(f"timed mode is not available in this kvsim build ({e})") from None
     folder = os.environ.get(BASELINES_ENV)
     if not options.get("baseline") or folder is None or not _can_lock():
-        return dict(simulate(trace, limit=limit, **options).summary)
+        return simulate(trace, limit=limit, **options)
     path = os.path.join(folder, f"{baseline_key()}.json")
     with _locked(path + ".lock"):
         shared = _read_baseline(path)
         if shared is None:  # the first cell of this configuration: it runs the baseline
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                summary = dict(simulate(trace, limit=limit, **options).summary)
+                result = simulate(trace, limit=limit, **options)
+            summary = result.summary
             said = []
             for w in caught:  # passed on; the baseline's own are kept for the other cells
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-                if issubclass(w.category, serve_metrics.LoadWarning) and BASELINE_RUN in str(
-                    w.message
+                if issubclass(w.category, serve_metrics.LoadWarning) and serve_metrics.warns_about(
+                    str(w.message), serve_metrics.RUN_WITHOUT_OFFLOAD
                 ):
                     said.append([w.category.__name__, str(w.message)])
             base = {k: v for k, v in summary.items() if k.startswith(BASELINE_PREFIX)}
             base[_WARNINGS] = said
             with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
                 json.dump(base, f, default=json_default, allow_nan=True)
-            return summary
-    summary = dict(simulate(trace, limit=limit, **{**options, "baseline": False}).summary)
+            return result
+    result = simulate(trace, limit=limit, **{**options, "baseline": False})
     for category, message in shared.pop(_WARNINGS, []):  # as the cell alone would warn
         kind = getattr(serve_metrics, category, serve_metrics.LoadWarning)
         warnings.warn(message, kind, stacklevel=2)
-    summary.update(shared)
-    return summary
+    result.summary.update(shared)
+    return result
 
 
 def baseline_key(cell: Mapping[str, Any], base_dir: str | None) -> str:

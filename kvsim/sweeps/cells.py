@@ -17,17 +17,20 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputWarning
-from kvsim.sweeps.baselines import baseline_key, timed_summary
+from kvsim.sweeps.baselines import baseline_key, timed_run
+from kvsim.sweeps.cell_tables import write_requests
 from kvsim.sweeps.inputs import resolve_trace, trace_label
+from kvsim.sweeps.spec_schema import CELL_KEYS
 from kvsim.sweeps.tier_sets import TIERS, secondary_tiers, tier_set_label, tier_shares
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: a row's first columns, before its configuration and metrics
 STATUS_COLUMNS = ("cell", "cell_id", "status", "error", "elapsed_s")
-#: a cell's keys that are not ``replay`` / ``simulate`` keywords
-CELL_KEYS = ("trace", "mode", "limit")
 
 
 def count_cells(traces: list[Any], grid: Mapping[str, list[Any]]) -> int:
@@ -73,11 +76,14 @@ def cell_id(cell: Mapping[str, Any]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, Any]:
+def run_cell(
+    cell: Mapping[str, Any], base_dir: str | None = None, requests_dir: str | None = None
+) -> dict[str, Any]:
     """Run one cell; never raises: a failure becomes ``status="error"`` with its message.
 
     Relative trace paths are read from ``base_dir`` (the driver's working directory), which is
-    not part of the configuration.
+    not part of the configuration. With ``requests_dir`` (a sweep folder) the cell's requests
+    table is written there (:mod:`kvsim.sweeps.cell_tables`) before the row is returned.
     """
     start = time.perf_counter()
     cell = dict(cell)
@@ -88,8 +94,12 @@ def run_cell(cell: Mapping[str, Any], base_dir: str | None = None) -> dict[str, 
             options.update(secondary_tiers(cell[TIERS], "vllm_config" in options))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            metrics = _summary(cell, options, base_dir)
+            metrics, requests = _run(cell, options, base_dir, requests_dir is not None)
         row["warnings"] = _said(caught)
+        if requests_dir is not None:
+            if requests is None:
+                raise RuntimeError("the run kept no requests table")
+            write_requests(requests_dir, row["cell_id"], requests)
         metrics.pop("trace", None)
         if TIERS in cell:
             metrics.update(tier_shares(metrics))
@@ -118,14 +128,19 @@ def _said(caught: list[warnings.WarningMessage]) -> str | None:
     return "\n".join(said) or None
 
 
-def _summary(cell: dict[str, Any], options: dict[str, Any], base_dir: str | None) -> dict[str, Any]:
+def _run(
+    cell: dict[str, Any], options: dict[str, Any], base_dir: str | None, keep: bool
+) -> tuple[dict[str, Any], pd.DataFrame | None]:
+    """The cell's summary, and its requests table when ``keep``."""
     trace = resolve_trace(cell["trace"], base_dir)
     limit = cell.get("limit")
     if cell.get("mode", "cache") == "cache":
         from kvsim.api import replay
 
-        return dict(replay(trace, limit=limit, per_request=False, **options).summary)
-    return timed_summary(trace, limit, options, lambda: baseline_key(cell, base_dir))
+        result = replay(trace, limit=limit, per_request=keep, **options)
+    else:
+        result = timed_run(trace, limit, options, lambda: baseline_key(cell, base_dir))
+    return dict(result.summary), result.tables.get("requests") if keep else None
 
 
 def failed_row(cell: Mapping[str, Any], error: str) -> dict[str, Any]:

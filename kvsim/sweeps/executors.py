@@ -38,9 +38,11 @@ CRASH_LIMIT = 2
 STARTED = "started"
 
 #: an executor: (cells, the driver's working directory, workers, Ray address, per-cell
-#: timeout in seconds or None) -> rows; the cells are taken one at a time as workers free up
+#: timeout in seconds or None, the sweep folder that keeps each cell's requests table or
+#: None) -> rows; the cells are taken one at a time as workers free up
 Executor = Callable[
-    [Iterable[dict[str, Any]], str, int, "str | None", "float | None"], Iterator[dict[str, Any]]
+    [Iterable[dict[str, Any]], str, int, "str | None", "float | None", "str | None"],
+    Iterator[dict[str, Any]],
 ]
 
 
@@ -66,9 +68,10 @@ def _run_serial(
     workers: int,
     address: str | None,
     timeout: float | None = None,
+    requests_dir: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     for c in cells:
-        yield run_cell(c, base_dir)
+        yield run_cell(c, base_dir, requests_dir)
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -99,7 +102,9 @@ def exit_with_parent(parent_pid: int | None) -> None:
     threading.Thread(target=watch, name="kvsim-sweep-parent-watch", daemon=True).start()
 
 
-def _worker_main(conn: Connection, base_dir: str, parent_pid: int | None) -> None:
+def _worker_main(
+    conn: Connection, base_dir: str, parent_pid: int | None, requests_dir: str | None = None
+) -> None:
     """A pool worker: cells in, rows out, one at a time, until told to stop (``None``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
@@ -118,7 +123,7 @@ def _worker_main(conn: Connection, base_dir: str, parent_pid: int | None) -> Non
             conn.send(STARTED)  # the cell's clock starts now, not at the worker's start-up
         except OSError:
             return
-        row = run_cell(cell, base_dir)
+        row = run_cell(cell, base_dir, requests_dir)
         try:
             conn.send(row)
         except OSError:  # the driver is gone
@@ -153,11 +158,18 @@ class _Pool:
     failed (a plugin in an endless loop stops one cell, not the sweep). Cells are taken
     from their iterator only as workers free up, so a large grid is never held whole."""
 
-    def __init__(self, size: int, base_dir: str, timeout: float | None = None):
+    def __init__(
+        self,
+        size: int,
+        base_dir: str,
+        timeout: float | None = None,
+        requests_dir: str | None = None,
+    ):
         self.ctx = multiprocessing.get_context()
         self.size = size
         self.base_dir = base_dir
         self.timeout = timeout
+        self.requests_dir = requests_dir
         self.running: list[_Worker] = []
         self.idle: list[_Worker] = []
         self.crashes: Counter[str] = Counter()
@@ -187,7 +199,7 @@ class _Pool:
         ours, theirs = self.ctx.Pipe()
         process = self.ctx.Process(
             target=_worker_main,
-            args=(theirs, self.base_dir, self.parent_pid),
+            args=(theirs, self.base_dir, self.parent_pid, self.requests_dir),
             name="kvsim-sweep-worker",
             daemon=True,
         )
@@ -313,8 +325,9 @@ def _run_local(
     workers: int,
     address: str | None,
     timeout: float | None = None,
+    requests_dir: str | None = None,
 ) -> Iterator[dict[str, Any]]:
-    pool = _Pool(workers, base_dir, timeout)
+    pool = _Pool(workers, base_dir, timeout, requests_dir)
     try:
         yield from pool.run(cells)
     finally:
@@ -327,6 +340,7 @@ def _run_ray(
     workers: int,
     address: str | None,
     timeout: float | None = None,
+    requests_dir: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     try:
         import ray
@@ -349,7 +363,7 @@ def _run_ray(
         started = True
     try:
         remote = ray.remote(num_cpus=1)(run_cell)
-        of = {remote.remote(c, base_dir): c for c in cells}
+        of = {remote.remote(c, base_dir, requests_dir): c for c in cells}
         pending = list(of)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

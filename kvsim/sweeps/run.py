@@ -18,6 +18,7 @@ from kvsim.report.progress import Progress, ProgressArg
 from kvsim.report.result import METADATA, write_metadata
 from kvsim.report.tables import write_table
 from kvsim.sweeps.baselines import sharing_baselines
+from kvsim.sweeps.cell_tables import CELLS, drop_requests, has_requests
 from kvsim.sweeps.cells import STATUS_COLUMNS, cell_id
 from kvsim.sweeps.executors import EXECUTORS, check_timeout, executor
 from kvsim.sweeps.inputs import trace_text
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 OnRow = Callable[[dict[str, Any], int, int], None]
 #: the results table's files in an output folder: ``results.parquet`` and ``results.csv``
 RESULTS = "results"
-#: every file a sweep's output folder receives (none of them may be an input of the sweep)
-FOLDER_FILES = frozenset({JOURNAL, LOCK, METADATA, f"{RESULTS}.parquet", f"{RESULTS}.csv"})
+#: every file a sweep's output folder receives (none of them may be an input of the sweep);
+#: ``cells`` holds each cell's requests table (``keep_requests``)
+FOLDER_FILES = frozenset({JOURNAL, LOCK, METADATA, f"{RESULTS}.parquet", f"{RESULTS}.csv", CELLS})
 #: the most cells a sweep runs unless told otherwise (``max_cells``, ``--max-cells``)
 MAX_CELLS = 100_000
 
@@ -77,8 +79,15 @@ def sweep(
     ``local`` executor) records a cell that runs longer as failed and goes on. ``fresh``
     runs every cell again, starting a new journal in ``out``. The table's
     ``attrs["from_journal"]`` counts the rows taken from the journal instead of run.
+
+    A spec with ``keep_requests: true`` (it needs ``out``) keeps each cell's requests table
+    in ``out/cells/CELL_ID/requests.parquet`` (read them back with
+    :func:`~kvsim.sweeps.cell_tables.read_requests`); a journaled cell whose table is
+    missing runs again. With a Ray cluster, ``out`` must be on storage every node shares.
     """
     s = SweepSpec.load(spec)
+    if s.keep_requests and out is None:
+        raise InputError("keep_requests needs an output folder (out=..., kvsim sweep --out)")
     workers = _check_run(executor, workers)
     _check_size(s, max_cells)
     check_timeout(cell_timeout, executor)
@@ -87,6 +96,8 @@ def sweep(
         inputs = referenced_files([s.traces, s.options, s.grid, _spec_path(spec)], base_dir)
         refuse_filling_folder("out", out, FOLDER_FILES.__contains__, inputs)
     plan = _Plan(s, base_dir, executor, workers, address, cell_timeout)
+    if s.keep_requests and out is not None:
+        plan.requests_dir = os.path.abspath(out)
     with Progress(progress, s.n_cells, "sweep", unit="cell") as bar:
         on_row = _with_progress(on_row, bar.callback)
         if out is None:
@@ -186,6 +197,8 @@ class _Plan:
     workers: int
     address: str | None
     cell_timeout: float | None = None
+    #: the sweep folder that keeps each cell's requests table, or None
+    requests_dir: str | None = None
     keys: RunKeys = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -200,14 +213,19 @@ class _Plan:
 def _reusable(
     plan: _Plan, journal_rows: dict[str, dict[str, Any]], retry_failed: bool
 ) -> dict[str, tuple[int, dict[str, Any]]]:
-    """The journal's rows that stand for a cell of this sweep: cell id -> (index, row)."""
+    """The journal's rows that stand for a cell of this sweep: cell id -> (index, row); a
+    successful cell whose requests table the sweep keeps but cannot find is not one."""
     if not journal_rows:
         return {}
     done = {}
+    keep = plan.requests_dir
     for n, i, cell in plan.cells():
         row = journal_rows.get(i)
-        if row is not None and reusable(row, plan.keys.key(cell), retry_failed):
-            done[i] = (n, row)
+        if row is None or not reusable(row, plan.keys.key(cell), retry_failed):
+            continue
+        if keep and row.get("status") == "ok" and not has_requests(keep, i):
+            continue
+        done[i] = (n, row)
     return done
 
 
@@ -239,9 +257,18 @@ def _execute(
     try:
         if len(rows) < total:
             workers = min(plan.workers, total - len(rows))
-            results = run(todo(), plan.base_dir, workers, plan.address, plan.cell_timeout)
+            results = run(
+                todo(),
+                plan.base_dir,
+                workers,
+                plan.address,
+                plan.cell_timeout,
+                plan.requests_dir,
+            )
             for row in sharing_baselines(timed_baselines, results):
                 cid = row["cell_id"]
+                if folder is not None and (plan.requests_dir is None or row["status"] != "ok"):
+                    drop_requests(folder, cid)  # an earlier run's table is not this row's
                 row = _table_row(row, index.pop(cid))
                 if journal is not None:
                     journal.append({**row, "run_key": keys.pop(cid)})

@@ -52,6 +52,8 @@ class SweepSpec:
     options: dict[str, Any] = field(default_factory=dict)
     grid: dict[str, list[Any]] = field(default_factory=dict)
     name: str = "sweep"
+    #: keep each cell's requests table in the output folder (:mod:`kvsim.sweeps.cell_tables`)
+    keep_requests: bool = False
 
     @classmethod
     def load(cls, spec: str | os.PathLike[str] | Mapping[str, Any] | SweepSpec) -> SweepSpec:
@@ -101,6 +103,7 @@ class SweepSpec:
             options=options,
             grid=grid,
             name=str(data.get("name", "sweep")),
+            keep_requests=bool(data.get("keep_requests", False)),
         )
 
     @property

@@ -27,6 +27,8 @@ from kvsim.options.schema import Schema
 from kvsim.sweeps.tier_sets import TIERS
 
 MODES = ("cache", "timed")
+#: a cell's keys that are not ``replay`` / ``simulate`` keywords
+CELL_KEYS = ("trace", "mode", "limit")
 Mode = Literal["cache", "timed"]
 
 #: job keywords a cell cannot set: the sweep sets them, they write files of their own, or
@@ -42,6 +44,19 @@ TierSetField = Annotated[
             "Secondary tiers behind the CPU tier, one tier set: 'none', tiers joined by '+' in "
             "kvsim replay --tier's shorthand (fs:capacity=1TiB+obj), or a list of vLLM tier "
             "objects."
+        )
+    ),
+]
+
+
+KeepRequests = Annotated[
+    bool,
+    Meta(
+        description=(
+            "Keep each cell's requests table, one row per request, as "
+            "OUT/cells/CELL_ID/requests.parquet (CELL_ID: the results' cell_id column): what "
+            "kvsim simulate writes for a timed cell, kvsim replay --requests-csv for a cache "
+            "cell; kvsim plot OUT --kind ttft-cdf needs it. Needs an output folder."
         )
     ),
 ]
@@ -120,6 +135,7 @@ def _spec_struct(types: dict[str, Any], title: str) -> type[Schema]:
         ("name", Text | int, "sweep"),
         ("mode", Mode, "cache"),
         ("limit", Count | None, None),
+        ("keep_requests", KeepRequests, False),
         ("options", options, msgspec.field(default_factory=options)),
         ("grid", grid, msgspec.field(default_factory=grid)),
     ]

@@ -9,7 +9,7 @@ import json
 
 import pandas as pd
 import pytest
-from measurements_small import experiment, write
+from measurements_small import EXPERIMENT, experiment, write
 from support import run_main
 
 from kvsim.accuracy.run import METRICS, stage_metrics
@@ -20,12 +20,12 @@ def test_accuracy_end_to_end(tmp_path, capsys):
     path = write(
         tmp_path / "m.yaml",
         experiment(),
-        experiment(id="fleet", instances=2, router={"name": "round-robin"}),
+        experiment(id="unchunked", vllm={"enable_chunked_prefill": False}),
     )
     out = tmp_path / "acc"
     code, stdout, err = run_main(["accuracy", path, "--out", out, "--no-progress"], capsys)
-    assert code == 1  # the fleet experiment could not run: counted, after the other ran
-    assert "kvsim: experiment fleet: instances: 2" in err
+    assert code == 1  # the unchunked experiment could not run: counted, after the other ran
+    assert "kvsim: experiment unchunked: vllm.enable_chunked_prefill" in err
     with open(out / "accuracy.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["experiment", "stage", "metric", "predicted", "measured", "ape_pct"]
@@ -40,8 +40,8 @@ def test_accuracy_end_to_end(tmp_path, capsys):
     # the measured ITL is derived as the file defines it: (210 - 22) / (20 - 1)
     assert float(by[("all", "itl_mean")]["measured"]) == pytest.approx(188 / 19)
     meta = json.loads((out / "metadata.json").read_text())
-    assert [e["id"] for e in meta["config"]["experiments"]] == ["small-llama-2-7b", "fleet"]
-    assert meta["config"]["experiments"][1]["error"].startswith("instances: 2")
+    assert [e["id"] for e in meta["config"]["experiments"]] == ["small-llama-2-7b", "unchunked"]
+    assert meta["config"]["experiments"][1]["error"].startswith("vllm.enable_chunked_prefill")
     assert "e2e_mean" in stdout and "median" in stdout
 
     code, stdout, _ = run_main(
@@ -59,6 +59,7 @@ def test_stage_metrics_by_hand():
             "completed": [2, 0, 2],
             "duration": [1.6, 0.0, 2.0],
             "total_output_tokens": [22, 0, 22],
+            "total_input_tokens": [600, 0, 600],
             "mean_ttft_ms": [15.0, 0.0, 15.0],
             "p90_ttft_ms": [19.0, 0.0, 19.0],
             "p99_ttft_ms": [19.9, 0.0, 19.9],
@@ -74,6 +75,67 @@ def test_stage_metrics_by_hand():
     assert m["0"]["itl_mean"] == pytest.approx((555.0 - 20.0) / 10)  # overhead cancels
     assert m["0"]["requests_per_s"] == pytest.approx(2 / 1.605)  # span ends later too
     assert m["all"]["output_tokens_per_s"] == pytest.approx(22 / 2.005)
+    assert m["all"]["total_tokens_per_s"] == pytest.approx(622 / 2.005)
+
+
+FLEET = dict(
+    id="fleet",
+    instances=2,
+    router={"name": "prefix-aware"},
+    workload={
+        "type": "shared_prefix",
+        "num_groups": 3,
+        "num_prompts_per_group": 4,
+        "system_prompt_len": 1000,
+        "question_len": 200,
+        "output_len": 20,
+        "ignore_eos": True,
+    },
+    load={"type": "concurrency", "stages": [{"concurrency": 4, "num_requests": 12}]},
+    measured=[{"stage": "all", "ttft_ms": {"mean": 30.0}, "total_tokens_per_s": 5000.0}],
+)
+
+
+def test_accuracy_runs_a_fleet_as_simulate_does(tmp_path, capsys):
+    """An experiment with instances and router is the fleet ``kvsim simulate --instances N
+    --router NAME`` runs: the same stage metrics, its clients shared by the fleet."""
+    import kvsim
+    from kvsim.engine.compute_model import default_compute_profile
+    from kvsim.specs.hardware import get_gpu
+
+    path = write(tmp_path / "m.yaml", experiment(**FLEET))
+    code, stdout, err = run_main(["accuracy", path, "--json", "--no-progress"], capsys)
+    assert code == 0, err
+    rows = {r["metric"]: r for r in json.loads(stdout)["rows"] if r["stage"] == "all"}
+    run = kvsim.simulate(
+        workload=FLEET["workload"],
+        load=FLEET["load"],
+        model="llama-2-7b",
+        gpu="h100",
+        gpu_block_tokens=16,
+        vllm_config=EXPERIMENT["vllm"]["kv_transfer_config"],
+        max_num_seqs=128,
+        max_num_batched_tokens=2048,
+        gpu_kv_blocks=7463,
+        gpu_memory_utilization=0.9,
+        record_steps=False,
+        instances=2,
+        router="prefix-aware",
+    )
+    assert set(run.tables["requests"]["instance"]) == {0, 1}
+    overhead = default_compute_profile(get_gpu("h100")).request_overhead_s
+    want = stage_metrics(run.tables["stages"], 20, overhead)["all"]
+    for metric in ("ttft_mean", "e2e_p90", "total_tokens_per_s", "requests_per_s"):
+        assert rows[metric]["predicted"] == pytest.approx(want[metric], rel=1e-12), metric
+    assert rows["total_tokens_per_s"]["measured"] == 5000.0
+
+
+def test_a_bad_router_in_a_measurements_file_is_one_line(tmp_path, capsys):
+    bad = experiment(**{**FLEET, "router": {"name": "prefix_aware"}})
+    code, _, err = run_main(["accuracy", write(tmp_path / "m.yaml", bad)], capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "experiments[0].router" in err and "did you mean 'prefix-aware'" in err
 
 
 def test_fit_compute_writes_a_profile_with_provenance(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import pkgutil
 import subprocess
 import sys
@@ -85,3 +86,24 @@ def test_help_lists_every_command_once():
     out = CliRunner().invoke(cli, ["--help"]).output
     listed = [line.split()[0] for line in out.split("Commands:")[1].splitlines() if line.strip()]
     assert listed == sorted(COMMAND_TABLE)
+
+
+@pytest.mark.parametrize("given", [None, "mimalloc"])
+def test_commands_run_arrow_on_malloc_unless_told(given: str | None) -> None:
+    """``main`` puts Arrow on the C library's allocator (tables written after a run reuse the
+    engine's freed memory: docs/speed.md, "Memory"); a user's own choice stands."""
+    code = (
+        "import os\n"
+        "from kvsim.cli import main\n"
+        "try:\n    main(['policies'])\nexcept SystemExit:\n    pass\n"
+        "import pyarrow\n"
+        "print('pool', pyarrow.default_memory_pool().backend_name)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if given is not None:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = given
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"pool {given or 'system'}"

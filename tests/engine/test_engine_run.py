@@ -202,6 +202,9 @@ class CountingBackend:
     def next_completion_time(self):
         return None  # like a real backend: the engine must poll
 
+    def host_free_time(self):
+        return self.inner.host_free_time()
+
 
 def test_backend_and_clock_are_pluggable():
     from test_engine_helpers import link, one_second_steps

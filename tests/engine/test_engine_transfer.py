@@ -126,3 +126,18 @@ def test_next_completion_time_does_not_change_state():
     assert b.next_completion_time() == pytest.approx(1.0)
     assert b.poll(0.5) == []
     assert [r.job_id for r in b.poll(1.0)] == [1]
+
+
+def test_host_time_runs_from_the_submit_call_not_from_the_copy_start():
+    # a store submitted at t=0 for a forward that ends at t=1: its 0.4 s of host time
+    # (400 descriptors x 1 ms) overlaps the forward; the copy starts at 1.0 and moves 1 GB
+    # at 1 GB/s; a second job's host time queues behind the first's on the one thread
+    d = flat(1.0, per_copy=1e-3)
+    b = SimulatedTransferBackend(TransferModelParams("t", d, d, 1.0))
+    b.submit(job(1, STORE, 10**9, copies=400, t=1.0), 0.0)
+    assert b.host_free_time() == pytest.approx(0.4)
+    b.submit(job(2, LOAD, 10**9, copies=100, t=0.1), 0.1)
+    assert b.host_free_time() == pytest.approx(0.5)
+    done = {r.job_id: (r.start_time, r.end_time) for r in b.poll(10.0)}
+    assert done[1] == (pytest.approx(1.0), pytest.approx(2.0))
+    assert done[2] == (pytest.approx(0.1), pytest.approx(1.5))  # its host part ends at 0.5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from support import SAMPLE, run_main
 
@@ -162,20 +163,87 @@ def test_timed_fleets_are_deterministic_across_hash_seeds() -> None:
     assert len(outs) == 1
 
 
-def test_a_fleet_runs_an_open_workload_and_refuses_a_closed_loop() -> None:
-    workload = {
-        "type": "shared_prefix",
-        "num_groups": 3,
-        "num_prompts_per_group": 4,
-        "system_prompt_len": 2000,
-        "question_len": 256,
-        "output_len": 32,
-    }
+WORKLOAD = {
+    "type": "shared_prefix",
+    "num_groups": 3,
+    "num_prompts_per_group": 4,
+    "system_prompt_len": 2000,
+    "question_len": 256,
+    "output_len": 32,
+}
+CLOSED = {
+    "type": "concurrency",
+    "stages": [{"concurrency": 3, "num_requests": 12}, {"concurrency": 5, "num_requests": 10}],
+}
+
+
+def test_a_fleet_runs_an_open_workload() -> None:
     open_load = {"type": "poisson", "stages": [{"rate": 2, "duration": 6}]}
     run = kvsim.simulate(
-        workload=workload, load=open_load, cpu_gib=8, instances=2, router="prefix-aware"
+        workload=WORKLOAD, load=open_load, cpu_gib=8, instances=2, router="prefix-aware"
     )
     assert run.summary["instances"] == 2 and run.summary["requests"] > 0
-    closed = {"type": "concurrency", "stages": [{"concurrency": 3, "num_requests": 12}]}
-    with pytest.raises(kvsim.InputError, match="closed loop"):
-        kvsim.simulate(workload=workload, load=closed, cpu_gib=8, instances=2)
+    assert list(run.tables["stages"]["stage"]) == [0, "all"]
+
+
+@pytest.mark.parametrize(
+    "extra, timing",
+    [({}, "ideal"), ({"async_scheduling": False}, "ideal"), ({}, "inference-perf")],
+    ids=["async", "sync", "drained-stages"],
+)
+def test_a_fleet_of_one_runs_the_closed_loop_of_one_engine(extra, timing) -> None:
+    load = {**CLOSED, "timing": timing}  # inference-perf's: a stage waits for the last to drain
+    opts = dict(workload=WORKLOAD, load=load, cpu_gib=8, gpu_blocks=400, **extra)
+    one = kvsim.simulate(**opts)
+    fleet = kvsim.simulate(**opts, instances=1, router="prefix-aware")
+    assert set(fleet.tables) == set(one.tables) | {"instances"}
+    for name, table in one.tables.items():
+        if name == "metrics":
+            continue
+        mine = fleet.tables[name]
+        if "instance" in mine:
+            mine = mine.drop(columns="instance")
+        assert _csv(mine) == _csv(table), name
+    for key, value in one.summary.items():
+        assert _same(fleet.summary[key], value), key
+
+
+def test_a_closed_loop_across_a_fleet_keeps_n_requests_in_flight() -> None:
+    """N clients for the whole fleet: a send (after the first N) is the finish, on any
+    instance, that freed its client; so never more than N in flight, and N most of the
+    time."""
+    load = {"type": "concurrency", "stages": [{"concurrency": 4, "num_requests": 20}]}
+    run = kvsim.simulate(
+        workload=WORKLOAD, load=load, cpu_gib=8, gpu_blocks=400, instances=3, router="random"
+    )
+    reqs = run.tables["requests"].sort_values("request")
+    assert reqs["instance"].nunique() == 3 and len(reqs) == 20
+    arrival, finish = reqs["arrival_s"].to_numpy(), reqs["finish_s"].to_numpy()
+    in_flight = [((arrival <= t) & (finish > t)).sum() for t in arrival]
+    assert max(in_flight) == 4 and min(in_flight[:17]) == 4
+    # request j >= 4 is sent at the (j - 3)-th finish, whichever instance ran it
+    assert np.array_equal(arrival[4:], np.sort(finish)[:16])
+    assert run.tables["stages"]["completed"].tolist() == [20, 20]
+
+
+def test_a_closed_loop_fleet_is_deterministic() -> None:
+    opts = dict(workload=WORKLOAD, load=CLOSED, cpu_gib=8, instances=3, router="prefix-aware")
+    a, b = kvsim.simulate(**opts), kvsim.simulate(**opts)
+    assert _csv(a.tables["requests"]) == _csv(b.tables["requests"])
+
+
+def test_a_fleet_whose_requests_keep_their_keys_and_context_has_the_same_tables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each instance's engine drops a finished request's keys and context (its recorder
+    keeps the request for its row): the fleet's tables equal those of a run keeping them."""
+    from kvsim.engine.request_state import SimRequest
+
+    reqs = _requests()
+    opts = {**OPTS, "instances": 2, "router": "prefix-aware"}
+    lean = kvsim.simulate(reqs, **opts)
+    monkeypatch.setattr(SimRequest, "retire", lambda self: None)
+    kept = kvsim.simulate(reqs, **opts)
+    assert lean.tables["transfers"].shape[0] > 0
+    for name in ("requests", "steps", "transfers"):
+        assert _csv(lean.tables[name]) == _csv(kept.tables[name]), name

@@ -290,6 +290,17 @@ def _instances() -> pd.DataFrame:
     )
 
 
+def _sweep_cells() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A timed sweep's results (two cells) and its cells' requests tables as one."""
+    results = pd.DataFrame(
+        {"cell_id": ["a", "b"], "status": "ok", "mode": "timed", "policy": ["lru", "arc"]}
+    )
+    requests = pd.concat(
+        [_requests(0.1).assign(cell_id="a"), _requests(0.2, seed=2).assign(cell_id="b")]
+    )
+    return results, requests
+
+
 FIGURES = [
     ("hit_vs_capacity", lambda **k: plots.hit_vs_capacity(_wide_table(), **k), 1),
     (
@@ -300,6 +311,7 @@ FIGURES = [
     ("mrc", lambda **k: plots.mrc(_MRC, ceiling=0.4, **k), 1),
     ("tiers_vs_capacity", lambda **k: plots.tiers_vs_capacity(_tiers_table(), **k), 1),
     ("ttft_cdf", lambda **k: plots.ttft_cdf(_requests(0.1), baseline=_requests(0.2), **k), 1),
+    ("sweep_ttft_cdf", lambda **k: plots.sweep_ttft_cdf(*_sweep_cells(), **k), 1),
     ("usage_timeline", lambda **k: plots.usage_timeline(_steps(), cpu_chunks=1024, **k), 2),
     ("transfers", lambda **k: plots.transfers(_transfers(), **k), 2),
     ("transfer_bandwidth", lambda **k: plots.transfer_bandwidth(_transfers(), **k), 1),

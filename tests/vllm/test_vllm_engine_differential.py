@@ -420,9 +420,13 @@ def test_a_deadlock_vllm_has_stops_kvsim_at_the_same_instant_and_state(
     assert f"and {running} running" in str(exc.value)
 
 
-def test_a_stalled_simulate_is_one_line_and_writes_what_ran(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "fleet", [[], ["--instances", "1", "--router", "round-robin"]], ids=["engine", "fleet"]
+)
+def test_a_stalled_simulate_is_one_line_and_writes_what_ran(tmp_path, fleet) -> None:
     """``kvsim simulate`` on the deadlock: exit code 3, one line, and ``--out`` holds the
-    requests that ran until the stall (the finished ones with their finish times)."""
+    requests that ran until the stall (the finished ones with their finish times); the
+    same when the stalled engine is an instance of a fleet."""
     from kvsim.traces.formats.native import write_native
 
     requests, knobs = stall_case()
@@ -449,7 +453,7 @@ def test_a_stalled_simulate_is_one_line_and_writes_what_ran(tmp_path) -> None:
         "--link", str(link), "--gpu-blocks", "26", "--cpu-chunks", str(knobs["cpu_chunks"]),
         "--chunk-tokens", str(knobs["chunk_tokens"]), "--policy", knobs["policy"],
         "--max-num-batched-tokens", str(knobs["max_num_batched_tokens"]),
-        "--max-num-seqs", str(knobs["max_num_seqs"]), "--out", str(out),
+        "--max-num-seqs", str(knobs["max_num_seqs"]), "--out", str(out), *fleet,
     ]  # fmt: skip
     t, _running, waiting, holding = vllm_stall(requests, async_scheduling=False, **knobs)
     proc = subprocess.run(
