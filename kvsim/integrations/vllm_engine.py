@@ -60,7 +60,8 @@ them. One iteration, at host time ``now``:
       forward. (Never happens here: ``sync_load_budget_bytes`` is 0.)
    c. Forward launch, when the step scheduled tokens: it runs on the GPU from
       ``start_s = max(now, end of the previous forward)`` (``now`` after any stall) to
-      ``end_s = start_s + step_s + per_token_s * total_num_scheduled_tokens``. A step that
+      ``end_s = start_s + (step_s + per_token_s * total_num_scheduled_tokens)`` (the duration
+      summed first, as kvsim's engine does, so float ties fall the same way). A step that
       scheduled nothing has no forward and ``start_s = end_s = now``; it still runs the
       connector calls below (``kv_connector_no_forward``).
    d. ``start_load_kv`` (after the launch): submits this step's load jobs.
@@ -295,7 +296,9 @@ class _Engine:
         rec.stall_s = clock.now - t0
         if tokens > 0:
             rec.start_s = max(clock.now, clock.compute_tail)
-            rec.end_s = rec.start_s + self.p.step_s + self.p.per_token_s * tokens
+            # the duration first, then the end: kvsim's engine adds them so, and an arrival
+            # or a copy's end that ties with this end must fall on the same side of it
+            rec.end_s = rec.start_s + (self.p.step_s + self.p.per_token_s * tokens)
             clock.compute_tail = rec.end_s
         else:
             rec.start_s = rec.end_s = clock.now

@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -32,6 +33,7 @@ from engine_twin import KV_BYTES_PER_TOKEN, TwinRun, run_kvsim_engine, transfer_
 from vllm_engine_harness import VllmRun, run_vllm_engine  # noqa: E402
 
 from kvsim.traces import Request, open_trace  # noqa: E402
+from kvsim.traces.synthetic import generate  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -402,6 +404,19 @@ def vllm_stall(requests: Sequence[Request], **knobs: Any) -> tuple[float, int, i
     return float(m[1]), int(m[2]), int(m[3]), int(m[4])
 
 
+def assert_same_stall(requests: Sequence[Request], **knobs: Any) -> None:
+    """vLLM's engine deadlocks on ``requests``, and kvsim stops at the same simulated
+    instant with the same queues, saying so with :class:`EngineStalled`."""
+    from kvsim.core.errors import EngineStalled
+
+    t, running, waiting, holding = vllm_stall(requests, **knobs)
+    with pytest.raises(EngineStalled) as exc:
+        run_kvsim_engine(requests, **knobs)
+    assert f"stalled at t={t:.6f}s" in str(exc.value)
+    assert f"with {waiting + holding} waiting ({holding} holding GPU blocks)" in str(exc.value)
+    assert f"and {running} running" in str(exc.value)
+
+
 @LOOPS
 def test_a_deadlock_vllm_has_stops_kvsim_at_the_same_instant_and_state(
     async_scheduling: bool,
@@ -409,15 +424,68 @@ def test_a_deadlock_vllm_has_stops_kvsim_at_the_same_instant_and_state(
     """Where vLLM 0.33's scheduler can never move again (nothing running, the waiting
     requests need blocks they cannot get), kvsim stops at the same simulated instant with
     the same queues, and says so with :class:`EngineStalled`, not a bare RuntimeError."""
-    from kvsim.core.errors import EngineStalled
-
     requests, knobs = stall_case()
-    t, running, waiting, holding = vllm_stall(requests, async_scheduling=async_scheduling, **knobs)
-    with pytest.raises(EngineStalled) as exc:
-        run_kvsim_engine(requests, async_scheduling=async_scheduling, **knobs)
-    assert f"stalled at t={t:.6f}s" in str(exc.value)
-    assert f"with {waiting + holding} waiting ({holding} holding GPU blocks)" in str(exc.value)
-    assert f"and {running} running" in str(exc.value)
+    assert_same_stall(requests, async_scheduling=async_scheduling, **knobs)
+
+
+def generated(kind: str, seed: int, rate: float, density: float) -> list[Request]:
+    """300 requests of ``kvsim trace gen KIND --seed SEED --rate RATE`` (Mooncake blocks of
+    512 tokens), their arrivals ``density`` times denser."""
+    requests = generate(kind, 300, seed, rate=rate)
+    return [replace(r, arrival_s=r.arrival_s / density) for r in requests]
+
+
+# the shared trivial time model of the Mooncake slices, async scheduling (vLLM's default)
+GENERATED_KNOBS: dict[str, Any] = {
+    "block_tokens": 512,
+    "h2d_bytes_per_s": 2e10,
+    "d2h_bytes_per_s": 1e10,
+    "step_s": 0.01,
+    "per_token_s": 2e-5,
+    "async_scheduling": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "seed", "rate", "gpu_blocks", "density", "cpu_chunks", "policy"),
+    [
+        ("mix", 0, 1.0, 1200, 2.5, 512, "lru"),
+        ("mix", 0, 1.0, 1150, 3.0, 64, "arc"),
+        ("mix", 0, 1.0, 1250, 2.0, 64, "lru"),
+        ("agent", 1, 2.0, 1200, 2.5, 64, "lru"),
+    ],
+    ids=["mix-1200-blocks-2.5x", "mix-1150-blocks-3x", "mix-1250-blocks-2x", "agent-1200-2.5x"],
+)
+def test_a_dense_generated_trace_on_a_small_gpu_decides_as_vllm(
+    kind: str,
+    seed: int,
+    rate: float,
+    gpu_blocks: int,
+    density: float,
+    cpu_chunks: int,
+    policy: str,
+) -> None:
+    """Issue 27 items 17 and 18: 300 requests of ``kvsim trace gen`` (the default mix, and
+    agent loops whose longest contexts vLLM rejects), arrivals 2-3 times denser, on 1,150-1,250
+    GPU blocks of 16 tokens with CPU offloading, async: vLLM preempts, loads from the CPU and
+    ends every request, and kvsim makes every decision as it does (no stall); its steps table
+    counts the loads its transfers table and vLLM count. On 1,250 blocks an arrival (request
+    15, t = 10.327 s) ties with a forward's end: both sides must add a forward's duration
+    the same way for it to land in the same step."""
+    requests = generated(kind, seed, rate, density)
+    knobs = {**GENERATED_KNOBS, "gpu_blocks": gpu_blocks, "cpu_chunks": cpu_chunks}
+    knobs["policy"] = policy
+    vllm, kvsim = both(requests, **knobs)
+    diff = first_difference(vllm, kvsim)
+    assert diff is None, diff
+    assert {"preemption", "async load", "cpu hit", "flush stall"} <= features(vllm)
+    assert kvsim.engine is not None
+    steps = kvsim.engine.recorder.step_table()
+    is_store = kvsim.engine.recorder.transfer_table().direction == "store"
+    v_loads = sum(len(s.load_jobs) for s in vllm.steps)
+    v_stores = sum(len(s.store_jobs) for s in vllm.steps)
+    assert steps.loads_submitted.sum() == (~is_store).sum() == v_loads > 0
+    assert steps.stores_submitted.sum() == is_store.sum() == v_stores
 
 
 @pytest.mark.parametrize(
@@ -472,3 +540,13 @@ def test_a_stalled_simulate_is_one_line_and_writes_what_ran(tmp_path, fleet) -> 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stalled"].startswith("engine stalled")
     assert summary["unfinished_requests"] == waiting + holding
+
+
+def test_a_dense_generated_agent_trace_deadlocks_where_vllm_does() -> None:
+    """``kvsim trace gen agent --rate 4`` (contexts up to the whole GPU) 2.5 times denser
+    on 1,200 blocks, async with offloading: vLLM's engine ends with one request holding
+    loaded blocks it cannot finish with and nothing running; kvsim stops at the same instant
+    with the same queues (a stall is a difference only where vLLM goes on)."""
+    requests = generated("agent", 0, 4.0, 2.5)
+    knobs = {**GENERATED_KNOBS, "gpu_blocks": 1200, "cpu_chunks": 64, "policy": "lru"}
+    assert_same_stall(requests, **knobs)
