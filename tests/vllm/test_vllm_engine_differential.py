@@ -244,6 +244,33 @@ def test_a_cpu_hit_on_the_whole_prompt_is_reported_as_vllm_does(
     assert "whole-prompt cpu hit" in features(vllm)
 
 
+def self_preemptions_then_loaded_admissions(vllm: VllmRun) -> list[int]:
+    """Steps where vLLM preempted its only running request (the step schedules nothing)
+    and the next step runs a request whose async CPU load had already landed."""
+    loaded: set[int] = set()
+    found = []
+    for i, step in enumerate(vllm.steps[:-1]):
+        loaded |= set(step.finished_recving)
+        if step.preempted and not step.scheduled and loaded & set(vllm.steps[i + 1].scheduled):
+            found.append(i)
+    return found
+
+
+@pytest.mark.parametrize("seed", [364, 562])
+def test_preempting_the_only_running_request_then_admitting_a_loaded_one_is_vllms_step(
+    seed: int,
+) -> None:
+    """Issue 27's stall mechanism (random cases found beyond the 200, async loop): vLLM
+    preempts its only running request, schedules nothing that step, and next admits a
+    waiting request whose CPU load had landed; kvsim takes the same steps."""
+    rng = random.Random(seed)
+    knobs = random_knobs(rng)
+    requests = random_trace(rng, rng.randint(5, 50))
+    vllm, kvsim = both(requests, async_scheduling=True, **knobs)
+    assert self_preemptions_then_loaded_admissions(vllm), "the case no longer reaches it"
+    assert first_difference(vllm, kvsim) is None
+
+
 def mooncake_slice(path: str, start: int, n: int, time_scale: float) -> list[Request]:
     """``n`` requests of a Mooncake trace from ``start``, re-based to t=0 and compressed."""
     reqs = list(open_trace(path, limit=start + n))[start:]
