@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import kvsim.engine.engine as engine_module
 from kvsim.engine.bench import KV_BYTES_PER_TOKEN, TwinKnobs, twin_engine
 from kvsim.engine.engine import Engine
+from kvsim.engine.scheduler import Scheduler
+from kvsim.engine.step_batch import StepBatch
 from kvsim.engine.transfer_protocol import STORE
 from kvsim.traces import Request, Trace
 
@@ -33,6 +36,7 @@ class TwinStep:
 class TwinRun:
     steps: list[TwinStep] = field(default_factory=list)
     engine: Engine | None = None
+    quiet_steps: int = 0  # of ``steps``, scheduled by the quiet decode path
 
     def executed_steps(self) -> list[TwinStep]:
         return [s for s in self.steps if s.scheduled]
@@ -91,8 +95,23 @@ def run_kvsim_engine(
         )
         return batch
 
+    schedule_quiet = engine_module.schedule_quiet
+
+    def recorded_quiet(sched: Scheduler) -> StepBatch:
+        batch = schedule_quiet(sched)
+        run.quiet_steps += 1
+        run.steps.append(
+            TwinStep(engine.clock.now(), {r.rid: r.sched for r in sched.scheduled}, ())
+        )
+        return batch
+
     scheduler.schedule = recorded  # type: ignore[method-assign]
-    engine.run(Trace.from_requests(list(requests), block_tokens))
+    # the engine's quiet decode iterations schedule without Scheduler.schedule
+    engine_module.schedule_quiet = recorded_quiet
+    try:
+        engine.run(Trace.from_requests(list(requests), block_tokens))
+    finally:
+        engine_module.schedule_quiet = schedule_quiet
     return run
 
 

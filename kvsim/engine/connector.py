@@ -488,6 +488,19 @@ class OffloadConnector:
                 req.retire()
         return n
 
+    def is_idle(self) -> bool:
+        """Nothing in flight, queued or held: a step's worker calls would submit, wait for
+        and complete nothing (the quiet decode steps' condition, :mod:`.quiet_decode`)."""
+        return not (self.jobs or self._held_results or self.has_queued_work)
+
+    def idle_step(self, step: int) -> None:
+        """Every connector call of a step while :meth:`is_idle`, with nothing scheduled to
+        offer: ``begin_schedule``, ``build_store_jobs``, and what ``begin_execute``,
+        ``after_launch`` and ``end_execute`` change when they find nothing to do."""
+        self.begin_schedule(step)
+        self.manager.on_schedule_end()
+        self.stores_submitted = self.loads_submitted = 0
+
     @property
     def has_queued_work(self) -> bool:
         return bool(

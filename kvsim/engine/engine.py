@@ -38,6 +38,7 @@ from kvsim.engine.clock import Clock, VirtualClock
 from kvsim.engine.connector import OffloadConnector
 from kvsim.engine.events import PHASE_ARRIVAL, PHASE_STEP, PHASE_TRANSFER, EventQueue
 from kvsim.engine.params import EngineParams
+from kvsim.engine.quiet_decode import quiet_decode_ready, schedule_quiet, update_quiet
 from kvsim.engine.recorder import Recorder
 from kvsim.engine.request_state import REJECTED, WAITING_FOR_KV, SimRequest
 from kvsim.engine.scheduler import Scheduler
@@ -56,6 +57,9 @@ from kvsim.tiering.build import build_tiered_manager
 from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Request
 
+# the async loop runs quiet decode iterations (kvsim.engine.quiet_decode) without the
+# general step machinery; False: every iteration takes the general path (the tests compare)
+QUIET_DECODE = True
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
 BATCH_QUEUE_DEPTH = 2  # vLLM max_concurrent_batches under async scheduling
 
@@ -245,9 +249,16 @@ class Engine:
         """``(time, phase)`` of the next event (:mod:`.events`), or None when idle."""
         return self.events.peek_key()
 
-    def handle_next(self) -> None:
+    def handle_next(self, horizon: tuple[float, int] | None = None) -> None:
         """Take the next event: an arrival (or wake-up) of the engine's own source, or a
-        step (stale step events are dropped)."""
+        step (stale step events are dropped).
+
+        Args:
+            horizon: ``(time, phase)`` of the next event outside this engine that may read
+                or change it (a fleet's next arrival, another instance's next event), or
+                None when there is none. Quiet decode iterations due before both it and
+                the engine's own next event run in this call.
+        """
         t, phase, payload = self.events.pop()
         self.clock.wait_until(t)
         if phase == PHASE_ARRIVAL:
@@ -263,7 +274,10 @@ class Engine:
         elif payload == self._token:
             self._step_at = None
             if self.params.async_scheduling:
-                self._iterate_async()
+                limit = self.events.peek_key()
+                if horizon is not None and (limit is None or horizon < limit):
+                    limit = horizon
+                self._iterate_async(limit)
             else:
                 self._after_step(self._step())
 
@@ -482,11 +496,16 @@ class Engine:
 
     # --- async scheduling: vLLM's batch queue ---
 
-    def _iterate_async(self) -> None:
+    def _iterate_async(self, limit: tuple[float, int] | None = None) -> None:
         """One ``step_with_batch_queue`` at the current host time: launch a step when the
         scheduler has work; return at once while the queue has room (and the step computed
         or work is left), else process the oldest batch. Then wake up again now, or, when
-        nothing happened, at the next transfer completion (arrivals wake it themselves)."""
+        nothing happened, at the next transfer completion (arrivals wake it themselves).
+
+        Quiet iterations come first (:meth:`_quiet_run`, until ``limit``: the next event
+        anything else holds; None: no event)."""
+        if QUIET_DECODE and self._quiet_run(limit) and self._step_at is not None:
+            return  # it stopped at the limit, its next step queued
         sched, queue = self.scheduler, self._batches
         progress, self._arrived = self._arrived, False
         if not (sched.has_requests or queue):
@@ -506,6 +525,77 @@ class Engine:
             self._schedule_step(self.clock.now())
         else:
             self._sleep_async()
+
+    def _quiet_run(self, limit: tuple[float, int] | None) -> int:
+        """``_iterate_async`` while it is quiet (:mod:`kvsim.engine.quiet_decode`): one
+        batch in flight, no tier driver, the connector and the simulated backend idle, and
+        the scheduler's step and the batch's processing quiet. Each such iteration
+        launches the next decode step and processes the batch in flight exactly as the
+        general path would; the next one follows at once while its step event,
+        ``(now, PHASE_STEP)``, would come before ``limit``. Returns the iterations run
+        (0: nothing changed); when it stops at ``limit`` it leaves that step event queued.
+        """
+        queue, sched, conn, clock = self._batches, self.scheduler, self.connector, self.clock
+        if len(queue) != 1 or self.tiers is not None:
+            return 0
+        prev = queue[0]
+        if prev.results or (
+            conn is not None
+            and not (
+                conn.is_idle()
+                and type(self.backend) is SimulatedTransferBackend
+                and self.backend.idle_at(clock.now())
+            )
+        ):
+            return 0
+        # nothing below changes what was checked above: the connector, the backend and
+        # the queue's length stay as they are, and a quiet batch has no results
+        compute, record = self.compute, self.recorder.record_steps
+        runs = 0
+        while quiet_decode_ready(sched, prev.entries):
+            runs += 1
+            self._arrived = False
+            t0 = clock.now()
+            step = self.steps
+            self.steps += 1
+            if conn is not None:
+                conn.idle_step(step)
+            batch = schedule_quiet(sched)
+            self.computing_steps += 1
+            dur = compute(batch)
+            start = t0 if t0 > self._compute_tail else self._compute_tail
+            end = start + dur
+            if dur:
+                self._compute_tail = end
+                self.busy_s += dur
+            launched = _Launched(
+                step, t0, start, end, 0.0, batch, sched.entries, [], 0, (0, 0), True
+            )
+            queue[0] = launched
+            t_end = prev.end_s
+            clock.wait_until(t_end)
+            sched.begin_update(prev.batch.num_seqs > 0)
+            update_quiet(prev.entries, t_end)
+            if record and runs > 2:  # the same row as the last but for the clock
+                self.recorder.repeat_step(prev.step, prev.schedule_s, t_end, t_end - prev.start_s)
+            elif record:  # the batch the general path launched, then the first quiet one
+                self._record_step(
+                    prev.step,
+                    prev.schedule_s,
+                    t_end,
+                    prev.stall_s,
+                    t_end - prev.start_s,
+                    prev.batch,
+                    0,
+                    prev.n_preempted,
+                    prev.submitted,
+                    0,
+                )
+            prev = launched
+            if limit is not None and (t_end, PHASE_STEP) >= limit:
+                self._schedule_step(t_end)
+                break
+        return runs
 
     def _launch(self) -> _Launched:
         """Schedule a step and run its worker calls; its forward starts behind the last one."""

@@ -65,6 +65,7 @@ KIND = "phases"
 #: with sparsity); an assumption on other GPUs
 FP8_GEMM_SPEEDUP = 2.0
 PHASES = ("gemm", "attention_prefill", "attention_decode", "lm_head", "all_reduce", "overhead")
+_ZERO_PARTS = (0.0,) * len(PHASES)
 
 
 @dataclass(frozen=True)
@@ -232,9 +233,34 @@ class PhaseCompute:
 
     def phases(self, batch: StepBatch) -> dict[str, float]:
         """Seconds of each phase of ``batch`` (all zero for an empty step)."""
+        return dict(zip(PHASES, self._parts(batch), strict=True))
+
+    def _parts(self, batch: StepBatch) -> tuple[float, ...]:
+        """The phases' seconds in :data:`PHASES` order."""
         tokens = batch.prefill_tokens + batch.decode_tokens
         if tokens <= 0:
-            return dict.fromkeys(PHASES, 0.0)
+            return _ZERO_PARTS
+        gemm, lm_head, all_reduce, overhead = self._parts_of_shape(tokens, batch.num_seqs)
+        decode_ctx = batch.decode_context
+        decode_pairs = decode_ctx + batch.decode_tokens
+        prefill_pairs = max(0.0, batch.attention_pairs - decode_pairs)
+        prefill_read = max(0, batch.context_tokens - decode_ctx) + batch.prefill_tokens
+        return (
+            gemm,
+            self._layers_attention(
+                prefill_pairs, prefill_read, batch.prefill_tokens, batch.num_prefill_seqs
+            ),
+            self._layers_attention(
+                decode_pairs, decode_pairs, batch.decode_tokens, batch.decode_tokens
+            ),
+            lm_head,
+            all_reduce,
+            overhead,
+        )
+
+    def _parts_of_shape(self, tokens: int, rows: int) -> tuple[float, float, float, float]:
+        """``(gemm, lm_head, all_reduce, overhead)``: the phases that depend only on the
+        step's tokens and sequences."""
         p = self.profile
         dense, experts = self._weight_parts(tokens)
         gemm = max(
@@ -242,11 +268,6 @@ class PhaseCompute:
             dense * self._dense_b / self.tp / self._weight_bw
             + experts * self._expert_b / self.tp / self._expert_bw,
         )
-        decode_ctx = batch.decode_context
-        decode_pairs = decode_ctx + batch.decode_tokens
-        prefill_pairs = max(0.0, batch.attention_pairs - decode_pairs)
-        prefill_read = max(0, batch.context_tokens - decode_ctx) + batch.prefill_tokens
-        rows = batch.num_seqs
         lm_head = (
             max(
                 2.0 * self._lm_params * rows / self._lm_flops,
@@ -261,19 +282,7 @@ class PhaseCompute:
             all_reduce = (
                 2 * self.model.num_layers * (p.allreduce_latency_s + wire / p.allreduce_bytes_per_s)
             )
-        prefill_seqs = batch.num_prefill_seqs
-        return {
-            "gemm": gemm,
-            "attention_prefill": self._layers_attention(
-                prefill_pairs, prefill_read, batch.prefill_tokens, prefill_seqs
-            ),
-            "attention_decode": self._layers_attention(
-                decode_pairs, decode_pairs, batch.decode_tokens, batch.decode_tokens
-            ),
-            "lm_head": lm_head,
-            "all_reduce": all_reduce,
-            "overhead": p.step_overhead_s + p.seq_overhead_s * rows,
-        }
+        return gemm, lm_head, all_reduce, p.step_overhead_s + p.seq_overhead_s * rows
 
     def _layers_attention(self, pairs: float, kv_tokens: float, queries: int, seqs: int) -> float:
         """Attention of all layers: full ones over ``pairs`` reading ``kv_tokens``; sliding
@@ -295,4 +304,4 @@ class PhaseCompute:
         )
 
     def __call__(self, batch: StepBatch) -> float:
-        return sum(self.phases(batch).values())
+        return sum(self._parts(batch))

@@ -150,6 +150,30 @@ class Recorder:
         if len(self._step_ints) >= STEP_ROWS * len(_INT_ROW):
             self._cut_step_rows()
 
+    def repeat_step(self, step: int, t0: float, t2: float, fwd: float) -> None:
+        """Record step ``step`` as a copy of the last row recorded but for its index, its
+        schedule and end times and its forward time: a quiet decode step after another
+        (:mod:`kvsim.engine.quiet_decode`), in which no gauge, count or queue moves.
+
+        Invariant: the caller recorded at least one row with :meth:`step`."""
+        if not self.record_steps:
+            return
+        nf, ni = len(_FLOAT_ROW), len(_INT_ROW)
+        floats, ints = self._step_floats, self._step_ints
+        if ints:
+            row_f, row_i = floats[-nf:], ints[-ni:]
+        else:  # the rows were just cut into column chunks
+            row_f = array("d", [float(c[-1][-1]) for c in self._float_chunks])
+            row_i = array("q", [int(c[-1][-1]) for c in self._int_chunks])
+        row_f[0] = t0
+        row_f[1] = t2
+        row_f[3] = fwd
+        row_i[0] = step
+        floats.extend(row_f)
+        ints.extend(row_i)
+        if len(ints) >= STEP_ROWS * ni:
+            self._cut_step_rows()
+
     def _cut_step_rows(self) -> None:
         """Move the flat rows recorded so far into column chunks."""
         for flat, dtype, chunks in (

@@ -165,7 +165,7 @@ class Scheduler:
         # vLLM defer_block_free (async + a KV consumer connector): fences of non-empty steps
         self.defer_free = self.async_mode and connector is not None
         self.sched_seq = 0
-        self._step_seq = 0  # the fence of the step being scheduled
+        self.step_seq = 0  # the fence of the step being scheduled
         self.processed_seq = 0
         self.deferred_frees: deque[tuple[int, list[int]]] = deque()
 
@@ -281,7 +281,7 @@ class Scheduler:
         eligible = len(self.running) + self.num_waiting
         self.threshold = self.params.long_prefill_token_threshold if eligible > 1 else 0
         # the fence the step gets if it schedules anything (see _after_schedule)
-        self._step_seq = self.sched_seq + 1 if self.defer_free else self.sched_seq
+        self.step_seq = self.sched_seq + 1 if self.defer_free else self.sched_seq
         tally = _BatchTally()
         budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
         if not self.preempted:
@@ -315,7 +315,7 @@ class Scheduler:
         """A scheduled request's part of ``_after_schedule``: its tokens go in flight; if they
         reach its end it samples (async: an output placeholder). It may offer stores."""
         req.in_flight += n
-        req.last_seq = self._step_seq
+        req.last_seq = self.step_seq
         sampled = req.num_computed + req.in_flight >= req.prompt + req.num_output + req.placeholders
         if sampled:
             tally.ended_prefills.append(req)
@@ -338,7 +338,7 @@ class Scheduler:
         running = self.running
         unit = self.unit
         prefix = self.prefix_caching
-        seq = self._step_seq
+        seq = self.step_seq
         placeholders_on = self.async_mode
         conn = self.connector
         # without a connector, chunks so long that no request ever completes one

@@ -78,6 +78,11 @@ class SimulatedTransferBackend:
     def host_free_time(self) -> float:
         return self._host_free
 
+    def idle_at(self, now: float) -> bool:
+        """Nothing submitted, moving or unreported, and the worker thread free by ``now``:
+        a poll at ``now`` or later would only move the backend's time."""
+        return not (self._busy or self._done) and self._host_free <= now
+
     def poll(self, now: float) -> list[TransferResult]:
         self._advance(now)
         done, self._done = self._done, []

@@ -242,6 +242,9 @@ class _Feed:
                 e.start(more_arrivals=True)
         self.nxt = source.next_arrival(0.0)
         self.told = False  # the engines know that no more arrivals come
+        # the engines' finishes reach the source, which may send at once (a closed loop): an
+        # engine must not run ahead of the others (see horizon)
+        self.relay = relay
 
     # --- the engines' source ---
 
@@ -271,6 +274,15 @@ class _Feed:
         if nxt is not None and (key is None or (nxt[0], PHASE_ARRIVAL) <= key):
             return _SEND
         return 0
+
+    def horizon(self) -> tuple[float, int] | None:
+        """``(time, phase)`` of the feed's next event (finishes to hear, a send or
+        wake-up), or None: an engine's quiet steps stop before it."""
+        pending, nxt = self.pending, self.nxt
+        t = pending[0][0] if pending else None
+        if nxt is not None and (t is None or nxt[0] < t):
+            t = nxt[0]
+        return None if t is None else (t, PHASE_ARRIVAL)
 
     def hear(self) -> None:
         """The source hears the earliest finishes (one step's), then is asked."""
@@ -331,11 +343,21 @@ class _Loop:
             if d.busy:
                 d.advance(t)
 
-    def step(self) -> None:
+    def step(self, feed_horizon: tuple[float, int] | None, others: bool) -> None:
+        """Engine ``i``'s next event. Its quiet decode steps may run on until
+        ``feed_horizon`` (the fleet's next arrival or finishes to hear) and, when
+        ``others``, the other engines' next event: with a shared tier or a source that
+        hears finishes, they may change what this engine sees; else the instances touch
+        nothing of each other's between arrivals."""
         t, _, i, _ = heapq.heappop(self.heap)
         if self.drivers:
             self.sync(t)
-        self.engines[i].handle_next()
+        horizon = feed_horizon
+        if others or self.drivers:
+            other = self.next_key()
+            if other is not None and (horizon is None or other < horizon):
+                horizon = other
+        self.engines[i].handle_next(horizon)
         self.push(i)
 
 
@@ -371,7 +393,7 @@ def _run(
                 loop.push(i)
             feed.ask(t)
         elif key is not None:
-            loop.step()
+            loop.step(feed.horizon(), feed.relay)
         elif not feed.told:  # nothing can happen while the source waits: say so
             feed.tell_engines()
             for i in range(len(engines)):

@@ -5,7 +5,14 @@ Each table becomes ``NAME.parquet`` (for pandas / pyarrow / DuckDB) and ``NAME.c
 anything else), each written whole or not at all (:mod:`kvsim.core.io`). Parquet stores one
 type per column, so an object column that mixes types (a sweep's ``vllm_config`` axis holding
 paths and mappings, a summary column holding numbers and names) is written as text there;
-the CSV, which is text anyway, keeps the values as they are.
+the CSV, which is text anyway, has the same text.
+
+The CSV is written by Arrow's C++ writer, as cache mode's ``--requests-csv`` rows are
+(:mod:`kvsim.cachemode.row_writer`): a fleet's steps table has millions of rows, which
+pandas' ``to_csv`` formats in Python at about 20 us a row (9x Arrow's time, docs/speed.md).
+Numbers are the shortest text that reads back as the same value (``0`` for 0.0), booleans
+``true`` / ``false``, a missing value an empty field; text is quoted only when a value of
+its table needs quotes.
 """
 
 from __future__ import annotations
@@ -13,12 +20,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from kvsim.core.io import atomic_path, atomic_write
+from kvsim.core.io import atomic_path
 
 if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
     import pandas as pd
+    import pyarrow as pa
 
-__all__ = ["parquet_safe", "write_table"]
+__all__ = ["parquet_safe", "write_csv", "write_table"]
 
 
 def write_table(
@@ -40,9 +48,48 @@ def write_table(
         parquet_safe(df).to_parquet(tmp, engine="pyarrow", index=False)
     if not csv:
         return [f"{name}.parquet"]
-    with atomic_write(os.path.join(out, f"{name}.csv"), newline="") as f:
-        df.to_csv(f, index=False)
+    with atomic_path(os.path.join(out, f"{name}.csv")) as tmp:
+        write_csv(df, tmp)
     return [f"{name}.parquet", f"{name}.csv"]
+
+
+def write_csv(df: pd.DataFrame, path: str) -> None:
+    """``df`` as CSV at ``path`` (overwritten; no index column) by Arrow's writer: unquoted
+    unless some text value holds a comma, quote or line break, then every text value is
+    quoted. A column Arrow cannot write (lists, mappings) is written as its values' text."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    table = _arrow_table(df)
+    try:
+        pa_csv.write_csv(table, path, pa_csv.WriteOptions(quoting_style="none"))
+    except pa.ArrowInvalid:  # a text value needs quotes
+        pa_csv.write_csv(table, path, pa_csv.WriteOptions(quoting_style="needed"))
+
+
+def _arrow_table(df: pd.DataFrame) -> pa.Table:
+    """``df`` (made :func:`parquet_safe`) as an Arrow table of types the CSV writer takes."""
+    import pyarrow as pa
+
+    safe = parquet_safe(df)
+    try:
+        table = pa.Table.from_pandas(safe, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        table = None
+    if table is not None and all(_writable(t) for t in table.schema.types):
+        return table
+    text = safe.copy()
+    for c in text.columns:
+        if text[c].dtype == object:
+            text[c] = text[c].map(lambda v: None if v is None else str(v))
+    return pa.Table.from_pandas(text, preserve_index=False)
+
+
+def _writable(kind: pa.DataType) -> bool:
+    """Whether Arrow's CSV writer writes values of ``kind`` (not lists, structs, maps)."""
+    import pyarrow as pa
+
+    return not (pa.types.is_nested(kind) or pa.types.is_dictionary(kind))
 
 
 def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:

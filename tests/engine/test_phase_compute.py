@@ -364,3 +364,21 @@ def test_calibrate_compute_command_writes_a_profile_simulate_loads(tmp_path, cap
     assert code == 2 and "--tokens" in err
     code, _, err = run_main(["calibrate-compute", "--out", out, "--model", "deepseek-v3"], capsys)
     assert code == 2 and "MLA" in err
+
+
+def test_the_step_time_is_the_sum_of_its_phases_in_order():
+    """``__call__`` adds the phases as ``phases()`` lists them (PHASES order), so a step's
+    time is the same float whichever of the two a caller uses."""
+    import random
+
+    rng = random.Random(3)
+    f = model8(2)
+    for _ in range(200):
+        seqs, ctx = rng.choice([rng.randint(1, 8), rng.randint(200, 1000)]), rng.randint(0, 5000)
+        batch = decode(seqs, ctx) if rng.random() < 0.7 else prefill(seqs * 97, ctx)
+        parts = f.phases(batch)
+        assert tuple(parts) == PHASES
+        total = 0.0
+        for name in PHASES:
+            total += parts[name]
+        assert f(batch) == total

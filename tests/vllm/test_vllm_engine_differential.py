@@ -198,6 +198,8 @@ def twin_features(kvsim: TwinRun) -> set[str]:
     connector = kvsim.engine.connector
     if connector is not None and connector.allocation_failures > 0:
         seen.add("failed store")
+    if kvsim.quiet_steps:  # steps the engine's quiet decode path scheduled (async only)
+        seen.add("quiet decode")
     return seen
 
 
@@ -225,7 +227,7 @@ def test_random_traces_decide_as_vllm(async_scheduling: bool) -> None:
         "rejection",
         "deferral",
         "failed store",
-    }, seen
+    } | ({"quiet decode"} if async_scheduling else set()), seen
 
 
 @LOOPS

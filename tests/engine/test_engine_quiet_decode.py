@@ -1,0 +1,231 @@
+"""Quiet decode iterations (``engine.QUIET_DECODE``, :mod:`kvsim.engine.quiet_decode`)
+against the general path: random traces over the edges (preemptions, finishes, the batch
+budget, arrivals in the middle of decode runs, transfers in flight, offloading on and off,
+prefix caching on and off, prompt-only offers or not, tiny GPU caches that stall) and fleets
+(open traces, closed loops whose sends follow any instance's finishes) give the same
+requests, steps and transfers tables, bit for bit, and the runs did take the quiet path."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import kvsim
+from kvsim.core.errors import EngineStalled
+from kvsim.engine import engine as engine_module
+from kvsim.engine.bench import MODEL
+from kvsim.engine.compute_model import LinearCompute
+from kvsim.engine.engine import Engine
+from kvsim.engine.params import EngineParams
+from kvsim.engine.transfer_model import constant_link
+from kvsim.options.offload import CacheConfig
+from kvsim.specs.hardware import get_gpu
+from kvsim.specs.models import get_model
+from kvsim.traces import Request, Trace
+
+pytestmark = pytest.mark.filterwarnings("ignore::kvsim.report.serve_metrics.LoadWarning")
+
+SEEDS = range(30)
+
+
+def _trace(rng: random.Random, n: int, block: int) -> list[Request]:
+    """Requests sharing a few prefixes, in bursts and trickles (arrivals fall inside decode
+    runs), with outputs from one token to hundreds (long quiet stretches, finishes)."""
+    prefixes = [[rng.randrange(1 << 40) for _ in range(rng.randrange(1, 6))] for _ in range(4)]
+    out, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(rng.choice([2, 20, 500]))
+        shared = rng.choice(prefixes)
+        hashes = shared[: rng.randrange(len(shared) + 1)]
+        hashes += [rng.randrange(1 << 40) for _ in range(rng.randrange(4))]
+        prompt = max(1, len(hashes) * block - rng.randrange(block)) if hashes else 1
+        hashes = hashes or [rng.randrange(1 << 40)]
+        output = rng.choice([1, 2, 3, 5, 20, 60, 200, 400])
+        out.append(Request(i, t, prompt, output, tuple(hashes)))
+    return out
+
+
+def _engine(seed: int) -> tuple[Engine, Trace]:
+    rng = random.Random(seed)
+    block = rng.choice([16, 32, 64])
+    cpu = rng.choice([None, 4, 50, 400])
+    config = CacheConfig(
+        num_chunks=cpu or 1,
+        block_tokens=block,
+        chunk_tokens=block * rng.choice([1, 2]) if cpu else block,
+        policy=rng.choice(["lru", "arc"]),
+        model=MODEL,
+    )
+    params = EngineParams(
+        gpu_blocks=rng.choice([30, 60, 120, 2000]),
+        max_num_batched_tokens=rng.choice([2, 64, 256, 2048]),
+        max_num_seqs=rng.choice([4, 16, 256]),
+        long_prefill_token_threshold=rng.choice([0, 0, 40]),
+        async_scheduling=seed % 5 != 0,
+        enable_prefix_caching=rng.choice([True, False]),
+        offload_prompt_only=rng.choice([True, False]),
+    )
+    link = constant_link(
+        {
+            "kind": "constant",
+            "h2d_bytes_per_s": rng.choice([1e8, 25e9]),
+            "d2h_bytes_per_s": rng.choice([1e8, 25e9]),
+        }
+    )
+    engine = Engine(
+        config,
+        params,
+        model=get_model(MODEL),
+        gpu=get_gpu("h200"),
+        compute=LinearCompute(0.01, 1e-5),
+        transfer=link,
+        offload=cpu is not None,
+    )
+    return engine, Trace.from_requests(_trace(rng, rng.randrange(20, 100), block), block)
+
+
+def _tables(seed: int) -> tuple[Any, ...]:
+    engine, trace = _engine(seed)
+    try:
+        engine.run(trace)
+    except EngineStalled as exc:  # a tiny cache may stall: both paths must, the same way
+        return (str(exc),)
+    rec = engine.recorder
+    return rec.request_table(), rec.step_table(), rec.transfer_table()
+
+
+def _assert_identical(plain: tuple[Any, ...], quiet: tuple[Any, ...]) -> None:
+    assert len(plain) == len(quiet)
+    for a, b in zip(plain, quiet, strict=True):
+        if isinstance(a, str):
+            assert a == b
+            continue
+        assert isinstance(b, pd.DataFrame)
+        assert list(a.columns) == list(b.columns)
+        for name in a.columns:  # exact: NaNs equal, floats bit for bit
+            pd.testing.assert_series_equal(a[name], b[name], check_exact=True, obj=name)
+
+
+def _count_quiet(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the quiet iterations run."""
+    seen = {"quiet": 0}
+    quiet_run = Engine._quiet_run
+
+    def counting(self: Engine, limit: Any) -> int:
+        runs = quiet_run(self, limit)
+        seen["quiet"] += runs
+        return runs
+
+    monkeypatch.setattr(Engine, "_quiet_run", counting)
+    return seen
+
+
+def test_quiet_decode_iterations_give_the_general_paths_tables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _count_quiet(monkeypatch)
+    edges = {"preemptions": 0, "stalls": 0, "transfers": 0}
+    for seed in SEEDS:
+        monkeypatch.setattr(engine_module, "QUIET_DECODE", False)
+        plain = _tables(seed)
+        before = seen["quiet"]
+        monkeypatch.setattr(engine_module, "QUIET_DECODE", True)
+        quiet = _tables(seed)
+        _assert_identical(plain, quiet)
+        if len(plain) == 1:
+            edges["stalls"] += 1
+        else:
+            edges["preemptions"] += int(plain[0]["preemptions"].sum())
+            edges["transfers"] += len(plain[2]) * (seen["quiet"] > before)
+    assert seen["quiet"] > 5000, seen  # the runs did take the quiet path, and reached
+    assert edges["preemptions"] > 10 and edges["transfers"] > 100, edges  # the edges
+
+
+FLEET_TRACE_SEEDS = range(4)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-loaded", "prefix-aware"])
+def test_a_fleet_with_quiet_decode_iterations_has_the_general_paths_tables(
+    monkeypatch: pytest.MonkeyPatch, router: str
+) -> None:
+    """Each instance's quiet iterations stop at the fleet's next arrival (the router reads
+    every instance then): the tables are the general path's."""
+    seen = _count_quiet(monkeypatch)
+    for seed in FLEET_TRACE_SEEDS:
+        rng = random.Random(seed)
+        reqs = _trace(rng, 60, 16)
+        opts = dict(cpu_gib=1, gpu_blocks=rng.choice([200, 3000]), instances=3, router=router)
+        runs = []
+        for quiet in (False, True):
+            monkeypatch.setattr(engine_module, "QUIET_DECODE", quiet)
+            runs.append(kvsim.simulate(reqs, **opts))
+        for name in ("requests", "steps", "transfers", "instances"):
+            pd.testing.assert_frame_equal(
+                runs[0].tables[name], runs[1].tables[name], check_exact=True, obj=name
+            )
+    assert seen["quiet"] > 1000, seen
+
+
+WORKLOAD = {
+    "type": "shared_prefix",
+    "num_groups": 3,
+    "num_prompts_per_group": 4,
+    "system_prompt_len": 2000,
+    "question_len": 256,
+    "output_len": 120,
+}
+
+
+@pytest.mark.parametrize("router", ["round-robin", "random", "least-loaded"])
+def test_a_closed_loop_fleet_with_quiet_decode_iterations_has_the_general_paths_tables(
+    monkeypatch: pytest.MonkeyPatch, router: str
+) -> None:
+    """A closed loop sends at any instance's finish: an instance's quiet iterations also
+    stop at the other instances' next events, so no send lands in its past."""
+    seen = _count_quiet(monkeypatch)
+    load = {"type": "concurrency", "stages": [{"concurrency": 3, "num_requests": 30}]}
+    opts = dict(workload=WORKLOAD, load=load, cpu_gib=8, gpu_blocks=400, instances=3)
+    runs = []
+    for quiet in (False, True):
+        monkeypatch.setattr(engine_module, "QUIET_DECODE", quiet)
+        runs.append(kvsim.simulate(**opts, router=router))
+    for name in ("requests", "steps", "transfers"):
+        pd.testing.assert_frame_equal(
+            runs[0].tables[name], runs[1].tables[name], check_exact=True, obj=name
+        )
+    assert seen["quiet"] > 500, seen
+
+
+def test_a_repeated_step_row_is_the_last_row_with_its_own_step_and_times():
+    """``Recorder.repeat_step`` (the quiet rows after the second) across the moment the rows
+    move into column chunks: the table equals one recorded row by row."""
+    from kvsim.engine.recorder import STEP_ROWS, Recorder
+    from kvsim.report import metric_names as m
+
+    stats = {
+        m.CPU_CACHE_USAGE_PERC: 0.25,
+        m.CPU_CACHE_WRITE_USAGE_PERC: 0.125,
+        m.CPU_CACHE_READ_USAGE_PERC: 0.125,
+        m.CPU_ALLOCATION_SIZE: [3, 4],
+        m.STORES_SKIPPED: 2,
+    }
+
+    fresh = {0, STEP_ROWS - 1, STEP_ROWS + 5}  # rows recorded whole; STEP_ROWS - 1 cuts
+
+    def row(i: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        seg = sum(1 for f in fresh if f <= i)  # what only a whole row changes
+        floats = (i * 0.5, i * 0.5 + 0.25, seg * 0.01, 0.2 + i * 1e-3, seg / 8)
+        return floats, (i, *(seg * 100 + k for k in range(1, 18)))
+
+    plain, repeated = Recorder(), Recorder()
+    for i in range(STEP_ROWS + 10):
+        floats, ints = row(i)
+        plain.step(floats, ints, stats)
+        if i in fresh:
+            repeated.step(floats, ints, stats)
+        else:
+            repeated.repeat_step(i, floats[0], floats[1], floats[3])
+    pd.testing.assert_frame_equal(repeated.step_table(), plain.step_table(), check_exact=True)
