@@ -19,11 +19,15 @@ KINDS = ["eager", "deferred"]
 
 
 def spec_for(kind: str) -> ValidationSpec:
-    """The eager run keeps the tested time scale (its hit decisions must match the
-    simulation's exactly); the deferred device shifts completions by design, so its run is
-    compressed to save time."""
+    """The eager run's hit decisions must match the simulation's exactly on a real clock, so
+    its arrivals and forwards are stretched (time scale 0.1, compute 0.3, about 10 s) to
+    leave room for a busy host's jitter: at 0.03 / 0.1 one job in 39 came a step late on a
+    fresh CI run (2026-12-03) and under a load of 12 before. The deferred device shifts
+    completions by design, so its run is compressed to save time."""
     spec = ValidationSpec.small_for_tests()
-    return spec if kind == "eager" else replace(spec, time_scale=0.01)
+    if kind == "eager":
+        return replace(spec, time_scale=0.1, compute_scale=0.3)
+    return replace(spec, time_scale=0.01)
 
 
 @pytest.fixture(scope="module", params=KINDS)
