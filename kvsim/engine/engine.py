@@ -36,7 +36,15 @@ from kvsim.core.units import GIB
 from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
 from kvsim.engine.connector import OffloadConnector
-from kvsim.engine.events import PHASE_ARRIVAL, PHASE_STEP, PHASE_TRANSFER, EventQueue
+from kvsim.engine.events import (
+    PHASE_ARRIVAL,
+    PHASE_STEP,
+    PHASE_TRANSFER,
+    EventKey,
+    EventQueue,
+    earliest,
+    step_due_before,
+)
 from kvsim.engine.params import EngineParams
 from kvsim.engine.quiet_decode import quiet_decode_ready, schedule_quiet, update_quiet
 from kvsim.engine.recorder import Recorder
@@ -249,7 +257,7 @@ class Engine:
         """``(time, phase)`` of the next event (:mod:`.events`), or None when idle."""
         return self.events.peek_key()
 
-    def handle_next(self, horizon: tuple[float, int] | None = None) -> None:
+    def handle_next(self, horizon: EventKey | None = None) -> None:
         """Take the next event: an arrival (or wake-up) of the engine's own source, or a
         step (stale step events are dropped).
 
@@ -274,10 +282,7 @@ class Engine:
         elif payload == self._token:
             self._step_at = None
             if self.params.async_scheduling:
-                limit = self.events.peek_key()
-                if horizon is not None and (limit is None or horizon < limit):
-                    limit = horizon
-                self._iterate_async(limit)
+                self._iterate_async(earliest(self.events.peek_key(), horizon))
             else:
                 self._after_step(self._step())
 
@@ -496,7 +501,7 @@ class Engine:
 
     # --- async scheduling: vLLM's batch queue ---
 
-    def _iterate_async(self, limit: tuple[float, int] | None = None) -> None:
+    def _iterate_async(self, limit: EventKey | None = None) -> None:
         """One ``step_with_batch_queue`` at the current host time: launch a step when the
         scheduler has work; return at once while the queue has room (and the step computed
         or work is left), else process the oldest batch. Then wake up again now, or, when
@@ -526,7 +531,7 @@ class Engine:
         else:
             self._sleep_async()
 
-    def _quiet_run(self, limit: tuple[float, int] | None) -> int:
+    def _quiet_run(self, limit: EventKey | None) -> int:
         """``_iterate_async`` while it is quiet (:mod:`kvsim.engine.quiet_decode`): one
         batch in flight, no tier driver, the connector and the simulated backend idle, and
         the scheduler's step and the batch's processing quiet. Each such iteration
@@ -550,7 +555,7 @@ class Engine:
             return 0
         # nothing below changes what was checked above: the connector, the backend and
         # the queue's length stay as they are, and a quiet batch has no results
-        compute, record = self.compute, self.recorder.record_steps
+        record = self.recorder.record_steps
         runs = 0
         while quiet_decode_ready(sched, prev.entries):
             runs += 1
@@ -562,12 +567,7 @@ class Engine:
                 conn.idle_step(step)
             batch = schedule_quiet(sched)
             self.computing_steps += 1
-            dur = compute(batch)
-            start = t0 if t0 > self._compute_tail else self._compute_tail
-            end = start + dur
-            if dur:
-                self._compute_tail = end
-                self.busy_s += dur
+            start, end = self._queue_forward(t0, batch)
             launched = _Launched(
                 step, t0, start, end, 0.0, batch, sched.entries, [], 0, (0, 0), True
             )
@@ -592,10 +592,21 @@ class Engine:
                     0,
                 )
             prev = launched
-            if limit is not None and (t_end, PHASE_STEP) >= limit:
+            if not step_due_before(t_end, limit):
                 self._schedule_step(t_end)
                 break
         return runs
+
+    def _queue_forward(self, t: float, batch: StepBatch) -> tuple[float, float]:
+        """``batch``'s forward, launched at ``t``: it starts behind the last one on the
+        GPU's stream. Returns its ``(start, end)``."""
+        dur = self.compute(batch)
+        start = max(t, self._compute_tail)
+        end = start + dur
+        if dur:
+            self._compute_tail = end
+            self.busy_s += dur
+        return start, end
 
     def _launch(self) -> _Launched:
         """Schedule a step and run its worker calls; its forward starts behind the last one."""
@@ -604,12 +615,7 @@ class Engine:
         entries = sched.entries
         n_preempted = len(sched.preempted)
         t1 = clock.now()
-        dur = self.compute(batch)
-        start = max(t1, self._compute_tail)
-        end = start + dur
-        if dur:
-            self._compute_tail = end
-            self.busy_s += dur
+        start, end = self._queue_forward(t1, batch)
         results: list[TransferResult] = []
         submitted = (0, 0)
         queued = False

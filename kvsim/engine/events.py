@@ -21,6 +21,21 @@ PHASE_TRANSFER = 0
 PHASE_ARRIVAL = 1
 PHASE_STEP = 2
 
+EventKey = tuple[float, int]  # (time, phase): what orders two events
+
+
+def earliest(a: EventKey | None, b: EventKey | None) -> EventKey | None:
+    """The sooner of two event keys; None stands for no event."""
+    if a is None:
+        return b
+    return a if b is None or a <= b else b
+
+
+def step_due_before(time: float, limit: EventKey | None) -> bool:
+    """Whether a step event at ``time`` comes before the event keyed ``limit`` (None: no
+    event, so always)."""
+    return limit is None or (time, PHASE_STEP) < limit
+
 
 class EventQueue:
     """A min-heap of ``(time, phase, sequence, payload)``."""

@@ -88,10 +88,8 @@ def schedule_quiet(sched: Scheduler) -> StepBatch:
     """``Scheduler.schedule`` of a quiet step (after :func:`quiet_decode_ready`): one decode
     token for each running request, in order; returns the step's batch. The connector's
     scheduler-side calls are the caller's."""
-    sched.preempted = []
-    eligible = len(sched.running)
-    sched.threshold = sched.params.long_prefill_token_threshold if eligible > 1 else 0
-    seq = sched.step_seq = sched.sched_seq + 1 if sched.defer_free else sched.sched_seq
+    sched.open_step(len(sched.running))
+    seq = sched.step_seq
     decode = context = 0
     pairs = 0.0
     reqs: list[SimRequest] = []
@@ -108,10 +106,7 @@ def schedule_quiet(sched: Scheduler) -> StepBatch:
         req.placeholders += 1
         entries.append((req, 1, True))
     sched.scheduled = reqs
-    sched.finished_unreported = False
-    if sched.defer_free:
-        sched.sched_seq += 1
-    sched.entries = entries
+    sched.close_step(True, entries)
     return StepBatch(decode, 0, 0, decode, context, pairs, context)
 
 

@@ -277,11 +277,7 @@ class Scheduler:
         """vLLM's step order: running requests first; new admissions only if none was preempted."""
         if self.connector is not None:
             self.connector.begin_schedule(step)
-        self.preempted = []
-        eligible = len(self.running) + self.num_waiting
-        self.threshold = self.params.long_prefill_token_threshold if eligible > 1 else 0
-        # the fence the step gets if it schedules anything (see _after_schedule)
-        self.step_seq = self.sched_seq + 1 if self.defer_free else self.sched_seq
+        self.open_step(len(self.running) + self.num_waiting)
         tally = _BatchTally()
         budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
         if not self.preempted:
@@ -291,6 +287,23 @@ class Scheduler:
             self.connector.build_store_jobs(tally.offers)
         self._after_schedule(tally)
         return tally.batch()
+
+    def open_step(self, eligible: int) -> None:
+        """The start of a ``schedule`` of ``eligible`` running and waiting requests: no
+        preemption yet, vLLM's long-prefill threshold (only when more than one competes),
+        and the fence the step gets if it schedules anything (see :meth:`close_step`)."""
+        self.preempted = []
+        self.threshold = self.params.long_prefill_token_threshold if eligible > 1 else 0
+        self.step_seq = self.sched_seq + 1 if self.defer_free else self.sched_seq
+
+    def close_step(self, scheduled: bool, entries: list[tuple[SimRequest, int, bool]]) -> None:
+        """The end of a ``schedule``: the finishes are reported, the fence advances when
+        the step ``scheduled`` anything, and ``entries`` are the step's (request, tokens,
+        sampled)."""
+        self.finished_unreported = False
+        if self.defer_free and scheduled:
+            self.sched_seq += 1
+        self.entries = entries
 
     def _after_schedule(self, tally: _BatchTally) -> None:
         """vLLM ``_update_after_schedule``: the scheduled tokens go in flight; a request
@@ -302,14 +315,11 @@ class Scheduler:
         this point reads what it changes, except the in-flight prefills, which the
         admission of an async load sums, so those leave here, and the connector's store
         offers, which count the step's tokens in flight."""
-        self.finished_unreported = False
-        if self.defer_free and tally.reqs:
-            self.sched_seq += 1
         if tally.ended_prefills:
             pop = self.inflight_prefills.pop
             for req in tally.ended_prefills:
                 pop(req, None)
-        self.entries = tally.entries
+        self.close_step(bool(tally.reqs), tally.entries)
 
     def _in_flight(self, req: SimRequest, n: int, tally: _BatchTally) -> None:
         """A scheduled request's part of ``_after_schedule``: its tokens go in flight; if they

@@ -27,7 +27,7 @@ from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.keys import ChunkKey
 from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.engine import Engine
-from kvsim.engine.events import PHASE_ARRIVAL
+from kvsim.engine.events import PHASE_ARRIVAL, EventKey, earliest
 from kvsim.engine.setup import TimedSetup, engine_outputs, make_engine
 from kvsim.engine.stage_report import stage_table
 from kvsim.engine.summary import busy_time, summarize
@@ -275,14 +275,14 @@ class _Feed:
             return _SEND
         return 0
 
-    def horizon(self) -> tuple[float, int] | None:
-        """``(time, phase)`` of the feed's next event (finishes to hear, a send or
-        wake-up), or None: an engine's quiet steps stop before it."""
+    def horizon(self) -> EventKey | None:
+        """The key of the feed's next event (finishes to hear, a send or wake-up), or
+        None: an engine's quiet steps stop before it."""
         pending, nxt = self.pending, self.nxt
-        t = pending[0][0] if pending else None
-        if nxt is not None and (t is None or nxt[0] < t):
-            t = nxt[0]
-        return None if t is None else (t, PHASE_ARRIVAL)
+        return earliest(
+            (pending[0][0], PHASE_ARRIVAL) if pending else None,
+            (nxt[0], PHASE_ARRIVAL) if nxt is not None else None,
+        )
 
     def hear(self) -> None:
         """The source hears the earliest finishes (one step's), then is asked."""
@@ -331,7 +331,7 @@ class _Loop:
         if key is not None:
             heapq.heappush(self.heap, (key[0], key[1], i, self.versions[i]))
 
-    def next_key(self) -> tuple[float, int] | None:
+    def next_key(self) -> EventKey | None:
         heap, versions = self.heap, self.versions
         while heap and versions[heap[0][2]] != heap[0][3]:
             heapq.heappop(heap)
@@ -343,7 +343,7 @@ class _Loop:
             if d.busy:
                 d.advance(t)
 
-    def step(self, feed_horizon: tuple[float, int] | None, others: bool) -> None:
+    def step(self, feed_horizon: EventKey | None, others: bool) -> None:
         """Engine ``i``'s next event. Its quiet decode steps may run on until
         ``feed_horizon`` (the fleet's next arrival or finishes to hear) and, when
         ``others``, the other engines' next event: with a shared tier or a source that
@@ -354,9 +354,7 @@ class _Loop:
             self.sync(t)
         horizon = feed_horizon
         if others or self.drivers:
-            other = self.next_key()
-            if other is not None and (horizon is None or other < horizon):
-                horizon = other
+            horizon = earliest(horizon, self.next_key())
         self.engines[i].handle_next(horizon)
         self.push(i)
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["parquet_safe", "write_csv", "write_table"]
+__all__ = ["parquet_safe", "write_table"]
 
 
 def write_table(
@@ -44,34 +44,36 @@ def write_table(
         the file names written, ``[NAME.parquet, NAME.csv]`` (relative to ``folder``).
     """
     out = os.fspath(folder)
+    safe = parquet_safe(df)
     with atomic_path(os.path.join(out, f"{name}.parquet")) as tmp:
-        parquet_safe(df).to_parquet(tmp, engine="pyarrow", index=False)
+        safe.to_parquet(tmp, engine="pyarrow", index=False)
     if not csv:
         return [f"{name}.parquet"]
     with atomic_path(os.path.join(out, f"{name}.csv")) as tmp:
-        write_csv(df, tmp)
+        _write_csv(safe, tmp)
     return [f"{name}.parquet", f"{name}.csv"]
 
 
-def write_csv(df: pd.DataFrame, path: str) -> None:
-    """``df`` as CSV at ``path`` (overwritten; no index column) by Arrow's writer: unquoted
-    unless some text value holds a comma, quote or line break, then every text value is
-    quoted. A column Arrow cannot write (lists, mappings) is written as its values' text."""
+def _write_csv(safe: pd.DataFrame, path: str) -> None:
+    """``safe`` (a :func:`parquet_safe` table) as CSV at ``path`` (overwritten; no index
+    column) by Arrow's writer: unquoted unless some text value holds a comma, quote or line
+    break, then every text value is quoted. A column Arrow cannot write (lists, mappings)
+    is written as its values' text."""
     import pyarrow as pa
     import pyarrow.csv as pa_csv
 
-    table = _arrow_table(df)
+    table = _arrow_table(safe)
     try:
         pa_csv.write_csv(table, path, pa_csv.WriteOptions(quoting_style="none"))
     except pa.ArrowInvalid:  # a text value needs quotes
         pa_csv.write_csv(table, path, pa_csv.WriteOptions(quoting_style="needed"))
 
 
-def _arrow_table(df: pd.DataFrame) -> pa.Table:
-    """``df`` (made :func:`parquet_safe`) as an Arrow table of types the CSV writer takes."""
+def _arrow_table(safe: pd.DataFrame) -> pa.Table:
+    """``safe`` (a :func:`parquet_safe` table) as an Arrow table of types the CSV writer
+    takes."""
     import pyarrow as pa
 
-    safe = parquet_safe(df)
     try:
         table = pa.Table.from_pandas(safe, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
@@ -81,7 +83,7 @@ def _arrow_table(df: pd.DataFrame) -> pa.Table:
     text = safe.copy()
     for c in text.columns:
         if text[c].dtype == object:
-            text[c] = text[c].map(lambda v: None if v is None else str(v))
+            text[c] = _as_text(text[c])
     return pa.Table.from_pandas(text, preserve_index=False)
 
 
@@ -100,8 +102,13 @@ def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
         return df
     df = df.copy()
     for c in mixed:
-        df[c] = df[c].map(lambda v: None if v is None else str(v))
+        df[c] = _as_text(df[c])
     return df
+
+
+def _as_text(column: pd.Series) -> pd.Series:
+    """Each value of ``column`` as its text; None stays missing."""
+    return column.map(lambda v: None if v is None else str(v))
 
 
 def _kinds(column: pd.Series) -> int:
