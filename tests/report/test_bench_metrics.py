@@ -324,7 +324,9 @@ def vllm_result_names() -> tuple[set[str], list[re.Pattern[str]]] | None:
     result it ``result.update``s, of its ``result[...]`` / ``result_json[...]`` stores, and
     the f-string templates of its per-metric fields over the metrics it reports."""
     spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
+    # an installed vLLM is a regular package; from a checkout without it, the tests' own
+    # tests/vllm folder is found as a namespace package (no origin), which is not vLLM
+    if spec is None or spec.origin is None or not spec.submodule_search_locations:
         return None
     source = Path(next(iter(spec.submodule_search_locations))) / "benchmarks" / "serve.py"
     tree = ast.parse(source.read_text())
