@@ -37,6 +37,7 @@ class TwinRun:
     steps: list[TwinStep] = field(default_factory=list)
     engine: Engine | None = None
     quiet_steps: int = 0  # of ``steps``, scheduled by the quiet decode path
+    decode_run_steps: int = 0  # of those, scheduled in runs at once (advance_decoders)
 
     def executed_steps(self) -> list[TwinStep]:
         return [s for s in self.steps if s.scheduled]
@@ -105,13 +106,25 @@ def run_kvsim_engine(
         )
         return batch
 
+    advance_decoders = engine_module.advance_decoders
+
+    def recorded_run(sched: Scheduler, starts: Sequence[float], ends: Sequence[float]) -> None:
+        advance_decoders(sched, starts, ends)
+        scheduled = {r.rid: r.sched for r in sched.scheduled}  # the same in every step
+        run.quiet_steps += len(starts)
+        run.decode_run_steps += len(starts)
+        run.steps.extend(TwinStep(t, scheduled, ()) for t in starts)
+
     scheduler.schedule = recorded  # type: ignore[method-assign]
-    # the engine's quiet decode iterations schedule without Scheduler.schedule
+    # the engine's quiet decode iterations schedule without Scheduler.schedule, one at a
+    # time or a run of them at once
     engine_module.schedule_quiet = recorded_quiet
+    engine_module.advance_decoders = recorded_run
     try:
         engine.run(Trace.from_requests(list(requests), block_tokens))
     finally:
         engine_module.schedule_quiet = schedule_quiet
+        engine_module.advance_decoders = advance_decoders
     return run
 
 

@@ -46,7 +46,15 @@ from kvsim.engine.events import (
     step_due_before,
 )
 from kvsim.engine.params import EngineParams
-from kvsim.engine.quiet_decode import quiet_decode_ready, schedule_quiet, update_quiet
+from kvsim.engine.quiet_decode import (
+    advance_decoders,
+    decode_step_seconds,
+    quiet_batch,
+    quiet_decode_ready,
+    schedule_quiet,
+    steady_decode_steps,
+    update_quiet,
+)
 from kvsim.engine.recorder import Recorder
 from kvsim.engine.request_state import REJECTED, WAITING_FOR_KV, SimRequest
 from kvsim.engine.scheduler import Scheduler
@@ -556,8 +564,17 @@ class Engine:
         # nothing below changes what was checked above: the connector, the backend and
         # the queue's length stay as they are, and a quiet batch has no results
         record = self.recorder.record_steps
+        pool = self.pool
+        row_free = pool.num_free  # free GPU blocks in the last row recorded whole
         runs = 0
         while quiet_decode_ready(sched, prev.entries):
+            steady = steady_decode_steps(sched, prev.entries) if runs >= 2 else 0
+            if steady > 1:  # a run of them, done at once (the rows repeat from the third)
+                prev, n, stopped = self._decode_run(prev, steady, limit)
+                runs += n
+                if stopped:
+                    break
+                continue
             runs += 1
             self._arrived = False
             t0 = clock.now()
@@ -575,10 +592,13 @@ class Engine:
             t_end = prev.end_s
             clock.wait_until(t_end)
             sched.begin_update(prev.batch.num_seqs > 0)
-            update_quiet(prev.entries, t_end)
-            if record and runs > 2:  # the same row as the last but for the clock
+            update_quiet(sched, prev.entries, t_end)
+            if record and runs > 2 and pool.num_free == row_free:
+                # the same row as the last but for the clock: a quiet batch like the last,
+                # and the one gauge a quiet step can move (a new block) did not move
                 self.recorder.repeat_step(prev.step, prev.schedule_s, t_end, t_end - prev.start_s)
-            elif record:  # the batch the general path launched, then the first quiet one
+            elif record:  # the batch the general path launched, the first quiet one, or a
+                row_free = pool.num_free  # step that took blocks
                 self._record_step(
                     prev.step,
                     prev.schedule_s,
@@ -596,6 +616,63 @@ class Engine:
                 self._schedule_step(t_end)
                 break
         return runs
+
+    def _decode_run(
+        self, prev: _Launched, steps: int, limit: EventKey | None
+    ) -> tuple[_Launched, int, bool]:
+        """Up to ``steps`` quiet iterations in the steady state
+        (:func:`~kvsim.engine.quiet_decode.steady_decode_steps`): only the clock, the
+        forwards and the step rows are stepped through; the requests and the scheduler
+        move once, by :func:`~kvsim.engine.quiet_decode.advance_decoders`. Stops, as
+        :meth:`_quiet_run` does, after the iteration whose next step would not come before
+        ``limit``, leaving that step event queued. Returns the batch in flight, the
+        iterations run and whether it stopped at ``limit``."""
+        clock, conn, sched = self.clock, self.connector, self.scheduler
+        seqs = len(sched.running)
+        context = sum(r.num_computed + r.in_flight for r in sched.running)  # the first's
+        seconds = decode_step_seconds(self.compute, seqs)
+        repeat = self.recorder.repeat_step if self.recorder.record_steps else None
+        idle_step = conn.idle_step if conn is not None else None
+        now, wait_until = clock.now, clock.wait_until
+        starts: list[float] = []
+        ends: list[float] = []
+        stopped = False
+        # _queue_forward, inlined: the GPU stream's tail and busy time as locals
+        tail, busy, next_step = self._compute_tail, self.busy_s, self.steps
+        step, t0, start, end = prev.step, prev.schedule_s, prev.start_s, prev.end_s
+        for _ in range(steps):
+            t_end = end  # the batch in flight is processed as the next one launches
+            p_step, p_t0, p_start = step, t0, start
+            t0 = now()
+            step = next_step
+            next_step += 1
+            if idle_step is not None:
+                idle_step(step)
+            dur = seconds(context)  # every request's context grows by one token a step
+            context += seqs
+            start = max(t0, tail)
+            end = start + dur
+            if dur:
+                tail = end
+                busy += dur
+            wait_until(t_end)
+            starts.append(t0)
+            ends.append(t_end)
+            if repeat is not None:
+                repeat(p_step, p_t0, t_end, t_end - p_start)
+            if not step_due_before(t_end, limit):
+                stopped = True
+                break
+        self._compute_tail, self.busy_s, self.steps = tail, busy, next_step
+        batch = quiet_batch(seqs, context - seqs)  # the last step's
+        self.computing_steps += len(ends)
+        self._arrived = False
+        advance_decoders(sched, starts, ends)
+        launched = _Launched(step, t0, start, end, 0.0, batch, sched.entries, [], 0, (0, 0), True)
+        self._batches[0] = launched
+        if stopped:
+            self._schedule_step(ends[-1])
+        return launched, len(ends), stopped
 
     def _queue_forward(self, t: float, batch: StepBatch) -> tuple[float, float]:
         """``batch``'s forward, launched at ``t``: it starts behind the last one on the

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -305,3 +305,21 @@ class PhaseCompute:
 
     def __call__(self, batch: StepBatch) -> float:
         return sum(self._parts(batch))
+
+    def decode_seconds(self, seqs: int) -> Callable[[int], float]:
+        """The seconds of a decode-only step of ``seqs`` requests, one token each, as a
+        function of the tokens they read (``context``; they attend over ``context + seqs``
+        pairs): the same float, bit for bit, as calling this model on that batch
+        (:func:`kvsim.engine.quiet_decode.quiet_batch`), with what depends only on
+        ``seqs`` computed once. Quiet decode runs time thousands of such steps a run."""
+        gemm, lm_head, all_reduce, overhead = self._parts_of_shape(seqs, seqs)
+        prefill = self._layers_attention(0.0, 0, 0, 0)
+        attention = self._layers_attention
+
+        def seconds(context: int) -> float:
+            pairs = context + seqs
+            return sum(
+                (gemm, prefill, attention(pairs, pairs, seqs, seqs), lm_head, all_reduce, overhead)
+            )
+
+        return seconds

@@ -1,24 +1,30 @@
 """Quiet decode steps: the scheduler's part of an async iteration in which nothing but the
-clock and the decoders' token counts can change.
+clock, the decoders' token counts and their GPU blocks can change.
 
 A fleet instance, or any lightly loaded engine, spends most of its steps with a few
-requests that only decode: no arrival, no waiting request, no transfer, no new GPU block,
-no block to cache, no chunk to offer, no finish. vLLM's ``schedule`` and
-``update_from_output`` then do, per request, one token in flight and one token delivered;
-everything around them (the batch queue, the connector's worker calls, the event queue)
-does nothing. :meth:`kvsim.engine.engine.Engine._quiet_run` runs such an iteration
-with the two functions here instead of the general ones, which earns its keep on the whole
-command only where these steps dominate (``docs/speed.md``).
+requests that only decode: no arrival, no waiting request, no transfer, no chunk to offer,
+no finish; now and then a decoder takes a new GPU block or fills one, which is cached.
+vLLM's ``schedule`` and ``update_from_output`` then do, per request, one token in flight
+and one token delivered; everything around them (the batch queue, the connector's worker
+calls, the event queue) does nothing. :meth:`kvsim.engine.engine.Engine._quiet_run` runs
+such an iteration with the two functions here instead of the general ones, and a run of
+them between block boundaries at once (:func:`steady_decode_steps` counts it,
+:func:`advance_decoders` moves the requests), which earns its keep on the whole command
+only where these steps dominate (``docs/speed.md``).
 
 The contract, tested against the general path on random traces that reach every edge
 (``tests/engine/test_engine_quiet_decode.py``): when :func:`quiet_decode_ready` says yes,
 :func:`schedule_quiet` then :func:`update_quiet` leave every object exactly as
-``Scheduler.schedule`` then ``Scheduler.update`` would, and return the same batch.
+``Scheduler.schedule`` then ``Scheduler.update`` would, and return the same batch; ``k``
+such iterations counted by :func:`steady_decode_steps` leave them as
+:func:`advance_decoders` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
+from collections.abc import Callable, Sequence
+from itertools import islice
 
 from kvsim.engine.request_state import RUNNING, SimRequest
 from kvsim.engine.scheduler import Scheduler
@@ -30,9 +36,10 @@ Entry = tuple[SimRequest, int, bool]
 def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
     """Whether scheduling the next step and then processing ``processed`` (the entries of
     the batch in flight) is quiet: every running request is scheduled one decode token that
-    needs no new block, fills no block to cache and completes no chunk to offer; every
-    processed entry delivers a token that neither is the request's first or last nor fills a
-    block. No side effects.
+    completes no chunk to offer, and the free GPU blocks cover the new blocks these tokens
+    need (so none is preempted); every processed entry delivers a token that is neither the
+    request's first nor its last. A token may fill a block, which is then cached, as in the
+    general path. No side effects.
 
     Args:
         sched: the async scheduler, its waiting queues and in-flight prefills empty (the
@@ -49,11 +56,11 @@ def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
     ):
         return False
     unit = sched.unit
-    prefix = sched.prefix_caching
     conn = sched.connector
     tpc = conn.tpc if conn is not None else 1 << 62
     prompt_only = conn is None or conn.prompt_only
-    for req in running:  # the schedule's clamp, block, cache and offer tests (see
+    grow = 0  # new GPU blocks the schedule takes
+    for req in running:  # the schedule's clamp, block and offer tests (see
         c = req.num_computed + req.in_flight  # Scheduler._schedule_running)
         placeholders = req.placeholders
         prompt = req.prompt
@@ -63,13 +70,15 @@ def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
         if num_tokens + placeholders - c != 1:
             return False
         end = c + 1
-        if end > len(req.blocks) * unit or (prefix and end // unit > req.n_cached):
-            return False
+        if end > len(req.blocks) * unit:
+            grow += -(-end // unit) - len(req.blocks)
         first = req.next_store
         if (not prompt_only or first < req.n_prompt_chunks) and (
             end if end < num_tokens else num_tokens
         ) // tpc > first:
             return False
+    if grow > sched.pool.num_free:
+        return False
     for req, n, sampled in processed:  # Scheduler.update's tests, after the schedule
         if (
             n != 1
@@ -78,7 +87,6 @@ def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
             or req.stale
             or req.num_output < 1
             or req.num_output + 1 >= req.output
-            or (prefix and (req.num_computed + 1) // unit > req.n_cached)
         ):
             return False
     return True
@@ -86,38 +94,151 @@ def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
 
 def schedule_quiet(sched: Scheduler) -> StepBatch:
     """``Scheduler.schedule`` of a quiet step (after :func:`quiet_decode_ready`): one decode
-    token for each running request, in order; returns the step's batch. The connector's
+    token for each running request, in order, its new block taken and its full blocks
+    cached as the general path does; returns the step's batch. The connector's
     scheduler-side calls are the caller's."""
     sched.open_step(len(sched.running))
     seq = sched.step_seq
+    unit = sched.unit
+    prefix = sched.prefix_caching
     decode = context = 0
-    pairs = 0.0
     reqs: list[SimRequest] = []
     entries: list[Entry] = []
     for req in sched.running:
         c = req.num_computed + req.in_flight
+        end = c + 1
+        if end > len(req.blocks) * unit:  # never fails: quiet_decode_ready counted them
+            sched.grow_or_preempt(req, 1)
+        if prefix and end // unit > req.n_cached:
+            sched.cache_upto(req, end)
         req.sched = 1
         reqs.append(req)
         decode += 1
         context += c
-        pairs += c + 1.0
         req.in_flight += 1
         req.last_seq = seq
         req.placeholders += 1
         entries.append((req, 1, True))
     sched.scheduled = reqs
     sched.close_step(True, entries)
-    return StepBatch(decode, 0, 0, decode, context, pairs, context)
+    return quiet_batch(decode, context)
 
 
-def update_quiet(processed: Sequence[Entry], t_end: float) -> None:
+def quiet_batch(seqs: int, context: int) -> StepBatch:
+    """The batch of a quiet step: one decode token for each of ``seqs`` requests whose
+    computed and in-flight tokens sum to ``context`` (each reads them and attends over them
+    plus its new token)."""
+    return StepBatch(seqs, 0, 0, seqs, context, float(context + seqs), context)
+
+
+def decode_step_seconds(compute: Callable[[StepBatch], float], seqs: int) -> Callable[[int], float]:
+    """The forward time of :func:`quiet_batch` ``(seqs, context)`` as a function of
+    ``context``: the compute model's own ``decode_seconds(seqs)`` when it has one (it must
+    give the same seconds, bit for bit, as calling it on the batch: a test), else the batch
+    made and timed."""
+    fast = getattr(compute, "decode_seconds", None)
+    if fast is not None:
+        return fast(seqs)
+    return lambda context: compute(quiet_batch(seqs, context))
+
+
+def update_quiet(sched: Scheduler, processed: Sequence[Entry], t_end: float) -> None:
     """``Scheduler.update`` of a quiet batch whose forward ended at ``t_end``: each request's
-    token is computed and delivered (no first token, no finish, no block to cache)."""
+    token is computed and delivered (no first token, no finish); a block it fills is
+    cached, as the general path does."""
+    unit = sched.unit
+    prefix = sched.prefix_caching
     for req, _, _ in processed:
-        req.num_computed += 1
+        computed = req.num_computed + 1
+        req.num_computed = computed
         req.in_flight -= 1
         req.forward_tokens += 1
         req.num_output += 1
         req.token_gaps.append(t_end - req.last_token)
         req.last_token = t_end
         req.placeholders -= 1
+        if prefix and computed // unit > req.n_cached:
+            sched.cache_upto(req, computed)
+
+
+def steady_decode_steps(sched: Scheduler, processed: Sequence[Entry]) -> int:
+    """How many quiet iterations in a row are certain from here, without checking each:
+    in the steady state of a quiet run (every running request has one decode token in
+    flight, ``processed``, and one placeholder) each iteration moves every request one
+    token on, so the first to stop being quiet is known in advance. Returns the fewest
+    iterations, over the running requests, before one would need a new block, fill a block
+    to cache, complete a chunk to offer or deliver its last-but-one token; 0 when the state
+    is not steady. No side effects.
+
+    Invariant (tested against the iteration-by-iteration path): for ``k`` returned,
+    :func:`quiet_decode_ready` holds before each of the next ``k`` iterations.
+
+    Args:
+        sched: the scheduler, :func:`quiet_decode_ready` true for ``processed`` now.
+        processed: the entries of the batch in flight.
+    """
+    running = sched.running
+    if len(processed) != len(running) or sched.deferred_frees:
+        return 0
+    unit = sched.unit
+    prefix = sched.prefix_caching
+    conn = sched.connector
+    tpc = conn.tpc if conn is not None else 1 << 62
+    prompt_only = conn is None or conn.prompt_only
+    steps = 1 << 62
+    for (req, _, _), other in zip(processed, running, strict=True):
+        # iteration j finds num_computed nc + j and num_output no + j (nc = prompt + no - 1)
+        nc, no = req.num_computed, req.num_output
+        if req is not other or req.in_flight != 1 or req.placeholders != 1:
+            return 0
+        if nc != req.prompt + no - 1:
+            return 0
+        bound = req.output - no - 1  # its last-but-one token is delivered
+        room = len(req.blocks) * unit - nc - 1  # the scheduled token needs a new block
+        bound = room if room < bound else bound
+        if prefix:  # the scheduled token fills a block to cache
+            fill = (req.n_cached + 1) * unit - nc - 2
+            bound = fill if fill < bound else bound
+        first = req.next_store
+        if not prompt_only or first < req.n_prompt_chunks:  # the sequence completes a chunk
+            chunk = (first + 1) * tpc - req.prompt - no
+            bound = chunk if chunk < bound else bound
+        steps = bound if bound < steps else steps
+    return max(0, steps)
+
+
+def advance_decoders(sched: Scheduler, starts: Sequence[float], ends: Sequence[float]) -> None:
+    """:func:`schedule_quiet` at each of ``starts`` and :func:`update_quiet` at each of
+    ``ends`` (the processed batches' forward ends), alternately, done at once: the steps
+    that :func:`steady_decode_steps` vouched for (at most that many). Each request's
+    counts move by the number of steps and its token gaps are the steps' end times' gaps,
+    computed once for all; the scheduler's fences move as each step would move them.
+
+    Args:
+        sched: the scheduler in the steady state.
+        starts: the schedule times, one per step (at least one); the requests' state does
+            not depend on them, a caller that records each step's schedule reads them.
+        ends: the end of the batch each step's processing waited for, one per step.
+    """
+    k = len(ends)
+    assert len(starts) == k, (len(starts), k)
+    running = sched.running
+    if sched.defer_free:  # each step's close and processing move both fences by one
+        sched.sched_seq += k - 1
+        sched.processed_seq += k
+    sched.open_step(len(running))
+    seq = sched.step_seq
+    first_end, last_end = ends[0], ends[-1]
+    gaps = array("f", [b - a for a, b in zip(ends, islice(ends, 1, None))])
+    for req in running:
+        req.sched = 1
+        req.last_seq = seq
+        req.num_computed += k
+        req.forward_tokens += k
+        req.num_output += k
+        token_gaps = req.token_gaps
+        token_gaps.append(first_end - req.last_token)
+        token_gaps.extend(gaps)
+        req.last_token = last_end
+    sched.scheduled = list(running)
+    sched.close_step(True, [(req, 1, True) for req in running])

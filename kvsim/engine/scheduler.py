@@ -3,7 +3,7 @@
 ``schedule(now)`` runs vLLM's ``Scheduler.schedule`` as named steps:
 
 1. ``_schedule_running``: running requests first, in order; each gets its remaining tokens
-   through ``clamp_new_tokens`` (one while decoding); ``_grow_or_preempt`` gets its blocks,
+   through ``clamp_new_tokens`` (one while decoding); ``grow_or_preempt`` gets its blocks,
    preempting the last running request (its blocks freed, its progress dropped: recompute)
    until the current one fits or is itself preempted;
 2. ``_schedule_waiting``, only if nobody was preempted: waiting requests in FCFS order while
@@ -208,7 +208,7 @@ class Scheduler:
                 keys.extend([(rid, -1 - i) for i in range(start, n)])
         return keys
 
-    def _cache_upto(self, req: SimRequest, tokens: int) -> None:
+    def cache_upto(self, req: SimRequest, tokens: int) -> None:
         """Give the full GPU blocks below ``tokens`` their prefix-cache keys."""
         if not self.prefix_caching:
             return
@@ -374,10 +374,10 @@ class Scheduler:
             if n <= 0:
                 continue
             end = c + n
-            if end > len(req.blocks) * unit and not self._grow_or_preempt(req, n):
+            if end > len(req.blocks) * unit and not self.grow_or_preempt(req, n):
                 break
             if prefix and end // unit > req.n_cached:
-                self._cache_upto(req, end)  # decode blocks too, once full (vLLM caches them)
+                self.cache_upto(req, end)  # decode blocks too, once full (vLLM caches them)
             # _BatchTally.add
             req.sched = n
             add_req(req)
@@ -410,7 +410,7 @@ class Scheduler:
         tally.context, tally.decode_context, tally.pairs = context, decode_context, pairs
         return budget
 
-    def _grow_or_preempt(self, req: SimRequest, n: int) -> bool:
+    def grow_or_preempt(self, req: SimRequest, n: int) -> bool:
         """Get ``req`` the blocks for ``n`` more tokens, preempting from the tail of the running
         list (vLLM FCFS: the latest arrival loses its KV) until they fit. False when ``req``
         itself was preempted: nothing is left to take blocks from."""
@@ -594,7 +594,7 @@ class Scheduler:
         req.status = RUNNING
         self.running.append(req)
         c = req.num_computed
-        self._cache_upto(req, c + n)
+        self.cache_upto(req, c + n)
         if req.kv_wait_start is not None:
             req.kv_wait += now - req.kv_wait_start
             req.kv_wait_start = None
@@ -639,7 +639,7 @@ class Scheduler:
     def _promote(self, req: SimRequest) -> None:
         """vLLM ``_update_waiting_for_remote_kv``: cache the loaded blocks, count them computed."""
         computed = req.num_computed + req.pending_ext
-        self._cache_upto(req, computed)
+        self.cache_upto(req, computed)
         if computed >= req.num_tokens:
             computed = req.num_tokens - 1  # the last token is always recomputed
         req.num_computed = computed
@@ -687,7 +687,7 @@ class Scheduler:
                 # the processed batches computed (the in-flight token was not yet in them)
                 req.placeholders -= 1
                 if prefix and status == RUNNING and num_computed // unit > req.n_cached:
-                    self._cache_upto(req, num_computed)
+                    self.cache_upto(req, num_computed)
             if num_output >= req.output:
                 self._finish(req, t_end)
                 finished.append(req)

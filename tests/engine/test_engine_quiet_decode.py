@@ -16,10 +16,12 @@ import pytest
 import kvsim
 from kvsim.core.errors import EngineStalled
 from kvsim.engine import engine as engine_module
+from kvsim.engine import quiet_decode
 from kvsim.engine.bench import MODEL
 from kvsim.engine.compute_model import LinearCompute
 from kvsim.engine.engine import Engine
 from kvsim.engine.params import EngineParams
+from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.transfer_model import constant_link
 from kvsim.options.offload import CacheConfig
 from kvsim.specs.hardware import get_gpu
@@ -229,3 +231,71 @@ def test_a_repeated_step_row_is_the_last_row_with_its_own_step_and_times():
         else:
             repeated.repeat_step(i, floats[0], floats[1], floats[3])
     pd.testing.assert_frame_equal(repeated.step_table(), plain.step_table(), check_exact=True)
+
+
+def test_steady_decode_steps_counts_exactly_the_uneventful_quiet_iterations_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``steady_decode_steps`` against the iterations themselves, run one by one: its count
+    ``k`` at an iteration says that this iteration takes no block and caches none, that the
+    next one is quiet with count ``k - 1`` when ``k > 1``, and that when ``k == 1`` the next
+    one is not quiet or is eventful (count 0, which in the steady state means that it takes
+    or caches a block). Not a bound that merely errs low: the count,
+    at every edge the random traces reach (a new block, a block to cache, the
+    last-but-one token)."""
+    pending: dict[int, int | None] = {}
+    events: dict[int, int] = {}
+    checked = {"quiet": 0, "ends": 0, "eventful": 0}
+    quiet_run = Engine._quiet_run
+    ready, steady = quiet_decode.quiet_decode_ready, quiet_decode.steady_decode_steps
+
+    def fresh_run(self: Engine, limit: Any) -> int:
+        pending[id(self.scheduler)] = None  # outside events may have changed everything
+        return quiet_run(self, limit)
+
+    def checked_ready(sched: Any, processed: Any) -> bool:
+        is_quiet = ready(sched, processed)
+        k = pending.get(id(sched))
+        if k == 0:  # the iteration counted 0 in the steady state is over
+            assert events.get(id(sched), 0) > 0
+            checked["eventful"] += 1
+            pending[id(sched)] = None
+        elif k is not None:  # the iteration that counted k is over
+            assert events.get(id(sched), 0) == 0, k
+            assert is_quiet or k == 1, k
+            checked["quiet" if is_quiet else "ends"] += 1
+            pending[id(sched)] = -k  # what the next count must be: k - 1
+        events[id(sched)] = 0
+        return is_quiet
+
+    def counted(sched: Any, processed: Any) -> int:
+        k = steady(sched, processed)
+        expected = pending.get(id(sched))
+        if expected is not None and expected < 0:
+            assert k == -expected - 1, (k, expected)
+        steady_state = (
+            len(processed) == len(sched.running)
+            and not sched.deferred_frees
+            and all(r.in_flight == 1 and r.placeholders == 1 for r in sched.running)
+        )
+        pending[id(sched)] = k if k or steady_state else None  # 0: eventful now
+        return 0  # one iteration at a time
+
+    def counting(name: str) -> Any:
+        method = getattr(Scheduler, name)
+
+        def wrapper(self: Scheduler, *args: Any) -> Any:
+            events[id(self)] = events.get(id(self), 0) + 1
+            return method(self, *args)
+
+        return wrapper
+
+    monkeypatch.setattr(Engine, "_quiet_run", fresh_run)
+    monkeypatch.setattr(engine_module, "quiet_decode_ready", checked_ready)
+    monkeypatch.setattr(engine_module, "steady_decode_steps", counted)
+    for name in ("grow_or_preempt", "cache_upto"):
+        monkeypatch.setattr(Scheduler, name, counting(name))
+    for seed in SEEDS:
+        _tables(seed)
+    assert checked["quiet"] > 1000 and checked["ends"] > 50, checked
+    assert checked["eventful"] > 200, checked

@@ -382,3 +382,26 @@ def test_the_step_time_is_the_sum_of_its_phases_in_order():
         for name in PHASES:
             total += parts[name]
         assert f(batch) == total
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-32b"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_decode_seconds_is_the_models_time_of_the_quiet_batch_bit_for_bit(name, tp):
+    """The quiet decode runs' shortcut (``decode_seconds``) against calling the model on the
+    batch it stands for: the same float for every batch size and context, on dense, MoE,
+    sliding-window and tensor-parallel models."""
+    import random
+
+    from kvsim.engine.quiet_decode import decode_step_seconds, quiet_batch
+    from kvsim.specs.models import MODELS
+
+    assert H200 is not None
+    f = PhaseCompute(MODELS[name], H200, tp=tp)
+    rng = random.Random(tp)
+    for seqs in (1, 3, 64, 255):
+        seconds = decode_step_seconds(f, seqs)  # the model's own shortcut
+        for _ in range(50):
+            context = rng.randint(seqs, seqs * 140_000)
+            assert seconds(context) == f(quiet_batch(seqs, context)), (seqs, context)
+    linear = LinearCompute(0.01, 1e-5)  # a model without the shortcut: the batch is timed
+    assert decode_step_seconds(linear, 5)(100) == linear(quiet_batch(5, 100))

@@ -200,6 +200,8 @@ def twin_features(kvsim: TwinRun) -> set[str]:
         seen.add("failed store")
     if kvsim.quiet_steps:  # steps the engine's quiet decode path scheduled (async only)
         seen.add("quiet decode")
+    if kvsim.decode_run_steps:  # of those, steps scheduled in a run at once
+        seen.add("decode run")
     return seen
 
 
@@ -227,7 +229,7 @@ def test_random_traces_decide_as_vllm(async_scheduling: bool) -> None:
         "rejection",
         "deferral",
         "failed store",
-    } | ({"quiet decode"} if async_scheduling else set()), seen
+    } | ({"quiet decode", "decode run"} if async_scheduling else set()), seen
 
 
 @LOOPS
