@@ -47,6 +47,7 @@ from kvsim.engine.events import (
 )
 from kvsim.engine.params import EngineParams
 from kvsim.engine.quiet_decode import (
+    DecodeRunBlocks,
     advance_decoders,
     decode_step_seconds,
     quiet_batch,
@@ -570,11 +571,12 @@ class Engine:
         while quiet_decode_ready(sched, prev.entries):
             steady = steady_decode_steps(sched, prev.entries) if runs >= 2 else 0
             if steady > 1:  # a run of them, done at once (the rows repeat from the third)
-                prev, n, stopped = self._decode_run(prev, steady, limit)
+                prev, n, stopped, row_free = self._decode_run(prev, steady, limit, row_free)
                 runs += n
                 if stopped:
                     break
-                continue
+                if n:
+                    continue
             runs += 1
             self._arrived = False
             t0 = clock.now()
@@ -618,20 +620,34 @@ class Engine:
         return runs
 
     def _decode_run(
-        self, prev: _Launched, steps: int, limit: EventKey | None
-    ) -> tuple[_Launched, int, bool]:
+        self, prev: _Launched, steps: int, limit: EventKey | None, row_free: int
+    ) -> tuple[_Launched, int, bool, int]:
         """Up to ``steps`` quiet iterations in the steady state
         (:func:`~kvsim.engine.quiet_decode.steady_decode_steps`): only the clock, the
-        forwards and the step rows are stepped through; the requests and the scheduler
-        move once, by :func:`~kvsim.engine.quiet_decode.advance_decoders`. Stops, as
-        :meth:`_quiet_run` does, after the iteration whose next step would not come before
-        ``limit``, leaving that step event queued. Returns the batch in flight, the
-        iterations run and whether it stopped at ``limit``."""
-        clock, conn, sched = self.clock, self.connector, self.scheduler
+        forwards, the step rows and the decoders' block work
+        (:func:`~kvsim.engine.quiet_decode.take_blocks`, in the iterations
+        :func:`~kvsim.engine.quiet_decode.next_block_event` names, in running order) are
+        stepped through; the requests' counts and the scheduler move once, by
+        :func:`~kvsim.engine.quiet_decode.advance_decoders`. Stops before an iteration
+        whose new blocks the free ones do not cover (the general path then preempts),
+        and, as :meth:`_quiet_run` does, after the iteration whose next step would not
+        come before ``limit``, leaving that step event queued.
+
+        Args:
+            row_free: the free GPU blocks in the last row recorded whole (a row repeats
+                it only while they have not moved).
+
+        Returns:
+            The batch in flight, the iterations run, whether it stopped at ``limit``, and
+            ``row_free`` after them.
+        """
+        clock, conn, sched, pool = self.clock, self.connector, self.scheduler, self.pool
         seqs = len(sched.running)
-        context = sum(r.num_computed + r.in_flight for r in sched.running)  # the first's
+        blocks = DecodeRunBlocks(sched, steps)
+        context = sum(blocks.computed) + seqs  # the first step's: one token each in flight
         seconds = decode_step_seconds(self.compute, seqs)
-        repeat = self.recorder.repeat_step if self.recorder.record_steps else None
+        record = self.recorder.record_steps
+        repeat = self.recorder.repeat_step
         idle_step = conn.idle_step if conn is not None else None
         now, wait_until = clock.now, clock.wait_until
         starts: list[float] = []
@@ -640,15 +656,22 @@ class Engine:
         # _queue_forward, inlined: the GPU stream's tail and busy time as locals
         tail, busy, next_step = self._compute_tail, self.busy_s, self.steps
         step, t0, start, end = prev.step, prev.schedule_s, prev.start_s, prev.end_s
-        for _ in range(steps):
+        ctx: int | None = None  # the context of the batch launched last (None: prev's)
+        for j in range(steps):
+            due = blocks.due(j)
+            if due is not None and not blocks.fits(due, j):
+                break  # quiet_decode_ready says no now: the general path preempts
             t_end = end  # the batch in flight is processed as the next one launches
-            p_step, p_t0, p_start = step, t0, start
+            p_step, p_t0, p_start, p_ctx = step, t0, start, ctx
             t0 = now()
             step = next_step
             next_step += 1
             if idle_step is not None:
                 idle_step(step)
+            if due is not None:
+                blocks.work(due, j)
             dur = seconds(context)  # every request's context grows by one token a step
+            ctx = context
             context += seqs
             start = max(t0, tail)
             end = start + dur
@@ -658,21 +681,30 @@ class Engine:
             wait_until(t_end)
             starts.append(t0)
             ends.append(t_end)
-            if repeat is not None:
+            if record and pool.num_free == row_free:
                 repeat(p_step, p_t0, t_end, t_end - p_start)
+            elif record:  # this iteration took blocks
+                row_free = pool.num_free
+                p_batch = prev.batch if p_ctx is None else quiet_batch(seqs, p_ctx)
+                self._record_step(
+                    p_step, p_t0, t_end, 0.0, t_end - p_start, p_batch, 0, 0, (0, 0), 0
+                )
             if not step_due_before(t_end, limit):
                 stopped = True
                 break
         self._compute_tail, self.busy_s, self.steps = tail, busy, next_step
-        batch = quiet_batch(seqs, context - seqs)  # the last step's
-        self.computing_steps += len(ends)
+        n = len(ends)
+        if ctx is None:
+            return prev, 0, False, row_free
+        self.computing_steps += n
         self._arrived = False
         advance_decoders(sched, starts, ends)
+        batch = quiet_batch(seqs, ctx)
         launched = _Launched(step, t0, start, end, 0.0, batch, sched.entries, [], 0, (0, 0), True)
         self._batches[0] = launched
         if stopped:
             self._schedule_step(ends[-1])
-        return launched, len(ends), stopped
+        return launched, n, stopped, row_free
 
     def _queue_forward(self, t: float, batch: StepBatch) -> tuple[float, float]:
         """``batch``'s forward, launched at ``t``: it starts behind the last one on the

@@ -8,16 +8,17 @@ vLLM's ``schedule`` and ``update_from_output`` then do, per request, one token i
 and one token delivered; everything around them (the batch queue, the connector's worker
 calls, the event queue) does nothing. :meth:`kvsim.engine.engine.Engine._quiet_run` runs
 such an iteration with the two functions here instead of the general ones, and a run of
-them between block boundaries at once (:func:`steady_decode_steps` counts it,
-:func:`advance_decoders` moves the requests), which earns its keep on the whole command
-only where these steps dominate (``docs/speed.md``).
+them at once (:func:`steady_decode_steps` counts it, :class:`DecodeRunBlocks` does its
+block work at the iterations it falls in, :func:`advance_decoders` moves the requests),
+which earns its keep on the whole command only where these steps dominate
+(``docs/speed.md``).
 
 The contract, tested against the general path on random traces that reach every edge
 (``tests/engine/test_engine_quiet_decode.py``): when :func:`quiet_decode_ready` says yes,
 :func:`schedule_quiet` then :func:`update_quiet` leave every object exactly as
 ``Scheduler.schedule`` then ``Scheduler.update`` would, and return the same batch; ``k``
-such iterations counted by :func:`steady_decode_steps` leave them as
-:func:`advance_decoders` does.
+such iterations counted by :func:`steady_decode_steps`, with :class:`DecodeRunBlocks`'
+block work, leave them as :func:`advance_decoders` does.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
             return False
         end = c + 1
         if end > len(req.blocks) * unit:
-            grow += -(-end // unit) - len(req.blocks)
+            grow += new_blocks(req, end, unit)
         first = req.next_store
         if (not prompt_only or first < req.n_prompt_chunks) and (
             end if end < num_tokens else num_tokens
@@ -107,10 +108,8 @@ def schedule_quiet(sched: Scheduler) -> StepBatch:
     for req in sched.running:
         c = req.num_computed + req.in_flight
         end = c + 1
-        if end > len(req.blocks) * unit:  # never fails: quiet_decode_ready counted them
-            sched.grow_or_preempt(req, 1)
-        if prefix and end // unit > req.n_cached:
-            sched.cache_upto(req, end)
+        if end > len(req.blocks) * unit or (prefix and end // unit > req.n_cached):
+            take_blocks(sched, req, end)
         req.sched = 1
         reqs.append(req)
         decode += 1
@@ -142,6 +141,86 @@ def decode_step_seconds(compute: Callable[[StepBatch], float], seqs: int) -> Cal
     return lambda context: compute(quiet_batch(seqs, context))
 
 
+def new_blocks(req: SimRequest, end: int, unit: int) -> int:
+    """GPU blocks ``req`` lacks to hold ``end`` tokens (``Scheduler.grow_or_preempt``'s
+    need for a decode token ending at ``end``)."""
+    return max(0, -(-end // unit) - len(req.blocks))
+
+
+def take_blocks(sched: Scheduler, req: SimRequest, end: int) -> None:
+    """A quiet step's block work for ``req``, scheduled one token ending at ``end``: its
+    new block taken (never failing: the callers checked the free blocks) and its full blocks
+    cached, as ``Scheduler._schedule_running`` does."""
+    if end > len(req.blocks) * sched.unit:
+        sched.grow_or_preempt(req, 1)
+    if sched.prefix_caching and end // sched.unit > req.n_cached:
+        sched.cache_upto(req, end)
+
+
+def next_block_event(req: SimRequest, computed: int, unit: int, prefix: bool, earliest: int) -> int:
+    """The first iteration of a decode run, from ``earliest`` on, in which ``req`` has
+    :func:`take_blocks` work: iteration ``j`` schedules a token ending at ``computed + j +
+    2`` (``computed``: its computed tokens at the run's start), which needs a new block past
+    its blocks' end and, with prefix caching, asks to cache once past its cached blocks."""
+    event = len(req.blocks) * unit - computed - 1
+    if prefix:
+        fill = (req.n_cached + 1) * unit - computed - 2
+        event = fill if fill < event else event
+    return event if event > earliest else earliest
+
+
+class DecodeRunBlocks:
+    """The decoders' block work through a decode run (``Engine._decode_run``), iteration
+    by iteration: which requests take a new block or cache a full one in iteration ``j``
+    (:func:`next_block_event`, in running order, as ``Scheduler._schedule_running`` meets
+    them), whether the free blocks cover it, and the work itself. The requests' counts
+    are the run's start values outside :meth:`work`; inside it they are iteration
+    ``j``'s, which the block keys and the cache read.
+
+    Args:
+        sched: the scheduler in the steady state (:func:`steady_decode_steps`).
+        steps: the iterations the run may take.
+    """
+
+    def __init__(self, sched: Scheduler, steps: int) -> None:
+        self.sched, self.steps = sched, steps
+        self.running = sched.running
+        self.computed = [r.num_computed for r in self.running]
+        self.outputs = [r.num_output for r in self.running]
+        self._events: dict[int, list[int]] = {}  # iteration -> indexes into running
+        for i in range(len(self.running)):
+            self._plan(i, 0)
+
+    def _plan(self, i: int, earliest: int) -> None:
+        s = self.sched
+        j = next_block_event(self.running[i], self.computed[i], s.unit, s.prefix_caching, earliest)
+        if j < self.steps:
+            self._events.setdefault(j, []).append(i)
+
+    def due(self, j: int) -> list[int] | None:
+        """The requests (indexes, running order) with block work in iteration ``j``."""
+        due = self._events.pop(j, None)
+        if due is not None:
+            due.sort()
+        return due
+
+    def fits(self, due: list[int], j: int) -> bool:
+        """Whether the free GPU blocks cover iteration ``j``'s new blocks (else the
+        general path preempts: :func:`quiet_decode_ready` says no)."""
+        running, computed, unit = self.running, self.computed, self.sched.unit
+        need = sum(new_blocks(running[i], computed[i] + j + 2, unit) for i in due)
+        return need <= self.sched.pool.num_free
+
+    def work(self, due: list[int], j: int) -> None:
+        """Iteration ``j``'s block work, at its schedule, in running order."""
+        for i in due:
+            req = self.running[i]
+            req.num_computed, req.num_output = self.computed[i] + j, self.outputs[i] + j
+            take_blocks(self.sched, req, self.computed[i] + j + 2)
+            req.num_computed, req.num_output = self.computed[i], self.outputs[i]
+            self._plan(i, j + 1)
+
+
 def update_quiet(sched: Scheduler, processed: Sequence[Entry], t_end: float) -> None:
     """``Scheduler.update`` of a quiet batch whose forward ended at ``t_end``: each request's
     token is computed and delivered (no first token, no finish); a block it fills is
@@ -166,12 +245,14 @@ def steady_decode_steps(sched: Scheduler, processed: Sequence[Entry]) -> int:
     in the steady state of a quiet run (every running request has one decode token in
     flight, ``processed``, and one placeholder) each iteration moves every request one
     token on, so the first to stop being quiet is known in advance. Returns the fewest
-    iterations, over the running requests, before one would need a new block, fill a block
-    to cache, complete a chunk to offer or deliver its last-but-one token; 0 when the state
-    is not steady. No side effects.
+    iterations, over the running requests, before one would complete a chunk to offer or
+    deliver its last-but-one token; 0 when the state is not steady. A new block or a filled
+    one is work inside the run (:func:`next_block_event`), as long as the free blocks
+    cover it. No side effects.
 
     Invariant (tested against the iteration-by-iteration path): for ``k`` returned,
-    :func:`quiet_decode_ready` holds before each of the next ``k`` iterations.
+    :func:`quiet_decode_ready` holds before each of the next ``k`` iterations whose new
+    blocks the free ones cover.
 
     Args:
         sched: the scheduler, :func:`quiet_decode_ready` true for ``processed`` now.
@@ -180,8 +261,6 @@ def steady_decode_steps(sched: Scheduler, processed: Sequence[Entry]) -> int:
     running = sched.running
     if len(processed) != len(running) or sched.deferred_frees:
         return 0
-    unit = sched.unit
-    prefix = sched.prefix_caching
     conn = sched.connector
     tpc = conn.tpc if conn is not None else 1 << 62
     prompt_only = conn is None or conn.prompt_only
@@ -194,11 +273,6 @@ def steady_decode_steps(sched: Scheduler, processed: Sequence[Entry]) -> int:
         if nc != req.prompt + no - 1:
             return 0
         bound = req.output - no - 1  # its last-but-one token is delivered
-        room = len(req.blocks) * unit - nc - 1  # the scheduled token needs a new block
-        bound = room if room < bound else bound
-        if prefix:  # the scheduled token fills a block to cache
-            fill = (req.n_cached + 1) * unit - nc - 2
-            bound = fill if fill < bound else bound
         first = req.next_store
         if not prompt_only or first < req.n_prompt_chunks:  # the sequence completes a chunk
             chunk = (first + 1) * tpc - req.prompt - no

@@ -233,19 +233,17 @@ def test_a_repeated_step_row_is_the_last_row_with_its_own_step_and_times():
     pd.testing.assert_frame_equal(repeated.step_table(), plain.step_table(), check_exact=True)
 
 
-def test_steady_decode_steps_counts_exactly_the_uneventful_quiet_iterations_ahead(
+def test_steady_decode_steps_counts_exactly_the_quiet_iterations_ahead(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``steady_decode_steps`` against the iterations themselves, run one by one: its count
-    ``k`` at an iteration says that this iteration takes no block and caches none, that the
-    next one is quiet with count ``k - 1`` when ``k > 1``, and that when ``k == 1`` the next
-    one is not quiet or is eventful (count 0, which in the steady state means that it takes
-    or caches a block). Not a bound that merely errs low: the count,
-    at every edge the random traces reach (a new block, a block to cache, the
-    last-but-one token)."""
+    """``steady_decode_steps`` against ``quiet_decode_ready`` itself, with runs of quiet
+    iterations done one by one: its count ``k`` at an iteration says that the next one is
+    quiet with count ``k - 1`` when ``k > 1`` (unless the free GPU blocks fall short of its
+    new blocks, which a decode run checks at each iteration), and not quiet when ``k == 1``.
+    Not a bound that merely errs low: the count, at the edges the random traces reach (the
+    last-but-one token; a chunk to offer)."""
     pending: dict[int, int | None] = {}
-    events: dict[int, int] = {}
-    checked = {"quiet": 0, "ends": 0, "eventful": 0}
+    checked = {"quiet": 0, "ends": 0, "short": 0}
     quiet_run = Engine._quiet_run
     ready, steady = quiet_decode.quiet_decode_ready, quiet_decode.steady_decode_steps
 
@@ -253,19 +251,24 @@ def test_steady_decode_steps_counts_exactly_the_uneventful_quiet_iterations_ahea
         pending[id(self.scheduler)] = None  # outside events may have changed everything
         return quiet_run(self, limit)
 
+    def short_of_blocks(sched: Scheduler) -> bool:
+        need = sum(
+            quiet_decode.new_blocks(r, r.num_computed + r.in_flight + 1, sched.unit)
+            for r in sched.running
+        )
+        return need > sched.pool.num_free
+
     def checked_ready(sched: Any, processed: Any) -> bool:
         is_quiet = ready(sched, processed)
         k = pending.get(id(sched))
-        if k == 0:  # the iteration counted 0 in the steady state is over
-            assert events.get(id(sched), 0) > 0
-            checked["eventful"] += 1
-            pending[id(sched)] = None
-        elif k is not None:  # the iteration that counted k is over
-            assert events.get(id(sched), 0) == 0, k
-            assert is_quiet or k == 1, k
-            checked["quiet" if is_quiet else "ends"] += 1
-            pending[id(sched)] = -k  # what the next count must be: k - 1
-        events[id(sched)] = 0
+        if k is not None:  # the iteration that counted k is over
+            if k > 1 and not is_quiet:
+                assert short_of_blocks(sched), k
+                checked["short"] += 1
+            else:
+                assert is_quiet == (k > 1), k
+                checked["quiet" if is_quiet else "ends"] += 1
+            pending[id(sched)] = -k if is_quiet else None  # the next count must be k - 1
         return is_quiet
 
     def counted(sched: Any, processed: Any) -> int:
@@ -273,29 +276,53 @@ def test_steady_decode_steps_counts_exactly_the_uneventful_quiet_iterations_ahea
         expected = pending.get(id(sched))
         if expected is not None and expected < 0:
             assert k == -expected - 1, (k, expected)
-        steady_state = (
-            len(processed) == len(sched.running)
-            and not sched.deferred_frees
-            and all(r.in_flight == 1 and r.placeholders == 1 for r in sched.running)
-        )
-        pending[id(sched)] = k if k or steady_state else None  # 0: eventful now
+        pending[id(sched)] = k or None
         return 0  # one iteration at a time
-
-    def counting(name: str) -> Any:
-        method = getattr(Scheduler, name)
-
-        def wrapper(self: Scheduler, *args: Any) -> Any:
-            events[id(self)] = events.get(id(self), 0) + 1
-            return method(self, *args)
-
-        return wrapper
 
     monkeypatch.setattr(Engine, "_quiet_run", fresh_run)
     monkeypatch.setattr(engine_module, "quiet_decode_ready", checked_ready)
     monkeypatch.setattr(engine_module, "steady_decode_steps", counted)
-    for name in ("grow_or_preempt", "cache_upto"):
-        monkeypatch.setattr(Scheduler, name, counting(name))
     for seed in SEEDS:
         _tables(seed)
     assert checked["quiet"] > 1000 and checked["ends"] > 50, checked
-    assert checked["eventful"] > 200, checked
+
+
+def test_decode_runs_do_the_general_paths_block_work_in_its_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every new block and every cache call, in order, with what it left (the request, its
+    blocks, its cached blocks, the free blocks): the same with quiet iterations and decode
+    runs as on the general path. The tables cannot show a cache call one step late (a
+    decode block's keys are its request's own); this can."""
+    calls: list[tuple[Any, ...]] = []
+
+    def logging(name: str) -> Any:
+        method = getattr(Scheduler, name)
+
+        def wrapper(self: Scheduler, req: Any, n: int) -> Any:
+            result = method(self, req, n)
+            calls.append((name, req.rid, n, len(req.blocks), req.n_cached, self.pool.num_free))
+            return result
+
+        return wrapper
+
+    for name in ("grow_or_preempt", "cache_upto"):
+        monkeypatch.setattr(Scheduler, name, logging(name))
+    runs = {"decode run": 0}
+    decode_run = Engine._decode_run
+
+    def counting(self: Engine, *args: Any) -> Any:
+        out = decode_run(self, *args)
+        runs["decode run"] += out[1]
+        return out
+
+    monkeypatch.setattr(Engine, "_decode_run", counting)
+    for seed in SEEDS:
+        logs = []
+        for quiet in (False, True):
+            monkeypatch.setattr(engine_module, "QUIET_DECODE", quiet)
+            calls.clear()
+            _tables(seed)
+            logs.append(list(calls))
+        assert logs[0] == logs[1], seed
+    assert runs["decode run"] > 3000, runs
