@@ -291,6 +291,15 @@ class Recorder:
         order = ("step", *STEP_FLOAT, *STEP_INT[1:], *STEP_STATS)
         return pd.DataFrame({name: columns[name] for name in order}, copy=False)
 
+    def forget_steps(self) -> None:
+        """Let go of the steps recorded: the table :meth:`step_table` built keeps its
+        columns, the recorder no longer does (a fleet joins its instances' tables column by
+        column and frees each instance's column as it goes, so no row is held twice).
+        Afterwards :meth:`step_table` has no rows."""
+        self._cut_step_rows()
+        for chunks in (*self._float_chunks, *self._int_chunks):
+            chunks.clear()
+
 
 def _times(gaps: array[float], first: float) -> np.ndarray:
     """A request's output-token times: its first token's, then each gap added on."""

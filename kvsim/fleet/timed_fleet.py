@@ -417,6 +417,11 @@ def _outputs(
     tables: dict[str, pd.DataFrame] = {}
     used = [(i, s, t) for i, (s, t) in enumerate(parts) if s]
     for name in used[0][2]:
+        if name == "steps" and len(used) > 1:
+            for e in engines:
+                e.recorder.forget_steps()
+            tables[name] = _join_steps([(i, t) for i, _, t in used])
+            continue
         frames = [t[name].assign(instance=i) for i, _, t in used]
         tables[name] = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     req = tables["requests"]
@@ -457,6 +462,23 @@ def _outputs(
     )
     tables["instances"] = _instance_table(parts, view, shared_prefix)
     return summary, tables
+
+
+def _join_steps(parts: list[tuple[int, dict[str, pd.DataFrame]]]) -> pd.DataFrame:
+    """The instances' steps tables (``parts``: instance index, tables) as one with an
+    ``instance`` column, as ``pd.concat`` of each with its ``instance`` gives it, built
+    column by column, each instance's column deleted from its table once copied: a fleet's
+    steps table (3.9M rows for 16 instances on the Mooncake trace) is never held twice.
+    The instances' steps tables are left without columns."""
+    frames = [t["steps"] for _, t in parts]
+    columns: dict[str, np.ndarray] = {}
+    for name in list(frames[0].columns):
+        columns[name] = np.concatenate([f[name].to_numpy() for f in frames])
+        for f in frames:
+            del f[name]
+    lengths = [len(f) for f in frames]
+    columns["instance"] = np.repeat(np.array([i for i, _ in parts], dtype=np.int64), lengths)
+    return pd.DataFrame(columns, copy=False)
 
 
 def _span(requests: pd.DataFrame) -> float:

@@ -64,6 +64,28 @@ def test_round_robin_over_two_is_two_engines_on_the_split_trace() -> None:
     assert list(fleet.tables["requests"]["request"]) == [r.request_id for r in reqs]
 
 
+def test_the_fleets_steps_table_is_the_instances_tables_concatenated_and_let_go() -> None:
+    """The fleet joins its instances' steps tables column by column, freeing each as it
+    goes: the same table, dtypes and index as ``pd.concat`` of each with its ``instance``,
+    instances of any length (none too), and the instances' tables are left without columns
+    (a column still held would be the whole table twice)."""
+    import pandas as pd
+
+    from kvsim.fleet.timed_fleet import _join_steps
+
+    rng = np.random.default_rng(7)
+    parts = [
+        (i, {"steps": pd.DataFrame({"step": np.arange(n), "end_s": rng.random(n)}, copy=False)})
+        for i, n in ((0, 5), (2, 0), (3, 9))
+    ]
+    expected = pd.concat(
+        [t["steps"].assign(instance=i) for i, t in parts], ignore_index=True
+    ).copy()
+    joined = _join_steps(parts)
+    pd.testing.assert_frame_equal(joined, expected, check_exact=True)
+    assert all(t["steps"].shape == (n, 0) for (_, t), n in zip(parts, (5, 0, 9)))
+
+
 def test_session_routing_keeps_each_session_on_one_instance() -> None:
     reqs = [
         Request(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.block_hashes, i % 5)
