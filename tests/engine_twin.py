@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import kvsim.engine.engine as engine_module
+import kvsim.engine.quiet_loop as quiet_loop
 from kvsim.engine.bench import KV_BYTES_PER_TOKEN, TwinKnobs, twin_engine
 from kvsim.engine.engine import Engine
 from kvsim.engine.scheduler import Scheduler
@@ -96,7 +96,7 @@ def run_kvsim_engine(
         )
         return batch
 
-    schedule_quiet = engine_module.schedule_quiet
+    schedule_quiet = quiet_loop.schedule_quiet
 
     def recorded_quiet(sched: Scheduler) -> StepBatch:
         batch = schedule_quiet(sched)
@@ -106,7 +106,7 @@ def run_kvsim_engine(
         )
         return batch
 
-    advance_decoders = engine_module.advance_decoders
+    advance_decoders = quiet_loop.advance_decoders
 
     def recorded_run(sched: Scheduler, starts: Sequence[float], ends: Sequence[float]) -> None:
         advance_decoders(sched, starts, ends)
@@ -118,13 +118,13 @@ def run_kvsim_engine(
     scheduler.schedule = recorded  # type: ignore[method-assign]
     # the engine's quiet decode iterations schedule without Scheduler.schedule, one at a
     # time or a run of them at once
-    engine_module.schedule_quiet = recorded_quiet
-    engine_module.advance_decoders = recorded_run
+    quiet_loop.schedule_quiet = recorded_quiet
+    quiet_loop.advance_decoders = recorded_run
     try:
         engine.run(Trace.from_requests(list(requests), block_tokens))
     finally:
-        engine_module.schedule_quiet = schedule_quiet
-        engine_module.advance_decoders = advance_decoders
+        quiet_loop.schedule_quiet = schedule_quiet
+        quiet_loop.advance_decoders = advance_decoders
     return run
 
 

@@ -27,12 +27,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kvsim.core.context import RequestContext, chunk_positions
 from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.units import GIB
+from kvsim.engine import quiet_loop
 from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.clock import Clock, VirtualClock
 from kvsim.engine.connector import OffloadConnector
@@ -43,19 +43,9 @@ from kvsim.engine.events import (
     EventKey,
     EventQueue,
     earliest,
-    step_due_before,
 )
+from kvsim.engine.launched import Launched
 from kvsim.engine.params import EngineParams
-from kvsim.engine.quiet_decode import (
-    DecodeRunBlocks,
-    advance_decoders,
-    decode_step_seconds,
-    quiet_batch,
-    quiet_decode_ready,
-    schedule_quiet,
-    steady_decode_steps,
-    update_quiet,
-)
 from kvsim.engine.recorder import Recorder
 from kvsim.engine.request_state import REJECTED, WAITING_FOR_KV, SimRequest
 from kvsim.engine.scheduler import Scheduler
@@ -79,23 +69,6 @@ from kvsim.traces.model import Request
 QUIET_DECODE = True
 POLL_INTERVAL_S = 0.001  # how often to poll a backend that cannot predict completions
 BATCH_QUEUE_DEPTH = 2  # vLLM max_concurrent_batches under async scheduling
-
-
-@dataclass(slots=True, eq=False)
-class _Launched:
-    """One async-scheduled step between its launch and its processing."""
-
-    step: int
-    schedule_s: float  # host time of schedule()
-    start_s: float  # forward start (after the previous forward and any flush stall)
-    end_s: float  # forward end (== start_s when nothing was scheduled)
-    stall_s: float
-    batch: StepBatch
-    entries: list[tuple[SimRequest, int, bool]]
-    results: list[TransferResult]  # completions its worker calls saw
-    n_preempted: int
-    submitted: tuple[int, int]  # (loads, stores) its worker calls submitted
-    progress: bool  # tokens, a flush stall, completions seen or stores queued
 
 
 def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
@@ -204,7 +177,7 @@ class Engine:
         self._external = False  # a caller hands requests in (arrive), see start()
         self._ran = False
         # async scheduling: launched batches (newest first), end of the last forward launched
-        self._batches: deque[_Launched] = deque()
+        self._batches: deque[Launched] = deque()
         self._compute_tail = -math.inf
         self._arrived = False
 
@@ -516,9 +489,9 @@ class Engine:
         or work is left), else process the oldest batch. Then wake up again now, or, when
         nothing happened, at the next transfer completion (arrivals wake it themselves).
 
-        Quiet iterations come first (:meth:`_quiet_run`, until ``limit``: the next event
-        anything else holds; None: no event)."""
-        if QUIET_DECODE and self._quiet_run(limit) and self._step_at is not None:
+        Quiet iterations come first (:func:`~kvsim.engine.quiet_loop.quiet_run`, until
+        ``limit``: the next event anything else holds; None: no event)."""
+        if QUIET_DECODE and quiet_loop.quiet_run(self, limit) and self._step_at is not None:
             return  # it stopped at the limit, its next step queued
         sched, queue = self.scheduler, self._batches
         progress, self._arrived = self._arrived, False
@@ -540,172 +513,6 @@ class Engine:
         else:
             self._sleep_async()
 
-    def _quiet_run(self, limit: EventKey | None) -> int:
-        """``_iterate_async`` while it is quiet (:mod:`kvsim.engine.quiet_decode`): one
-        batch in flight, no tier driver, the connector and the simulated backend idle, and
-        the scheduler's step and the batch's processing quiet. Each such iteration
-        launches the next decode step and processes the batch in flight exactly as the
-        general path would; the next one follows at once while its step event,
-        ``(now, PHASE_STEP)``, would come before ``limit``. Returns the iterations run
-        (0: nothing changed); when it stops at ``limit`` it leaves that step event queued.
-        """
-        queue, sched, conn, clock = self._batches, self.scheduler, self.connector, self.clock
-        if len(queue) != 1 or self.tiers is not None:
-            return 0
-        prev = queue[0]
-        if prev.results or (
-            conn is not None
-            and not (
-                conn.is_idle()
-                and type(self.backend) is SimulatedTransferBackend
-                and self.backend.idle_at(clock.now())
-            )
-        ):
-            return 0
-        # nothing below changes what was checked above: the connector, the backend and
-        # the queue's length stay as they are, and a quiet batch has no results
-        record = self.recorder.record_steps
-        pool = self.pool
-        row_free = pool.num_free  # free GPU blocks in the last row recorded whole
-        runs = 0
-        while quiet_decode_ready(sched, prev.entries):
-            steady = steady_decode_steps(sched, prev.entries) if runs >= 2 else 0
-            if steady > 1:  # a run of them, done at once (the rows repeat from the third)
-                prev, n, stopped, row_free = self._decode_run(prev, steady, limit, row_free)
-                runs += n
-                if stopped:
-                    break
-                if n:
-                    continue
-            runs += 1
-            self._arrived = False
-            t0 = clock.now()
-            step = self.steps
-            self.steps += 1
-            if conn is not None:
-                conn.idle_step(step)
-            batch = schedule_quiet(sched)
-            self.computing_steps += 1
-            start, end = self._queue_forward(t0, batch)
-            launched = _Launched(
-                step, t0, start, end, 0.0, batch, sched.entries, [], 0, (0, 0), True
-            )
-            queue[0] = launched
-            t_end = prev.end_s
-            clock.wait_until(t_end)
-            sched.begin_update(prev.batch.num_seqs > 0)
-            update_quiet(sched, prev.entries, t_end)
-            if record and runs > 2 and pool.num_free == row_free:
-                # the same row as the last but for the clock: a quiet batch like the last,
-                # and the one gauge a quiet step can move (a new block) did not move
-                self.recorder.repeat_step(prev.step, prev.schedule_s, t_end, t_end - prev.start_s)
-            elif record:  # the batch the general path launched, the first quiet one, or a
-                row_free = pool.num_free  # step that took blocks
-                self._record_step(
-                    prev.step,
-                    prev.schedule_s,
-                    t_end,
-                    prev.stall_s,
-                    t_end - prev.start_s,
-                    prev.batch,
-                    0,
-                    prev.n_preempted,
-                    prev.submitted,
-                    0,
-                )
-            prev = launched
-            if not step_due_before(t_end, limit):
-                self._schedule_step(t_end)
-                break
-        return runs
-
-    def _decode_run(
-        self, prev: _Launched, steps: int, limit: EventKey | None, row_free: int
-    ) -> tuple[_Launched, int, bool, int]:
-        """Up to ``steps`` quiet iterations in the steady state
-        (:func:`~kvsim.engine.quiet_decode.steady_decode_steps`): only the clock, the
-        forwards, the step rows and the decoders' block work
-        (:func:`~kvsim.engine.quiet_decode.take_blocks`, in the iterations
-        :func:`~kvsim.engine.quiet_decode.next_block_event` names, in running order) are
-        stepped through; the requests' counts and the scheduler move once, by
-        :func:`~kvsim.engine.quiet_decode.advance_decoders`. Stops before an iteration
-        whose new blocks the free ones do not cover (the general path then preempts),
-        and, as :meth:`_quiet_run` does, after the iteration whose next step would not
-        come before ``limit``, leaving that step event queued.
-
-        Args:
-            row_free: the free GPU blocks in the last row recorded whole (a row repeats
-                it only while they have not moved).
-
-        Returns:
-            The batch in flight, the iterations run, whether it stopped at ``limit``, and
-            ``row_free`` after them.
-        """
-        clock, conn, sched, pool = self.clock, self.connector, self.scheduler, self.pool
-        seqs = len(sched.running)
-        blocks = DecodeRunBlocks(sched, steps)
-        context = sum(blocks.computed) + seqs  # the first step's: one token each in flight
-        seconds = decode_step_seconds(self.compute, seqs)
-        record = self.recorder.record_steps
-        repeat = self.recorder.repeat_step
-        idle_step = conn.idle_step if conn is not None else None
-        now, wait_until = clock.now, clock.wait_until
-        starts: list[float] = []
-        ends: list[float] = []
-        stopped = False
-        # _queue_forward, inlined: the GPU stream's tail and busy time as locals
-        tail, busy, next_step = self._compute_tail, self.busy_s, self.steps
-        step, t0, start, end = prev.step, prev.schedule_s, prev.start_s, prev.end_s
-        ctx: int | None = None  # the context of the batch launched last (None: prev's)
-        for j in range(steps):
-            due = blocks.due(j)
-            if due is not None and not blocks.fits(due, j):
-                break  # quiet_decode_ready says no now: the general path preempts
-            t_end = end  # the batch in flight is processed as the next one launches
-            p_step, p_t0, p_start, p_ctx = step, t0, start, ctx
-            t0 = now()
-            step = next_step
-            next_step += 1
-            if idle_step is not None:
-                idle_step(step)
-            if due is not None:
-                blocks.work(due, j)
-            dur = seconds(context)  # every request's context grows by one token a step
-            ctx = context
-            context += seqs
-            start = max(t0, tail)
-            end = start + dur
-            if dur:
-                tail = end
-                busy += dur
-            wait_until(t_end)
-            starts.append(t0)
-            ends.append(t_end)
-            if record and pool.num_free == row_free:
-                repeat(p_step, p_t0, t_end, t_end - p_start)
-            elif record:  # this iteration took blocks
-                row_free = pool.num_free
-                p_batch = prev.batch if p_ctx is None else quiet_batch(seqs, p_ctx)
-                self._record_step(
-                    p_step, p_t0, t_end, 0.0, t_end - p_start, p_batch, 0, 0, (0, 0), 0
-                )
-            if not step_due_before(t_end, limit):
-                stopped = True
-                break
-        self._compute_tail, self.busy_s, self.steps = tail, busy, next_step
-        n = len(ends)
-        if ctx is None:
-            return prev, 0, False, row_free
-        self.computing_steps += n
-        self._arrived = False
-        advance_decoders(sched, starts, ends)
-        batch = quiet_batch(seqs, ctx)
-        launched = _Launched(step, t0, start, end, 0.0, batch, sched.entries, [], 0, (0, 0), True)
-        self._batches[0] = launched
-        if stopped:
-            self._schedule_step(ends[-1])
-        return launched, n, stopped, row_free
-
     def _queue_forward(self, t: float, batch: StepBatch) -> tuple[float, float]:
         """``batch``'s forward, launched at ``t``: it starts behind the last one on the
         GPU's stream. Returns its ``(start, end)``."""
@@ -717,7 +524,7 @@ class Engine:
             self.busy_s += dur
         return start, end
 
-    def _launch(self) -> _Launched:
+    def _launch(self) -> Launched:
         """Schedule a step and run its worker calls; its forward starts behind the last one."""
         clock, sched, conn, rec = self.clock, self.scheduler, self.connector, self.recorder
         step, t0, batch, stall = self._begin_step()
@@ -735,11 +542,11 @@ class Engine:
             submitted = (conn.loads_submitted, conn.stores_submitted)
             queued = bool(conn.store_now)
         progress = bool(batch.num_seqs or stall > 0 or results or queued)
-        return _Launched(
+        return Launched(
             step, t0, start, end, stall, batch, entries, results, n_preempted, submitted, progress
         )
 
-    def _process(self, b: _Launched) -> None:
+    def _process(self, b: Launched) -> None:
         """Wait for ``b``'s forward, then vLLM ``update_from_output``: deferred block frees,
         its transfer completions, its tokens and finishes."""
         clock, sched, conn, rec = self.clock, self.scheduler, self.connector, self.recorder

@@ -6,9 +6,9 @@ requests that only decode: no arrival, no waiting request, no transfer, no chunk
 no finish; now and then a decoder takes a new GPU block or fills one, which is cached.
 vLLM's ``schedule`` and ``update_from_output`` then do, per request, one token in flight
 and one token delivered; everything around them (the batch queue, the connector's worker
-calls, the event queue) does nothing. :meth:`kvsim.engine.engine.Engine._quiet_run` runs
-such an iteration with the two functions here instead of the general ones, and a run of
-them at once (:func:`steady_decode_steps` counts it, :class:`DecodeRunBlocks` does its
+calls, the event queue) does nothing. :func:`kvsim.engine.quiet_loop.quiet_run` runs such
+an iteration with the two functions here instead of the general ones, and a run of them
+at once (:func:`steady_decode_steps` counts it, :class:`DecodeRunBlocks` does its
 block work at the iterations it falls in, :func:`advance_decoders` moves the requests),
 which earns its keep on the whole command only where these steps dominate
 (``docs/speed.md``).
@@ -170,12 +170,13 @@ def next_block_event(req: SimRequest, computed: int, unit: int, prefix: bool, ea
 
 
 class DecodeRunBlocks:
-    """The decoders' block work through a decode run (``Engine._decode_run``), iteration
-    by iteration: which requests take a new block or cache a full one in iteration ``j``
-    (:func:`next_block_event`, in running order, as ``Scheduler._schedule_running`` meets
-    them), whether the free blocks cover it, and the work itself. The requests' counts
-    are the run's start values outside :meth:`work`; inside it they are iteration
-    ``j``'s, which the block keys and the cache read.
+    """The decoders' block work through a decode run
+    (:func:`kvsim.engine.quiet_loop.decode_run`), iteration by iteration: which requests
+    take a new block or cache a full one in iteration ``j`` (:func:`next_block_event`, in
+    running order, as ``Scheduler._schedule_running`` meets them), whether the free blocks
+    cover it, and the work itself. The requests' counts are the run's start values outside
+    :meth:`work`; inside it they are iteration ``j``'s, which the block keys and the cache
+    read.
 
     Args:
         sched: the scheduler in the steady state (:func:`steady_decode_steps`).

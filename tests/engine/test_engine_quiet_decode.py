@@ -16,7 +16,7 @@ import pytest
 import kvsim
 from kvsim.core.errors import EngineStalled
 from kvsim.engine import engine as engine_module
-from kvsim.engine import quiet_decode
+from kvsim.engine import quiet_decode, quiet_loop
 from kvsim.engine.bench import MODEL
 from kvsim.engine.compute_model import LinearCompute
 from kvsim.engine.engine import Engine
@@ -114,14 +114,14 @@ def _assert_identical(plain: tuple[Any, ...], quiet: tuple[Any, ...]) -> None:
 def _count_quiet(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the quiet iterations run."""
     seen = {"quiet": 0}
-    quiet_run = Engine._quiet_run
+    quiet_run = quiet_loop.quiet_run
 
-    def counting(self: Engine, limit: Any) -> int:
-        runs = quiet_run(self, limit)
+    def counting(engine: Engine, limit: Any) -> int:
+        runs = quiet_run(engine, limit)
         seen["quiet"] += runs
         return runs
 
-    monkeypatch.setattr(Engine, "_quiet_run", counting)
+    monkeypatch.setattr(quiet_loop, "quiet_run", counting)
     return seen
 
 
@@ -244,12 +244,12 @@ def test_steady_decode_steps_counts_exactly_the_quiet_iterations_ahead(
     last-but-one token; a chunk to offer)."""
     pending: dict[int, int | None] = {}
     checked = {"quiet": 0, "ends": 0, "short": 0}
-    quiet_run = Engine._quiet_run
+    quiet_run = quiet_loop.quiet_run
     ready, steady = quiet_decode.quiet_decode_ready, quiet_decode.steady_decode_steps
 
-    def fresh_run(self: Engine, limit: Any) -> int:
-        pending[id(self.scheduler)] = None  # outside events may have changed everything
-        return quiet_run(self, limit)
+    def fresh_run(engine: Engine, limit: Any) -> int:
+        pending[id(engine.scheduler)] = None  # outside events may have changed everything
+        return quiet_run(engine, limit)
 
     def short_of_blocks(sched: Scheduler) -> bool:
         need = sum(
@@ -279,9 +279,9 @@ def test_steady_decode_steps_counts_exactly_the_quiet_iterations_ahead(
         pending[id(sched)] = k or None
         return 0  # one iteration at a time
 
-    monkeypatch.setattr(Engine, "_quiet_run", fresh_run)
-    monkeypatch.setattr(engine_module, "quiet_decode_ready", checked_ready)
-    monkeypatch.setattr(engine_module, "steady_decode_steps", counted)
+    monkeypatch.setattr(quiet_loop, "quiet_run", fresh_run)
+    monkeypatch.setattr(quiet_loop, "quiet_decode_ready", checked_ready)
+    monkeypatch.setattr(quiet_loop, "steady_decode_steps", counted)
     for seed in SEEDS:
         _tables(seed)
     assert checked["quiet"] > 1000 and checked["ends"] > 50, checked
@@ -309,14 +309,14 @@ def test_decode_runs_do_the_general_paths_block_work_in_its_order(
     for name in ("grow_or_preempt", "cache_upto"):
         monkeypatch.setattr(Scheduler, name, logging(name))
     runs = {"decode run": 0}
-    decode_run = Engine._decode_run
+    decode_run = quiet_loop.decode_run
 
-    def counting(self: Engine, *args: Any) -> Any:
-        out = decode_run(self, *args)
+    def counting(engine: Engine, *args: Any) -> Any:
+        out = decode_run(engine, *args)
         runs["decode run"] += out[1]
         return out
 
-    monkeypatch.setattr(Engine, "_decode_run", counting)
+    monkeypatch.setattr(quiet_loop, "decode_run", counting)
     for seed in SEEDS:
         logs = []
         for quiet in (False, True):
