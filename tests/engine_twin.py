@@ -38,6 +38,8 @@ class TwinRun:
     engine: Engine | None = None
     quiet_steps: int = 0  # of ``steps``, scheduled by the quiet decode path
     decode_run_steps: int = 0  # of those, scheduled in runs at once (advance_decoders)
+    quiet_waiting_steps: int = 0  # of those, with requests waiting (none admitted)
+    quiet_copying_steps: int = 0  # of those, with copies in flight
 
     def executed_steps(self) -> list[TwinStep]:
         return [s for s in self.steps if s.scheduled]
@@ -98,9 +100,14 @@ def run_kvsim_engine(
 
     schedule_quiet = quiet_loop.schedule_quiet
 
+    def count_quiet(sched: Scheduler, steps: int) -> None:
+        run.quiet_steps += steps
+        run.quiet_waiting_steps += steps * bool(sched.waiting)
+        run.quiet_copying_steps += steps * bool(engine.connector and engine.connector.jobs)
+
     def recorded_quiet(sched: Scheduler) -> StepBatch:
         batch = schedule_quiet(sched)
-        run.quiet_steps += 1
+        count_quiet(sched, 1)
         run.steps.append(
             TwinStep(engine.clock.now(), {r.rid: r.sched for r in sched.scheduled}, ())
         )
@@ -111,7 +118,7 @@ def run_kvsim_engine(
     def recorded_run(sched: Scheduler, starts: Sequence[float], ends: Sequence[float]) -> None:
         advance_decoders(sched, starts, ends)
         scheduled = {r.rid: r.sched for r in sched.scheduled}  # the same in every step
-        run.quiet_steps += len(starts)
+        count_quiet(sched, len(starts))
         run.decode_run_steps += len(starts)
         run.steps.extend(TwinStep(t, scheduled, ()) for t in starts)
 

@@ -488,15 +488,17 @@ class OffloadConnector:
                 req.retire()
         return n
 
-    def is_idle(self) -> bool:
-        """Nothing in flight, queued or held: a step's worker calls would submit, wait for
-        and complete nothing (the quiet decode steps' condition, :mod:`.quiet_decode`)."""
-        return not (self.jobs or self._held_results or self.has_queued_work)
+    def worker_quiet(self) -> bool:
+        """Nothing queued or held and no GPU block fenced: a step that offers nothing makes
+        no worker call but the poll of the jobs in flight, if any (the quiet decode steps'
+        condition, :mod:`.quiet_decode`; a fenced block could be handed to a decoder)."""
+        return not (self._held_results or self.has_queued_work or self.fence)
 
     def idle_step(self, step: int) -> None:
-        """Every connector call of a step while :meth:`is_idle`, with nothing scheduled to
-        offer: ``begin_schedule``, ``build_store_jobs``, and what ``begin_execute``,
-        ``after_launch`` and ``end_execute`` change when they find nothing to do."""
+        """Every connector call of a step while :meth:`worker_quiet`, with nothing scheduled
+        to offer, but the poll (the caller's): ``begin_schedule``, ``build_store_jobs``,
+        and what ``begin_execute``, ``after_launch`` and ``end_execute`` change when they
+        find nothing to submit, wait for or complete."""
         self.begin_schedule(step)
         self.manager.on_schedule_end()
         self.stores_submitted = self.loads_submitted = 0

@@ -2,8 +2,12 @@
 clock, the decoders' token counts and their GPU blocks can change.
 
 A fleet instance, or any lightly loaded engine, spends most of its steps with a few
-requests that only decode: no arrival, no waiting request, no transfer, no chunk to offer,
-no finish; now and then a decoder takes a new GPU block or fills one, which is cached.
+requests that only decode: no arrival, no admission, no copy to submit, no chunk to offer,
+no finish; now and then a decoder takes a new GPU block or fills one, which is cached. An
+overloaded engine spends many of its steps so too, with requests waiting: the queue's head
+was refused for want of GPU blocks and stays refused while the blocks only shrink
+(``Scheduler.admits_nothing``), or the running requests fill ``max_num_seqs``; store copies
+may be in flight (polled at each launch, completed as their batch is processed).
 vLLM's ``schedule`` and ``update_from_output`` then do, per request, one token in flight
 and one token delivered; everything around them (the batch queue, the connector's worker
 calls, the event queue) does nothing. :func:`kvsim.engine.quiet_loop.quiet_run` runs such
@@ -38,23 +42,19 @@ def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
     """Whether scheduling the next step and then processing ``processed`` (the entries of
     the batch in flight) is quiet: every running request is scheduled one decode token that
     completes no chunk to offer, and the free GPU blocks cover the new blocks these tokens
-    need (so none is preempted); every processed entry delivers a token that is neither the
-    request's first nor its last. A token may fill a block, which is then cached, as in the
-    general path. No side effects.
+    need (so none is preempted) and leave no waiting request admitted
+    (``Scheduler.admits_nothing``); every processed entry delivers a token that is neither
+    the request's first nor its last. A token may fill a block, which is then cached, as in
+    the general path. No side effects.
 
     Args:
-        sched: the async scheduler, its waiting queues and in-flight prefills empty (the
-            caller checks the engine's and connector's part).
+        sched: the async scheduler (the caller checks the engine's and connector's part:
+            every step since the last ``Scheduler.schedule`` was quiet, the connector
+            queues nothing).
         processed: the entries of the batch processed after the schedule.
     """
     running = sched.running
-    if (
-        not running
-        or sched.waiting
-        or sched.kv_holding
-        or sched.inflight_prefills
-        or len(running) > sched.params.max_num_batched_tokens
-    ):
+    if not running or sched.inflight_prefills or len(running) > sched.params.max_num_batched_tokens:
         return False
     unit = sched.unit
     conn = sched.connector
@@ -78,7 +78,8 @@ def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
             end if end < num_tokens else num_tokens
         ) // tpc > first:
             return False
-    if grow > sched.pool.num_free:
+    free = sched.pool.num_free - grow
+    if free < 0 or not sched.admits_nothing(free):
         return False
     for req, n, sampled in processed:  # Scheduler.update's tests, after the schedule
         if (
@@ -98,7 +99,7 @@ def schedule_quiet(sched: Scheduler) -> StepBatch:
     token for each running request, in order, its new block taken and its full blocks
     cached as the general path does; returns the step's batch. The connector's
     scheduler-side calls are the caller's."""
-    sched.open_step(len(sched.running))
+    sched.open_step(len(sched.running) + sched.num_waiting)
     seq = sched.step_seq
     unit = sched.unit
     prefix = sched.prefix_caching
@@ -301,7 +302,7 @@ def advance_decoders(sched: Scheduler, starts: Sequence[float], ends: Sequence[f
     if sched.defer_free:  # each step's close and processing move both fences by one
         sched.sched_seq += k - 1
         sched.processed_seq += k
-    sched.open_step(len(running))
+    sched.open_step(len(running) + sched.num_waiting)
     seq = sched.step_seq
     first_end, last_end = ends[0], ends[-1]
     gaps = array("f", [b - a for a, b in zip(ends, islice(ends, 1, None))])

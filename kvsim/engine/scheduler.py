@@ -168,6 +168,10 @@ class Scheduler:
         self.step_seq = 0  # the fence of the step being scheduled
         self.processed_seq = 0
         self.deferred_frees: deque[tuple[int, list[int]]] = deque()
+        # the last schedule's refusal of the plain queue's head for want of free blocks:
+        # the request and a lower bound on the blocks it needs (see refused_until_freed)
+        self.refused: SimRequest | None = None
+        self.refused_blocks = 0
 
     # --- helpers ---
 
@@ -277,6 +281,7 @@ class Scheduler:
         """vLLM's step order: running requests first; new admissions only if none was preempted."""
         if self.connector is not None:
             self.connector.begin_schedule(step)
+        self.refused = None
         self.open_step(len(self.running) + self.num_waiting)
         tally = _BatchTally()
         budget = self._schedule_running(self.params.max_num_batched_tokens, tally)
@@ -552,6 +557,7 @@ class Scheduler:
         free = pool.num_free
         whole = -(-req.num_tokens // unit) - gpu_hit
         if whole > free:  # fails below whatever the hits hold (a waiting head, every step)
+            self.refused, self.refused_blocks = req, whole
             return False
         hit_keys = req.block_keys[:gpu_hit]
         evictable_hits = self._free_hit_blocks(hit_keys) if gpu_hit else 0
@@ -626,6 +632,25 @@ class Scheduler:
             self.kv_holding = deque([self.kv_holding[0]])
             self.waiting.extendleft(reversed(victims))
         return bool(victims)
+
+    def admits_nothing(self, free: int) -> bool:
+        """Whether ``_schedule_waiting``, run now with ``free`` GPU blocks left after the
+        running requests' tokens, would change nothing: no request waits, the running ones
+        fill ``max_num_seqs``, or the head of the plain queue (none holds blocks) is the
+        request the last ``schedule`` refused for want of blocks and fewer are free now.
+
+        It holds only while every step since that ``schedule`` was a quiet decode step
+        (:mod:`kvsim.engine.quiet_decode`) and the connector is idle: then the head's GPU
+        prefix hit cannot have grown (decoders cache blocks of their own tokens only), so it
+        needs at least ``refused_blocks``, and retrying its lookup changes nothing (no job
+        can defer it; its ``next_store`` and the lookup's sync budget come out the same).
+        No side effects.
+        """
+        if not (self.waiting or self.kv_holding) or len(self.running) >= self.params.max_num_seqs:
+            return True
+        return (
+            not self.kv_holding and self.waiting[0] is self.refused and self.refused_blocks > free
+        )
 
     @property
     def num_waiting(self) -> int:

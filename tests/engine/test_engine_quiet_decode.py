@@ -125,10 +125,57 @@ def _count_quiet(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return seen
 
 
+def _count_quiet_edges(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the quiet iterations that met the edges the quiet path covers beside the
+    decoders: the queue's head refused for want of GPU blocks, the running requests at
+    ``max_num_seqs`` with requests waiting, copies in flight (polled at each launch), and
+    copies completed as a quiet batch is processed."""
+    seen = {"head refused": 0, "seqs full": 0, "polls": 0, "completions": 0}
+
+    def waiting(sched: Scheduler, steps: int) -> None:
+        if sched.waiting:
+            full = len(sched.running) >= sched.params.max_num_seqs
+            seen["seqs full" if full else "head refused"] += steps
+
+    schedule_quiet, advance_decoders = quiet_loop.schedule_quiet, quiet_loop.advance_decoders
+    quiet_poll, complete = quiet_loop.quiet_poll, quiet_loop.complete
+
+    def scheduled(sched: Scheduler) -> Any:
+        waiting(sched, 1)
+        return schedule_quiet(sched)
+
+    def advanced(sched: Scheduler, starts: Any, ends: Any) -> None:
+        waiting(sched, len(ends))
+        advance_decoders(sched, starts, ends)
+
+    def polling(engine: Engine) -> Any:
+        poll = quiet_poll(engine)
+        if not callable(poll):
+            return poll
+
+        def counted(t: float) -> Any:
+            seen["polls"] += 1
+            return poll(t)
+
+        return counted
+
+    def completing(*args: Any) -> int:
+        done = complete(*args)
+        seen["completions"] += done
+        return done
+
+    monkeypatch.setattr(quiet_loop, "schedule_quiet", scheduled)
+    monkeypatch.setattr(quiet_loop, "advance_decoders", advanced)
+    monkeypatch.setattr(quiet_loop, "quiet_poll", polling)
+    monkeypatch.setattr(quiet_loop, "complete", completing)
+    return seen
+
+
 def test_quiet_decode_iterations_give_the_general_paths_tables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen = _count_quiet(monkeypatch)
+    quiet_edges = _count_quiet_edges(monkeypatch)
     edges = {"preemptions": 0, "stalls": 0, "transfers": 0}
     for seed in SEEDS:
         monkeypatch.setattr(engine_module, "QUIET_DECODE", False)
@@ -144,6 +191,7 @@ def test_quiet_decode_iterations_give_the_general_paths_tables(
             edges["transfers"] += len(plain[2]) * (seen["quiet"] > before)
     assert seen["quiet"] > 5000, seen  # the runs did take the quiet path, and reached
     assert edges["preemptions"] > 10 and edges["transfers"] > 100, edges  # the edges
+    assert min(quiet_edges.values()) > 50, quiet_edges
 
 
 FLEET_TRACE_SEEDS = range(4)

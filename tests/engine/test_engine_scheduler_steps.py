@@ -257,3 +257,59 @@ def test_rescue_drops_the_kv_of_holders_behind_the_head() -> None:
     assert all(r.blocks == [] and r.preemptions == 1 for r in holders[1:])
     s.schedule(1.0, 0)
     assert [r.rid for r in s.scheduled] == [0]
+
+
+# --- admits_nothing: the certificate that lets quiet decode steps run while requests wait
+# (kvsim.engine.quiet_decode); it must vouch exactly for the refusal the last schedule made,
+# at the free-block count where that refusal flips, and for nothing it did not see ---
+
+
+def _refusing() -> tuple[Scheduler, SimRequest]:
+    """20 blocks: A (64 tokens, 4 blocks) runs; B (272 tokens, 17 blocks) finds 16 free."""
+    s = make_scheduler(blocks=20)
+    a, b = make_req(0, 64), make_req(1, 272)
+    s.waiting.extend([a, b])
+    s.schedule(0.0, 0)
+    s.update(1.0)
+    assert s.running == [a] and list(s.waiting) == [b]
+    return s, b
+
+
+def test_a_refused_head_is_vouched_for_below_the_blocks_it_needs_and_not_at_them() -> None:
+    s, b = _refusing()
+    assert s.refused is b and s.refused_blocks == 17
+    assert s.admits_nothing(16) and s.admits_nothing(0)
+    assert not s.admits_nothing(17)  # 17 free blocks admit it: the general path must run
+
+
+def test_only_the_last_schedules_refusal_counts() -> None:
+    s, b = _refusing()
+    s.pool.free(s.running.pop().blocks)  # A leaves, its blocks free: B is admitted next
+    s.schedule(1.0, 1)
+    assert b in s.running and s.refused is None
+    c = make_req(2, 16)
+    s.waiting.append(c)  # a request the last schedule never tried
+    assert not s.admits_nothing(0)
+
+
+def test_a_head_in_front_of_the_refused_one_or_a_holder_of_blocks_is_not_vouched_for() -> None:
+    s, _ = _refusing()
+    d = make_req(3, 16)
+    s.waiting.appendleft(d)  # as a preemption puts its victim
+    assert not s.admits_nothing(0)
+    s.waiting.popleft()
+    assert s.admits_nothing(0)
+    e = make_req(4, 16)
+    e.status = WAITING_FOR_KV  # tried before the plain queue, and may be promoted
+    s.kv_holding.append(e)
+    assert not s.admits_nothing(0)
+
+
+def test_nothing_waiting_or_every_sequence_slot_taken_admits_nothing() -> None:
+    s = make_scheduler(blocks=20, max_seqs=1)
+    assert s.admits_nothing(0)  # nobody waits
+    s.waiting.extend([make_req(0, 16), make_req(1, 16)])
+    s.schedule(0.0, 0)
+    s.update(1.0)
+    assert len(s.running) == 1 and s.refused is None  # the second was never tried
+    assert s.admits_nothing(20)  # max_num_seqs: the general path would try no one

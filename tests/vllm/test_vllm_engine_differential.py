@@ -202,10 +202,20 @@ def twin_features(kvsim: TwinRun) -> set[str]:
         seen.add("quiet decode")
     if kvsim.decode_run_steps:  # of those, steps scheduled in a run at once
         seen.add("decode run")
+    if kvsim.quiet_waiting_steps:  # of those, steps whose waiting requests stayed waiting
+        seen.add("quiet decode, requests waiting")
+    if kvsim.quiet_copying_steps:  # of those, steps with copies in flight
+        seen.add("quiet decode, copies in flight")
     return seen
 
 
 RANDOM_TRACES = 200
+QUIET_FEATURES = {
+    "quiet decode",
+    "decode run",
+    "quiet decode, requests waiting",
+    "quiet decode, copies in flight",
+}
 
 
 @LOOPS
@@ -229,7 +239,7 @@ def test_random_traces_decide_as_vllm(async_scheduling: bool) -> None:
         "rejection",
         "deferral",
         "failed store",
-    } | ({"quiet decode", "decode run"} if async_scheduling else set()), seen
+    } | (QUIET_FEATURES if async_scheduling else set()), seen
 
 
 @LOOPS
