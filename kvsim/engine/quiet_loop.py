@@ -93,9 +93,10 @@ def quiet_run(engine: Engine, limit: EventKey | None) -> int:
     backend (:func:`quiet_poll`), and the scheduler's step and the batch's processing
     quiet. Each such iteration launches the next decode step (polling the copies in
     flight) and processes the batch in flight (completing the copies its launch saw
-    finish) exactly as the general path would; the next one follows at once while its step event,
-    ``(now, PHASE_STEP)``, would come before ``limit``. Returns the iterations run
-    (0: nothing changed); when it stops at ``limit`` it leaves that step event queued.
+    finish) exactly as the general path would; the next one follows at once while its
+    step event, ``(now, PHASE_STEP)``, would come before ``limit``. Returns the
+    iterations run (0: nothing changed); when it stops at ``limit`` it leaves that step
+    event queued.
     """
     queue, sched, conn, clock = engine._batches, engine.scheduler, engine.connector, engine.clock
     if len(queue) != 1 or engine.tiers is not None:

@@ -169,7 +169,7 @@ class Scheduler:
         self.processed_seq = 0
         self.deferred_frees: deque[tuple[int, list[int]]] = deque()
         # the last schedule's refusal of the plain queue's head for want of free blocks:
-        # the request and a lower bound on the blocks it needs (see refused_until_freed)
+        # the request and a lower bound on the blocks it needs (see admits_nothing)
         self.refused: SimRequest | None = None
         self.refused_blocks = 0
 
@@ -640,11 +640,12 @@ class Scheduler:
         request the last ``schedule`` refused for want of blocks and fewer are free now.
 
         It holds only while every step since that ``schedule`` was a quiet decode step
-        (:mod:`kvsim.engine.quiet_decode`) and the connector is idle: then the head's GPU
-        prefix hit cannot have grown (decoders cache blocks of their own tokens only), so it
-        needs at least ``refused_blocks``, and retrying its lookup changes nothing (no job
-        can defer it; its ``next_store`` and the lookup's sync budget come out the same).
-        No side effects.
+        (:mod:`kvsim.engine.quiet_decode`) and the connector queues nothing (copies may be
+        in flight): then the head's GPU prefix hit cannot have grown (decoders cache blocks
+        of their own tokens only), so it needs at least ``refused_blocks``, and retrying its
+        lookup changes nothing (a job of its own or a chunk of its being written would have
+        deferred it at the refusal, and only a general step makes either; its
+        ``next_store`` and the lookup's sync budget come out the same). No side effects.
         """
         if not (self.waiting or self.kv_holding) or len(self.running) >= self.params.max_num_seqs:
             return True

@@ -471,12 +471,12 @@ def _join_steps(parts: list[tuple[int, dict[str, pd.DataFrame]]]) -> pd.DataFram
     steps table (3.9M rows for 16 instances on the Mooncake trace) is never held twice.
     The instances' steps tables are left without columns."""
     frames = [t["steps"] for _, t in parts]
+    lengths = [len(f) for f in frames]
     columns: dict[str, np.ndarray] = {}
     for name in list(frames[0].columns):
         columns[name] = np.concatenate([f[name].to_numpy() for f in frames])
         for f in frames:
             del f[name]
-    lengths = [len(f) for f in frames]
     columns["instance"] = np.repeat(np.array([i for i, _ in parts], dtype=np.int64), lengths)
     return pd.DataFrame(columns, copy=False)
 
