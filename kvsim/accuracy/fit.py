@@ -2,8 +2,9 @@
 the simulation in the loop (``kvsim fit-compute``).
 
 What is fitted (``FITTED``): how well the GPU streams weights (``weight_bandwidth_``) and
-KV (``decode_attention_efficiency``), the fixed cost of a step (``step_overhead_s``) and of
-each request in it (``seq_overhead_s``), the client's path outside the engine
+KV (``decode_attention_efficiency``), the fixed cost of a step (``step_overhead_s``), of
+each request in it (``seq_overhead_s``) and of each request in each layer's attention
+(``attention_seq_layer_s``), the client's path outside the engine
 (``request_overhead_s``), the fixed cost of an all-reduce (``allreduce_latency_s``) and
 the fused-MoE kernels' weight streaming (``moe_efficiency``). One value each for every
 model, parallelism and load: no per-model coefficient, so a fit on some models predicts
@@ -18,6 +19,10 @@ moves by its step both ways and keeps a move that lowers the loss; a sweep witho
 halves every step; it stops after ``max_evals`` simulations of the file or when the steps
 are small. Each evaluation simulates the stages cut to ``max_stage_s`` (the loads are
 steady: the rates stay) to keep the loop affordable.
+
+``hold_out`` leaves experiments out of the fit, and ``start`` sets where the search begins:
+together they make a cross-validation fold (fit on some models from a profile no
+measurement shaped, predict the others; docs/accuracy.md).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import hashlib
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,6 +50,7 @@ FITTED: dict[str, tuple[float, float, float, str]] = {
     "request_overhead_s": (0.0, 0.05, 0.004, "add"),
     "allreduce_latency_s": (0.0, 0.0001, 0.000005, "add"),
     "moe_efficiency": (0.2, 1.0, 1.1, "mul"),
+    "attention_seq_layer_s": (0.0, 0.000002, 0.0000002, "add"),
 }
 LOSS_METRICS = ("ttft_mean", "e2e_mean", "itl_mean")
 
@@ -93,24 +99,43 @@ def fit_compute(
     gpu: str,
     *,
     max_stage_s: float = 20.0,
-    max_evals: int = 40,
+    max_evals: int = 150,
     start: PhaseProfile | None = None,
+    hold_out: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
 ) -> FitResult:
-    """Fit ``FITTED`` on every experiment of ``file`` run on ``gpu`` (they must all name it).
+    """Fit ``FITTED`` on the experiments of ``file`` run on ``gpu`` (they must all name it).
 
     Args:
         file: a measurements file (the training set).
         gpu: the GPU preset the profile is for (its datasheet peaks are kept).
         max_stage_s: each evaluation's stage length cap, seconds.
         max_evals: simulations of the whole file at most.
-        start: where the search starts (default: the profile shipped for ``gpu``).
+        start: where the search starts (default: the profile shipped for ``gpu``). A
+            cross-validation starts from a profile no measurement shaped (the shipped one
+            was fitted on every experiment, the held-out ones too).
+        hold_out: experiment ids left out of the fit (a cross-validation's test set);
+            an unknown id, or holding out every experiment, is an error.
         log: called with a line per improvement.
+
+    Returns:
+        The fitted profile (sources and provenance say what was fitted, on which
+        experiments, from which start), its loss and the final evaluation's error.
     """
     from kvsim.accuracy.measurements import read_measurements
+    from kvsim.core.errors import did_you_mean
 
     parsed = read_measurements(file)
-    others = sorted({e.gpu for e in parsed.experiments if e.gpu.strip().lower() != gpu})
+    ids = [e.id for e in parsed.experiments]
+    for name in hold_out:
+        if name not in ids:
+            raise InputError(f"--hold-out {name!r}: not in {file}{did_you_mean(name, set(ids))}")
+    kept = [i for i in ids if i not in set(hold_out)]
+    if not kept:
+        raise InputError(f"--hold-out leaves no experiment of {file} to fit on")
+    others = sorted(
+        {e.gpu for e in parsed.experiments if e.id in kept and e.gpu.strip().lower() != gpu}
+    )
     if others:
         raise InputError(f"{file}: experiments on {', '.join(others)}, not --gpu {gpu}")
     base = start or shipped_profile(gpu)
@@ -123,7 +148,7 @@ def fit_compute(
         evals += 1
         with warnings.catch_warnings():  # a trial's overload is the loss's to judge
             warnings.simplefilter("ignore")
-            report = accuracy(file, compute_profile=p, max_stage_s=max_stage_s)
+            report = accuracy(file, compute_profile=p, max_stage_s=max_stage_s, experiments=kept)
         return _loss(report), report
 
     best, best_loss, best_report = _search(base, evaluate, max_evals, lambda: evals, log)
@@ -133,7 +158,9 @@ def fit_compute(
     provenance = {
         "fitted_on": os.path.basename(file),
         "sha256": digest,
-        "experiments": [e.id for e in parsed.experiments],
+        "experiments": kept,
+        "held_out": list(hold_out),
+        "started_from": {k: getattr(base, k) for k in FITTED},
         "fitted": list(FITTED),
         "max_stage_s": max_stage_s,
         "evaluations": evals,

@@ -130,11 +130,32 @@ def _print(report: object) -> None:
 @click.option(
     "--max-evals",
     type=click.IntRange(min=1),
-    default=40,
+    default=150,
     show_default=True,
     help="Simulations of the whole file at most.",
 )
-def fit_compute_command(file: str, gpu: str, out: str, max_stage_s: float, max_evals: int) -> None:
+@click.option(
+    "--hold-out",
+    "hold_out",
+    multiple=True,
+    metavar="ID",
+    help="Leave this experiment out of the fit (repeatable): a cross-validation's test set.",
+)
+@click.option(
+    "--start",
+    type=click.Path(dir_okay=False),
+    help="Phases profile JSON the search starts from (default: the GPU's shipped one, "
+    "itself fitted on the shared training file).",
+)
+def fit_compute_command(
+    file: str,
+    gpu: str,
+    out: str,
+    max_stage_s: float,
+    max_evals: int,
+    hold_out: tuple[str, ...],
+    start: str | None,
+) -> None:
     """Fit the step-time model's few global parameters to the experiments of FILE with
     the simulation in the loop; print the training error and write a profile that
     --compute-profile loads (its provenance inside).
@@ -143,18 +164,32 @@ def fit_compute_command(file: str, gpu: str, out: str, max_stage_s: float, max_e
     Example:
       kvsim fit-compute shared/measurements/h100_inference_perf_train.yaml --gpu h100 \\
           --out h100-fitted.json
+
+    \b
+    A cross-validation fold (fit without one model, from the unfitted prior):
+      kvsim fit-compute train.yaml --gpu h100 --start examples/h100-prior-profile.json \\
+          --hold-out EXPERIMENT_ID --out fold.json
+      kvsim accuracy train.yaml --experiment EXPERIMENT_ID --compute-profile fold.json
     """
     from kvsim.accuracy.fit import fit_compute
     from kvsim.core.io import atomic_write
+    from kvsim.engine.phase_compute import PhaseProfile
 
     gpu = gpu.strip().lower()
     if not out.endswith(".json"):
         raise InputError(f"--out {out!r}: a profile is a .json file")
+    base = None
+    if start is not None:
+        from kvsim.core.io import read_json
+
+        base = PhaseProfile.from_dict(read_json(start), source=start)
     result = fit_compute(
         file,
         gpu,
         max_stage_s=max_stage_s,
         max_evals=max_evals,
+        start=base,
+        hold_out=hold_out,
         log=lambda line: click.echo(line, err=True),
     )
     with atomic_write(out) as f:

@@ -89,11 +89,23 @@ NUMBERS = (
     "seq_overhead_s",
     "moe_efficiency",
     "request_overhead_s",
+    "attention_seq_layer_s",
 )
 #: numbers a profile may leave out whatever its GPU (added after profiles were written)
-OPTIONAL = {"seq_overhead_s": 0.0, "moe_efficiency": 1.0, "request_overhead_s": 0.0}
+OPTIONAL = {
+    "seq_overhead_s": 0.0,
+    "moe_efficiency": 1.0,
+    "request_overhead_s": 0.0,
+    "attention_seq_layer_s": 0.0,
+}
 MAY_BE_ZERO = frozenset(
-    {"allreduce_latency_s", "step_overhead_s", "seq_overhead_s", "request_overhead_s"}
+    {
+        "allreduce_latency_s",
+        "step_overhead_s",
+        "seq_overhead_s",
+        "request_overhead_s",
+        "attention_seq_layer_s",
+    }
 )
 
 
@@ -148,6 +160,13 @@ class PhasesProfileFile(Schema, frozen=True, kw_only=True):
         Annotated[
             _NonNegative,
             Meta(description="Once per request, outside the engine (client path), s (0)."),
+        ]
+        | None
+    ) = None
+    attention_seq_layer_s: (
+        Annotated[
+            _NonNegative,
+            Meta(description="Attention's fixed cost per request and layer in a step, s (0)."),
         ]
         | None
     ) = None

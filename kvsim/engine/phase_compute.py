@@ -12,6 +12,7 @@ per weight or activation element, ``L`` layers, ``H`` hidden size, ``V`` vocabul
     attention  prefill rows: max(4 * L * heads * dim * pairs / (peak * prefill_attn_eff),
                                  kv_bytes_per_token * (context + T) / (hbm * decode_attn_eff))
                + decode rows: the same over their own pairs and context
+               + S * L * attention_seq_layer_s (each row's fixed cost in every layer)
     lm_head    max(2 * V * H * S / (peak * gemm_eff),  V * H * d / (hbm * weight_bw_eff))
     all_reduce 2 * L * (latency + 2 * (tp - 1) / tp * T * H * d / allreduce_bw)   (tp > 1)
     overhead   step_overhead_s
@@ -28,7 +29,11 @@ bits), embeddings and LM head in 16 bits; FP8 weights run their GEMMs at
 layers attend to at most ``window`` keys per query and read at most ``window`` tokens'
 KV per request.
 
-Two costs scale with requests rather than tokens: ``seq_overhead_s`` per request scheduled
+Three costs scale with requests rather than tokens: ``attention_seq_layer_s`` per request
+and layer (what an attention kernel does for each request whatever its KV bytes: its page
+table and query loads, the split-KV combine; without it a fit on grouped-query models
+lowers ``decode_attention_efficiency`` to carry those costs and then over-charges a model
+with large KV per token), ``seq_overhead_s`` per request scheduled
 in a step (input preparation, sampling, detokenizing and streaming its token) and
 ``request_overhead_s`` once per request outside the engine (the client's HTTP round trip
 and the server's tokenizer), which ``kvsim accuracy`` adds to each request's TTFT and
@@ -85,6 +90,7 @@ class PhaseProfile:
     seq_overhead_s: float = 0.0  # per request scheduled in a step
     moe_efficiency: float = 1.0  # routed experts' weight reads, of weight_bandwidth
     request_overhead_s: float = 0.0  # once per request, outside the engine (client path)
+    attention_seq_layer_s: float = 0.0  # attention's fixed cost per request and layer
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     provenance: Mapping[str, Any] | None = field(default=None, compare=False)
 
@@ -206,6 +212,7 @@ class PhaseCompute:
         self._lm_params = lm_params / tp
         self._window = model.sliding_window or 0
         self._full_share = model.full_attention_layers / model.num_layers if self._window else 1.0
+        self._seq_layers = model.num_layers * p.attention_seq_layer_s
 
     def weight_bytes(self, tokens: int) -> float:
         """Non-embedding weight bytes one worker reads for ``tokens`` tokens: all dense
@@ -286,13 +293,15 @@ class PhaseCompute:
 
     def _layers_attention(self, pairs: float, kv_tokens: float, queries: int, seqs: int) -> float:
         """Attention of all layers: full ones over ``pairs`` reading ``kv_tokens``; sliding
-        ones over at most ``window`` keys per query and ``window`` tokens per request."""
+        ones over at most ``window`` keys per query and ``window`` tokens per request; and
+        each layer's fixed cost for each of the ``seqs`` requests."""
+        fixed = seqs * self._seq_layers if pairs > 0 else 0.0
         full = self._attention(pairs, kv_tokens) * self._full_share
         if self._full_share >= 1.0:
-            return full
+            return full + fixed
         w = self._window
         sliding = self._attention(min(pairs, queries * w), min(kv_tokens, queries + seqs * w))
-        return full + sliding * (1.0 - self._full_share)
+        return full + sliding * (1.0 - self._full_share) + fixed
 
     def _attention(self, pairs: float, kv_tokens: float) -> float:
         """Attention over ``pairs`` (query, key) pairs reading ``kv_tokens`` tokens' KV."""

@@ -169,6 +169,37 @@ def test_fit_compute_writes_a_profile_with_provenance(tmp_path, capsys):
     assert code == 0
 
 
+def test_fit_compute_holds_out_experiments_and_starts_where_told(tmp_path, capsys):
+    """A cross-validation fold: the held-out experiment is never simulated (it could not
+    run: were it evaluated, the fit would fail), and the search starts from --start."""
+    path = write(
+        tmp_path / "m.yaml",
+        experiment(),
+        experiment(id="held", vllm={"enable_chunked_prefill": False}),
+    )
+    start = tmp_path / "start.json"
+    start.write_text(json.dumps({"kind": "phases", "gpu": "h100", "step_overhead_s": 0.002}))
+    profile = tmp_path / "p.json"
+    argv = ["fit-compute", path, "--gpu", "h100", "--out", profile, "--max-evals", "1"]
+    code, _, _ = run_main(
+        [*argv, "--max-stage-s", "3", "--hold-out", "held", "--start", start], capsys
+    )
+    assert code == 0
+    loaded = PhaseProfile.from_dict(json.loads(profile.read_text()), source=str(profile))
+    assert loaded.provenance is not None
+    assert loaded.provenance["experiments"] == ["small-llama-2-7b"]
+    assert loaded.provenance["held_out"] == ["held"]
+    assert loaded.provenance["started_from"]["step_overhead_s"] == 0.002
+    assert loaded.step_overhead_s == 0.002  # one evaluation: the start itself
+    code, _, err = run_main([*argv, "--hold-out", "helt"], capsys)
+    assert code == 2 and "--hold-out 'helt': not in" in err and "did you mean 'held'" in err
+    assert len(err.strip().splitlines()) == 1
+    both = ["--hold-out", "held", "--hold-out", "small-llama-2-7b"]
+    code, _, err = run_main([*argv, *both], capsys)
+    assert code == 2 and "leaves no experiment" in err
+    assert not profile.with_suffix(".tmp").exists()
+
+
 def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
     from kvsim.accuracy import accuracy
 

@@ -95,23 +95,26 @@ def test_decode_step_is_memory_bound_and_plausible_on_h200():
         weights / (p.hbm_bytes_per_s * p.weight_bandwidth_efficiency)
     )
     kv = LLAMA8.kv_bytes_per_token() * 64 * 1001
+    fixed = 64 * LLAMA8.num_layers * p.attention_seq_layer_s  # per request and layer
     assert phases["attention_decode"] == pytest.approx(
-        kv / (p.hbm_bytes_per_s * p.decode_attention_efficiency)
+        kv / (p.hbm_bytes_per_s * p.decode_attention_efficiency) + fixed
     )
     assert phases["attention_prefill"] == 0.0
     # an 8B decode step of 64 requests with ~1k context on an H200: 7-12 ms
     assert 0.007 < f(decode(64, 1000)) < 0.012
     # longer contexts cost KV reads, linearly
-    grow = f.phases(decode(64, 8000))["attention_decode"] / phases["attention_decode"]
-    assert grow == pytest.approx(8001 / 1001)
+    grow = f.phases(decode(64, 8000))["attention_decode"] - fixed
+    assert grow / (phases["attention_decode"] - fixed) == pytest.approx(8001 / 1001)
 
 
 def test_long_prefill_attention_is_quadratic_and_gemms_linear():
     f = model8()
     small, large = f.phases(prefill(8192)), f.phases(prefill(16384))
-    assert large["attention_prefill"] / small["attention_prefill"] == pytest.approx(
-        16384 * 16385 / (8192 * 8193)
-    )
+    assert H200 is not None
+    fixed = LLAMA8.num_layers * H200.attention_seq_layer_s  # one request's, every layer
+    assert (large["attention_prefill"] - fixed) / (
+        small["attention_prefill"] - fixed
+    ) == pytest.approx(16384 * 16385 / (8192 * 8193))
     assert large["gemm"] / small["gemm"] == pytest.approx(2.0)
     assert small["attention_decode"] == 0.0
     assert 0.15 < f(prefill(8192)) < 0.6  # an 8k prompt of an 8B model on one H200
@@ -171,6 +174,31 @@ def test_shipped_profiles_load_and_cite_a_source_for_every_number():
         assert PhaseProfile.from_dict(p.to_dict()) == p  # the JSON round-trips
         assert p.provenance is not None and "training" in p.provenance["note"]
     assert shipped_profile("a100") is None
+
+
+def test_the_prior_profile_is_whole_and_owes_nothing_to_a_fit():
+    """``examples/h100-prior-profile.json``, where a cross-validation fold's fit starts:
+    it gives every number itself (none taken from the fitted shipped profile), each with
+    a datasheet or an assumption as its source, and no provenance of a fit."""
+    from support import ROOT
+
+    path = ROOT / "examples" / "h100-prior-profile.json"
+    data = json.loads(path.read_text())
+    assert set(NUMBERS) <= set(data) and set(data["sources"]) == set(NUMBERS)
+    assert "provenance" not in data
+    for key, text in data["sources"].items():
+        assert "fitted" not in text and (
+            "assumption" in text or "datasheet" in text or "github.com" in text
+        ), key
+    prior = PhaseProfile.from_dict(data, source=str(path))
+    shipped = shipped_profile("h100")
+    assert shipped is not None and prior.peak_flops == shipped.peak_flops
+    assert prior.request_overhead_s == 0.0 and prior.attention_seq_layer_s == 0.0
+    from kvsim.accuracy.fit import FITTED
+
+    # the shipped fit started here, on every training experiment
+    assert shipped.provenance is not None and shipped.provenance["held_out"] == []
+    assert shipped.provenance["started_from"] == {k: getattr(prior, k) for k in FITTED}
 
 
 def test_phases_is_the_default_everywhere_scaled_from_the_h100_fit():
@@ -384,6 +412,33 @@ def test_the_step_time_is_the_sum_of_its_phases_in_order():
         assert f(batch) == total
 
 
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "gpt-oss-120b"])
+def test_attention_pays_a_fixed_cost_per_request_and_layer(name):
+    """``attention_seq_layer_s``: each request a step schedules costs each layer's
+    attention that much on every worker, decode rows and prefill rows alike, whatever
+    the tensor parallelism and sliding windows; nothing else moves."""
+    from dataclasses import replace
+
+    from kvsim.specs.models import MODELS
+
+    assert H200 is not None
+    model = MODELS[name]
+    c = 4e-7
+    for tp in (1, 4):
+        plain, fixed = (
+            PhaseCompute(model, replace(H200, attention_seq_layer_s=x), tp=tp) for x in (0.0, c)
+        )
+        for batch, rows in ((decode(37, 9_000), 37), (prefill(3_000, 500), 1)):
+            a, b = plain.phases(batch), fixed.phases(batch)
+            phase = "attention_decode" if batch.num_prefill_seqs == 0 else "attention_prefill"
+            assert b[phase] - a[phase] == pytest.approx(rows * model.num_layers * c)
+            assert {k: v for k, v in b.items() if k != phase} == {
+                k: v for k, v in a.items() if k != phase
+            }
+        empty = StepBatch(0, 0, 0, 0, 0, 0.0)
+        assert fixed(empty) == 0.0
+
+
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-32b"])
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_decode_seconds_is_the_models_time_of_the_quiet_batch_bit_for_bit(name, tp):
@@ -391,12 +446,14 @@ def test_decode_seconds_is_the_models_time_of_the_quiet_batch_bit_for_bit(name, 
     batch it stands for: the same float for every batch size and context, on dense, MoE,
     sliding-window and tensor-parallel models."""
     import random
+    from dataclasses import replace
 
     from kvsim.engine.quiet_decode import decode_step_seconds, quiet_batch
     from kvsim.specs.models import MODELS
 
     assert H200 is not None
-    f = PhaseCompute(MODELS[name], H200, tp=tp)
+    per_layer = replace(H200, attention_seq_layer_s=3e-7)  # whatever a fit sets it to
+    f = PhaseCompute(MODELS[name], per_layer, tp=tp)
     rng = random.Random(tp)
     for seqs in (1, 3, 64, 255):
         seconds = decode_step_seconds(f, seqs)  # the model's own shortcut
