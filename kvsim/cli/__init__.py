@@ -44,6 +44,11 @@ COMMAND_TABLE: dict[str, tuple[str, str, str]] = {
         "calibrate_compute_command",
         "Time the model's GEMMs, LM head and attention with torch; write a compute...",
     ),
+    "cross-validate": (
+        "cmd_accuracy",
+        "cross_validate_command",
+        "Leave one model out: for each model of FILE, fit the step-time model on the...",
+    ),
     "fit-compute": (
         "cmd_accuracy",
         "fit_compute_command",

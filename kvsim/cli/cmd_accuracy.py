@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -114,26 +115,32 @@ def _print(report: object) -> None:
         click.echo(f"{metric:<20} {_fmt(s['median']):>9} {_fmt(s['mean']):>8}")
 
 
+def _fit_budget(command: Callable[..., None]) -> Callable[..., None]:
+    """The fit's budget, as fit-compute and cross-validate both take it: the stage cap of
+    each evaluation (the predictions of cross-validate run whole) and the evaluations."""
+    command = click.option(
+        "--max-evals",
+        type=click.IntRange(min=1),
+        default=150,
+        show_default=True,
+        help="Simulations of the training experiments at most (cross-validate: per fold).",
+    )(command)
+    return click.option(
+        "--max-stage-s",
+        type=click.FloatRange(min=1),
+        default=20.0,
+        show_default=True,
+        help="Each fit evaluation's stage length cap, seconds.",
+    )(command)
+
+
 @click.command("fit-compute")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--gpu", required=True, help="The GPU preset the experiments ran on (h100).")
 @click.option(
     "--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write."
 )
-@click.option(
-    "--max-stage-s",
-    type=click.FloatRange(min=1),
-    default=20.0,
-    show_default=True,
-    help="Each evaluation's stage length cap, seconds.",
-)
-@click.option(
-    "--max-evals",
-    type=click.IntRange(min=1),
-    default=150,
-    show_default=True,
-    help="Simulations of the whole file at most.",
-)
+@_fit_budget
 @click.option(
     "--hold-out",
     "hold_out",
@@ -203,4 +210,71 @@ def fit_compute_command(
     click.echo(f"wrote {out}")
 
 
-COMMANDS = [accuracy_command, fit_compute_command]
+@click.command("cross-validate")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--gpu", required=True, help="The GPU preset the experiments ran on (h100).")
+@click.option(
+    "--start",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Phases profile JSON each fold's search starts from: a prior no measurement "
+    "shaped (examples/h100-prior-profile.json), not the shipped fitted one.",
+)
+@click.option(
+    "--out", "out", type=click.Path(file_okay=False), help="Write the folds' results here."
+)
+@_fit_budget
+@click.option("--progress/--no-progress", default=None, help="A bar counting folds.")
+def cross_validate_command(
+    file: str,
+    gpu: str,
+    start: str,
+    out: str | None,
+    max_stage_s: float,
+    max_evals: int,
+    progress: bool | None,
+) -> None:
+    """Leave one model out: for each model of FILE, fit the step-time model on the other
+    models' experiments (from --start) and predict this model's at full length; print
+    predicted against measured, then the median and mean held-out error.
+
+    \b
+    Example:
+      kvsim cross-validate shared/measurements/h100_inference_perf_train.yaml --gpu h100 \\
+          --start examples/h100-prior-profile.json --out cv/
+
+    --out writes accuracy.csv and metadata.json (as kvsim accuracy does) and each fold's
+    profile, fold-N.json, N counting the file's models in order.
+    """
+    from kvsim.accuracy.crossval import cross_validate, folds_by_model
+    from kvsim.core.io import atomic_write, read_json
+    from kvsim.engine.phase_compute import PhaseProfile
+    from kvsim.report.progress import Progress
+
+    gpu = gpu.strip().lower()
+    prior = PhaseProfile.from_dict(read_json(start), source=start)
+    show = sys.stderr.isatty() if progress is None else progress
+    with Progress(show, len(folds_by_model(file)), "folds", unit="fold") as bar:
+        report, profiles = cross_validate(
+            file,
+            gpu,
+            prior,
+            max_stage_s=max_stage_s,
+            max_evals=max_evals,
+            progress=bar.callback,
+        )
+    if out is not None:
+        import os
+
+        report.write(out, command="kvsim cross-validate " + " ".join(sys.argv[2:]))
+        for i, profile in enumerate(profiles.values()):
+            with atomic_write(os.path.join(out, f"fold-{i}.json")) as f:
+                f.write(profile.to_json())
+    for failed in report.failures:
+        click.echo(f"kvsim: experiment {failed.experiment}: {failed.error}", err=True)
+    _print(report)
+    if report.failures:
+        raise click.exceptions.Exit(1)
+
+
+COMMANDS = [accuracy_command, fit_compute_command, cross_validate_command]

@@ -200,6 +200,39 @@ def test_fit_compute_holds_out_experiments_and_starts_where_told(tmp_path, capsy
     assert not profile.with_suffix(".tmp").exists()
 
 
+def test_cross_validate_predicts_each_model_from_a_fit_without_it(tmp_path, capsys):
+    """Two models, two folds: each experiment is predicted once, by the profile fitted on
+    the other model only, from --start; a file of one model is one line, exit 2."""
+    path = write(
+        tmp_path / "m.yaml",
+        experiment(),
+        experiment(
+            id="small-llama-3.1-8b", model="llama-3.1-8b", vllm={"num_gpu_blocks_override": None}
+        ),
+    )
+    start = tmp_path / "start.json"
+    start.write_text(json.dumps({"kind": "phases", "gpu": "h100", "step_overhead_s": 0.002}))
+    out = tmp_path / "cv"
+    argv = ["cross-validate", path, "--gpu", "h100", "--start", start, "--max-evals", "1"]
+    code, stdout, _ = run_main([*argv, "--max-stage-s", "3", "--out", out, "--no-progress"], capsys)
+    assert code == 0 and "APE over 2 experiment(s)" in stdout
+    with open(out / "accuracy.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["experiment"] for r in rows} == {"small-llama-2-7b", "small-llama-3.1-8b"}
+    folds = [json.loads((out / f"fold-{i}.json").read_text())["provenance"] for i in (0, 1)]
+    assert [f["held_out"] for f in folds] == [["small-llama-2-7b"], ["small-llama-3.1-8b"]]
+    assert [f["experiments"] for f in folds] == [["small-llama-3.1-8b"], ["small-llama-2-7b"]]
+    assert all(f["started_from"]["step_overhead_s"] == 0.002 for f in folds)
+    meta = json.loads((out / "metadata.json").read_text())["config"]
+    assert meta["folds"] == {
+        "llama-2-7b": ["small-llama-2-7b"],
+        "llama-3.1-8b": ["small-llama-3.1-8b"],
+    }
+    one = write(tmp_path / "one.yaml", experiment())
+    code, _, err = run_main(["cross-validate", one, "--gpu", "h100", "--start", start], capsys)
+    assert code == 2 and "one model (llama-2-7b)" in err and len(err.strip().splitlines()) == 1
+
+
 def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
     from kvsim.accuracy import accuracy
 
