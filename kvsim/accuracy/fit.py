@@ -130,11 +130,12 @@ def fit_compute(
     for name in hold_out:
         if name not in ids:
             raise InputError(f"--hold-out {name!r}: not in {file}{did_you_mean(name, set(ids))}")
-    kept = [i for i in ids if i not in set(hold_out)]
+    held = set(hold_out)
+    kept = [i for i in ids if i not in held]
     if not kept:
         raise InputError(f"--hold-out leaves no experiment of {file} to fit on")
     others = sorted(
-        {e.gpu for e in parsed.experiments if e.id in kept and e.gpu.strip().lower() != gpu}
+        {e.gpu for e in parsed.experiments if e.id not in held and e.gpu.strip().lower() != gpu}
     )
     if others:
         raise InputError(f"{file}: experiments on {', '.join(others)}, not --gpu {gpu}")

@@ -7,10 +7,14 @@ import json
 import math
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
 from kvsim.core.errors import InputError
+
+if TYPE_CHECKING:
+    from kvsim.engine.phase_compute import PhaseProfile
 
 
 def _fmt(x: float | None) -> str:
@@ -115,6 +119,15 @@ def _print(report: object) -> None:
         click.echo(f"{metric:<20} {_fmt(s['median']):>9} {_fmt(s['mean']):>8}")
 
 
+def _start_profile(path: str) -> PhaseProfile:
+    """The ``--start`` of fit-compute and cross-validate: a phases profile file (bad JSON or
+    another kind is one line naming the file)."""
+    from kvsim.core.io import read_json
+    from kvsim.engine.phase_compute import PhaseProfile
+
+    return PhaseProfile.from_dict(read_json(path), source=path)
+
+
 def _fit_budget(command: Callable[..., None]) -> Callable[..., None]:
     """The fit's budget, as fit-compute and cross-validate both take it: the stage cap of
     each evaluation (the predictions of cross-validate run whole) and the evaluations."""
@@ -180,22 +193,16 @@ def fit_compute_command(
     """
     from kvsim.accuracy.fit import fit_compute
     from kvsim.core.io import atomic_write
-    from kvsim.engine.phase_compute import PhaseProfile
 
     gpu = gpu.strip().lower()
     if not out.endswith(".json"):
         raise InputError(f"--out {out!r}: a profile is a .json file")
-    base = None
-    if start is not None:
-        from kvsim.core.io import read_json
-
-        base = PhaseProfile.from_dict(read_json(start), source=start)
     result = fit_compute(
         file,
         gpu,
         max_stage_s=max_stage_s,
         max_evals=max_evals,
-        start=base,
+        start=None if start is None else _start_profile(start),
         hold_out=hold_out,
         log=lambda line: click.echo(line, err=True),
     )
@@ -247,12 +254,11 @@ def cross_validate_command(
     profile, fold-N.json, N counting the file's models in order.
     """
     from kvsim.accuracy.crossval import cross_validate, folds_by_model
-    from kvsim.core.io import atomic_write, read_json
-    from kvsim.engine.phase_compute import PhaseProfile
+    from kvsim.core.io import atomic_write
     from kvsim.report.progress import Progress
 
     gpu = gpu.strip().lower()
-    prior = PhaseProfile.from_dict(read_json(start), source=start)
+    prior = _start_profile(start)
     show = sys.stderr.isatty() if progress is None else progress
     with Progress(show, len(folds_by_model(file)), "folds", unit="fold") as bar:
         report, profiles = cross_validate(
