@@ -75,7 +75,12 @@ def read_table(path: str, kind: str) -> pd.DataFrame:
         stem = FOLDER_FILES[kind]
         found = _sibling(path, stem)
         if found is None:
-            raise InputError(f"no {stem}.parquet or {stem}.csv for --kind {kind}", source=path)
+            hint = ""
+            if stem == "steps":
+                hint = " (kvsim simulate writes it with --out DIR --save-steps)"
+            raise InputError(
+                f"no {stem}.parquet or {stem}.csv for --kind {kind}{hint}", source=path
+            )
         return _read_file(found)
     if not os.path.exists(path):
         raise InputError("results file not found", source=path)
@@ -268,7 +273,8 @@ def plot_command(
     mrc              kvsim mrc --csv table (capacity, hit_ratio)
     ttft-cdf         timed requests table (ttft_s), with the run's baseline if any;
                      a timed sweep's folder: one line per cell (kvsim sweep --keep-requests)
-    usage-timeline   timed steps table: CPU occupancy, GPU usage, vLLM's pinned gauge
+    usage-timeline   timed steps table (simulate --out DIR --save-steps): CPU
+                     occupancy, GPU usage, vLLM's pinned gauge
     transfers        timed transfers table (direction, bytes, start_s, end_s)
     """
     kind, df = _kind_of(results, kind, y)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -120,21 +121,30 @@ def _option(name: str, *flags: str, **overrides: Any) -> Callable[[FC], FC]:
     return schema_option(SimulateOptions, name, *flags, **overrides)
 
 
-def _simulate(out_dir: str | None, trace: Any, **kwargs: Any) -> Result:
+def _simulate(out_dir: str | None, save_steps: bool, trace: Any, **kwargs: Any) -> Result:
     """:func:`kvsim.simulate`; when its engine stalls, what ran until then is written to
     ``out_dir`` before the one-line error (exit code 3) goes up."""
     try:
         return simulate(trace, **kwargs)
     except EngineStalled as exc:
         if out_dir and exc.result is not None:
-            write_tables(exc.result, out_dir)
+            write_tables(exc.result, out_dir, save_steps)
             exc.args = (f"{exc}; what was simulated until then is in {out_dir}",)
         raise
 
 
-def write_tables(result: Result, out: str) -> list[str]:
-    """The run's files into ``out`` as one set (see :meth:`kvsim.report.result.Result.save`)."""
-    return result.save(out)
+def without_steps(result: Result) -> Result:
+    """``result`` without its steps tables (the run's and a baseline's): what ``--out``
+    writes unless ``--save-steps`` asks for them (``--chrome-trace`` records them)."""
+    names = ("steps", Result.BASELINE_PREFIX + "steps")
+    tables = {k: v for k, v in result.tables.items() if k not in names}
+    return dataclasses.replace(result, tables=tables)
+
+
+def write_tables(result: Result, out: str, save_steps: bool) -> list[str]:
+    """The run's files into ``out`` as one set (see :meth:`kvsim.report.result.Result.save`),
+    its steps tables only when ``save_steps``."""
+    return (result if save_steps else without_steps(result)).save(out)
 
 
 @click.command("simulate")
@@ -185,7 +195,8 @@ def write_tables(result: Result, out: str) -> list[str]:
     "out_dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Write requests/transfers/steps tables (Parquet + CSV) and summary.json here.",
+    help="Write the requests and transfers tables (Parquet + CSV), summary.json, bench.json "
+    "and metadata.json here (the steps table too with --save-steps).",
 )
 @click.option(
     "--chrome-trace",
@@ -201,6 +212,12 @@ def write_tables(result: Result, out: str) -> list[str]:
     is_flag=True,
     help="With --out: bench.json gets vLLM's per-request lists (ttfts, itls, ...) and the "
     "folder a tokens table (one row per output token).",
+)
+@click.option(
+    "--save-steps",
+    is_flag=True,
+    help="With --out: also the steps table, one row per engine step (232 bytes a step held "
+    "in memory until written; a 16-instance fleet of the bundled trace runs 3.9M steps).",
 )
 @click.option(
     "--tier",
@@ -251,6 +268,7 @@ def simulate_command(
     metric_percentiles: str,
     goodput: tuple[str, ...],
     save_detailed: bool,
+    save_steps: bool,
     as_json: bool,
     show_progress: bool | None,
     vllm_config: str | None,
@@ -294,6 +312,8 @@ def simulate_command(
     check_output_path(chrome_trace, "--chrome-trace", *referenced_files(inputs))
     if save_detailed and not out_dir:
         raise InputError("--save-detailed writes into --out; give --out DIR")
+    if save_steps and not out_dir:
+        raise InputError("--save-steps writes into --out; give --out DIR")
     if tiers:  # vLLM's secondary_tiers objects, in order
         options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
     workload, load = _workload_and_load(trace, workload_text, load_text)
@@ -301,6 +321,7 @@ def simulate_command(
     with plugin_output_to_stderr():
         result = _simulate(
             out_dir,
+            save_steps,
             trace,
             workload=workload,
             load=load,
@@ -319,7 +340,7 @@ def simulate_command(
             async_scheduling=async_scheduling,
             link=link,
             compute_profile=compute_profile,
-            record_steps=bool(out_dir or chrome_trace),
+            record_steps=save_steps or bool(chrome_trace),
             record_tokens=save_detailed,
             percentile_metrics=percentile_metrics,
             metric_percentiles=metric_percentiles,
@@ -330,7 +351,7 @@ def simulate_command(
             **{k: v for k, v in options.items() if v is not None},
         )
     if out_dir:
-        write_tables(result, out_dir)
+        write_tables(result, out_dir, save_steps)
         save_fleet_figure(result, out_dir)
     if chrome_trace:
         write_chrome_trace(

@@ -211,3 +211,12 @@ def test_a_trace_without_reuse_information_is_called_out():
         )
         assert proc.returncode == 0, proc.stderr
         assert "no prefix-reuse information" in proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--save-steps", "--save-detailed"])
+def test_simulate_save_flags_without_out_are_one_line(flag):
+    """Both flags write into --out: without it, one line naming the flag, exit 2, no run."""
+    proc = run_kvsim("simulate", TRACE, "--limit", "5", "--no-progress", flag)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == f"kvsim: error: {flag} writes into --out; give --out DIR"

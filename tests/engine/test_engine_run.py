@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -240,7 +241,10 @@ def test_api_rejects_requests_too_long_for_the_gpu():
 
 
 @expect_overload
-def test_cli_simulate_writes_tables_and_chrome_trace(tmp_path):
+@pytest.mark.parametrize("save_steps", [True, False])
+def test_cli_simulate_writes_tables_and_chrome_trace(tmp_path, save_steps):
+    """--out writes the steps tables only with --save-steps; --chrome-trace draws the
+    steps either way."""
     out, trace_file = tmp_path / "out", tmp_path / "out" / "trace.json"
     result = CliRunner().invoke(
         cli,
@@ -259,14 +263,18 @@ def test_cli_simulate_writes_tables_and_chrome_trace(tmp_path):
             "--chrome-trace",
             str(trace_file),
             "--no-progress",
+            *(["--save-steps"] if save_steps else []),
         ],
     )
     assert result.exit_code == 0, result.output
     assert "median TTFT (ms)" in result.output and "no offload" in result.output
-    for name in ("requests", "transfers", "steps", "baseline_requests", "baseline_steps"):
+    steps = ("steps", "baseline_steps")
+    for name in ("requests", "transfers", "baseline_requests", *(steps if save_steps else ())):
         parquet = pd.read_parquet(out / f"{name}.parquet")
         csv = pd.read_csv(out / f"{name}.csv")
         assert len(parquet) == len(csv) > 0
+    if not save_steps:
+        assert not [p for p in os.listdir(out) if "steps" in p]
     assert json.loads((out / "summary.json").read_text())["requests"] == 30
     events = json.loads(trace_file.read_text())["traceEvents"]
     xs = [e for e in events if e["ph"] == "X"]
