@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvsim.accuracy.fit import fit_compute
+from kvsim.accuracy.fit import WARMUP_S, fit_compute
 from kvsim.accuracy.measurements import read_measurements
 from kvsim.accuracy.report import AccuracyReport, accuracy
 from kvsim.core.errors import InputError
@@ -42,6 +42,7 @@ def cross_validate(
     start: PhaseProfile,
     *,
     max_stage_s: float = 20.0,
+    warmup_s: float = WARMUP_S,
     max_evals: int = 150,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[AccuracyReport, dict[str, PhaseProfile]]:
@@ -52,6 +53,7 @@ def cross_validate(
         gpu: the GPU preset every experiment ran on.
         start: where each fold's search starts (a prior, not a fitted profile).
         max_stage_s: each fit evaluation's stage length cap (the predictions run whole).
+        warmup_s: the unmeasured lead-in of each cut stage in the fit's evaluations.
         max_evals: simulations of the training experiments per fold at most.
         progress: called with 1 as each fold finishes.
 
@@ -70,6 +72,7 @@ def cross_validate(
             file,
             gpu,
             max_stage_s=max_stage_s,
+            warmup_s=warmup_s,
             max_evals=max_evals,
             start=start,
             hold_out=ids,
@@ -85,6 +88,7 @@ def cross_validate(
         "folds": folds,
         "started_from": {k: v for k, v in start.to_dict().items() if k not in ("sources",)},
         "max_stage_s": max_stage_s,
+        "warmup_s": warmup_s,
         "max_evals": max_evals,
     }
     return AccuracyReport(file, tuple(results), config), profiles

@@ -126,6 +126,7 @@ def accuracy(
     seed: int = 0,
     async_scheduling: bool = True,
     progress: Callable[[int], None] | None = None,
+    warmup_s: float = 0.0,
 ) -> AccuracyReport:
     """Run every experiment of measurements ``file`` (or those named in ``experiments``)
     and compare with what it measured.
@@ -138,6 +139,8 @@ def accuracy(
         seed: the workloads' and loads' seed.
         async_scheduling: vLLM 0.33's engine loop (default); False: the synchronous one.
         progress: called with 1 as each experiment finishes.
+        warmup_s: with ``max_stage_s``, each cut stage first runs this many seconds at its
+            rate unmeasured (:func:`kvsim.accuracy.run.shortened`).
     """
     from kvsim.core.errors import InputError, did_you_mean
 
@@ -160,6 +163,7 @@ def accuracy(
                 max_stage_s=max_stage_s,
                 seed=seed,
                 async_scheduling=async_scheduling,
+                warmup_s=warmup_s,
             )
         )
         if progress is not None:
@@ -173,6 +177,7 @@ def accuracy(
         "file": os.path.abspath(file),
         "compute_profile": profile_name or "the GPU's shipped default",
         "max_stage_s": max_stage_s,
+        "warmup_s": warmup_s if max_stage_s is not None else None,
         "seed": seed,
         "async_scheduling": async_scheduling,
     }

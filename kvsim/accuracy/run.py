@@ -111,25 +111,43 @@ def _max_model_len(exp: Experiment, model: ModelSpec, longest: int) -> None:
         )
 
 
-def shortened(exp: Experiment, max_stage_s: float | None) -> Experiment:
+def shortened(
+    exp: Experiment, max_stage_s: float | None, warmup_s: float = 0.0
+) -> tuple[Experiment, list[int | None]]:
     """``exp`` with every stage cut to at most ``max_stage_s`` seconds (or as many requests
-    as that many seconds send at its rate); the rates and concurrencies stay."""
+    as that many seconds send at its rate); the rates and concurrencies stay.
+
+    With ``warmup_s``, a timed stage longer than ``warmup_s + max_stage_s`` runs as two
+    stages at its rate: ``warmup_s`` seconds whose requests are not measured, then the
+    ``max_stage_s`` that are. A measured stage of ten minutes is its steady state; the first
+    seconds of a stage are not (a cold prefix cache, the requests in flight still building
+    up at the new rate), and a cut stage of 20 s would be mostly them.
+
+    Returns:
+        the experiment to run, and for each of its stages the measured stage it stands for
+        (None: a warm-up). Invariant: every stage of ``exp`` appears exactly once.
+    """
     import msgspec
 
     if max_stage_s is None:
-        return exp
-    stages = []
-    for st in exp.load.stages:
+        return exp, list(range(len(exp.load.stages)))
+    stages: list[Any] = []
+    measured: list[int | None] = []
+    for i, st in enumerate(exp.load.stages):
         changes: dict[str, Any] = {}
         if st.duration is not None and st.duration > max_stage_s:
+            if warmup_s > 0 and st.duration > warmup_s + max_stage_s:
+                stages.append(msgspec.structs.replace(st, duration=warmup_s))
+                measured.append(None)
             changes["duration"] = max_stage_s
         if st.num_requests is not None and st.concurrency is not None:
             changes["num_requests"] = max(
                 1, min(st.num_requests, int(st.concurrency * max_stage_s))
             )
         stages.append(msgspec.structs.replace(st, **changes) if changes else st)
+        measured.append(i)
     load = msgspec.structs.replace(exp.load, stages=stages)
-    return msgspec.structs.replace(exp, load=load)
+    return msgspec.structs.replace(exp, load=load), measured
 
 
 def run_experiment(
@@ -140,14 +158,18 @@ def run_experiment(
     max_stage_s: float | None = None,
     seed: int = 0,
     async_scheduling: bool = True,
+    warmup_s: float = 0.0,
 ) -> ExperimentResult:
     """Simulate ``exp`` and compare; an experiment kvsim cannot re-create is an
     :class:`ExperimentResult` with its one-line ``error``, never an exception.
     ``async_scheduling=False`` runs the synchronous engine loop (vLLM before async
-    scheduling became the default) instead of 0.33's."""
+    scheduling became the default) instead of 0.33's. ``warmup_s``: with ``max_stage_s``,
+    each cut stage's unmeasured lead-in (:func:`shortened`)."""
     t0 = time.perf_counter()
     try:
-        rows, n = _run(exp, base_dir, compute_profile, max_stage_s, seed, async_scheduling)
+        rows, n = _run(
+            exp, base_dir, compute_profile, max_stage_s, seed, async_scheduling, warmup_s
+        )
     except InputError as exc:
         return ExperimentResult(exp.id, error=str(exc), seconds=time.perf_counter() - t0)
     return ExperimentResult(exp.id, tuple(rows), requests=n, seconds=time.perf_counter() - t0)
@@ -160,6 +182,7 @@ def _run(
     max_stage_s: float | None,
     seed: int,
     async_scheduling: bool,
+    warmup_s: float = 0.0,
 ) -> tuple[list[Row], int]:
     import tempfile
 
@@ -176,7 +199,7 @@ def _run(
         raise InputError("vllm.enable_chunked_prefill: false is not modelled (vLLM 0.33's is on)")
     model_arg = _model(exp, base_dir)
     model = get_model(model_arg)
-    run = shortened(exp, max_stage_s)
+    run, measured = shortened(exp, max_stage_s, warmup_s)
     spec = run.workload_spec()
     longest = (
         spec.system_prompt_len + spec.question_len + spec.output_len
@@ -221,7 +244,12 @@ def _run(
             async_scheduling=async_scheduling,
             **_fleet(exp),
         )
-    predicted = stage_metrics(result.tables["stages"], spec.output_len, overhead_s)
+    simulated = stage_metrics(result.tables["stages"], spec.output_len, overhead_s)
+    predicted = {  # the warm-ups' rows go; the others stand for the stages they measure
+        ("all" if key == "all" else str(measured[int(key)])): value
+        for key, value in simulated.items()
+        if key == "all" or measured[int(key)] is not None
+    }
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
 
 

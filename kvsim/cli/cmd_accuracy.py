@@ -42,6 +42,14 @@ def _fmt(x: float | None) -> str:
     type=click.FloatRange(min=1),
     help="Cut every load stage to this many seconds (a quick run; rates stay).",
 )
+@click.option(
+    "--warmup-s",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="With --max-stage-s: a stage longer than this plus the cap first runs this many "
+    "seconds at its rate, unmeasured (its first seconds are a transient that a long "
+    "measured stage dilutes)  [default: 30]",
+)
 @click.option("--experiment", "experiments", multiple=True, help="Run only this id (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload and load seed.")
 @click.option(
@@ -57,6 +65,7 @@ def accuracy_command(
     as_json: bool,
     compute_profile: str | None,
     max_stage_s: float | None,
+    warmup_s: float | None,
     experiments: tuple[str, ...],
     seed: int,
     async_scheduling: bool,
@@ -71,9 +80,12 @@ def accuracy_command(
       kvsim accuracy shared/measurements/h100_inference_perf_train.yaml --out acc/
     """
     from kvsim.accuracy import accuracy
+    from kvsim.accuracy.fit import WARMUP_S
     from kvsim.accuracy.measurements import read_measurements
     from kvsim.report.progress import Progress
 
+    if warmup_s is not None and max_stage_s is None:
+        raise InputError("--warmup-s leads each stage that --max-stage-s cuts; give --max-stage-s")
     total = len(read_measurements(file).experiments) if not experiments else len(experiments)
     show = (sys.stderr.isatty() if progress is None else progress) and not as_json
     with Progress(show, total, "experiments", unit="exp") as bar:
@@ -81,6 +93,7 @@ def accuracy_command(
             file,
             compute_profile=compute_profile,
             max_stage_s=max_stage_s,
+            warmup_s=WARMUP_S if warmup_s is None else warmup_s,
             experiments=experiments or None,
             seed=seed,
             async_scheduling=async_scheduling,
@@ -128,23 +141,38 @@ def _start_profile(path: str) -> PhaseProfile:
     return PhaseProfile.from_dict(read_json(path), source=path)
 
 
+#: the fit's budget options, innermost first (``--help`` lists them last to first)
+_FIT_BUDGET: tuple[tuple[str, click.ParamType, float, str], ...] = (
+    (
+        "--max-evals",
+        click.IntRange(min=1),
+        150,
+        "Simulations of the training experiments at most (cross-validate: per fold).",
+    ),
+    (
+        "--warmup-s",
+        click.FloatRange(min=0),
+        30.0,
+        "Seconds each cut stage first runs at its rate, unmeasured (0: none).",
+    ),
+    (
+        "--max-stage-s",
+        click.FloatRange(min=1),
+        20.0,
+        "Each fit evaluation's stage length cap, seconds.",
+    ),
+)
+
+
 def _fit_budget(command: Callable[..., None]) -> Callable[..., None]:
     """The fit's budget, as fit-compute and cross-validate both take it: the stage cap of
-    each evaluation (the predictions of cross-validate run whole) and the evaluations."""
-    command = click.option(
-        "--max-evals",
-        type=click.IntRange(min=1),
-        default=150,
-        show_default=True,
-        help="Simulations of the training experiments at most (cross-validate: per fold).",
-    )(command)
-    return click.option(
-        "--max-stage-s",
-        type=click.FloatRange(min=1),
-        default=20.0,
-        show_default=True,
-        help="Each fit evaluation's stage length cap, seconds.",
-    )(command)
+    each evaluation and its unmeasured lead-in (the predictions of cross-validate run
+    whole) and the evaluations."""
+    for name, kind, default, text in _FIT_BUDGET:
+        command = click.option(name, type=kind, default=default, show_default=True, help=text)(
+            command
+        )
+    return command
 
 
 @click.command("fit-compute")
@@ -172,6 +200,7 @@ def fit_compute_command(
     gpu: str,
     out: str,
     max_stage_s: float,
+    warmup_s: float,
     max_evals: int,
     hold_out: tuple[str, ...],
     start: str | None,
@@ -201,6 +230,7 @@ def fit_compute_command(
         file,
         gpu,
         max_stage_s=max_stage_s,
+        warmup_s=warmup_s,
         max_evals=max_evals,
         start=None if start is None else _start_profile(start),
         hold_out=hold_out,
@@ -210,7 +240,8 @@ def fit_compute_command(
         f.write(result.profile.to_json())
     click.echo(f"{result.evaluations} evaluations, loss {result.loss:.4f}")
     click.echo(
-        f"training error (median / mean APE %, whole runs, stages cut to {max_stage_s:g} s):"
+        "training error (median / mean APE %, whole runs, stages cut to "
+        f"{max_stage_s:g} s after {warmup_s:g} s unmeasured):"
     )
     for metric, s in result.summary.items():
         click.echo(f"  {metric:<20} {_fmt(s['median']):>7} {_fmt(s['mean']):>7}")
@@ -238,6 +269,7 @@ def cross_validate_command(
     start: str,
     out: str | None,
     max_stage_s: float,
+    warmup_s: float,
     max_evals: int,
     progress: bool | None,
 ) -> None:
@@ -266,6 +298,7 @@ def cross_validate_command(
             gpu,
             prior,
             max_stage_s=max_stage_s,
+            warmup_s=warmup_s,
             max_evals=max_evals,
             progress=bar.callback,
         )

@@ -1,0 +1,75 @@
+"""A cut stage's unmeasured warm-up (``shortened``): which stages run, which stand for a
+measured stage, and that ``accuracy`` reports the measured part under the stage's own
+index."""
+
+from __future__ import annotations
+
+import pytest
+from measurements_small import experiment, write
+from support import run_main
+
+from kvsim.accuracy.measurements import Experiment
+from kvsim.accuracy.report import accuracy
+from kvsim.accuracy.run import shortened
+from kvsim.options.schema import load
+
+
+def _exp(stages: list[dict], kind: str = "constant") -> Experiment:
+    return load(Experiment, experiment(load={"type": kind, "stages": stages}), source="test")
+
+
+def _shape(exp: Experiment) -> list[tuple[float | None, int | None]]:
+    return [(st.duration, st.num_requests) for st in exp.load.stages]
+
+
+def test_long_stages_get_a_warm_up_and_short_ones_are_only_cut():
+    exp = _exp(
+        [{"rate": 8, "duration": 600}, {"rate": 20, "duration": 45}, {"rate": 2, "duration": 9}]
+    )
+    run, measured = shortened(exp, 20, 30)
+    # 600 > 30 + 20: warm-up then the cut; 45 <= 50: cut only; 9 <= 20: as it was
+    assert _shape(run) == [(30, None), (20, None), (20, None), (9, None)]
+    assert [st.rate for st in run.load.stages] == [8, 8, 20, 2]
+    assert measured == [None, 0, 1, 2]
+
+
+def test_no_warm_up_without_a_cut_or_at_zero():
+    exp = _exp([{"rate": 8, "duration": 600}])
+    run, measured = shortened(exp, None, 30)
+    assert run is exp and measured == [0]
+    run, measured = shortened(exp, 20, 0)
+    assert _shape(run) == [(20, None)] and measured == [0]
+
+
+def test_a_closed_loop_by_requests_is_cut_by_requests_without_a_warm_up():
+    exp = _exp(
+        [{"concurrency": 4, "num_requests": 1000}, {"concurrency": 2, "duration": 100}],
+        kind="concurrency",
+    )
+    run, measured = shortened(exp, 20, 30)
+    assert _shape(run) == [(None, 80), (30, None), (20, None)]
+    assert measured == [0, None, 1]
+
+
+@pytest.mark.parametrize("warmup", [0.0, 4.0])
+def test_accuracy_reports_the_measured_part_under_the_stage_index(tmp_path, warmup):
+    """Stages of 10 s cut to 3: with a 4-s warm-up the run sends 2 x 7 s of requests, and
+    the rows are still stage 0, stage 1 and all."""
+    path = write(
+        tmp_path / "m.yaml",
+        experiment(
+            load={"type": "constant", "stages": [{"rate": 4, "duration": 10} for _ in "01"]}
+        ),
+    )
+    report = accuracy(path, max_stage_s=3, warmup_s=warmup)
+    (result,) = report.results
+    assert result.error is None
+    assert sorted({row.stage for row in report.rows}) == ["0", "1", "all"]
+    assert result.requests == 2 * 4 * (3 + warmup)
+    assert report.config["warmup_s"] == warmup
+
+
+def test_warmup_without_a_cut_is_one_line(tmp_path, capsys):
+    code, _, err = run_main(["accuracy", write(tmp_path / "m.yaml"), "--warmup-s", "5"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--warmup-s" in err and "--max-stage-s" in err
