@@ -224,15 +224,31 @@ def peak_rates(
     first = float(starts.min())
     seconds = int(np.ceil(float(ends.max()) - first)) + 1
     tokens = np.zeros(seconds, dtype=np.int64)
-    for t in token_times:
-        buckets = (t - first).astype(np.int64)
-        np.add.at(tokens, buckets[(buckets >= 0) & (buckets < seconds)], 1)
+    batch: list[np.ndarray] = []
+    held = 0
+    for t in token_times:  # counted a batch of requests at a time: one bincount, bounded memory
+        batch.append(t)
+        held += len(t)
+        if held >= _PEAK_BATCH:
+            tokens += _per_second(batch, first, seconds)
+            batch, held = [], 0
+    if batch:
+        tokens += _per_second(batch, first, seconds)
     begin = (starts - first).astype(np.int64)
     end = (ends - first).astype(np.int64)
-    change = np.zeros(seconds + 1, dtype=np.int64)
-    np.add.at(change, begin, 1)
-    np.add.at(change, end + 1, -1)
+    change = np.bincount(begin, minlength=seconds + 1) - np.bincount(end + 1, minlength=seconds + 1)
     return float(tokens.max()), int(np.cumsum(change)[:seconds].max())
+
+
+#: output-token times counted per bincount in :func:`peak_rates`
+_PEAK_BATCH = 1 << 20
+
+
+def _per_second(times: list[np.ndarray], first: float, seconds: int) -> np.ndarray:
+    """How many of ``times`` fall in each whole second since ``first`` (``seconds`` of them;
+    times outside are not counted)."""
+    buckets = (np.concatenate(times) - first).astype(np.int64)
+    return np.bincount(buckets[(buckets >= 0) & (buckets < seconds)], minlength=seconds)
 
 
 def bench_fields(
