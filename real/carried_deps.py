@@ -9,6 +9,7 @@ package) and put on ``sys.path`` when the check starts; docs/real-backend.md has
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,13 @@ def use_carried_deps(folder: Path = CARRIED) -> bool:
         return False
     sys.path.insert(0, entry)
     return True
+
+
+def child_pythonpath(root: str, folder: Path = CARRIED) -> str:
+    """``PYTHONPATH`` for a child Python started from the checkout at ``root``: the
+    checkout, then ``folder`` when it exists (a child does not inherit this process's
+    ``sys.path``, so without it every test that imports kvsim fails on msgspec)."""
+    return os.pathsep.join([root, str(folder)] if folder.is_dir() else [root])
 
 
 def missing_modules(names: tuple[str, ...] = NEEDED) -> list[str]:

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from real.carried_deps import missing_modules, use_carried_deps
+from real.carried_deps import child_pythonpath, missing_modules, use_carried_deps
 
 use_carried_deps()
 
@@ -367,7 +367,7 @@ def _tests(device: Device, plan: Plan, left_s: float, report: Report) -> dict[st
         "--deselect",
         SELF_TEST,
     ]
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(ROOT)}
     try:
         proc = subprocess.run(
             cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout

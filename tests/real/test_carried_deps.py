@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
-from real.carried_deps import missing_modules, use_carried_deps
+from real.carried_deps import child_pythonpath, missing_modules, use_carried_deps
 
 
 def test_a_carried_folder_goes_first_on_the_path_once(tmp_path, monkeypatch):
@@ -23,3 +25,16 @@ def test_no_folder_changes_nothing(tmp_path, monkeypatch):
     before = list(sys.path)
     assert use_carried_deps(tmp_path / "absent") is False
     assert sys.path == before
+
+
+def test_a_child_python_finds_the_carried_folder(tmp_path):
+    """The check's own ``pytest tests/real`` runs in a child, which does not inherit
+    ``sys.path``: its ``PYTHONPATH`` names the carried folder when there is one."""
+    (tmp_path / "kvsim_carried_probe").mkdir()
+    (tmp_path / "kvsim_carried_probe" / "__init__.py").write_text("")
+    probe = [sys.executable, "-c", "import kvsim_carried_probe"]
+    for folder, found in ((tmp_path, True), (tmp_path / "absent", False)):
+        path = child_pythonpath("/checkout", folder)
+        assert path.split(os.pathsep)[0] == "/checkout"
+        env = {**os.environ, "PYTHONPATH": path}
+        assert (subprocess.run(probe, env=env, capture_output=True).returncode == 0) is found

@@ -24,7 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # What the H200 image has besides the standard library, plus what the check carries as a
 # wheel (the image lacks msgspec, kvsim's schema library: unpacked in `.gpu_deps/`, carried).
-DEVICE_IMAGE = {"torch", "numpy", "pandas", "click", "pyarrow", "cuda", "kvsim", "real"}
+#: the H200 image's packages kvsim may import (real.triton_load imports Triton on a GPU only)
+DEVICE_IMAGE = {"torch", "triton", "numpy", "pandas", "click", "pyarrow", "cuda", "kvsim", "real"}
 CARRIED = {"msgspec"}
 
 _AUDITED_RUN = """
