@@ -22,9 +22,9 @@ from real.triton_load import GatherKernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# What the H200 image has besides the standard library, plus what the check carries as a
-# wheel (the image lacks msgspec, kvsim's schema library: unpacked in `.gpu_deps/`, carried).
-#: the H200 image's packages kvsim may import (real.triton_load imports Triton on a GPU only)
+# What the H200 image has besides the standard library (Triton: real.triton_load imports it on
+# a GPU only), plus what the check carries as a wheel (the image lacks msgspec, kvsim's schema
+# library: unpacked in `.gpu_deps/`, carried).
 DEVICE_IMAGE = {"torch", "triton", "numpy", "pandas", "click", "pyarrow", "cuda", "kvsim", "real"}
 CARRIED = {"msgspec"}
 
