@@ -44,6 +44,7 @@ def cross_validate(
     max_stage_s: float = 20.0,
     warmup_s: float = WARMUP_S,
     max_evals: int = 150,
+    search: str = "coordinate",
     progress: Callable[[int], None] | None = None,
 ) -> tuple[AccuracyReport, dict[str, PhaseProfile]]:
     """Fit without each model in turn and predict that model's experiments.
@@ -55,6 +56,7 @@ def cross_validate(
         max_stage_s: each fit evaluation's stage length cap (the predictions run whole).
         warmup_s: the unmeasured lead-in of each cut stage in the fit's evaluations.
         max_evals: simulations of the training experiments per fold at most.
+        search: the fit's search (:data:`kvsim.accuracy.search.SEARCHES`).
         progress: called with 1 as each fold finishes.
 
     Returns:
@@ -74,6 +76,7 @@ def cross_validate(
             max_stage_s=max_stage_s,
             warmup_s=warmup_s,
             max_evals=max_evals,
+            search=search,
             start=start,
             hold_out=ids,
         )
@@ -90,5 +93,6 @@ def cross_validate(
         "max_stage_s": max_stage_s,
         "warmup_s": warmup_s,
         "max_evals": max_evals,
+        "search": search,
     }
     return AccuracyReport(file, tuple(results), config), profiles

@@ -14,12 +14,12 @@ measurements do not pin them).
 
 The loss is the mean over experiments and load stages of ``|log(predicted / measured)|``
 of mean TTFT, mean E2E and mean ITL (a relative error, symmetric, that no one metric's
-scale dominates). The search is coordinate descent written plainly: each parameter in turn
-moves by its step both ways and keeps a move that lowers the loss; a sweep without one
-halves every step; it stops after ``max_evals`` simulations of the file or when the steps
-are small. Each evaluation simulates the stages cut to ``max_stage_s`` (the loads are
-steady: the rates stay) to keep the loop affordable, each after ``warmup_s`` unmeasured
-seconds at its rate.
+scale dominates). The search (:mod:`kvsim.accuracy.search`, ``search``) is coordinate
+descent (the shipped profile's fit) or Levenberg-Marquardt followed by it; it stops after
+``max_evals`` simulations of the file or when the steps are small. Each evaluation
+simulates the stages cut to ``max_stage_s`` (the loads are steady: the rates stay) to
+keep the loop affordable, each after ``warmup_s`` unmeasured seconds at its rate. A
+stage whose prediction is not a positive number counts as 1,000 times off.
 
 ``hold_out`` leaves experiments out of the fit, and ``start`` sets where the search begins:
 together they make a cross-validation fold (fit on some models from a profile no
@@ -36,7 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from kvsim.accuracy.report import accuracy
+from kvsim.accuracy.search import search as run_search
 from kvsim.core.errors import InputError
 from kvsim.engine.phase_compute import PhaseProfile, shipped_profile
 
@@ -71,33 +74,28 @@ class FitResult:
     summary: dict[str, dict[str, float]]
 
 
-def _loss(report: Any) -> float:
+#: the error a stage's metric counts with when its prediction is not a positive number (no
+#: request finished in a cut stage): as bad as a prediction 1,000 times off, so that a
+#: trial cannot lower the loss by losing a stage
+_NO_PREDICTION = math.log(1000.0)
+
+
+def _log_errors(report: Any) -> np.ndarray:
+    """``log(predicted / measured)`` of each load stage's mean TTFT, E2E and ITL, in the
+    report's order (the same rows for every profile: the search differences them)."""
     if report.failures:
         failed = report.failures[0]
         raise InputError(f"experiment {failed.experiment}: {failed.error}")
     errors = [
-        abs(math.log(row.predicted / row.measured))
+        math.log(row.predicted / row.measured)
+        if row.predicted > 0 and math.isfinite(row.predicted)
+        else _NO_PREDICTION
         for row in report.rows
-        if row.stage != "all"
-        and row.metric in LOSS_METRICS
-        and row.measured
-        and row.predicted > 0
-        and math.isfinite(row.predicted)
+        if row.stage != "all" and row.metric in LOSS_METRICS and row.measured
     ]
     if not errors:
         raise InputError("no stage measures mean TTFT, E2E or ITL: nothing to fit")
-    return sum(errors) / len(errors)
-
-
-def _with(profile: PhaseProfile, name: str, value: float) -> PhaseProfile:
-    """``profile`` with coefficient ``name`` set to ``value``."""
-    changes: dict[str, Any] = {name: value}
-    return replace(profile, **changes)
-
-
-def _step(value: float, step: float, kind: str, sign: int, low: float, high: float) -> float:
-    moved = value * step**sign if kind == "mul" else value + sign * step
-    return min(high, max(low, moved))
+    return np.array(errors)
 
 
 def fit_compute(
@@ -107,6 +105,7 @@ def fit_compute(
     max_stage_s: float = 20.0,
     warmup_s: float = WARMUP_S,
     max_evals: int = 150,
+    search: str = "coordinate",
     start: PhaseProfile | None = None,
     hold_out: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
@@ -120,6 +119,8 @@ def fit_compute(
         warmup_s: the unmeasured seconds each cut stage runs first, at its rate (its
             steady state is what a long stage measured).
         max_evals: simulations of the whole file at most.
+        search: ``coordinate`` (one parameter at a time; the shipped profile's fit) or
+            ``lm`` (Levenberg-Marquardt first; :mod:`kvsim.accuracy.search`).
         start: where the search starts (default: the profile shipped for ``gpu``). A
             cross-validation starts from a profile no measurement shaped (the shipped one
             was fitted on every experiment, the held-out ones too).
@@ -153,7 +154,7 @@ def fit_compute(
         raise InputError(f"--gpu {gpu}: no shipped profile to start from")
     evals = 0
 
-    def evaluate(p: PhaseProfile) -> tuple[float, Any]:
+    def evaluate(p: PhaseProfile) -> tuple[float, np.ndarray, Any]:
         nonlocal evals
         evals += 1
         with warnings.catch_warnings():  # a trial's overload is the loss's to judge
@@ -165,9 +166,10 @@ def fit_compute(
                 warmup_s=warmup_s,
                 experiments=kept,
             )
-        return _loss(report), report
+        errors = _log_errors(report)
+        return float(np.mean(np.abs(errors))), errors, report
 
-    best, best_loss, best_report = _search(base, evaluate, max_evals, lambda: evals, log)
+    best, best_loss, best_report = run_search(base, FITTED, evaluate, max_evals, log, search)
     with open(file, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     summary = best_report.summary()
@@ -181,6 +183,7 @@ def fit_compute(
         "max_stage_s": max_stage_s,
         "warmup_s": warmup_s,
         "evaluations": evals,
+        "search": search,
         "loss_mean_abs_log_error": best_loss,
         "training_error_median_ape_pct": {k: v["median"] for k, v in summary.items()},
         "note": "training error: measured on the experiments the parameters were fitted to",
@@ -189,41 +192,3 @@ def fit_compute(
     sources = {**best.sources, **dict.fromkeys(FITTED, label)}
     fitted = replace(best, sources=sources, provenance=provenance)
     return FitResult(fitted, best_loss, evals, summary)
-
-
-def _search(
-    base: PhaseProfile,
-    evaluate: Callable[[PhaseProfile], tuple[float, Any]],
-    max_evals: int,
-    evals: Callable[[], int],
-    log: Callable[[str], None] | None,
-) -> tuple[PhaseProfile, float, Any]:
-    """Coordinate descent from ``base``: ``(best profile, its loss, its report)``."""
-    best = base
-    best_loss, best_report = evaluate(best)
-    if log:
-        log(f"start: loss {best_loss:.4f}")
-    steps = {k: v[2] for k, v in FITTED.items()}
-    while evals() < max_evals:
-        improved = False
-        for name, (low, high, _, kind) in FITTED.items():
-            for sign in (1, -1):
-                value = getattr(best, name)
-                moved = _step(value, steps[name], kind, sign, low, high)
-                if moved == value or evals() >= max_evals:
-                    continue
-                trial = _with(best, name, moved)
-                loss, report = evaluate(trial)
-                if log:
-                    log(f"eval {evals()}: {name} = {moved:.6g}: loss {loss:.4f}")
-                if loss < best_loss:
-                    best, best_loss, best_report = trial, loss, report
-                    improved = True
-                    break
-        if not improved:
-            steps = {
-                k: (1 + (s - 1) / 2) if FITTED[k][3] == "mul" else s / 2 for k, s in steps.items()
-            }
-            if max(s - 1 for k, s in steps.items() if FITTED[k][3] == "mul") < 0.01:
-                break
-    return best, best_loss, best_report

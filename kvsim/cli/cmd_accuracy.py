@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kvsim.accuracy.search import SEARCHES
 from kvsim.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -165,14 +166,22 @@ _FIT_BUDGET: tuple[tuple[str, click.ParamType, float, str], ...] = (
 
 
 def _fit_budget(command: Callable[..., None]) -> Callable[..., None]:
-    """The fit's budget, as fit-compute and cross-validate both take it: the stage cap of
-    each evaluation and its unmeasured lead-in (the predictions of cross-validate run
-    whole) and the evaluations."""
+    """The fit's budget and search, as fit-compute and cross-validate both take them: the
+    stage cap of each evaluation and its unmeasured lead-in (the predictions of
+    cross-validate run whole), the evaluations, and the search that spends them."""
     for name, kind, default, text in _FIT_BUDGET:
         command = click.option(name, type=kind, default=default, show_default=True, help=text)(
             command
         )
-    return command
+    return click.option(
+        "--search",
+        "search",
+        type=click.Choice(SEARCHES),
+        default="coordinate",
+        show_default=True,
+        help="coordinate: one parameter at a time (the shipped profile's fit); lm: "
+        "Levenberg-Marquardt moves them together first (docs/accuracy.md).",
+    )(command)
 
 
 @click.command("fit-compute")
@@ -202,6 +211,7 @@ def fit_compute_command(
     max_stage_s: float,
     warmup_s: float,
     max_evals: int,
+    search: str,
     hold_out: tuple[str, ...],
     start: str | None,
 ) -> None:
@@ -234,6 +244,7 @@ def fit_compute_command(
         max_evals=max_evals,
         start=None if start is None else _start_profile(start),
         hold_out=hold_out,
+        search=search,
         log=lambda line: click.echo(line, err=True),
     )
     with atomic_write(out) as f:
@@ -271,6 +282,7 @@ def cross_validate_command(
     max_stage_s: float,
     warmup_s: float,
     max_evals: int,
+    search: str,
     progress: bool | None,
 ) -> None:
     """Leave one model out: for each model of FILE, fit the step-time model on the other
@@ -300,6 +312,7 @@ def cross_validate_command(
             max_stage_s=max_stage_s,
             warmup_s=warmup_s,
             max_evals=max_evals,
+            search=search,
             progress=bar.callback,
         )
     if out is not None:

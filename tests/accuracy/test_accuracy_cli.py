@@ -249,3 +249,25 @@ def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
     assert "exceeds vllm.max_model_len 256" in (by["too-long"].error or "")
     assert "max_position_embeddings (4096)" in (by["past"].error or "")
     assert [f.experiment for f in report.failures] == ["too-long", "past"]
+
+
+def test_fit_compute_search_lm_moves_the_parameters_together_and_says_so(tmp_path, capsys):
+    """``--search lm``: Levenberg-Marquardt's Jacobian probes each parameter, then a step
+    moves them all; the result is never worse than the start, and the profile records the
+    search."""
+    path = write(tmp_path / "m.yaml")
+    profile = tmp_path / "p.json"
+    argv = ["fit-compute", path, "--gpu", "h100", "--out", profile, "--max-stage-s", "3"]
+    code, stdout, err = run_main([*argv, "--search", "lm", "--max-evals", "12"], capsys)
+    assert code == 0
+    lines = [line for line in err.splitlines() if line.startswith("eval ")]
+    assert len(lines) <= 12 and "start" in lines[0]
+    assert sum("(Jacobian)" in line for line in lines) >= 8  # one probe per parameter
+    assert any("step (lambda" in line for line in lines)
+    start_loss = float(lines[0].rsplit("loss ", 1)[1])
+    final_loss = float(stdout.split("loss ", 1)[1].split()[0])
+    assert final_loss <= start_loss
+    loaded = PhaseProfile.from_dict(json.loads(profile.read_text()), source=str(profile))
+    assert loaded.provenance is not None and loaded.provenance["search"] == "lm"
+    code, _, err = run_main([*argv, "--search", "simplex"], capsys)
+    assert code == 2 and "--search" in err
