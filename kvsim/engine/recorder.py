@@ -93,7 +93,9 @@ _GAUGES = (CPU_CACHE_USAGE_PERC, CPU_CACHE_WRITE_USAGE_PERC, CPU_CACHE_READ_USAG
 # a step's row as ``Recorder.step`` lays it out: the engine's values, then the CPU tier's
 _FLOAT_ROW = STEP_FLOAT[:5] + tuple(name[len("vllm:kv_offload_") :] for name in _GAUGES)
 _INT_ROW = STEP_INT + STEP_STATS
-STEP_ROWS = 4096  # steps recorded as rows before they move into the column chunks
+STEP_ROWS = 4096  # steps recorded as rows before they move into the columns
+_EMPTY_FLOAT = np.zeros(0, dtype=np.float64)  # a column before its first rows (never written)
+_EMPTY_INT = np.zeros(0, dtype=np.int64)
 
 
 class Recorder:
@@ -105,12 +107,16 @@ class Recorder:
         self.transfers: list[tuple[Any, ...]] = []
         self._submit: dict[int, float] = {}
         # one row a step, flat: extending an array by a row is one call, where a column each
-        # would be 29. Every STEP_ROWS steps the rows are cut into columns (numpy chunks), so
-        # the table is held once, column by column, and becomes a DataFrame without a copy
+        # would be 29. Every STEP_ROWS steps the rows move into the columns, numpy buffers
+        # that double when full, so the table is held once, column by column, and becomes a
+        # DataFrame of views without a copy or a join (a join's copy, and the chunks it
+        # frees into the heap, cost 0.1 KB a step at the run's peak; a buffer's unused tail
+        # is never written, so it takes no memory)
         self._step_floats = array("d")
         self._step_ints = array("q")
-        self._float_chunks: list[list[np.ndarray]] = [[] for _ in _FLOAT_ROW]
-        self._int_chunks: list[list[np.ndarray]] = [[] for _ in _INT_ROW]
+        self._float_columns: list[np.ndarray] = [_EMPTY_FLOAT for _ in _FLOAT_ROW]
+        self._int_columns: list[np.ndarray] = [_EMPTY_INT for _ in _INT_ROW]
+        self._steps_cut = 0  # rows moved into the columns
 
     def on_submit(self, job: ConnectorJob, now: float) -> None:
         self._submit[job.job_id] = now
@@ -162,9 +168,10 @@ class Recorder:
         floats, ints = self._step_floats, self._step_ints
         if ints:
             row_f, row_i = floats[-nf:], ints[-ni:]
-        else:  # the rows were just cut into column chunks
-            row_f = array("d", [float(c[-1][-1]) for c in self._float_chunks])
-            row_i = array("q", [int(c[-1][-1]) for c in self._int_chunks])
+        else:  # the rows just moved into the columns
+            last = self._steps_cut - 1
+            row_f = array("d", [float(c[last]) for c in self._float_columns])
+            row_i = array("q", [int(c[last]) for c in self._int_columns])
         row_f[0] = t0
         row_f[1] = t2
         row_f[3] = fwd
@@ -175,15 +182,23 @@ class Recorder:
             self._cut_step_rows()
 
     def _cut_step_rows(self) -> None:
-        """Move the flat rows recorded so far into column chunks."""
-        for flat, dtype, chunks in (
-            (self._step_floats, np.float64, self._float_chunks),
-            (self._step_ints, np.int64, self._int_chunks),
+        """Move the flat rows recorded so far into the columns (grown to twice their size
+        when full: each row is copied about twice in all, and never held twice at once)."""
+        start = self._steps_cut
+        end = start + len(self._step_ints) // len(_INT_ROW)
+        for flat, dtype, columns in (
+            (self._step_floats, np.float64, self._float_columns),
+            (self._step_ints, np.int64, self._int_columns),
         ):
-            rows = np.frombuffer(flat, dtype=dtype).reshape(-1, len(chunks))
-            for i, column in enumerate(chunks):
-                column.append(rows[:, i].copy())
+            rows = np.frombuffer(flat, dtype=dtype).reshape(-1, len(columns))
+            for i, column in enumerate(columns):
+                if end > len(column):
+                    grown = np.empty(max(end, 2 * len(column), STEP_ROWS), dtype=dtype)
+                    grown[:start] = column[:start]
+                    columns[i] = column = grown
+                column[start:end] = rows[:, i]
             del rows
+        self._steps_cut = end
         self._step_floats = array("d")
         self._step_ints = array("q")
 
@@ -276,18 +291,12 @@ class Recorder:
         return pd.DataFrame.from_records(self.transfers, columns=list(TRANSFER_COLUMNS))
 
     def step_table(self) -> pd.DataFrame:
-        """One row per engine step. Built once (the recorded rows move into it, column by
-        column, so the table is never held twice); DataFrame columns are views of it."""
+        """One row per engine step; its columns are views of the recorder's (the recorded
+        rows move into them, so the table is never held twice)."""
         self._cut_step_rows()
-        columns: dict[str, np.ndarray] = {}
-        for names, dtype, chunks in (
-            (_FLOAT_ROW, np.float64, self._float_chunks),
-            (_INT_ROW, np.int64, self._int_chunks),
-        ):
-            for name, column in zip(names, chunks):
-                joined = column[0] if len(column) == 1 else np.concatenate(column, dtype=dtype)
-                column[:] = [joined]  # the chunks go as they are joined
-                columns[name] = joined
+        n = self._steps_cut
+        columns = dict(zip(_FLOAT_ROW, [c[:n] for c in self._float_columns]))
+        columns.update(zip(_INT_ROW, [c[:n] for c in self._int_columns]))
         order = ("step", *STEP_FLOAT, *STEP_INT[1:], *STEP_STATS)
         return pd.DataFrame({name: columns[name] for name in order}, copy=False)
 
@@ -296,9 +305,11 @@ class Recorder:
         columns, the recorder no longer does (a fleet joins its instances' tables column by
         column and frees each instance's column as it goes, so no row is held twice).
         Afterwards :meth:`step_table` has no rows."""
-        self._cut_step_rows()
-        for chunks in (*self._float_chunks, *self._int_chunks):
-            chunks.clear()
+        self._step_floats = array("d")
+        self._step_ints = array("q")
+        self._float_columns = [_EMPTY_FLOAT for _ in _FLOAT_ROW]
+        self._int_columns = [_EMPTY_INT for _ in _INT_ROW]
+        self._steps_cut = 0
 
 
 def _times(gaps: array[float], first: float) -> np.ndarray:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.keys import ChunkKey
+from kvsim.core.memory import release_freed_memory
 from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
 from kvsim.engine.engine import Engine
 from kvsim.engine.events import PHASE_ARRIVAL, EventKey, earliest
@@ -477,6 +478,7 @@ def _join_steps(parts: list[tuple[int, dict[str, pd.DataFrame]]]) -> pd.DataFram
         columns[name] = np.concatenate([f[name].to_numpy() for f in frames])
         for f in frames:
             del f[name]
+        release_freed_memory()  # the next column cannot reuse the freed ones (core/memory.py)
     columns["instance"] = np.repeat(np.array([i for i, _ in parts], dtype=np.int64), lengths)
     return pd.DataFrame(columns, copy=False)
 

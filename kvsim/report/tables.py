@@ -46,7 +46,7 @@ def write_table(
     out = os.fspath(folder)
     safe = parquet_safe(df)
     with atomic_path(os.path.join(out, f"{name}.parquet")) as tmp:
-        safe.to_parquet(tmp, engine="pyarrow", index=False)
+        safe.to_parquet(tmp, engine="pyarrow", index=False, row_group_size=16384)
     if not csv:
         return [f"{name}.parquet"]
     with atomic_path(os.path.join(out, f"{name}.csv")) as tmp:

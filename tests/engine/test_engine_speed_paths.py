@@ -32,13 +32,15 @@ def _run(limit: int, **knobs: object):  # type: ignore[no-untyped-def]
 
 
 def test_step_table_in_column_chunks_equals_the_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows move into column chunks every STEP_ROWS steps; with chunks of 7 rows (many cuts,
-    a partial last one) the table equals the one a single chunk gives, column for column."""
+    """Rows move into the columns every STEP_ROWS steps; with cuts of 7 rows (many cuts, the
+    columns grown several times, a partial last cut) the table equals the one a single cut
+    gives, column for column, and its columns are the recorder's own (no copy)."""
     whole = _run(40).recorder.step_table()
     monkeypatch.setattr(recorder_module, "STEP_ROWS", 7)
     cut = _run(40).recorder
     table = cut.step_table()
-    assert len(whole) > 7 * 3 and len(cut._float_chunks[0]) == 1  # joined once asked for
+    assert len(whole) > 7 * 3 and cut._steps_cut == len(whole)
+    assert np.shares_memory(table["end_s"].to_numpy(), cut._float_columns[1])
     assert list(table.columns) == list(whole.columns)
     for name in whole.columns:
         np.testing.assert_array_equal(table[name].to_numpy(), whole[name].to_numpy(), name)
