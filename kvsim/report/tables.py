@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
 
 __all__ = ["parquet_safe", "write_table"]
 
+_ROW_GROUP = 16384  # rows per Parquet row group (docs/speed.md, "Columns that grow in place")
+
 
 def write_table(
     df: pd.DataFrame, folder: str | os.PathLike[str], name: str, csv: bool = True
@@ -46,7 +48,9 @@ def write_table(
     out = os.fspath(folder)
     safe = parquet_safe(df)
     with atomic_path(os.path.join(out, f"{name}.parquet")) as tmp:
-        safe.to_parquet(tmp, engine="pyarrow", index=False, row_group_size=16384)
+        # row groups of 16,384 rows: the writer buffers a whole group, so one group of a
+        # steps table (a row a step) took 1.6x the table again at the run's peak
+        safe.to_parquet(tmp, engine="pyarrow", index=False, row_group_size=_ROW_GROUP)
     if not csv:
         return [f"{name}.parquet"]
     with atomic_path(os.path.join(out, f"{name}.csv")) as tmp:
