@@ -183,7 +183,8 @@ class Recorder:
 
     def _cut_step_rows(self) -> None:
         """Move the flat rows recorded so far into the columns (grown to twice their size
-        when full: each row is copied about twice in all, and never held twice at once)."""
+        when full, a column at a time: each row is copied about twice in all, and the old
+        buffer goes as soon as its copy is made)."""
         start = self._steps_cut
         end = start + len(self._step_ints) // len(_INT_ROW)
         for flat, dtype, columns in (
