@@ -1,12 +1,13 @@
-"""Leave one model out (``kvsim cross-validate``): the step-time fit's error on a model it
-has not seen, which is what a fitted clock promises and training error cannot show.
+"""Leave one model (or one experiment) out (``kvsim cross-validate``): the step-time fit's
+error on a model or a workload it has not seen, which is what a fitted clock promises and
+training error cannot show.
 
-Each distinct ``model`` of the file is one fold: :func:`kvsim.accuracy.fit.fit_compute`
-fits on the other models' experiments from ``start`` (a profile no measurement shaped:
-starting from the shipped profile would leak the held-out runs into the fit), and
-:func:`kvsim.accuracy.report.accuracy` predicts the fold's experiments at full length with
-that profile. The report holds every experiment once, each predicted by the fold that left
-its model out.
+Each distinct ``model`` of the file is one fold (``by="experiment"``: each experiment):
+:func:`kvsim.accuracy.fit.fit_compute` fits on the other folds' experiments from ``start``
+(a profile no measurement shaped: starting from the shipped profile would leak the held-out
+runs into the fit), and :func:`kvsim.accuracy.report.accuracy` predicts the fold's
+experiments at full length with that profile. The report holds every experiment once, each
+predicted by the fold that left it out.
 """
 
 from __future__ import annotations
@@ -23,17 +24,23 @@ if TYPE_CHECKING:
     from kvsim.accuracy.run import ExperimentResult
     from kvsim.engine.phase_compute import PhaseProfile
 
-__all__ = ["cross_validate", "folds_by_model"]
+__all__ = ["FOLD_BY", "cross_validate", "folds"]
+
+#: what a fold holds out: every experiment of one model, or one experiment (a workload the
+#: fit has not seen, on models it has)
+FOLD_BY = ("model", "experiment")
 
 
-def folds_by_model(file: str) -> dict[str, list[str]]:
+def folds(file: str, by: str = "model") -> dict[str, list[str]]:
     """``{model: [experiment ids]}`` in file order: the folds of a leave-one-model-out
     validation (a model's runs are held out together, so none of them trains its own
-    prediction)."""
-    folds: dict[str, list[str]] = {}
+    prediction); ``by="experiment"``: ``{id: [id]}``, one fold per experiment."""
+    if by not in FOLD_BY:
+        raise ValueError(f"by must be one of {FOLD_BY}, got {by!r}")
+    result: dict[str, list[str]] = {}
     for e in read_measurements(file).experiments:
-        folds.setdefault(e.model, []).append(e.id)
-    return folds
+        result.setdefault(e.model if by == "model" else e.id, []).append(e.id)
+    return result
 
 
 def cross_validate(
@@ -45,9 +52,10 @@ def cross_validate(
     warmup_s: float = WARMUP_S,
     max_evals: int = 150,
     search: str = "coordinate",
+    by: str = "model",
     progress: Callable[[int], None] | None = None,
 ) -> tuple[AccuracyReport, dict[str, PhaseProfile]]:
-    """Fit without each model in turn and predict that model's experiments.
+    """Fit without each model (or experiment) in turn and predict what was left out.
 
     Args:
         file: a measurements file with at least two models.
@@ -57,19 +65,21 @@ def cross_validate(
         warmup_s: the unmeasured lead-in of each cut stage in the fit's evaluations.
         max_evals: simulations of the training experiments per fold at most.
         search: the fit's search (:data:`kvsim.accuracy.search.SEARCHES`).
+        by: what a fold holds out (:data:`FOLD_BY`): a model's experiments, or one
+            experiment.
         progress: called with 1 as each fold finishes.
 
     Returns:
-        The report of every experiment, each predicted by the fold that held its model
-        out, and each fold's fitted profile by model.
+        The report of every experiment, each predicted by the fold that held it out, and
+        each fold's fitted profile by the fold's model (or experiment id).
     """
-    folds = folds_by_model(file)
-    if len(folds) < 2:
-        only = ", ".join(folds) or "none"
-        raise InputError(f"{file}: one model ({only}); leaving it out leaves nothing to fit on")
+    held = folds(file, by)
+    if len(held) < 2:
+        only = ", ".join(held) or "none"
+        raise InputError(f"{file}: one {by} ({only}); leaving it out leaves nothing to fit on")
     results: list[ExperimentResult] = []
     profiles: dict[str, PhaseProfile] = {}
-    for model, ids in folds.items():
+    for key, ids in held.items():
         fit = fit_compute(
             file,
             gpu,
@@ -80,15 +90,15 @@ def cross_validate(
             start=start,
             hold_out=ids,
         )
-        profiles[model] = fit.profile
+        profiles[key] = fit.profile
         results.extend(accuracy(file, compute_profile=fit.profile, experiments=ids).results)
         if progress:
             progress(1)
     config = {
         "file": file,
-        "validation": "leave one model out",
+        "validation": f"leave one {by} out",
         "gpu": gpu,
-        "folds": folds,
+        "folds": held,
         "started_from": {k: v for k, v in start.to_dict().items() if k not in ("sources",)},
         "max_stage_s": max_stage_s,
         "warmup_s": warmup_s,

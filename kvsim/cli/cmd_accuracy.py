@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from kvsim.accuracy.crossval import FOLD_BY
 from kvsim.accuracy.search import SEARCHES
 from kvsim.core.errors import InputError
 
@@ -273,6 +274,14 @@ def fit_compute_command(
     "--out", "out", type=click.Path(file_okay=False), help="Write the folds' results here."
 )
 @_fit_budget
+@click.option(
+    "--fold-by",
+    type=click.Choice(FOLD_BY),
+    default="model",
+    show_default=True,
+    help="What a fold leaves out: every experiment of one model, or one experiment (a "
+    "workload the fit has not seen, on models it has).",
+)
 @click.option("--progress/--no-progress", default=None, help="A bar counting folds.")
 def cross_validate_command(
     file: str,
@@ -283,11 +292,13 @@ def cross_validate_command(
     warmup_s: float,
     max_evals: int,
     search: str,
+    fold_by: str,
     progress: bool | None,
 ) -> None:
     """Leave one model out: for each model of FILE, fit the step-time model on the other
     models' experiments (from --start) and predict this model's at full length; print
-    predicted against measured, then the median and mean held-out error.
+    predicted against measured, then the median and mean held-out error. With --fold-by
+    experiment, each experiment is a fold of its own.
 
     \b
     Example:
@@ -295,16 +306,16 @@ def cross_validate_command(
           --start examples/h100-prior-profile.json --out cv/
 
     --out writes accuracy.csv and metadata.json (as kvsim accuracy does) and each fold's
-    profile, fold-N.json, N counting the file's models in order.
+    profile, fold-N.json, N counting the file's models (or experiments) in order.
     """
-    from kvsim.accuracy.crossval import cross_validate, folds_by_model
+    from kvsim.accuracy.crossval import cross_validate, folds
     from kvsim.core.io import atomic_write
     from kvsim.report.progress import Progress
 
     gpu = gpu.strip().lower()
     prior = _start_profile(start)
     show = sys.stderr.isatty() if progress is None else progress
-    with Progress(show, len(folds_by_model(file)), "folds", unit="fold") as bar:
+    with Progress(show, len(folds(file, fold_by)), "folds", unit="fold") as bar:
         report, profiles = cross_validate(
             file,
             gpu,
@@ -313,6 +324,7 @@ def cross_validate_command(
             warmup_s=warmup_s,
             max_evals=max_evals,
             search=search,
+            by=fold_by,
             progress=bar.callback,
         )
     if out is not None:

@@ -233,6 +233,40 @@ def test_cross_validate_predicts_each_model_from_a_fit_without_it(tmp_path, caps
     assert code == 2 and "one model (llama-2-7b)" in err and len(err.strip().splitlines()) == 1
 
 
+def test_cross_validate_by_experiment_leaves_out_one_workload_of_a_model(tmp_path, capsys):
+    """--fold-by experiment: one fold per experiment, so a model's other run trains the
+    prediction of its held-out one (a new workload on a model the fit has seen); a file of
+    one experiment is one line, exit 2."""
+    path = write(
+        tmp_path / "m.yaml",
+        experiment(),
+        experiment(id="small-llama-2-7b-b"),
+        experiment(
+            id="small-llama-3.1-8b", model="llama-3.1-8b", vllm={"num_gpu_blocks_override": None}
+        ),
+    )
+    start = tmp_path / "start.json"
+    start.write_text(json.dumps({"kind": "phases", "gpu": "h100", "step_overhead_s": 0.002}))
+    out = tmp_path / "cv"
+    argv = ["cross-validate", path, "--gpu", "h100", "--start", start, "--max-evals", "1"]
+    argv += ["--max-stage-s", "3", "--fold-by", "experiment"]
+    code, stdout, _ = run_main([*argv, "--out", out, "--no-progress"], capsys)
+    assert code == 0 and "APE over 3 experiment(s)" in stdout
+    folds = [json.loads((out / f"fold-{i}.json").read_text())["provenance"] for i in (0, 1, 2)]
+    assert [f["held_out"] for f in folds] == [
+        ["small-llama-2-7b"],
+        ["small-llama-2-7b-b"],
+        ["small-llama-3.1-8b"],
+    ]
+    assert folds[0]["experiments"] == ["small-llama-2-7b-b", "small-llama-3.1-8b"]
+    meta = json.loads((out / "metadata.json").read_text())["config"]
+    assert meta["validation"] == "leave one experiment out" and len(meta["folds"]) == 3
+    one = write(tmp_path / "one.yaml", experiment())
+    code, _, err = run_main([*argv[:1], one, *argv[2:]], capsys)
+    assert code == 2 and "one experiment (small-llama-2-7b)" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
     from kvsim.accuracy import accuracy
 
