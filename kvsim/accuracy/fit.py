@@ -5,12 +5,13 @@ What is fitted (``FITTED``): how well the GPU streams weights (``weight_bandwidt
 KV (``decode_attention_efficiency``), the fixed cost of a step (``step_overhead_s``), of
 each request in it (``seq_overhead_s``) and of each request in each layer's attention
 (``attention_seq_layer_s``), the client's path outside the engine
-(``request_overhead_s``), the fixed cost of an all-reduce (``allreduce_latency_s``) and
-the fused-MoE kernels' weight streaming (``moe_efficiency``). One value each for every
-model, parallelism and load: no per-model coefficient, so a fit on some models predicts
-others. The peaks stay the datasheet's; the GEMM and prefill-attention efficiencies stay the
-shipped assumptions (prefix-cached shared-prefix loads compute almost no prefill, so these
-measurements do not pin them).
+(``request_overhead_s``), the fixed cost of an all-reduce per GPU beyond the first
+(``allreduce_latency_s``) and the fused-MoE kernels' weight streaming
+(``moe_efficiency``). One value each for every model, parallelism and load: no per-model
+coefficient, so a fit on some models predicts others. The peaks stay the datasheet's, the
+all-reduce bandwidth the published microbenchmarks'; the GEMM and prefill-attention
+efficiencies stay the shipped assumptions (prefix-cached shared-prefix loads compute almost
+no prefill, so these measurements do not pin them).
 
 The loss is the mean over experiments and load stages of ``|log(predicted / measured)|``
 of mean TTFT, mean E2E and mean ITL (a relative error, symmetric, that no one metric's

@@ -139,11 +139,17 @@ class PhasesProfileFile(Schema, frozen=True, kw_only=True):
         Annotated[_Positive, Meta(description="Of HBM: attention reading the KV cache.")] | None
     ) = None
     allreduce_bytes_per_s: (
-        Annotated[_Positive, Meta(description="NCCL bus bandwidth of one all-reduce, bytes/s.")]
+        Annotated[
+            _Positive, Meta(description="Bus bandwidth of a decode-sized all-reduce, bytes/s.")
+        ]
         | None
     ) = None
     allreduce_latency_s: (
-        Annotated[_NonNegative, Meta(description="Fixed cost of one all-reduce, s.")] | None
+        Annotated[
+            _NonNegative,
+            Meta(description="Fixed cost of one all-reduce between two GPUs, s; x (tp - 1)."),
+        ]
+        | None
     ) = None
     step_overhead_s: StepOverheadS | None = None
     seq_overhead_s: (

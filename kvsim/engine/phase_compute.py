@@ -14,7 +14,7 @@ per weight or activation element, ``L`` layers, ``H`` hidden size, ``V`` vocabul
                + decode rows: the same over their own pairs and context
                + S * L * attention_seq_layer_s (each row's fixed cost in every layer)
     lm_head    max(2 * V * H * S / (peak * gemm_eff),  V * H * d / (hbm * weight_bw_eff))
-    all_reduce 2 * L * (latency + 2 * (tp - 1) / tp * T * H * d / allreduce_bw)   (tp > 1)
+    all_reduce 2 * L * ((tp - 1) * latency + 2 * (tp - 1) / tp * T * H * d / allreduce_bw)  (tp > 1)
     overhead   step_overhead_s
 
 ``P`` is the non-embedding parameters a token goes through (the MoE active ones) and
@@ -28,6 +28,15 @@ bits), embeddings and LM head in 16 bits; FP8 weights run their GEMMs at
 ``FP8_GEMM_SPEEDUP`` times the BF16 rate (Hopper's FP8 tensor cores). Sliding-window
 layers attend to at most ``window`` keys per query and read at most ``window`` tokens'
 KV per request.
+
+The all-reduce is the textbook ring's cost (latency per step of its ``2 (tp - 1)``, bytes
+per GPU on the wire): ``latency`` is one all-reduce's fixed cost between two GPUs, and each
+further GPU adds as much. Published H100 microbenchmarks of the kernels vLLM v0.15.1 picks
+for decode-sized tensors (0.5-4 MiB: its custom all-reduce, one-stage at TP 2 and two-stage
+at TP 4, inside CUDA graphs) put the fixed part at about 4.4 us at TP 2 and 12.8 us at TP 4
+and the bus bandwidth at about 200 GB/s, not NCCL's 370 GB/s for large messages
+(docs/accuracy.md, "The all-reduce"). At TP 6 and 8 vLLM switches to NVSwitch multimem
+reductions, whose fixed part stops growing: there this form over-charges.
 
 Three costs scale with requests rather than tokens: ``attention_seq_layer_s`` per request
 and layer (what an attention kernel does for each request whatever its KV bytes: its page
@@ -84,8 +93,8 @@ class PhaseProfile:
     weight_bandwidth_efficiency: float  # of hbm: GEMMs reading their weights when memory-bound
     prefill_attention_efficiency: float  # of peak_flops: attention over (query, key) pairs
     decode_attention_efficiency: float  # of hbm: attention reading the KV cache
-    allreduce_bytes_per_s: float  # NCCL bus bandwidth of one all-reduce between TP workers
-    allreduce_latency_s: float  # fixed cost of one all-reduce
+    allreduce_bytes_per_s: float  # bus bandwidth of a decode-sized all-reduce between TP workers
+    allreduce_latency_s: float  # fixed cost of one all-reduce between two GPUs, x (tp - 1)
     step_overhead_s: float  # fixed cost of one forward pass (launches, sampling)
     seq_overhead_s: float = 0.0  # per request scheduled in a step
     moe_efficiency: float = 1.0  # routed experts' weight reads, of weight_bandwidth
@@ -286,9 +295,8 @@ class PhaseCompute:
         all_reduce = 0.0
         if self.tp > 1:
             wire = 2.0 * (self.tp - 1) / self.tp * tokens * self._hidden * self._act_b
-            all_reduce = (
-                2 * self.model.num_layers * (p.allreduce_latency_s + wire / p.allreduce_bytes_per_s)
-            )
+            fixed = (self.tp - 1) * p.allreduce_latency_s
+            all_reduce = 2 * self.model.num_layers * (fixed + wire / p.allreduce_bytes_per_s)
         return gemm, lm_head, all_reduce, p.step_overhead_s + p.seq_overhead_s * rows
 
     def _layers_attention(self, pairs: float, kv_tokens: float, queries: int, seqs: int) -> float:

@@ -91,7 +91,7 @@ def test_tensor_parallel_adds_two_all_reduces_per_layer():
     batch = decode(32, 1000)
     assert one.phases(batch)["all_reduce"] == 0.0
     wire = 2 * 3 / 4 * 32 * 8192 * 2  # ring all-reduce of T x hidden fp16 activations
-    expected = 2 * 80 * (H100.allreduce_latency_s + wire / H100.allreduce_bytes_per_s)
+    expected = 2 * 80 * (3 * H100.allreduce_latency_s + wire / H100.allreduce_bytes_per_s)
     assert four.phases(batch)["all_reduce"] == pytest.approx(expected)
     assert four.weight_bytes(32) == pytest.approx(one.weight_bytes(32) / 4)
 

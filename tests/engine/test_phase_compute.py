@@ -77,12 +77,32 @@ def test_all_reduce_only_under_tensor_parallelism():
     assert p is not None
     for tp in (2, 8):
         wire = 2 * (tp - 1) / tp * 1024 * LLAMA8.hidden_size * 2
-        expect = 2 * LLAMA8.num_layers * (p.allreduce_latency_s + wire / p.allreduce_bytes_per_s)
+        fixed = (tp - 1) * p.allreduce_latency_s  # the ring's: each GPU beyond one adds it
+        expect = 2 * LLAMA8.num_layers * (fixed + wire / p.allreduce_bytes_per_s)
         assert model8(tp).phases(prefill(1024))["all_reduce"] == pytest.approx(expect)
     # and the GEMMs split across the workers
     assert model8(2).phases(prefill(8192))["gemm"] == pytest.approx(
         model8(1).phases(prefill(8192))["gemm"] / 2
     )
+
+
+def test_all_reduce_fixed_part_grows_with_each_gpu_as_the_ring():
+    """A decode-sized all-reduce at TP 4 costs what the published H100 microbenchmarks
+    say about vLLM's custom all-reduce: about three times the fixed part of TP 2 (4.4 vs
+    12.8 us) and 1.5 times its bytes per GPU; the shipped numbers play no part."""
+    from dataclasses import replace
+
+    assert H200 is not None
+    p = replace(H200, allreduce_latency_s=4.4e-6, allreduce_bytes_per_s=2e11)
+    one_step = decode(64, 1000)  # 64 tokens x 4,096 x 2 bytes = 0.5 MiB per all-reduce
+    per_call = {
+        tp: PhaseCompute(LLAMA8, p, tp=tp).phases(one_step)["all_reduce"] / (2 * 32)
+        for tp in (2, 4, 8)
+    }
+    size = 64 * LLAMA8.hidden_size * 2
+    assert per_call[2] == pytest.approx(4.4e-6 + size / 2e11)
+    assert per_call[4] == pytest.approx(3 * 4.4e-6 + 1.5 * size / 2e11)
+    assert per_call[8] == pytest.approx(7 * 4.4e-6 + 1.75 * size / 2e11)
 
 
 def test_decode_step_is_memory_bound_and_plausible_on_h200():
