@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from kvsim.core.ending import Terminated, end_on_signal, forget_ending
 from kvsim.core.errors import EngineStalled, InputError, InputWarning
 
 #: command -> (module under kvsim.cli, attribute, its short help at HELP_LIMIT characters).
@@ -152,20 +153,6 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP (a closed terminal, a dropped ssh connection), raised where the
-    process is, so every ``with`` block cleans up (no temp file or half-written output is
-    left behind, as on Ctrl-C)."""
-
-    def __init__(self, signum: int = signal.SIGTERM) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated(signum)
-
-
 #: the signals that end a run as :class:`Terminated` (SIGHUP where the platform has it)
 _ENDING_SIGNALS = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
 
@@ -201,13 +188,15 @@ def _process_hooks() -> Iterator[None]:
     handlers back."""
     previous_warning = warnings.showwarning
     previous: dict[int, Any] = {}
+    forget_ending()
     with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
         for signum in _ENDING_SIGNALS:
-            previous[signum] = signal.signal(signum, _raise_terminated)
+            previous[signum] = signal.signal(signum, end_on_signal)
     warnings.showwarning = _show_warning
     try:
         yield
     finally:
+        forget_ending()
         warnings.showwarning = previous_warning
         for ending, handler in previous.items():
             signal.signal(ending, handler)

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
+from kvsim.core.ending import raise_if_ending
 from kvsim.core.errors import InputError
 
 
@@ -72,6 +73,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
+        raise_if_ending()  # a SIGTERM whose exception Python dropped: never commit
         os.chmod(tmp, _umask_mode())
         os.replace(tmp, target)
     except OSError as exc:

@@ -192,6 +192,36 @@ def test_sigterm_around_the_csv_helpers_fork_leaves_nothing_behind(tmp_path):
         assert list(folder.iterdir()) == [], delay
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_signal_whose_exception_python_dropped_still_commits_nothing(tmp_path):
+    """CPython drops an exception raised in a weakref callback (its import locks run
+    such callbacks): the SIGTERM handler's exception is lost there, the run goes on, and
+    the first file it would commit raises the signal again instead, leaving nothing."""
+    import weakref
+
+    from kvsim.core.ending import Terminated, end_on_signal, forget_ending
+    from kvsim.core.io import atomic_write
+
+    class Anything:
+        pass
+
+    thing = Anything()
+    ref = weakref.ref(thing, lambda _: end_on_signal(signal.SIGTERM, None))
+    try:
+        del thing  # the callback runs and raises; Python prints it and goes on
+        assert ref() is None
+        target = tmp_path / "rows.csv"
+        with pytest.raises(Terminated) as raised, atomic_write(target) as f:
+            f.write("a,b\n")
+        assert raised.value.signum == signal.SIGTERM
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        forget_ending()
+    with atomic_write(tmp_path / "after.csv") as f:  # forgotten: the next run commits
+        f.write("x\n")
+    assert (tmp_path / "after.csv").read_text() == "x\n"
+
+
 # --- 15. one line for usage errors and unwritable outputs ---
 
 
