@@ -147,7 +147,10 @@ class PhasesProfileFile(Schema, frozen=True, kw_only=True):
     allreduce_latency_s: (
         Annotated[
             _NonNegative,
-            Meta(description="Fixed cost of one all-reduce between two GPUs, s; x (tp - 1)."),
+            Meta(
+                description="Fixed cost of one all-reduce hop between two GPUs, s; x (tp - 1) "
+                "on the ring, x 2 for multimem (TP 6 and 8 on Hopper and Blackwell)."
+            ),
         ]
         | None
     ) = None

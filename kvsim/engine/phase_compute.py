@@ -15,6 +15,7 @@ per weight or activation element, ``L`` layers, ``H`` hidden size, ``V`` vocabul
                + S * L * attention_seq_layer_s (each row's fixed cost in every layer)
     lm_head    max(2 * V * H * S / (peak * gemm_eff),  V * H * d / (hbm * weight_bw_eff))
     all_reduce 2 * L * ((tp - 1) * latency + 2 * (tp - 1) / tp * T * H * d / allreduce_bw)  (tp > 1)
+               tp 6, 8 (multimem): 2 * L * (2 * latency + T * H * d / allreduce_bw)
     overhead   step_overhead_s
 
 ``P`` is the non-embedding parameters a token goes through (the MoE active ones) and
@@ -35,8 +36,14 @@ further GPU adds as much. Published H100 microbenchmarks of the kernels vLLM v0.
 for decode-sized tensors (0.5-4 MiB: its custom all-reduce, one-stage at TP 2 and two-stage
 at TP 4, inside CUDA graphs) put the fixed part at about 4.4 us at TP 2 and 12.8 us at TP 4
 and the bus bandwidth at about 200 GB/s, not NCCL's 370 GB/s for large messages
-(docs/accuracy.md, "The all-reduce"). At TP 6 and 8 vLLM switches to NVSwitch multimem
-reductions, whose fixed part stops growing: there this form over-charges.
+(docs/accuracy.md, "The all-reduce"). At TP 6 and 8 on Hopper and Blackwell (capabilities
+9.0 and 10.0) vLLM v0.15.1 sends decode-sized tensors through torch symmetric memory's
+multimem all-reduce (its custom all-reduce stops at 512 and 256 KiB there): the NVSwitch
+reduces and multicasts, so the fixed part stops growing with the GPUs (two hops, the
+switch's way in and out, whatever ``tp``) and the time grows as the tensor's bytes over the
+same bandwidth. The same H100 benchmark at TP 6 (13-31 us for 0.5-4 MiB) and vLLM PR
+42324's SM 9.0 multimem rows (11-27 us) fit that within 3 us with the 4.4-us hop; the ring
+would charge five to seven hops.
 
 Three costs scale with requests rather than tokens: ``attention_seq_layer_s`` per request
 and layer (what an attention kernel does for each request whatever its KV bytes: its page
@@ -80,6 +87,11 @@ KIND = "phases"
 FP8_GEMM_SPEEDUP = 2.0
 PHASES = ("gemm", "attention_prefill", "attention_decode", "lm_head", "all_reduce", "overhead")
 _ZERO_PARTS = (0.0,) * len(PHASES)
+#: GPU presets whose vLLM v0.15.1 all-reduce at :data:`MULTIMEM_TP` is symmetric memory's
+#: multimem (``SYMM_MEM_ALL_REDUCE_MAX_SIZES`` has capabilities 9.0 and 10.0, and both list
+#: 6 and 8 in ``_WORLD_SIZES_MULTIMEM``); every other GPU and TP degree takes the ring
+MULTIMEM_GPUS = frozenset({"h100", "h200", "gh200", "b200"})
+MULTIMEM_TP = frozenset({6, 8})
 
 
 @dataclass(frozen=True)
@@ -208,6 +220,11 @@ class PhaseCompute:
         hbm = p.hbm_bytes_per_s
         self._act_b = float(model.default_dtype_bytes)  # activations on the all-reduce wire
         self._hidden = hidden
+        # one all-reduce: hops x latency + share x bytes / bandwidth (module docstring)
+        if tp in MULTIMEM_TP and p.gpu in MULTIMEM_GPUS:
+            self._ar_hops, self._ar_share = 2.0, 1.0
+        else:
+            self._ar_hops, self._ar_share = float(tp - 1), 2.0 * (tp - 1) / tp
         speedup = FP8_GEMM_SPEEDUP if model.weight_dtype == "fp8" and dtype_bytes is None else 1
         self._gemm_flops = flops * p.gemm_efficiency * speedup
         self._lm_flops = flops * p.gemm_efficiency
@@ -294,8 +311,8 @@ class PhaseCompute:
         )
         all_reduce = 0.0
         if self.tp > 1:
-            wire = 2.0 * (self.tp - 1) / self.tp * tokens * self._hidden * self._act_b
-            fixed = (self.tp - 1) * p.allreduce_latency_s
+            wire = self._ar_share * tokens * self._hidden * self._act_b
+            fixed = self._ar_hops * p.allreduce_latency_s
             all_reduce = 2 * self.model.num_layers * (fixed + wire / p.allreduce_bytes_per_s)
         return gemm, lm_head, all_reduce, p.step_overhead_s + p.seq_overhead_s * rows
 

@@ -75,9 +75,12 @@ def test_all_reduce_only_under_tensor_parallelism():
     assert model8(1).phases(prefill(1024))["all_reduce"] == 0.0
     p = H200
     assert p is not None
-    for tp in (2, 8):
-        wire = 2 * (tp - 1) / tp * 1024 * LLAMA8.hidden_size * 2
-        fixed = (tp - 1) * p.allreduce_latency_s  # the ring's: each GPU beyond one adds it
+    size = 1024 * LLAMA8.hidden_size * 2
+    for tp in (2, 4, 6, 8):
+        if tp < 6:  # the ring's: each GPU beyond one adds a hop, each byte 2 (tp - 1)/tp
+            fixed, wire = (tp - 1) * p.allreduce_latency_s, 2 * (tp - 1) / tp * size
+        else:  # multimem on an H200: two hops whatever tp, each byte once
+            fixed, wire = 2 * p.allreduce_latency_s, size
         expect = 2 * LLAMA8.num_layers * (fixed + wire / p.allreduce_bytes_per_s)
         assert model8(tp).phases(prefill(1024))["all_reduce"] == pytest.approx(expect)
     # and the GEMMs split across the workers
@@ -102,7 +105,41 @@ def test_all_reduce_fixed_part_grows_with_each_gpu_as_the_ring():
     size = 64 * LLAMA8.hidden_size * 2
     assert per_call[2] == pytest.approx(4.4e-6 + size / 2e11)
     assert per_call[4] == pytest.approx(3 * 4.4e-6 + 1.5 * size / 2e11)
-    assert per_call[8] == pytest.approx(7 * 4.4e-6 + 1.75 * size / 2e11)
+    # a GPU whose vLLM all-reduce at TP 8 is not multimem keeps the ring there
+    ring8 = PhaseCompute(LLAMA8, replace(p, gpu="a100"), tp=8).phases(one_step)["all_reduce"]
+    assert ring8 / (2 * 32) == pytest.approx(7 * 4.4e-6 + 1.75 * size / 2e11)
+
+
+# vLLM's published H100 multimem all-reduce times (hidden size 8192, BF16), us by MiB:
+# PR 24111's TP-6 rows and PR 42324's SM 9.0 rows up to 4 MiB
+_MULTIMEM_US = {
+    6: {0.5: 13, 1: 16, 1.5: 18, 2: 21, 3: 25, 4: 31},
+    8: {0.5: 11, 1: 14, 1.5: 16, 2: 18, 3: 23, 4: 27},
+}
+
+
+@pytest.mark.parametrize("tp", sorted(_MULTIMEM_US))
+def test_all_reduce_at_tp_6_and_8_on_hopper_is_two_hops_as_multimem(tp):
+    """At TP 6 and 8 on an H100 or H200 vLLM's all-reduce is symmetric memory's multimem:
+    with the microbenchmarks' own hop (4.4 us, TP 2's fixed part) and bandwidth (200 GB/s)
+    the model lands within 3 us of every published decode-sized time, where the ring's
+    five or seven hops would overshoot by more than 10 us."""
+    from dataclasses import replace
+
+    assert H200 is not None
+    p = replace(H200, allreduce_latency_s=4.4e-6, allreduce_bytes_per_s=2e11)
+    model = get_model("llama-2-70b")  # hidden size 8192, BF16 activations
+    row_bytes = model.hidden_size * 2
+    for gpu in ("h100", "h200"):
+        f = PhaseCompute(model, replace(p, gpu=gpu), tp=tp)
+        ring = PhaseCompute(model, replace(p, gpu="a100"), tp=tp)
+        for mib, published_us in _MULTIMEM_US[tp].items():
+            tokens = int(mib * 2**20 / row_bytes)
+            step = decode(tokens, 100)
+            per_call = f.phases(step)["all_reduce"] / (2 * model.num_layers)
+            assert abs(per_call * 1e6 - published_us) < 3.0, (gpu, tp, mib, per_call)
+            ring_call = ring.phases(step)["all_reduce"] / (2 * model.num_layers)
+            assert ring_call * 1e6 - published_us > 10.0
 
 
 def test_decode_step_is_memory_bound_and_plausible_on_h200():
