@@ -380,16 +380,21 @@ class Load:
     def reasons(self) -> list[str]:
         """Why the run is overloaded (empty: it is not). Overload is a lasting excess, told
         apart from a burst: the arrivals outpace the GPU (more prompt tokens offered per
-        second than it sustains, while it computes BUSY_FRAC of the run or more), or queueing
-        dominates TTFT while the GPU is busy BUSY_FRAC of the run, or the queue grows through
-        the run (the last third of arrivals waits QUEUE_GROWTH times the first third's)."""
+        second than it sustains, while it computes BUSY_FRAC of the run or more and the
+        queue builds up: it grows through the run or is QUEUE_SHARE of TTFT; a GPU kept
+        busy by decoding, each request admitted at the next step, only looks outpaced, its
+        busy time running past the last arrival), or queueing dominates TTFT while the GPU
+        is busy BUSY_FRAC of the run, or the queue grows through the run (the last third of
+        arrivals waits QUEUE_GROWTH times the first third's)."""
         reasons = []
         outpaced = (
             self.offered is not None
             and self.sustainable is not None
             and self.offered > self.sustainable
         )
-        if outpaced and self.busy_frac >= BUSY_FRAC:
+        grows = self.queue_growth is not None and self.queue_growth >= QUEUE_GROWTH
+        builds_up = grows or self.queue_share >= QUEUE_SHARE
+        if outpaced and self.busy_frac >= BUSY_FRAC and builds_up:
             reasons.append(f"arrivals outpace the GPU, busy {self.busy_frac:.0%} of the run")
         if self.queue_dominates():
             queueing = (
@@ -400,7 +405,7 @@ class Load:
                 reasons.append(f"{queueing} with the GPU busy {self.busy_frac:.0%} of the run")
             elif reasons:
                 reasons.insert(0, queueing)
-            elif self.queue_growth is not None and self.queue_growth >= QUEUE_GROWTH:
+            elif grows:
                 reasons.append(
                     f"{queueing}, growing through the run (the last third of arrivals waits "
                     f"{_times(self.queue_growth)} the first third's)"

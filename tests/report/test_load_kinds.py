@@ -78,6 +78,22 @@ def test_a_steady_run_says_nothing():
     assert load.kind() == "steady" and load.warning("x") is None
 
 
+def test_a_gpu_busy_decoding_with_nobody_waiting_is_steady():
+    """A steady load of long outputs: the GPU decodes the whole run and past the last
+    arrival (busy time over the arrival span above 1, so offered > sustainable), yet every
+    request is admitted at once: not overload."""
+    load = Load.of(
+        _requests(np.arange(50.0), np.zeros(50)),
+        ITLS.copy(),
+        busy_s=52.0,
+        steps=5200,
+        duration=52.0,
+    )
+    assert load.offered is not None and load.sustainable is not None
+    assert load.offered > load.sustainable and load.busy_frac >= 0.95
+    assert load.kind() == "steady" and load.warning("x") is None
+
+
 @pytest.mark.parametrize("kind", ["bursty", "overloaded"])
 def test_every_kind_of_load_warning_is_an_input_warning(kind):
     from kvsim.core.errors import InputWarning
