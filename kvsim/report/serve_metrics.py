@@ -392,7 +392,8 @@ class Load:
             and self.sustainable is not None
             and self.offered > self.sustainable
         )
-        grows = self.queue_growth is not None and self.queue_growth >= QUEUE_GROWTH
+        growth = self.queue_growth if self.queue_growth is not None else 0.0
+        grows = growth >= QUEUE_GROWTH
         builds_up = grows or self.queue_share >= QUEUE_SHARE
         if outpaced and self.busy_frac >= BUSY_FRAC and builds_up:
             reasons.append(f"arrivals outpace the GPU, busy {self.busy_frac:.0%} of the run")
@@ -408,7 +409,7 @@ class Load:
             elif grows:
                 reasons.append(
                     f"{queueing}, growing through the run (the last third of arrivals waits "
-                    f"{_times(self.queue_growth)} the first third's)"
+                    f"{_times(growth)} the first third's)"
                 )
         return reasons
 
