@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from itertools import islice, takewhile
+from operator import itemgetter
 
 _FRONT_SLACK = 64  # spare slots kept before the queue's head for blocks freed to the front
 
@@ -74,7 +75,11 @@ class GpuBlockPool:
 
     def count_free_cached(self, keys: Sequence[Hashable]) -> int:
         """How many of these cached blocks sit in the free queue (taking them uses free space)."""
-        return list(map(self._ref.__getitem__, map(self._cached.__getitem__, keys))).count(0)
+        if len(keys) < 2:  # itemgetter of one item gives the item, not a tuple
+            return sum(self._ref[self._cached[k]] == 0 for k in keys)
+        # both lookups in C: an admission with a long hit counts hundreds of blocks
+        refs: tuple[int, ...] = itemgetter(*itemgetter(*keys)(self._cached))(self._ref)
+        return refs.count(0)
 
     def acquire_cached(self, keys: Sequence[Hashable]) -> list[int]:
         """Take the cached blocks of ``keys`` (all must be cached) for a request."""
