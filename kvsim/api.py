@@ -399,6 +399,7 @@ def simulate(
     gpu_blocks: int | None = None,
     gpu_memory_utilization: float = 0.92,
     enable_prefix_caching: bool = True,
+    enable_chunked_prefill: bool = True,
     offload_prompt_only: bool | None = None,
     sync_load_budget_bytes: int | None = None,
     async_scheduling: bool = True,
@@ -465,6 +466,9 @@ def simulate(
       ``num_gpu_blocks_override``; default from GPU memory); ``gpu_blocks`` is the command
       line's name for it; ``gpu_memory_utilization``: default 0.92;
     - ``enable_prefix_caching``: the GPU prefix cache (default True);
+    - ``enable_chunked_prefill``: vLLM's chunked prefill (default True; off, a prompt waits
+      for a step whose token budget holds it whole, and one longer than
+      ``max_num_batched_tokens`` is refused);
     - ``offload_prompt_only``: store prompt chunks only (vLLM's default, True);
       ``sync_load_budget_bytes``: small CPU hits load in the same step (default 0); both
       default to ``vllm_config``'s values when it has them;

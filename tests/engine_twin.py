@@ -63,6 +63,7 @@ def run_kvsim_engine(
     max_num_seqs: int = 256,
     long_prefill_token_threshold: int = 0,
     async_scheduling: bool = False,
+    enable_chunked_prefill: bool = True,
 ) -> TwinRun:
     """Run ``requests`` through kvsim's Engine with the harness's knobs, recording each step."""
     knobs = TwinKnobs(
@@ -81,6 +82,7 @@ def run_kvsim_engine(
         max_num_seqs=max_num_seqs,
         long_prefill_token_threshold=long_prefill_token_threshold,
         async_scheduling=async_scheduling,
+        enable_chunked_prefill=enable_chunked_prefill,
     )
     engine = twin_engine(knobs)
     run = TwinRun(engine=engine)

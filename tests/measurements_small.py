@@ -58,7 +58,7 @@ EXPERIMENT: dict[str, Any] = {
 
 def experiment(**changes: Any) -> dict[str, Any]:
     out = copy.deepcopy(EXPERIMENT)
-    out.update(changes)
+    out.update(copy.deepcopy(changes))  # nothing shared: YAML would write an alias
     return out
 
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
 from kvsim.core.errors import InputError
+from kvsim.specs.hardware import GpuSpec, vllm_batch_defaults
 from kvsim.specs.models import MODELS, ModelSpec, get_model
 
 if TYPE_CHECKING:
@@ -109,6 +110,29 @@ def _max_model_len(exp: Experiment, model: ModelSpec, longest: int) -> None:
             f"a request of {longest} tokens (prompt + output) exceeds vllm.max_model_len {mml}: "
             "vLLM would reject it"
         )
+
+
+def _max_num_batched_tokens(exp: Experiment, model: ModelSpec, gpu: GpuSpec) -> int | None:
+    """The step token budget vLLM ran with: the file's, or (None) ``vllm serve``'s default,
+    which without chunked prefill vLLM raises to at least ``max_model_len``
+    (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): a prompt must fit one
+    step. Given below ``max_model_len`` without chunked prefill, vLLM refuses to start."""
+    vllm = exp.vllm
+    given = vllm.max_num_batched_tokens
+    if vllm.enable_chunked_prefill:
+        return given
+    mml = vllm.max_model_len or model.max_position_embeddings
+    if given is not None:
+        if mml and given < mml:
+            raise InputError(
+                f"vllm.max_num_batched_tokens {given} is below max_model_len {mml} with "
+                "enable_chunked_prefill: false: vLLM refuses to start"
+            )
+        return given
+    tokens, seqs = vllm_batch_defaults(gpu)
+    if not mml:
+        return tokens
+    return min((vllm.max_num_seqs or seqs) * mml, max(mml, tokens))
 
 
 def shortened(
@@ -195,8 +219,6 @@ def _run(
     from kvsim.engine.phase_compute import PhaseProfile
     from kvsim.specs.hardware import get_gpu
 
-    if not exp.vllm.enable_chunked_prefill:
-        raise InputError("vllm.enable_chunked_prefill: false is not modelled (vLLM 0.33's is on)")
     model_arg = _model(exp, base_dir)
     model = get_model(model_arg)
     run, measured = shortened(exp, max_stage_s, warmup_s)
@@ -210,6 +232,7 @@ def _run(
     )
     _max_model_len(exp, model, longest)
     gpu = get_gpu(exp.gpu)
+    batched_tokens = _max_num_batched_tokens(exp, model, gpu)
     if isinstance(compute_profile, PhaseProfile):
         profile: Any = compute_profile
     elif compute_profile is not None:
@@ -234,10 +257,11 @@ def _run(
             gpu_block_tokens=vllm.block_size,
             vllm_config=kv,
             max_num_seqs=vllm.max_num_seqs,
-            max_num_batched_tokens=vllm.max_num_batched_tokens,
+            max_num_batched_tokens=batched_tokens,
             gpu_kv_blocks=vllm.num_gpu_blocks_override,
             gpu_memory_utilization=vllm.gpu_memory_utilization,
             enable_prefix_caching=vllm.enable_prefix_caching,
+            enable_chunked_prefill=vllm.enable_chunked_prefill,
             compute_profile=profile_arg,
             record_steps=False,
             seed=seed,

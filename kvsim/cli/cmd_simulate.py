@@ -182,6 +182,15 @@ def write_tables(result: Result, out: str, save_steps: bool) -> list[str]:
     help="Disable the GPU prefix cache.",
 )
 @click.option(
+    "--no-enable-chunked-prefill",
+    "no_chunked_prefill",
+    is_flag=True,
+    help=(
+        "vLLM without chunked prefill: a prompt waits for a step whose token budget holds "
+        "it whole; one longer than --max-num-batched-tokens is refused."
+    ),
+)
+@click.option(
     "--offload-all-tokens",
     is_flag=True,
     help="Store decode chunks too (vLLM offload_prompt_only=false).",
@@ -257,6 +266,7 @@ def simulate_command(
     max_num_seqs: int | None,
     gpu_memory_utilization: float,
     no_prefix_caching: bool,
+    no_chunked_prefill: bool,
     offload_all_tokens: bool,
     sync_load_budget_bytes: int | None,
     async_scheduling: bool,
@@ -335,6 +345,7 @@ def simulate_command(
             gpu_kv_blocks=gpu_blocks,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=not no_prefix_caching,
+            enable_chunked_prefill=not no_chunked_prefill,
             offload_prompt_only=False if offload_all_tokens else None,
             sync_load_budget_bytes=sync_load_budget_bytes,
             async_scheduling=async_scheduling,

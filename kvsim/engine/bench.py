@@ -56,6 +56,7 @@ class TwinKnobs:
     max_num_seqs: int = 256
     long_prefill_token_threshold: int = 0
     async_scheduling: bool = False
+    enable_chunked_prefill: bool = True
 
 
 def twin_engine(knobs: TwinKnobs, *, record_steps: bool = True) -> Engine:
@@ -75,6 +76,7 @@ def twin_engine(knobs: TwinKnobs, *, record_steps: bool = True) -> Engine:
         max_num_seqs=knobs.max_num_seqs,
         long_prefill_token_threshold=knobs.long_prefill_token_threshold,
         async_scheduling=knobs.async_scheduling,
+        enable_chunked_prefill=knobs.enable_chunked_prefill,
         record_steps=record_steps,
     )
     link = constant_link(

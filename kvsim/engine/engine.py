@@ -320,8 +320,13 @@ class Engine:
             ctx,
         )
         self.recorder.requests.append(sr)
-        block = self.params.gpu_block_tokens
-        if -(-(sr.prompt + sr.output) // block) > self.usable_gpu_blocks:
+        p = self.params
+        block = p.gpu_block_tokens
+        # refused as vLLM refuses a request past max_model_len: the GPU holds it whole, and
+        # without chunked prefill vLLM requires max_model_len <= max_num_batched_tokens
+        if -(-(sr.prompt + sr.output) // block) > self.usable_gpu_blocks or (
+            not p.enable_chunked_prefill and sr.prompt + sr.output > p.max_num_batched_tokens
+        ):
             sr.status = REJECTED
             self._finished([sr], arrival)
             return

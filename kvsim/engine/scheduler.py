@@ -461,11 +461,9 @@ class Scheduler:
                     continue
                 gpu_hit, ext, is_async = hit
                 local = gpu_hit * self.unit
-                n = (
-                    0
-                    if is_async
-                    else clamp_new_tokens(req.num_tokens - local - ext, budget, threshold)
-                )
+                n = 0 if is_async else self._new_tokens(req, local + ext, budget, threshold)
+                if n is None:
+                    break
                 if not self._take_admission_blocks(req, gpu_hit, ext, is_async, n):
                     break
                 if is_async:
@@ -475,8 +473,8 @@ class Scheduler:
                     continue
                 req.num_computed = local + ext
             else:
-                n = clamp_new_tokens(req.num_tokens - req.num_computed, budget, threshold)
-                if not self._resume_blocks(req, n):
+                n = self._new_tokens(req, req.num_computed, budget, threshold)
+                if n is None or not self._resume_blocks(req, n):
                     break
             queue.popleft()
             self.inflight_prefills[req] = None  # dropped below if this chunk ends the prompt
@@ -486,6 +484,21 @@ class Scheduler:
             self.kv_holding.extendleft(reversed(skipped_holding))
         if skipped_plain:
             self.waiting.extendleft(reversed(skipped_plain))
+
+    def _new_tokens(
+        self, req: SimRequest, computed: int, budget: int, threshold: int
+    ) -> int | None:
+        """The tokens a waiting request with ``computed`` tokens (hits included) gets this
+        step (:func:`clamp_new_tokens`), or None when it must wait: without chunked prefill
+        vLLM's waiting loop stops at a request whose new tokens, after the long-prefill
+        threshold, exceed what is left of the budget (it keeps its place)."""
+        left = req.num_tokens - computed
+        if (
+            not self.params.enable_chunked_prefill
+            and clamp_new_tokens(left, left, threshold) > budget
+        ):
+            return None
+        return clamp_new_tokens(left, budget, threshold)
 
     def _ready(self, req: SimRequest) -> bool:
         """Whether a waiting request may be admitted now: an async load in flight blocks it

@@ -116,6 +116,7 @@ def compose(
         gpu_blocks=timed.gpu_kv_blocks,
         gpu_memory_utilization=timed.gpu_memory_utilization,
         enable_prefix_caching=timed.enable_prefix_caching,
+        enable_chunked_prefill=timed.enable_chunked_prefill,
         offload_prompt_only=_given_or(timed.offload_prompt_only, knobs, "offload_prompt_only"),
         sync_load_budget_bytes=_given_or(
             timed.sync_load_budget_bytes, knobs, "sync_load_budget_bytes"

@@ -16,7 +16,7 @@ Objects built by hand (no GPU, no model, no profiling)
   ``nn.Module`` registered with ``ModelRegistry`` (never instantiated); ``ModelConfig`` with
   ``skip_tokenizer_init``; ``DeviceConfig(device="cpu")``.
 * ``SchedulerConfig(max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold,
-  enable_chunked_prefill=True, async_scheduling)`` and ``CacheConfig(block_size=
+  enable_chunked_prefill (default True), async_scheduling)`` and ``CacheConfig(block_size=
   gpu_block_tokens, enable_prefix_caching=True)``; every other setting is vLLM 0.33's default
   (notably ``scheduler_reserve_full_isl=True``, ``watermark=0``, ``sync_load_budget_bytes=0``,
   ``offload_prompt_only=True``, hash ``sha256``).
@@ -491,6 +491,7 @@ def run_vllm_engine(
     max_num_seqs: int = 256,
     long_prefill_token_threshold: int = 0,
     async_scheduling: bool = False,
+    enable_chunked_prefill: bool = True,
     max_model_len: int | None = None,
     max_steps: int = 200_000,
 ) -> VllmRun:
@@ -512,6 +513,8 @@ def run_vllm_engine(
     if gpu_blocks < 2:
         raise ValueError("gpu_blocks must be >= 2 (block 0 is vLLM's null block)")
     mml = (gpu_blocks - 1) * gpu_block_tokens if max_model_len is None else max_model_len
+    if not enable_chunked_prefill:  # vLLM then refuses max_model_len > max_num_batched_tokens
+        mml = min(mml, max_num_batched_tokens)
     with quiet_vllm():
         vllm_config = build_vllm_config(
             max_model_len=mml,
@@ -525,6 +528,7 @@ def run_vllm_engine(
             max_num_seqs=max_num_seqs,
             long_prefill_token_threshold=long_prefill_token_threshold,
             async_scheduling=async_scheduling,
+            enable_chunked_prefill=enable_chunked_prefill,
         )
         kv_config = kv_cache_config(gpu_blocks, gpu_block_tokens, page_bytes)
         vllm_config.cache_config.num_gpu_blocks = kv_config.num_blocks

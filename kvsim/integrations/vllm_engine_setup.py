@@ -260,6 +260,7 @@ def build_vllm_config(
     max_num_seqs: int,
     long_prefill_token_threshold: int,
     async_scheduling: bool,
+    enable_chunked_prefill: bool = True,
 ) -> VllmConfig:
     d = _model_dir()
     model_config = ModelConfig(
@@ -276,7 +277,7 @@ def build_vllm_config(
         max_model_len=max_model_len,
         is_encoder_decoder=False,
         long_prefill_token_threshold=long_prefill_token_threshold,
-        enable_chunked_prefill=True,
+        enable_chunked_prefill=enable_chunked_prefill,
         async_scheduling=async_scheduling,
     )
     cache_config = CacheConfig(block_size=gpu_block_tokens, enable_prefix_caching=True)

@@ -51,6 +51,17 @@ ActivationReserveGib = Annotated[
     float, Meta(ge=0, description="GPU memory besides weights and KV (activations, graphs).")
 ]
 EnablePrefixCaching = Annotated[bool, Meta(description="The GPU prefix cache (default on).")]
+EnableChunkedPrefill = Annotated[
+    bool,
+    Meta(
+        description=(
+            "vLLM's chunked prefill (default on). Off: a waiting request whose new tokens "
+            "exceed the step's token budget waits, and one longer than "
+            "--max-num-batched-tokens is refused (vLLM then requires max_num_batched_tokens "
+            ">= max_model_len)."
+        )
+    ),
+]
 OffloadPromptOnly = Annotated[
     bool,
     Meta(
@@ -116,6 +127,7 @@ class EngineParams(Schema, frozen=True):
     gpu_memory_utilization: GpuMemoryUtilization = 0.92  # vLLM 0.33 CacheConfig default
     activation_reserve_gib: ActivationReserveGib = 2.5
     enable_prefix_caching: EnablePrefixCaching = True
+    enable_chunked_prefill: EnableChunkedPrefill = True
     offload_prompt_only: OffloadPromptOnly = True
     sync_load_budget_bytes: SyncLoadBudgetBytes = 0  # per step, per worker
     gpu_block_tokens: Annotated[Count, Meta(description="vLLM --block-size (default 16).")] = 16

@@ -16,6 +16,7 @@ from msgspec import Meta
 
 from kvsim.options.engine import (
     AsyncScheduling,
+    EnableChunkedPrefill,
     EnablePrefixCaching,
     GpuKvBlocks,
     GpuMemoryUtilization,
@@ -120,6 +121,7 @@ class SimulateOptions(Schema, frozen=True):
     gpu_kv_blocks: GpuKvBlocks | None = None
     gpu_memory_utilization: GpuMemoryUtilization = 0.92
     enable_prefix_caching: EnablePrefixCaching = True
+    enable_chunked_prefill: EnableChunkedPrefill = True
     offload_prompt_only: OffloadPromptOnly | None = None
     sync_load_budget_bytes: SyncLoadBudgetBytes | None = None
     async_scheduling: AsyncScheduling = True

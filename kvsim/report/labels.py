@@ -11,7 +11,7 @@ from typing import Any
 RUN_ROWS = (
     ("requests", "requests"),
     ("completed", "completed"),
-    ("failed", "failed (too long for GPU KV)"),
+    ("failed", "failed (too long to admit)"),  # GPU KV, or the budget without chunked prefill
     ("duration", "duration (s)"),
     ("request_throughput", "request throughput (req/s)"),
     ("request_goodput", "request goodput (req/s)"),

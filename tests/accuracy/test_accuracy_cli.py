@@ -15,17 +15,26 @@ from support import run_main
 from kvsim.accuracy.run import METRICS, stage_metrics
 from kvsim.engine.phase_compute import PhaseProfile
 
+#: vLLM without chunked prefill refuses a step budget below max_model_len: an experiment
+#: that cannot have run as written
+UNSTARTABLE = {
+    **EXPERIMENT["vllm"],
+    "enable_chunked_prefill": False,
+    "max_num_batched_tokens": 2048,
+    "max_model_len": 4096,
+}
+
 
 def test_accuracy_end_to_end(tmp_path, capsys):
     path = write(
         tmp_path / "m.yaml",
         experiment(),
-        experiment(id="unchunked", vllm={"enable_chunked_prefill": False}),
+        experiment(id="unchunked", vllm=UNSTARTABLE),
     )
     out = tmp_path / "acc"
     code, stdout, err = run_main(["accuracy", path, "--out", out, "--no-progress"], capsys)
     assert code == 1  # the unchunked experiment could not run: counted, after the other ran
-    assert "kvsim: experiment unchunked: vllm.enable_chunked_prefill" in err
+    assert "kvsim: experiment unchunked: vllm.max_num_batched_tokens 2048 is below" in err
     with open(out / "accuracy.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["experiment", "stage", "metric", "predicted", "measured", "ape_pct"]
@@ -41,7 +50,7 @@ def test_accuracy_end_to_end(tmp_path, capsys):
     assert float(by[("all", "itl_mean")]["measured"]) == pytest.approx(188 / 19)
     meta = json.loads((out / "metadata.json").read_text())
     assert [e["id"] for e in meta["config"]["experiments"]] == ["small-llama-2-7b", "unchunked"]
-    assert meta["config"]["experiments"][1]["error"].startswith("vllm.enable_chunked_prefill")
+    assert meta["config"]["experiments"][1]["error"].endswith("vLLM refuses to start")
     assert "e2e_mean" in stdout and "median" in stdout
 
     code, stdout, _ = run_main(
@@ -175,7 +184,7 @@ def test_fit_compute_holds_out_experiments_and_starts_where_told(tmp_path, capsy
     path = write(
         tmp_path / "m.yaml",
         experiment(),
-        experiment(id="held", vllm={"enable_chunked_prefill": False}),
+        experiment(id="held", vllm=UNSTARTABLE),
     )
     start = tmp_path / "start.json"
     start.write_text(json.dumps({"kind": "phases", "gpu": "h100", "step_overhead_s": 0.002}))
@@ -305,3 +314,59 @@ def test_fit_compute_search_lm_moves_the_parameters_together_and_says_so(tmp_pat
     assert loaded.provenance is not None and loaded.provenance["search"] == "lm"
     code, _, err = run_main([*argv, "--search", "simplex"], capsys)
     assert code == 2 and "--search" in err
+
+
+@pytest.mark.parametrize(
+    ("given", "max_model_len", "chunked", "expected"),
+    [
+        (2048, 4096, True, 2048),  # chunked: the file's budget, whatever max_model_len
+        (None, 4096, True, None),  # chunked: vllm serve's default, the engine's to pick
+        (4096, 4096, False, 4096),
+        (None, 4096, False, 8192),  # vllm serve's H100 default, already >= max_model_len
+        (None, 16384, False, 16384),  # raised to max_model_len: a prompt fits one step
+        (None, None, False, 8192),  # max_model_len from the model: Llama-2-7B's 4,096
+    ],
+)
+def test_without_chunked_prefill_the_budget_holds_a_whole_prompt(
+    tmp_path, given, max_model_len, chunked, expected
+):
+    """vLLM's ``EngineArgs`` without chunked prefill raises the default step budget to
+    max_model_len; a budget given below it makes vLLM refuse to start."""
+    from kvsim.accuracy.measurements import read_measurements
+    from kvsim.accuracy.run import _max_num_batched_tokens
+    from kvsim.specs.hardware import get_gpu
+    from kvsim.specs.models import get_model
+
+    vllm = {"enable_chunked_prefill": chunked, "max_num_batched_tokens": given}
+    if max_model_len is not None:
+        vllm["max_model_len"] = max_model_len
+    vllm = {k: v for k, v in vllm.items() if v is not None}
+    exp = read_measurements(write(tmp_path / "m.yaml", experiment(vllm=vllm))).experiments[0]
+    budget = _max_num_batched_tokens(exp, get_model("llama-2-7b"), get_gpu("h100"))
+    assert budget == expected
+
+
+def test_an_unchunked_experiment_runs_and_waits_for_whole_prompts(tmp_path, capsys):
+    """With chunked prefill off the experiment runs (it was refused before), and its
+    prompts are never split: four clients send 2,100-token prompts at once, which 4,096-token
+    steps take one and a half at a time with chunked prefill and one at a time without, so
+    the first tokens come at other times (here sooner on average: each prompt's step is
+    shorter). The step-by-step rule is the differential test's against vLLM."""
+    vllm = {**EXPERIMENT["vllm"], "max_num_batched_tokens": 4096}
+    workload = {**EXPERIMENT["workload"], "question_len": 2000}
+    load = {"type": "concurrency", "stages": [{"concurrency": 4, "num_requests": 12}]}
+    path = write(
+        tmp_path / "m.yaml",
+        experiment(id="chunked", vllm=vllm, workload=workload, load=load),
+        experiment(
+            id="unchunked",
+            vllm={**vllm, "enable_chunked_prefill": False},
+            workload=workload,
+            load=load,
+        ),
+    )
+    code, stdout, err = run_main(["accuracy", path, "--json", "--no-progress"], capsys)
+    assert code == 0, err
+    rows = json.loads(stdout)["rows"]
+    ttft = {r["experiment"]: r["predicted"] for r in rows if r["metric"] == "ttft_mean"}
+    assert 0 < ttft["unchunked"] < ttft["chunked"], ttft

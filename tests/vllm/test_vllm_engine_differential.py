@@ -242,6 +242,41 @@ def test_random_traces_decide_as_vllm(async_scheduling: bool) -> None:
     } | (QUIET_FEATURES if async_scheduling else set()), seen
 
 
+CHUNKLESS_TRACES = 60
+
+
+@LOOPS
+def test_without_chunked_prefill_random_traces_decide_as_vllm(async_scheduling: bool) -> None:
+    """``enable_chunked_prefill`` off: a waiting request whose new tokens exceed what is left
+    of the step's budget stops admission (vLLM's waiting loop breaks, the request keeps its
+    place), and a request longer than ``max_num_batched_tokens`` is refused (vLLM then caps
+    max_model_len there). Budgets are drawn small so that both happen; the guard checks
+    that the setting changed kvsim's schedule in some runs, so the rule was reached."""
+    seen: set[str] = set()
+    changed = 0
+    for seed in range(CHUNKLESS_TRACES):
+        rng = random.Random(10_000 + seed)
+        knobs = random_knobs(rng)
+        knobs["max_num_batched_tokens"] = rng.choice([256, 512, 1024])
+        requests = random_trace(rng, rng.randint(5, 50))
+        try:
+            vllm, kvsim = both(
+                requests, async_scheduling=async_scheduling, enable_chunked_prefill=False, **knobs
+            )
+        except RuntimeError as exc:  # a tiny GPU's deadlock: kvsim must stop where vLLM does
+            assert "idle with work left" in str(exc), exc
+            knobs.update(async_scheduling=async_scheduling, enable_chunked_prefill=False)
+            assert_same_stall(requests, **knobs)
+            continue
+        diff = first_difference(vllm, kvsim)
+        assert diff is None, f"seed {seed}, {knobs}: {diff}"
+        seen |= features(vllm)
+        chunked = run_kvsim_engine(requests, async_scheduling=async_scheduling, **knobs)
+        schedule = [s.scheduled for s in chunked.executed_steps()]
+        changed += schedule != [s.scheduled for s in kvsim.executed_steps()]
+    assert "rejection" in seen and changed >= CHUNKLESS_TRACES // 4, (seen, changed)
+
+
 @LOOPS
 @pytest.mark.parametrize("seed", [461, 513])
 def test_a_cpu_hit_on_the_whole_prompt_is_reported_as_vllm_does(
