@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
 from kvsim.core.errors import InputError
-from kvsim.specs.hardware import GpuSpec, vllm_batch_defaults
+from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
 from kvsim.specs.models import MODELS, ModelSpec, get_model
 
 if TYPE_CHECKING:
@@ -122,17 +122,14 @@ def _max_num_batched_tokens(exp: Experiment, model: ModelSpec, gpu: GpuSpec) -> 
     if vllm.enable_chunked_prefill:
         return given
     mml = vllm.max_model_len or model.max_position_embeddings
-    if given is not None:
-        if mml and given < mml:
-            raise InputError(
-                f"vllm.max_num_batched_tokens {given} is below max_model_len {mml} with "
-                "enable_chunked_prefill: false: vLLM refuses to start"
-            )
-        return given
-    tokens, seqs = vllm_batch_defaults(gpu)
-    if not mml:
-        return tokens
-    return min((vllm.max_num_seqs or seqs) * mml, max(mml, tokens))
+    if given is None:
+        return vllm_default_batched_tokens(gpu, mml, False, vllm.max_num_seqs)
+    if mml and given < mml:
+        raise InputError(
+            f"vllm.max_num_batched_tokens {given} is below max_model_len {mml} with "
+            "enable_chunked_prefill: false: vLLM refuses to start"
+        )
+    return given
 
 
 def shortened(

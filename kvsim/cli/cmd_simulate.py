@@ -187,7 +187,8 @@ def write_tables(result: Result, out: str, save_steps: bool) -> list[str]:
     is_flag=True,
     help=(
         "vLLM without chunked prefill: a prompt waits for a step whose token budget holds "
-        "it whole; one longer than --max-num-batched-tokens is refused."
+        "it whole; one longer than --max-num-batched-tokens is refused (default budget: "
+        "the model's positions, as vLLM raises it to max_model_len)."
     ),
 )
 @click.option(

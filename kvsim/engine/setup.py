@@ -37,7 +37,12 @@ from kvsim.options.offload import CacheConfig, OffloadOptions
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.vllm import KVConnectorExtraConfig, engine_knobs_from_vllm_config
 from kvsim.report.serve_metrics import BenchSettings
-from kvsim.specs.hardware import GpuSpec, get_gpu, vllm_batch_defaults
+from kvsim.specs.hardware import (
+    GpuSpec,
+    get_gpu,
+    vllm_batch_defaults,
+    vllm_default_batched_tokens,
+)
 from kvsim.specs.models import ModelSpec
 from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Request, Trace
@@ -108,7 +113,11 @@ def compose(
         raise InputError("simulate needs --model: the engine sizes KV blocks and compute by it")
     gpu = get_gpu(timed.gpu)
     knobs = engine_knobs_from_vllm_config(extra) if extra is not None else {}
-    default_tokens, default_seqs = vllm_batch_defaults(gpu)
+    _, default_seqs = vllm_batch_defaults(gpu)
+    # vLLM's default max_model_len is the model's positions
+    default_tokens = vllm_default_batched_tokens(
+        gpu, model.max_position_embeddings, timed.enable_chunked_prefill, timed.max_num_seqs
+    )
     params = EngineParams(
         max_num_batched_tokens=timed.max_num_batched_tokens or default_tokens,
         max_num_seqs=timed.max_num_seqs or default_seqs,

@@ -58,7 +58,7 @@ EnableChunkedPrefill = Annotated[
             "vLLM's chunked prefill (default on). Off: a waiting request whose new tokens "
             "exceed the step's token budget waits, and one longer than "
             "--max-num-batched-tokens is refused (vLLM then requires max_num_batched_tokens "
-            ">= max_model_len)."
+            ">= max_model_len; its default budget is raised to the model's positions)."
         )
     ),
 ]

@@ -79,6 +79,27 @@ def vllm_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
     return 2048, 256
 
 
+def vllm_default_batched_tokens(
+    gpu: GpuSpec, max_model_len: int | None, chunked: bool, max_num_seqs: int | None = None
+) -> int:
+    """``max_num_batched_tokens`` when none is given, as ``vllm serve`` 0.33 sets it
+    (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): the GPU's default
+    (:func:`vllm_batch_defaults`); without chunked prefill raised to ``max_model_len`` (a
+    prompt must fit one step) and then at most ``max_num_seqs x max_model_len``. (vLLM
+    caps a chunked default so too; with any real ``max_model_len`` it is far above, and
+    ``kvsim simulate`` does not hold requests to the model's positions, so it is left out.)
+
+    Args:
+        max_model_len: the engine's (None: unknown, the GPU's default stands).
+        chunked: ``enable_chunked_prefill``.
+        max_num_seqs: the engine's (None: the GPU's default).
+    """
+    tokens, seqs = vllm_batch_defaults(gpu)
+    if chunked or not max_model_len:
+        return tokens
+    return min((max_num_seqs or seqs) * max_model_len, max(max_model_len, tokens))
+
+
 def get_gpu(name: str | os.PathLike[str]) -> GpuSpec:
     """A preset by name, or a GPU spec JSON file (:func:`load_gpu_spec`) by path."""
     text = os.fspath(name)

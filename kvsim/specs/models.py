@@ -238,6 +238,7 @@ _PRESETS = (
         hidden_size=2048,
         vocab_size=128256,
         tie_word_embeddings=True,
+        max_position_embeddings=131072,
     ),
     ModelSpec(
         name="llama-3.1-8b",
@@ -249,6 +250,7 @@ _PRESETS = (
         active_params=8.03e9,
         hidden_size=4096,
         vocab_size=128256,
+        max_position_embeddings=131072,
     ),
     ModelSpec(
         name="llama-3.1-70b",
@@ -260,6 +262,7 @@ _PRESETS = (
         active_params=70.6e9,
         hidden_size=8192,
         vocab_size=128256,
+        max_position_embeddings=131072,
     ),
     ModelSpec(
         name="qwen2.5-7b",
@@ -271,6 +274,7 @@ _PRESETS = (
         active_params=7.6e9,
         hidden_size=3584,
         vocab_size=152064,
+        max_position_embeddings=32768,
     ),
     ModelSpec(
         name="qwen3-8b",
@@ -282,6 +286,7 @@ _PRESETS = (
         active_params=8.2e9,
         hidden_size=4096,
         vocab_size=151936,
+        max_position_embeddings=40960,
     ),
     ModelSpec(
         name="deepseek-v3",
@@ -298,6 +303,7 @@ _PRESETS = (
         vocab_size=129280,
         num_experts=256,
         experts_per_token=8,
+        max_position_embeddings=163840,
     ),
 )
 

@@ -21,7 +21,12 @@ UNIT = 16
 
 
 def make_scheduler(
-    *, budget: int = 8192, threshold: int = 0, blocks: int = 64, max_seqs: int = 256
+    *,
+    budget: int = 8192,
+    threshold: int = 0,
+    blocks: int = 64,
+    max_seqs: int = 256,
+    chunked: bool = True,
 ) -> Scheduler:
     params = EngineParams(
         max_num_batched_tokens=budget,
@@ -30,6 +35,7 @@ def make_scheduler(
         enable_prefix_caching=False,
         max_num_seqs=max_seqs,
         async_scheduling=False,
+        enable_chunked_prefill=chunked,
     )
     return Scheduler(params, GpuBlockPool(blocks), UNIT, None)
 
@@ -116,6 +122,29 @@ def test_waiting_loop_applies_threshold_then_budget() -> None:
     assert (batch.prefill_tokens, batch.decode_tokens) == (40, 0)
     assert list(s.waiting) == [c] and c.status == WAITING
     assert [len(r.blocks) for r in (a, b)] == [2, 1]  # ceil(30/16), ceil(10/16)
+
+
+def test_without_chunked_prefill_a_prompt_that_does_not_fit_the_budget_left_waits() -> None:
+    """vLLM's waiting loop without chunked prefill: 0 takes 30 of 40 tokens; 1 (30) would
+    need a split, so admission stops there, and 2 (5 tokens, it would fit) waits behind it
+    in FCFS order. Next step the budget holds 1 whole beside 0's decode."""
+    s = make_scheduler(budget=40, chunked=False)
+    a, b, c = make_req(0, 30), make_req(1, 30), make_req(2, 5)
+    s.waiting.extend([a, b, c])
+    assert step(s) == {0: 30}
+    assert list(s.waiting) == [b, c] and b.status == WAITING
+    assert step(s) == {0: 1, 1: 30, 2: 5}  # 36 of 40
+
+
+def test_without_chunked_prefill_the_threshold_still_cuts_a_long_prompt() -> None:
+    """The long-prefill threshold applies before the budget test, as in vLLM: a 50-token
+    prompt under a 30-token threshold is 30 new tokens, which fit a 40-token budget."""
+    s = make_scheduler(budget=40, threshold=30, chunked=False)
+    s.waiting.extend([make_req(0, 50), make_req(1, 50)])
+    assert step(s) == {0: 30}  # 1's 30 exceed the 10 left: it waits whole
+    assert step(s) == {0: 20}  # 30 > the 20 left again (chunked prefill would give it 20)
+    assert step(s) == {0: 1, 1: 30}
+    assert step(s) == {0: 1, 1: 20}  # a running request's next chunk is never held back
 
 
 def test_running_loop_applies_threshold_then_budget() -> None:

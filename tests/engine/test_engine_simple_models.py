@@ -11,7 +11,7 @@ import kvsim
 from kvsim.core.errors import InputError
 from kvsim.engine.compute_model import LinearCompute, StepBatch, load_compute_profile
 from kvsim.engine.transfer_model import get_link
-from kvsim.specs.hardware import GPUS, vllm_batch_defaults
+from kvsim.specs.hardware import GPUS, vllm_batch_defaults, vllm_default_batched_tokens
 
 
 def write(tmp_path, name: str, data: object) -> str:
@@ -76,3 +76,41 @@ def test_batch_defaults_follow_vllm_serve_per_gpu() -> None:
     assert got["a100"] == got["l40s"] == (2048, 256)  # A100 80 GB is held back by name
     res = kvsim.simulate(SAMPLE, limit=5, gpu="a100")
     assert (res.config["max_num_batched_tokens"], res.config["max_num_seqs"]) == (2048, 256)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "max_model_len", "chunked", "max_num_seqs", "expected"),
+    [
+        ("h100", 131072, True, None, 8192),  # chunked: the GPU's default, whatever the length
+        ("h100", 131072, False, None, 131072),  # raised: a whole prompt fits one step
+        ("h100", 4096, False, None, 8192),  # already above max_model_len
+        ("h100", None, False, None, 8192),  # length unknown: the GPU's default
+        ("a100", 4096, False, 1, 4096),  # capped at max_num_seqs x max_model_len
+        ("a100", 4096, False, None, 4096),
+    ],
+)
+def test_the_default_budget_without_chunked_prefill_holds_a_whole_prompt(
+    gpu, max_model_len, chunked, max_num_seqs, expected
+) -> None:
+    """vLLM's ``EngineArgs`` default for ``max_num_batched_tokens``."""
+    got = vllm_default_batched_tokens(GPUS[gpu], max_model_len, chunked, max_num_seqs)
+    assert got == expected
+
+
+@expect_overload
+def test_simulate_without_chunked_prefill_takes_vllms_budget_and_refuses_longer_requests():
+    """``simulate(enable_chunked_prefill=False)``: with no budget given, vLLM's (the model's
+    131,072 positions for Llama-3.1-8B), so every sample request runs; with a budget given,
+    requests longer than it are refused, as vLLM (whose max_model_len must then fit the
+    budget) refuses them."""
+    res = kvsim.simulate(SAMPLE, limit=20, gpu="h100", enable_chunked_prefill=False)
+    assert res.config["max_num_batched_tokens"] == 131072
+    assert res.summary["failed"] == 0
+    lengths = res.requests.prompt_tokens + res.requests.output_tokens
+    budget = int(lengths.median())
+    res = kvsim.simulate(
+        SAMPLE, limit=20, gpu="h100", enable_chunked_prefill=False, max_num_batched_tokens=budget
+    )
+    assert res.summary["failed"] == int((lengths > budget).sum()) > 0
+    chunked = kvsim.simulate(SAMPLE, limit=20, gpu="h100", max_num_batched_tokens=budget)
+    assert chunked.summary["failed"] == 0
