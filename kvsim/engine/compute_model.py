@@ -90,14 +90,6 @@ class LinearCompute:
         tokens = batch.prefill_tokens + batch.decode_tokens
         return self.step_s + self.per_token_s * tokens if tokens > 0 else 0.0
 
-    def decode_seconds(self, seqs: int) -> Callable[[int], float]:
-        """The seconds of a decode-only step of ``seqs`` requests as a function of their
-        context, which this model ignores: the same float as calling it on that batch
-        (:func:`kvsim.engine.quiet_decode.quiet_batch`), computed once, so quiet decode
-        runs (thousands of steps a run) make no batch to time."""
-        seconds = self.step_s + self.per_token_s * seqs if seqs > 0 else 0.0
-        return lambda context: seconds
-
 
 ComputeProfile = ComputeParams | LinearCompute | PhaseProfile
 
