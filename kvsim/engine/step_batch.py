@@ -5,14 +5,15 @@ each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["StepBatch"]
 
 
-@dataclass(frozen=True, slots=True)
-class StepBatch:
-    """What one step computes, in aggregate."""
+class StepBatch(NamedTuple):
+    """What one step computes, in aggregate. A named tuple, not a frozen dataclass: the
+    engine makes one per step, and a tuple is built in C (a frozen dataclass sets each
+    field through ``object.__setattr__``)."""
 
     num_seqs: int
     num_prefill_seqs: int
