@@ -493,12 +493,10 @@ class Scheduler:
         vLLM's waiting loop stops at a request whose new tokens, after the long-prefill
         threshold, exceed what is left of the budget (it keeps its place)."""
         left = req.num_tokens - computed
-        if (
-            not self.params.enable_chunked_prefill
-            and clamp_new_tokens(left, left, threshold) > budget
-        ):
-            return None
-        return clamp_new_tokens(left, budget, threshold)
+        if self.params.enable_chunked_prefill:
+            return clamp_new_tokens(left, budget, threshold)
+        n = clamp_new_tokens(left, left, threshold)  # the threshold alone, no split
+        return n if n <= budget else None
 
     def _ready(self, req: SimRequest) -> bool:
         """Whether a waiting request may be admitted now: an async load in flight blocks it
