@@ -32,7 +32,12 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
     help="Comma-separated eviction policies to time ('all' = every registered one).",
 )
 @click.option(
-    "--repeat", type=click.IntRange(min=1), default=3, show_default=True, help="Best of N runs."
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Best of N runs (vLLM's manager runs once; with --timed both engines run N times, "
+    "alternating).",
 )
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Use only the first N requests."

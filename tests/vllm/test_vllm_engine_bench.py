@@ -57,3 +57,32 @@ def test_a_different_run_is_reported() -> None:
     )
     difference = decision_difference(engine, theirs)
     assert difference is not None and "request" in difference
+
+
+def test_both_engines_run_best_of_n_alternating(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``repeat=N`` each engine runs N times, kvsim's and vLLM's runs alternating (a
+    best of N against a single run would favour kvsim), and the last runs still agree."""
+    import kvsim.engine.bench as bench
+    import kvsim.integrations.vllm_engine as vllm_engine
+
+    order: list[str] = []
+    real_twin, real_vllm = bench.twin_engine, vllm_engine.run_vllm_engine
+
+    def twin(*args, **kwargs):  # type: ignore[no-untyped-def]
+        order.append("kvsim")
+        return real_twin(*args, **kwargs)
+
+    def theirs(*args, **kwargs):  # type: ignore[no-untyped-def]
+        order.append("vllm")
+        return real_vllm(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "twin_engine", twin)
+    monkeypatch.setattr(vllm_engine, "run_vllm_engine", theirs)
+    tr = as_trace(SAMPLE, limit=15)
+    knobs = TwinKnobs(block_tokens=tr.block_tokens, gpu_blocks=400, cpu_chunks=40)
+    table = bench_timed(list(tr), knobs, repeat=3).set_index("engine")
+    assert order == ["kvsim", "vllm"] * 3
+    assert table.loc["vllm-0.33", "same_decisions"], table.loc["vllm-0.33", "difference"]
+    assert table.loc["vllm-0.33", "kvsim_speedup"] == pytest.approx(
+        table.loc["vllm-0.33", "seconds"] / table.loc["kvsim", "seconds"]
+    )
