@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from kvsim.cli.common import (
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.input_files import referenced_files
+from kvsim.core.io import output_folder
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.tiers import tier_from_shorthand
@@ -318,73 +318,73 @@ def simulate_command(
     gpu_blocks = options.pop("gpu_blocks", None) or None
     inputs = [trace, vllm_config, compute_profile, link, gpu, tiers, options]
     check_output_folder(out_dir, "--out", run_folder_receives(out_dir or "."), inputs)
-    if out_dir is not None:  # made first: --chrome-trace may go inside it
-        os.makedirs(out_dir, exist_ok=True)
-    check_output_path(chrome_trace, "--chrome-trace", *referenced_files(inputs))
-    if save_detailed and not out_dir:
-        raise InputError("--save-detailed writes into --out; give --out DIR")
-    if save_steps and not out_dir:
-        raise InputError("--save-steps writes into --out; give --out DIR")
-    if tiers:  # vLLM's secondary_tiers objects, in order
-        options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
-    workload, load = _workload_and_load(trace, workload_text, load_text)
-    info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info if trace else None
-    with plugin_output_to_stderr():
-        result = _simulate(
-            out_dir,
-            save_steps,
-            trace,
-            workload=workload,
-            load=load,
-            gpu=gpu,
-            baseline=baseline,
-            limit=limit,
-            time_scale=time_scale,
-            poisson_rate=poisson_rate,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            gpu_kv_blocks=gpu_blocks,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=not no_prefix_caching,
-            enable_chunked_prefill=not no_chunked_prefill,
-            offload_prompt_only=False if offload_all_tokens else None,
-            sync_load_budget_bytes=sync_load_budget_bytes,
-            async_scheduling=async_scheduling,
-            link=link,
-            compute_profile=compute_profile,
-            record_steps=save_steps or bool(chrome_trace),
-            record_tokens=save_detailed,
-            percentile_metrics=percentile_metrics,
-            metric_percentiles=metric_percentiles,
-            goodput=" ".join(goodput) if goodput else None,
-            vllm_config=vllm_config,
-            tier_load_rule=tier_load_rule,
-            progress=wants_progress(show_progress),
-            **{k: v for k, v in options.items() if v is not None},
-        )
-    if out_dir:
-        write_tables(result, out_dir, save_steps)
-        save_fleet_figure(result, out_dir)
-    if chrome_trace:
-        write_chrome_trace(
-            chrome_trace,
-            result.tables["steps"],
-            result.tables["transfers"],
-            result.tables.get("tier_jobs"),
-        )
-    if as_json:
-        payload = dict(result.summary)
-        if "stages" in result.tables:  # a run with load stages: their rows too
-            payload["stages"] = result.tables["stages"].to_dict(orient="records")
-        click.echo(json.dumps(payload, indent=2, default=str))
-    else:
-        click.echo(format_comparison(result, baseline))
-        stages = format_stages(result)
-        if stages is not None:
-            click.echo("")
-            click.echo(stages)
-    if info is not None:
-        note_missing_reuse(info)  # after the run: an error stays the only line on stderr
+    # made first (--chrome-trace may go inside it); removed again if the run fails
+    with output_folder(out_dir):
+        check_output_path(chrome_trace, "--chrome-trace", *referenced_files(inputs))
+        if save_detailed and not out_dir:
+            raise InputError("--save-detailed writes into --out; give --out DIR")
+        if save_steps and not out_dir:
+            raise InputError("--save-steps writes into --out; give --out DIR")
+        if tiers:  # vLLM's secondary_tiers objects, in order
+            options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
+        workload, load = _workload_and_load(trace, workload_text, load_text)
+        info = as_trace(trace, block_tokens=kwargs.get("block_tokens")).info if trace else None
+        with plugin_output_to_stderr():
+            result = _simulate(
+                out_dir,
+                save_steps,
+                trace,
+                workload=workload,
+                load=load,
+                gpu=gpu,
+                baseline=baseline,
+                limit=limit,
+                time_scale=time_scale,
+                poisson_rate=poisson_rate,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                gpu_kv_blocks=gpu_blocks,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_prefix_caching=not no_prefix_caching,
+                enable_chunked_prefill=not no_chunked_prefill,
+                offload_prompt_only=False if offload_all_tokens else None,
+                sync_load_budget_bytes=sync_load_budget_bytes,
+                async_scheduling=async_scheduling,
+                link=link,
+                compute_profile=compute_profile,
+                record_steps=save_steps or bool(chrome_trace),
+                record_tokens=save_detailed,
+                percentile_metrics=percentile_metrics,
+                metric_percentiles=metric_percentiles,
+                goodput=" ".join(goodput) if goodput else None,
+                vllm_config=vllm_config,
+                tier_load_rule=tier_load_rule,
+                progress=wants_progress(show_progress),
+                **{k: v for k, v in options.items() if v is not None},
+            )
+        if out_dir:
+            write_tables(result, out_dir, save_steps)
+            save_fleet_figure(result, out_dir)
+        if chrome_trace:
+            write_chrome_trace(
+                chrome_trace,
+                result.tables["steps"],
+                result.tables["transfers"],
+                result.tables.get("tier_jobs"),
+            )
+        if as_json:
+            payload = dict(result.summary)
+            if "stages" in result.tables:  # a run with load stages: their rows too
+                payload["stages"] = result.tables["stages"].to_dict(orient="records")
+            click.echo(json.dumps(payload, indent=2, default=str))
+        else:
+            click.echo(format_comparison(result, baseline))
+            stages = format_stages(result)
+            if stages is not None:
+                click.echo("")
+                click.echo(stages)
+        if info is not None:
+            note_missing_reuse(info)  # after the run: an error stays the only line on stderr
 
 
 def _workload_and_load(

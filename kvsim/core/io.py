@@ -87,6 +87,40 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def output_folder(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """The folder a command writes its files into, made on entry (so that checks of the
+    files to go inside it find it). If the command fails, the folders made here that are
+    still empty are removed again: a failed run leaves nothing behind, and a folder that
+    existed before is never removed.
+
+    Args:
+        path: the folder, or None (nothing to make).
+    """
+    if path is None:
+        yield
+        return
+    shown = os.fspath(path)
+    made: list[str] = []  # the missing folders, deepest first
+    folder = os.path.abspath(shown)
+    while not os.path.lexists(folder):
+        made.append(folder)
+        folder = os.path.dirname(folder)
+    try:
+        os.makedirs(shown, exist_ok=True)
+    except OSError as exc:
+        raise _cannot_write(shown, exc) from None
+    try:
+        yield
+    except BaseException:
+        for folder in made:
+            try:
+                os.rmdir(folder)  # only an empty one
+            except OSError:
+                break
+        raise
+
+
+@contextlib.contextmanager
 def atomic_text(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
     """A text file written whole or not at all; gzip-compressed (reproducibly: no timestamp)
     when ``path`` ends in ``.gz``, so every writer of traces agrees with the readers."""

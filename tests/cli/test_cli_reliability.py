@@ -250,6 +250,26 @@ def test_an_unwritable_output_names_the_file(trace, tmp_path, capsys):
     assert "rows.csv" in err or str(out.parent) in err
 
 
+def test_a_failed_simulate_leaves_no_out_folder_behind(tmp_path, capsys):
+    """simulate makes --out first (--chrome-trace may go inside it); when the run then
+    fails, the folders it made are removed again, and a folder that was there stays."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+        '{"timestamp": "x"}\n'
+    )
+    args = ["simulate", bad, "--cpu-gib", "1", "--model", "llama-3.1-8b", "--out"]
+    code, _, err = run_main([*args, tmp_path / "new" / "run"], capsys)
+    one_line_error(code, err)
+    assert "bad.jsonl:2" in err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    code, _, err = run_main([*args, tmp_path / "kept" / "run"], capsys)
+    one_line_error(code, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "kept"]
+    assert not any((tmp_path / "kept").iterdir())
+
+
 # --- 4, 5, 14, 17. values are checked before any arithmetic ---
 
 
