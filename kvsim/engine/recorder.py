@@ -254,11 +254,20 @@ class Recorder:
         ]
 
     def token_times(self, requests: Iterable[SimRequest] | None = None) -> Iterator[np.ndarray]:
-        """Each request's output-token times (s), one request at a time, requests that got any
-        (of ``requests``, default all of the run's)."""
+        """The output-token times (s) of the requests that got any (of ``requests``, default
+        all of the run's), a batch of requests at a time, each batch one flat array in no
+        particular order (what counting tokens per second needs): the requests with as many
+        tokens as each other are the rows of one array, and each time is exactly what
+        :func:`_times` gives for its request alone. A batch holds at most about
+        :data:`TIMES_BATCH` times, so memory stays bounded however long the run."""
+        by_length: dict[int, list[SimRequest]] = {}
         for r in self.requests if requests is None else requests:
             if r.first_token is not None:
-                yield _times(r.token_gaps, r.first_token)
+                by_length.setdefault(len(r.token_gaps), []).append(r)
+        for n_gaps, group in by_length.items():
+            rows = max(1, TIMES_BATCH // (n_gaps + 1))
+            for at in range(0, len(group), rows):
+                yield _times_of_rows(group[at : at + rows], n_gaps)
 
     def token_table(self) -> pd.DataFrame:
         """One row per output token: ``request``, ``token`` (0 = the first) and ``time_s``, in
@@ -319,6 +328,25 @@ def _times(gaps: array[float], first: float) -> np.ndarray:
     t[0] = 0.0
     np.cumsum(np.frombuffer(gaps, dtype=np.float32), dtype=np.float64, out=t[1:])
     return t + first
+
+
+#: token times per batch of :meth:`Recorder.token_times` (about 8 MB of float64)
+TIMES_BATCH = 1 << 20
+
+
+def _times_of_rows(requests: list[SimRequest], n_gaps: int) -> np.ndarray:
+    """:func:`_times` of ``requests`` (each with ``n_gaps`` gaps and a first token), flat:
+    their gaps are the rows of one array, summed along each row in order, as
+    :func:`_times` sums one request's, and each row then offset by its first token."""
+    gaps = array("f")
+    for r in requests:
+        gaps.extend(r.token_gaps)
+    t = np.empty((len(requests), n_gaps + 1))
+    t[:, 0] = 0.0
+    rows = np.frombuffer(gaps, dtype=np.float32).reshape(len(requests), n_gaps)
+    np.cumsum(rows, axis=1, dtype=np.float64, out=t[:, 1:])
+    t += np.array([r.first_token for r in requests])[:, None]
+    return t.ravel()
 
 
 def _nan(x: float | None) -> float:
