@@ -8,7 +8,7 @@ import time
 import click
 
 from kvsim.cachemode.bench import bench_replay
-from kvsim.cli.common import check_output_path
+from kvsim.cli.common import check_output_path, wants_progress
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write
 from kvsim.traces import as_trace
@@ -108,6 +108,11 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
     default=None,
     help="Write the table as CSV.",
 )
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="With --timed: a bar counting the timed runs (default: on a terminal).",
+)
 def bench_command(
     trace: str | None,
     cpu_chunks: int,
@@ -123,6 +128,7 @@ def bench_command(
     min_keys: int | None,
     seeds: int,
     csv_path: str | None,
+    progress: bool | None,
 ) -> None:
     """Time cache-mode replay on TRACE (default: the bundled Mooncake conversation trace).
 
@@ -139,7 +145,9 @@ def bench_command(
         )
         return
     if timed:
-        _timed(trace, cpu_chunks, policies, repeat, limit, with_vllm, gpu_blocks, csv_path)
+        _timed(
+            trace, cpu_chunks, policies, repeat, limit, with_vllm, gpu_blocks, csv_path, progress
+        )
         return
     if stages:
         _stages(trace, cpu_chunks, policies, repeat, limit, with_vllm, csv_path)
@@ -223,13 +231,21 @@ def _timed(
     with_vllm: bool | None,
     gpu_blocks: int,
     csv_path: str | None,
+    progress: bool | None,
 ) -> None:
     from kvsim.cachemode.bench import use_vllm
     from kvsim.engine.bench import bench_trace
 
     policy = next((p.strip() for p in policies.split(",") if p.strip()), "lru")
     head, table = bench_trace(
-        trace, limit or 400, gpu_blocks, cpu_chunks, policy, repeat, use_vllm(with_vllm)
+        trace,
+        limit or 400,
+        gpu_blocks,
+        cpu_chunks,
+        policy,
+        repeat,
+        use_vllm(with_vllm),
+        progress=wants_progress(progress),
     )
     click.echo(head)
     click.echo(table.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))

@@ -30,6 +30,7 @@ from kvsim.engine.params import EngineParams
 from kvsim.engine.request_state import REJECTED
 from kvsim.engine.transfer_model import constant_link
 from kvsim.options.offload import CacheConfig
+from kvsim.report.progress import Progress, ProgressArg
 from kvsim.specs.hardware import get_gpu
 from kvsim.specs.models import get_model
 from kvsim.traces import Request, Trace, as_trace
@@ -133,12 +134,14 @@ def bench_timed(
     *,
     repeat: int = 3,
     with_vllm: bool = True,
+    progress: ProgressArg = None,
 ) -> pd.DataFrame:
     """One row per engine: seconds (the best of ``repeat`` runs, kvsim's and vLLM's runs
     alternating), steps, steps/s, requests/s and ``kvsim_speedup`` (how many times faster
     kvsim is), plus ``same_decisions`` and, when they differ, the first ``difference``
     (of the last runs; both engines are deterministic). kvsim runs as ``kvsim simulate``
-    without ``--out`` (no steps table)."""
+    without ``--out`` (no steps table). ``progress`` counts the runs, between them (a bar:
+    True; :class:`~kvsim.report.progress.Progress`)."""
     trace = Trace.from_requests(list(requests), knobs.block_tokens)
     if with_vllm:
         from kvsim.integrations.vllm_engine import run_vllm_engine
@@ -146,19 +149,25 @@ def bench_timed(
     best = best_vllm = math.inf
     engine: Engine | None = None
     vllm_run: Any = None
-    for _ in range(repeat):
-        seconds, engine = _cpu_seconds(lambda: twin_engine(knobs, record_steps=False).run(trace))
-        best = min(best, seconds)
-        if with_vllm:
-            seconds, vllm_run = _cpu_seconds(
-                lambda: run_vllm_engine(
-                    requests,
-                    kv_bytes_per_token=KV_BYTES_PER_TOKEN,
-                    max_steps=10**9,
-                    **asdict(knobs),
-                )
+    runs = repeat * (2 if with_vllm else 1)
+    with Progress(progress, runs, "bench --timed", unit="run") as done:
+        for _ in range(repeat):
+            seconds, engine = _cpu_seconds(
+                lambda: twin_engine(knobs, record_steps=False).run(trace)
             )
-            best_vllm = min(best_vllm, seconds)
+            best = min(best, seconds)
+            done(1)
+            if with_vllm:
+                seconds, vllm_run = _cpu_seconds(
+                    lambda: run_vllm_engine(
+                        requests,
+                        kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+                        max_steps=10**9,
+                        **asdict(knobs),
+                    )
+                )
+                best_vllm = min(best_vllm, seconds)
+                done(1)
     assert engine is not None
     rows: list[dict[str, Any]] = [_row("kvsim", best, engine.steps, len(requests))]
     if with_vllm:
@@ -200,6 +209,7 @@ def bench_trace(
     policy: str,
     repeat: int,
     with_vllm: bool,
+    progress: ProgressArg = None,
 ) -> tuple[str, pd.DataFrame]:
     """``kvsim bench --timed``: the first ``limit`` requests of ``trace`` on both engines
     (async scheduling, vLLM's default); a header line and :func:`bench_timed`'s table."""
@@ -212,7 +222,7 @@ def bench_trace(
         policy=policy,
         async_scheduling=True,
     )
-    table = bench_timed(requests, knobs, repeat=repeat, with_vllm=with_vllm)
+    table = bench_timed(requests, knobs, repeat=repeat, with_vllm=with_vllm, progress=progress)
     head = (
         f"trace {trace}: {len(requests):,} requests, {gpu_blocks:,} GPU blocks, "
         f"{cpu_chunks:,} CPU chunks, policy {policy} (CPU seconds)"

@@ -150,3 +150,14 @@ def test_bench_timed_command(capsys: pytest.CaptureFixture[str], tmp_path) -> No
     assert code == 0, stdout
     assert "10 requests" in stdout and "kvsim" in stdout
     assert out.read_text().splitlines()[0].startswith("engine,seconds,steps")
+
+
+@pytest.mark.parametrize(("flag", "bar"), [("--progress", True), ("--no-progress", False)])
+def test_bench_timed_counts_its_runs_on_request(flag: str, bar: bool, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Both engines run --repeat times, so a long bench says how far it is (on stderr: the
+    table on stdout stays the only output there)."""
+    args = ["bench", SAMPLE, "--timed", "--limit", "5", "--repeat", "3", "--no-vllm", flag]
+    code, stdout, err = run_main(args, capsys)
+    assert code == 0, err
+    assert ("bench --timed" in err and "3/3" in err) == bar, err
+    assert "bench --timed" not in stdout
