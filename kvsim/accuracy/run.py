@@ -30,11 +30,14 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
-from kvsim.core.errors import InputError
+from kvsim.core.errors import InputError, InputWarning
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
 from kvsim.specs.models import MODELS, ModelSpec, get_model
 
@@ -188,12 +191,33 @@ def run_experiment(
     each cut stage's unmeasured lead-in (:func:`shortened`)."""
     t0 = time.perf_counter()
     try:
-        rows, n = _run(
-            exp, base_dir, compute_profile, max_stage_s, seed, async_scheduling, warmup_s
-        )
+        with _warnings_named(exp.id):
+            rows, n = _run(
+                exp, base_dir, compute_profile, max_stage_s, seed, async_scheduling, warmup_s
+            )
     except InputError as exc:
         return ExperimentResult(exp.id, error=str(exc), seconds=time.perf_counter() - t0)
     return ExperimentResult(exp.id, tuple(rows), requests=n, seconds=time.perf_counter() - t0)
+
+
+@contextmanager
+def _warnings_named(experiment_id: str) -> Iterator[None]:
+    """kvsim's warnings inside the block, each once and prefixed with the experiment's id
+    (in a file of 25 runs, "overloaded" alone does not say which); others pass as they are.
+    """
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        said: set[str] = set()
+        for w in caught:
+            if not issubclass(w.category, InputWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            elif (text := f"experiment {experiment_id}: {w.message}") not in said:
+                said.add(text)
+                warnings.warn(text, w.category, stacklevel=3)
 
 
 def _run(

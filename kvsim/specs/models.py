@@ -304,6 +304,9 @@ _PRESETS = (
         num_experts=256,
         experts_per_token=8,
         max_position_embeddings=163840,
+        # the published checkpoint is FP8 (config.json's quantization_config, 128x128
+        # blocks): 84 GB a GPU at TP 8, which fits an H200 node and not an H100 one
+        weight_dtype="fp8",
     ),
 )
 

@@ -370,3 +370,19 @@ def test_an_unchunked_experiment_runs_and_waits_for_whole_prompts(tmp_path, caps
     rows = json.loads(stdout)["rows"]
     ttft = {r["experiment"]: r["predicted"] for r in rows if r["metric"] == "ttft_mean"}
     assert 0 < ttft["unchunked"] < ttft["chunked"], ttft
+
+
+def test_a_warning_names_the_experiment_it_comes_from(tmp_path, capsys):
+    """In a file of many runs an "overloaded" line must say which run; each once."""
+    hot = experiment(  # 1,600-token prompts of their own at 60 a second: past the GPU
+        id="hot",
+        workload={**EXPERIMENT["workload"], "question_len": 1500, "num_prompts_per_group": 50},
+        load={"type": "constant", "stages": [{"rate": 60, "duration": 5}]},
+        measured=[{"stage": "all", "e2e_ms": {"mean": 300.0}}],
+    )
+    path = write(tmp_path / "m.yaml", experiment(), hot)
+    code, _, err = run_main(["accuracy", path, "--no-progress"], capsys)
+    assert code == 0
+    lines = [line for line in err.splitlines() if "overloaded" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("kvsim: warning: experiment hot: overloaded")

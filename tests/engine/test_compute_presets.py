@@ -116,6 +116,17 @@ def test_fp8_weights_halve_the_bytes_and_double_the_gemm_rate():
         gpu_kv_blocks(oss.with_weight_dtype("bfloat16"), gpu, EngineParams(tp=1))
 
 
+def test_deepseek_v3_fits_one_h200_node_in_its_published_fp8():
+    """671B weights in FP8 are 84 GB a GPU at TP 8: room for KV on H200s (the usual
+    one-node deployment), none on H100s (80 GB), and none at all in BF16."""
+    ds, params = get_model("deepseek-v3"), EngineParams(tp=8, gpu_memory_utilization=0.9)
+    assert ds.weight_bytes() / 8 == pytest.approx(84e9, rel=0.01)
+    assert gpu_kv_blocks(ds, get_gpu("h200"), params) > 0
+    for model, gpu in ((ds, "h100"), (ds.with_weight_dtype("bfloat16"), "h200")):
+        with pytest.raises(InputError, match="does not fit"):
+            gpu_kv_blocks(model, get_gpu(gpu), params)
+
+
 def test_sliding_window_layers_bound_their_attention_span():
     oss = compute("gpt-oss-120b")
     full = compute("gpt-oss-120b", sliding_window=None, sliding_window_layers=None)

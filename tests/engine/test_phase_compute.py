@@ -200,9 +200,11 @@ def test_moe_reads_the_experts_its_tokens_activate():
     f = PhaseCompute(ds, H200, tp=8)
     one, few, many = f.weight_bytes(1), f.weight_bytes(16), f.weight_bytes(4096)
     embeddings = 2 * ds.vocab_size * ds.hidden_size
-    total = (ds.num_params - embeddings) * 2 / 8
+    q = ds.weight_element_bytes("expert")  # FP8, as published: one byte a weight
+    assert q == ds.weight_element_bytes("dense") == 1
+    total = (ds.num_params - embeddings) * q / 8
     assert one < few < many <= total
-    assert one == pytest.approx((ds.active_params - embeddings) * 2 / 8)  # one token: active
+    assert one == pytest.approx((ds.active_params - embeddings) * q / 8)  # one token: active
     assert many == pytest.approx(total, rel=1e-6)  # thousands of tokens touch every expert
 
 

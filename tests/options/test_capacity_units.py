@@ -58,6 +58,7 @@ DEEPSEEK_V3_CONFIG = {
     "q_lora_rank": 1536,
     "qk_nope_head_dim": 128,
     "qk_rope_head_dim": 64,
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
     "v_head_dim": 128,
@@ -368,6 +369,7 @@ def test_config_json_geometry_equals_the_preset(tmp_path, llama_config):
             "default_dtype_bytes",
             "hidden_size",
             "vocab_size",
+            "weight_dtype",
         ):
             assert getattr(got, field) == getattr(want, field), (preset, field)
         for tp in (1, 2, 8):
