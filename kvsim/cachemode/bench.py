@@ -52,9 +52,9 @@ def bench_replay(
     For ``lru`` and ``arc`` the fused tier (engine ``kvsim``) is timed against the full
     manager protocol (engine ``kvsim-protocol``), which must make the same per-request decisions.
     ``with_vllm=None`` drives vLLM's ``CPUOffloadingManager`` too when vLLM is importable
-    (lru and arc only), and checks that it makes kvsim's per-request decisions (timed once:
-    it is slow).
-    """
+    (lru and arc only), and checks that it makes kvsim's per-request decisions. Every
+    engine's time is the best of ``repeat`` runs (vLLM's too: timing it once, as kvsim
+    did before 2026-12-06, favoured kvsim)."""
     opts = OffloadOptions(cpu_chunks=cpu_chunks, chunk_tokens=chunk_tokens)
     blocks = sum(r.input_tokens // block_tokens for r in requests)
     with_vllm = use_vllm(with_vllm)
@@ -118,7 +118,7 @@ def bench_replay(
                 "vllm-0.33",
                 policy,
                 partial(vllm_replay, cfg, policy),
-                1,
+                repeat,
                 ours,
             )
     frame = pd.DataFrame(table)

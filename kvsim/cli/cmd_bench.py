@@ -36,8 +36,8 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
     type=click.IntRange(min=1),
     default=3,
     show_default=True,
-    help="Best of N runs (vLLM's manager runs once; with --timed both engines run N times, "
-    "alternating).",
+    help="Best of N runs, for every engine, vLLM's included (with --timed kvsim's and "
+    "vLLM's runs alternate).",
 )
 @click.option(
     "--limit", type=click.IntRange(min=1), default=None, help="Use only the first N requests."

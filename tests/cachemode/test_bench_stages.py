@@ -87,3 +87,27 @@ def test_stages_time_vllms_loop_in_turns_with_the_command(tmp_path, capsys):
     note = table.loc["vllm manager loop", "note"]
     ratio = table.loc["vllm manager loop", "seconds"] / table.loc["kvsim replay", "seconds"]
     assert note == f"best of 2; kvsim replay is {ratio:.1f}x faster"
+
+
+@pytest.mark.vllm
+def test_the_policy_table_times_vllm_best_of_n_as_it_times_kvsim(monkeypatch):
+    """Timing vLLM's manager once against kvsim's best of N favoured kvsim."""
+    need_vllm("vllm.v1.kv_offload.cpu.manager")
+    from kvsim.cachemode import bench
+    from kvsim.traces import open_trace
+
+    made: list[str] = []
+    real = bench.vllm_replay
+
+    def counted(config, policy):
+        made.append(policy)
+        return real(config, policy)
+
+    monkeypatch.setattr(bench, "vllm_replay", counted)
+    trace = open_trace(SAMPLE, limit=30)
+    table = bench.bench_replay(
+        list(trace), trace.block_tokens, cpu_chunks=50, repeat=3, with_vllm=True
+    )
+    assert made == ["lru"] * 3 + ["arc"] * 3
+    vllm = table[table["engine"] == "vllm-0.33"]
+    assert len(vllm) == 2 and vllm["same_decisions"].eq(True).all()
