@@ -47,12 +47,21 @@ def policies_command() -> None:
 
 @click.command("models")
 def models_command() -> None:
-    """List the model presets and their KV bytes per token (bf16, TP=1)."""
+    """List the model presets: KV bytes per token (the model's dtype, TP=1), parameters
+    (active per token for MoE) and the weights as vLLM stores them, which decide the TP a
+    GPU needs (the weights over TP must leave room for KV)."""
     for name, spec in MODELS.items():
         kind = "MLA" if spec.is_mla else f"{spec.num_kv_heads} KV heads x {spec.head_dim}"
+        params = f"{spec.num_params / 1e9:.1f}B"
+        if spec.active_params < spec.num_params:
+            params += f" ({spec.active_params / 1e9:.1f}B active)"
+        stored = spec.weight_dtype if spec.weight_dtype != "auto" else "16-bit"
+        if spec.weight_dtype == "mxfp4":
+            stored = "mxfp4 experts"
         click.echo(
             f"  {name:<16} {spec.num_layers:>3} layers, {kind:<22} "
-            f"{spec.kv_bytes_per_token():>8,} B/token"
+            f"{spec.kv_bytes_per_token():>8,} B/token  {params:<22} "
+            f"{spec.weight_bytes() / 1e9:>6.1f} GB {stored}"
         )
 
 

@@ -220,3 +220,20 @@ def test_simulate_save_flags_without_out_are_one_line(flag):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0] == f"kvsim: error: {flag} writes into --out; give --out DIR"
+
+
+def test_models_lists_each_preset_with_its_weights_as_stored():
+    """Which TP a GPU needs is the weights over TP: the list says what they weigh."""
+    from kvsim.specs.models import MODELS
+
+    res = CliRunner().invoke(cli, ["models"])
+    assert res.exit_code == 0
+    lines = {line.split()[0]: line for line in res.output.splitlines()}
+    assert set(lines) == set(MODELS)
+    assert (
+        lines["deepseek-v3"].endswith("672.9 GB fp8") and "(37.0B active)" in lines["deepseek-v3"]
+    )
+    assert lines["gpt-oss-120b"].endswith("GB mxfp4 experts")
+    assert (
+        lines["llama-3.1-8b"].endswith("16.1 GB 16-bit") and "active" not in lines["llama-3.1-8b"]
+    )
