@@ -87,6 +87,7 @@ class AccuracyReport:
                     "error": r.error,
                     "requests": r.requests,
                     "seconds": round(r.seconds, 3),
+                    "warnings": list(r.warnings),
                 }
                 for r in self.results
             ],
@@ -110,6 +111,7 @@ class AccuracyReport:
             ],
             "summary": self.summary(),
             "failures": {r.experiment: r.error for r in self.failures},
+            "warnings": {r.experiment: list(r.warnings) for r in self.results if r.warnings},
         }
 
 

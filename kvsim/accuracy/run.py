@@ -86,6 +86,7 @@ class ExperimentResult:
     error: str | None = None
     requests: int = 0
     seconds: float = 0.0
+    warnings: tuple[str, ...] = ()  # kvsim's warnings of the run (an overload above all)
 
 
 def _model(exp: Experiment, base_dir: str) -> str:
@@ -190,34 +191,38 @@ def run_experiment(
     scheduling became the default) instead of 0.33's. ``warmup_s``: with ``max_stage_s``,
     each cut stage's unmeasured lead-in (:func:`shortened`)."""
     t0 = time.perf_counter()
+    said: list[str] = []
     try:
-        with _warnings_named(exp.id):
+        with _warnings_named(exp.id, said):
             rows, n = _run(
                 exp, base_dir, compute_profile, max_stage_s, seed, async_scheduling, warmup_s
             )
     except InputError as exc:
-        return ExperimentResult(exp.id, error=str(exc), seconds=time.perf_counter() - t0)
-    return ExperimentResult(exp.id, tuple(rows), requests=n, seconds=time.perf_counter() - t0)
+        return ExperimentResult(
+            exp.id, error=str(exc), seconds=time.perf_counter() - t0, warnings=tuple(said)
+        )
+    return ExperimentResult(
+        exp.id, tuple(rows), requests=n, seconds=time.perf_counter() - t0, warnings=tuple(said)
+    )
 
 
 @contextmanager
-def _warnings_named(experiment_id: str) -> Iterator[None]:
-    """kvsim's warnings inside the block, each once and prefixed with the experiment's id
-    (in a file of 25 runs, "overloaded" alone does not say which); others pass as they are.
-    """
+def _warnings_named(experiment_id: str, said: list[str]) -> Iterator[None]:
+    """kvsim's warnings inside the block, each once, prefixed with the experiment's id (in
+    a file of 25 runs, "overloaded" alone does not say which) and kept in ``said`` (their
+    own text) for the report; others pass as they are."""
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield
     finally:
-        said: set[str] = set()
         for w in caught:
             if not issubclass(w.category, InputWarning):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            elif (text := f"experiment {experiment_id}: {w.message}") not in said:
-                said.add(text)
-                warnings.warn(text, w.category, stacklevel=3)
+            elif (text := str(w.message)) not in said:
+                said.append(text)
+                warnings.warn(f"experiment {experiment_id}: {text}", w.category, stacklevel=3)
 
 
 def _run(

@@ -381,8 +381,14 @@ def test_a_warning_names_the_experiment_it_comes_from(tmp_path, capsys):
         measured=[{"stage": "all", "e2e_ms": {"mean": 300.0}}],
     )
     path = write(tmp_path / "m.yaml", experiment(), hot)
-    code, _, err = run_main(["accuracy", path, "--no-progress"], capsys)
+    code, _, err = run_main(["accuracy", path, "--no-progress", "--out", tmp_path / "a"], capsys)
     assert code == 0
     lines = [line for line in err.splitlines() if "overloaded" in line]
     assert len(lines) == 1, err
     assert lines[0].startswith("kvsim: warning: experiment hot: overloaded")
+    # and the report keeps them: metadata.json per experiment, --json by experiment
+    meta = json.loads((tmp_path / "a" / "metadata.json").read_text())
+    said = {e["id"]: e["warnings"] for e in meta["config"]["experiments"]}
+    assert said["small-llama-2-7b"] == [] and said["hot"][0].startswith("overloaded")
+    code, stdout, _ = run_main(["accuracy", path, "--json"], capsys)
+    assert code == 0 and list(json.loads(stdout)["warnings"]) == ["hot"]
