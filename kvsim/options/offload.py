@@ -277,6 +277,7 @@ class OffloadOptions(Schema, frozen=True):
             spec = get_model(self.model)
         except InputError as exc:
             raise InputError(f"--model: {exc}") from None
+        spec.kv_heads_per_worker(self.tp)  # a tp vLLM would refuse, named as --tp
         return spec.with_kv_cache_dtype(self.kv_cache_dtype)
 
     def _num_chunks(self, spec: ModelSpec | None, chunk_tokens: int) -> int:

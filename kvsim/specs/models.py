@@ -204,12 +204,27 @@ class ModelSpec:
         return int(d)
 
     def kv_heads_per_worker(self, tp: int = 1) -> int:
-        """KV heads one worker holds at tensor-parallel size ``tp`` (1 for MLA)."""
+        """KV heads one worker holds at tensor-parallel size ``tp`` (1 for MLA).
+
+        Raises InputError for a ``tp`` vLLM refuses to start with: its query heads must
+        split evenly over the workers, and its KV heads too (or, with fewer KV heads than
+        workers, each replicated on the same number of workers)."""
         if tp <= 0:
             raise InputError(f"--tp must be positive, got {tp}")
+        heads, kv = self.num_attention_heads, self.num_kv_heads
+        if heads % tp:
+            raise InputError(
+                f"--tp {tp}: {self.name}'s {heads} attention heads do not split evenly over "
+                f"{tp} workers (vLLM refuses to start); use a tp that divides {heads}"
+            )
         if self.is_mla:
             return 1
-        return max(1, self.num_kv_heads // tp)
+        if (tp % kv if tp >= kv else kv % tp) if kv else False:
+            raise InputError(
+                f"--tp {tp}: {self.name}'s {kv} KV heads do not split evenly over (or "
+                f"replicate evenly on) {tp} workers (vLLM refuses to start)"
+            )
+        return max(1, kv // tp)
 
     def kv_bytes_per_token_per_layer(self, dtype_bytes: int | None = None, tp: int = 1) -> int:
         """Bytes of KV cache one worker stores per token and layer (``dtype_bytes=None``:

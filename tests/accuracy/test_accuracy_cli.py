@@ -286,12 +286,14 @@ def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
     )
     too_long = experiment(id="too-long", vllm={**experiment()["vllm"], "max_model_len": 256})
     past = experiment(id="past", vllm={**experiment()["vllm"], "max_model_len": 8192})
-    report = accuracy(write(tmp_path / "m.yaml", closed, too_long, past))
+    tp3 = experiment(id="tp3", tp=3)  # Llama-2-7B's 32 heads do not split over 3 GPUs
+    report = accuracy(write(tmp_path / "m.yaml", closed, too_long, past, tp3))
     by = {r.experiment: r for r in report.results}
     assert by["closed"].error is None and by["closed"].requests == 12
     assert "exceeds vllm.max_model_len 256" in (by["too-long"].error or "")
     assert "max_position_embeddings (4096)" in (by["past"].error or "")
-    assert [f.experiment for f in report.failures] == ["too-long", "past"]
+    assert "--tp 3: llama-2-7b's 32 attention heads" in (by["tp3"].error or "")
+    assert [f.experiment for f in report.failures] == ["too-long", "past", "tp3"]
 
 
 def test_fit_compute_search_lm_moves_the_parameters_together_and_says_so(tmp_path, capsys):

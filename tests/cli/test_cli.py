@@ -161,6 +161,7 @@ def test_bad_trace_line(tmp_path, case):
     [
         (["--cpu-chunks", "4", "--policy", "nope"], "--policy"),
         (["--cpu-gib", "0.001"], "--cpu-gib"),  # smaller than one 64 MiB chunk
+        (["--cpu-gib", "8", "--model", "llama-3.1-8b", "--tp", "3"], "--tp 3"),  # 32 heads
         (["--cpu-chunks", "0"], "--cpu-chunks"),
         (["--vllm-config", "{bad"], "--vllm-config"),
         (["--vllm-config", '{"cpu_bytes_to_use": 1, "foo": 2}'], "--vllm-config"),

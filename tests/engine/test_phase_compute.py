@@ -76,7 +76,7 @@ def test_all_reduce_only_under_tensor_parallelism():
     p = H200
     assert p is not None
     size = 1024 * LLAMA8.hidden_size * 2
-    for tp in (2, 4, 6, 8):
+    for tp in (2, 4, 8):  # TP 6 (which Llama's 32 heads refuse): the multimem test below
         if tp < 6:  # the ring's: each GPU beyond one adds a hop, each byte 2 (tp - 1)/tp
             fixed, wire = (tp - 1) * p.allreduce_latency_s, 2 * (tp - 1) / tp * size
         else:  # multimem on an H200: two hops whatever tp, each byte once
@@ -128,7 +128,9 @@ def test_all_reduce_at_tp_6_and_8_on_hopper_is_two_hops_as_multimem(tp):
 
     assert H200 is not None
     p = replace(H200, allreduce_latency_s=4.4e-6, allreduce_bytes_per_s=2e11)
-    model = get_model("llama-2-70b")  # hidden size 8192, BF16 activations
+    # hidden size 8192, BF16 activations; heads that TP 6 divides (vLLM refuses Llama-2-70B's
+    # 64 at TP 6; the all-reduce reads only the hidden size)
+    model = replace(get_model("llama-2-70b"), num_attention_heads=96, num_kv_heads=24)
     row_bytes = model.hidden_size * 2
     for gpu in ("h100", "h200"):
         f = PhaseCompute(model, replace(p, gpu=gpu), tp=tp)

@@ -167,11 +167,39 @@ def test_deepseek_v3_mla_bytes_not_split_by_tp(tp):
 
 
 def test_dense_tp_split_and_replication_floor():
-    m = get_model("qwen2.5-7b")  # 4 KV heads
+    m = get_model("qwen2.5-7b")  # 4 KV heads, 28 query heads
     assert m.kv_bytes_per_token(tp=2) == 28 * 2 * 2 * 128 * 2
-    assert m.kv_bytes_per_token(tp=8) == 28 * 2 * 1 * 128 * 2  # max(1, 4 // 8)
-    s = size_for_model(m, gib(1), tp=8)
-    assert s.num_copies == 8  # dense models never use the replicated layout by default
+    m = get_model("llama-3.1-8b")  # 8 KV heads, 32 query heads
+    assert m.kv_bytes_per_token(tp=16) == 32 * 2 * 1 * 128 * 2  # max(1, 8 // 16): replicated
+    s = size_for_model(m, gib(1), tp=16)
+    assert s.num_copies == 16  # dense models never use the replicated layout by default
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "needle"),
+    [
+        ("llama-3.1-8b", 3, "32 attention heads"),
+        ("llama-3.1-8b", 6, "32 attention heads"),
+        ("qwen2.5-7b", 8, "28 attention heads"),  # vLLM cannot run Qwen2.5-7B at TP 8
+        ("qwen3-14b", 16, "40 attention heads"),
+    ],
+)
+def test_a_tp_vllm_refuses_is_an_input_error(model, tp, needle):
+    """vLLM splits the query heads evenly over the workers, and the KV heads evenly (or
+    replicates each on the same number of workers); another tp does not start."""
+    with pytest.raises(InputError, match=f"--tp {tp}: .*{needle}"):
+        get_model(model).kv_bytes_per_token(tp=tp)
+
+
+def test_kv_heads_must_split_or_replicate_evenly():
+    from dataclasses import replace
+
+    m = replace(get_model("llama-3.1-8b"), num_attention_heads=48)  # 48 heads, 8 KV heads
+    assert m.kv_heads_per_worker(8) == 1 and m.kv_heads_per_worker(4) == 2
+    for tp in (3, 6, 12):  # 48 splits over each; 8 KV heads over none, nor replicate evenly
+        with pytest.raises(InputError, match=f"--tp {tp}: .*8 KV heads"):
+            m.kv_heads_per_worker(tp)
+    assert m.kv_heads_per_worker(16) == 1  # two workers share each KV head
 
 
 def test_presets():
