@@ -58,7 +58,7 @@ COMMAND_TABLE: dict[str, tuple[str, str, str]] = {
     "models": (
         "cmd_policies",
         "models_command",
-        "List the model presets and their KV bytes per token (bf16, TP=1).",
+        "List the model presets: KV bytes a token, parameters, weights as stored.",
     ),
     "mrc": (
         "cmd_mrc",

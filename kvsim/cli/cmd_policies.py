@@ -47,9 +47,11 @@ def policies_command() -> None:
 
 @click.command("models")
 def models_command() -> None:
-    """List the model presets: KV bytes per token (the model's dtype, TP=1), parameters
-    (active per token for MoE) and the weights as vLLM stores them, which decide the TP a
-    GPU needs (the weights over TP must leave room for KV)."""
+    """List the model presets: KV bytes a token, parameters, weights as stored.
+
+    KV bytes per token in the model's dtype at TP 1; parameters active per token for MoE;
+    the weights as vLLM stores them decide the TP a GPU needs (the weights over TP must
+    leave room for KV)."""
     for name, spec in MODELS.items():
         kind = "MLA" if spec.is_mla else f"{spec.num_kv_heads} KV heads x {spec.head_dim}"
         params = f"{spec.num_params / 1e9:.1f}B"
