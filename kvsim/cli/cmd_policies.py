@@ -57,9 +57,9 @@ def models_command() -> None:
         params = f"{spec.num_params / 1e9:.1f}B"
         if spec.active_params < spec.num_params:
             params += f" ({spec.active_params / 1e9:.1f}B active)"
-        stored = spec.weight_dtype if spec.weight_dtype != "auto" else "16-bit"
-        if spec.weight_dtype == "mxfp4":
-            stored = "mxfp4 experts"
+        stored = {"auto": f"{8 * spec.default_dtype_bytes}-bit", "mxfp4": "mxfp4 experts"}.get(
+            spec.weight_dtype, spec.weight_dtype
+        )
         click.echo(
             f"  {name:<16} {spec.num_layers:>3} layers, {kind:<22} "
             f"{spec.kv_bytes_per_token():>8,} B/token  {params:<22} "

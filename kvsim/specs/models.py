@@ -219,7 +219,8 @@ class ModelSpec:
             )
         if self.is_mla:
             return 1
-        if (tp % kv if tp >= kv else kv % tp) if kv else False:
+        uneven = kv > 0 and (tp % kv if tp >= kv else kv % tp) != 0
+        if uneven:
             raise InputError(
                 f"--tp {tp}: {self.name}'s {kv} KV heads do not split evenly over (or "
                 f"replicate evenly on) {tp} workers (vLLM refuses to start)"
