@@ -11,13 +11,14 @@ import dataclasses
 import functools
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.cachemode.run import replay_trace, request_total
-from kvsim.core.errors import EngineStalled, InputError, did_you_mean
+from kvsim.core.errors import EngineStalled, InputError, InputWarning, did_you_mean
 from kvsim.options.fleet import FLEET_FIELDS, FleetOptions
-from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, OffloadOptions
+from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, OffloadOptions, option_name
 from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
 from kvsim.options.vllm import (
     KVConnectorExtraConfig,
@@ -292,7 +293,7 @@ def mrc(
     tp: int = 1,
     kv_cache_dtype: str = "auto",
     gpu_block_tokens: int = 16,
-    cpu_gib: Iterable[float] | None = None,
+    cpu_gib: Iterable[float] | float | None = None,
 ) -> MRC:
     """The hit ratio at every CPU capacity: for ``lru`` in one pass (stack distances, exact
     at ``sample_rate`` 1, the default; see :mod:`kvsim.cachemode.mrc`), for any other policy by
@@ -325,7 +326,7 @@ def mrc(
         gpu_block_tokens=gpu_block_tokens,
     )
     config = sizing.resolve(tr.block_tokens)  # the replay's chunk, and its bytes
-    asked = None if cpu_gib is None else [float(x) for x in cpu_gib]
+    asked = _sizes_gib(cpu_gib)
     if asked and model is None:
         raise InputError("--cpu-gib needs --model to know the bytes per chunk")
 
@@ -362,6 +363,69 @@ def mrc(
     if asked:
         curve.points = at_sizes(curve, asked, chunks_at)
     return curve
+
+
+#: ``simulate``'s options that only the CPU tier reads, with their defaults
+_TIER_ONLY = {
+    "policy": None,
+    "policy_module": None,
+    "admission": "always",
+    "store_threshold": None,
+    "max_tracker_size": None,
+    "chunk_tokens": None,
+    "offload_prompt_only": None,
+    "sync_load_budget_bytes": None,
+}
+
+
+def _check_together(given: Mapping[str, Any], sized: bool) -> None:
+    """``simulate``'s rules between options: a baseline needs a CPU tier to compare with,
+    and a Poisson re-timing leaves no arrivals to scale; a run without a CPU tier reads
+    none of its options, so those given are named (a warning, not an error: a sweep's
+    no-offload cell keeps the grid's fixed policy, and is right to)."""
+    if given["baseline"] and not sized:
+        raise InputError(
+            "baseline compares the run with and without offloading, but no CPU tier is "
+            "sized, so both runs would be the same: give --cpu-gib (cpu_gib), --cpu-chunks, "
+            "cpu_bytes or --vllm-config"
+        )
+    if given["poisson_rate"] is not None and given["time_scale"] != 1.0:
+        raise InputError(
+            "--poisson-rate re-times the arrivals, so --time-scale would change nothing: "
+            "give one of them"
+        )
+    if sized:
+        return
+    unread = [name for name, default in _TIER_ONLY.items() if given.get(name) != default]
+    if unread:
+        names = ", ".join(
+            "--offload-all-tokens" if n == "offload_prompt_only" else option_name(n) for n in unread
+        )
+        warnings.warn(
+            f"{names}: the CPU tier's options, but no CPU tier is sized (the run has no "
+            "offloading), so they change nothing",
+            InputWarning,
+            stacklevel=3,
+        )
+
+
+def _sizes_gib(cpu_gib: Iterable[float] | float | None) -> list[float] | None:
+    """``mrc``'s ``cpu_gib``: one size or several, each a number (a string is not a list
+    of sizes, though it iterates)."""
+    if cpu_gib is None:
+        return None
+    values = [cpu_gib] if isinstance(cpu_gib, (int, float)) else cpu_gib
+    try:
+        if isinstance(values, (str, bytes)):
+            raise TypeError
+        sizes = [x for x in values]
+        if any(isinstance(x, (str, bytes, bool)) for x in sizes):
+            raise TypeError
+        return [float(x) for x in sizes]
+    except (TypeError, ValueError):
+        raise InputError(
+            f"cpu_gib takes a size in GiB or a list of them, got {cpu_gib!r}"
+        ) from None
 
 
 @named_options
@@ -519,12 +583,7 @@ def simulate(
     bench = BenchSettings.make(percentile_metrics, metric_percentiles, goodput)
     tr, n_requests, stages = _arrivals(trace, workload, load, given)
     sized = any(v is not None for v in (cpu_gib, cpu_chunks, cpu_bytes, vllm_config))
-    if baseline and not sized:
-        raise InputError(
-            "baseline compares the run with and without offloading, but no CPU tier is "
-            "sized, so both runs would be the same: give --cpu-gib (cpu_gib), --cpu-chunks, "
-            "cpu_bytes or --vllm-config"
-        )
+    _check_together(given, sized)
     extra = vllm_extra(vllm_config)
     offload = _pick(given, [n for n in OFFLOAD_FIELDS if n != "gpu_blocks"])
     offload.update(model=model or DEFAULT_MODEL, cpu_chunks=cpu_chunks if sized else 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -152,11 +153,11 @@ class Experiment(Schema, frozen=True, kw_only=True):
         seen: set[int | str] = set()
         for i, m in enumerate(self.measured):
             if m.stage != "all" and m.stage >= stages:
-                raise ValueError(
+                raise InputError(
                     f"measured[{i}].stage: {m.stage} is past the load's {stages} stage(s)"
                 )
             if m.stage in seen:
-                raise ValueError(f"measured[{i}].stage: {m.stage} is measured twice")
+                raise InputError(f"measured[{i}].stage: {m.stage} is measured twice")
             seen.add(m.stage)
 
     def workload_spec(self, source: str | None = None, index: int = 0) -> WorkloadSpec:
@@ -165,6 +166,37 @@ class Experiment(Schema, frozen=True, kw_only=True):
 
     def measured_at(self, stage: int | str) -> Measured | None:
         return next((m for m in self.measured if m.stage == stage), None)
+
+    def model_arg(self, base_dir: str) -> str:
+        """The model as the run takes it: a preset, or a ``config.json`` path relative to
+        the file (``base_dir``); neither is one line naming the name as written."""
+        from kvsim.specs.models import MODELS, get_model
+
+        return _preset_or_file(self.model, base_dir, MODELS, get_model, "model")
+
+    def gpu_arg(self, base_dir: str) -> str:
+        """The GPU as the run takes it: a preset, or a GPU spec JSON path relative to the
+        file (``base_dir``)."""
+        from kvsim.specs.hardware import GPUS, get_gpu
+
+        return _preset_or_file(self.gpu, base_dir, GPUS, get_gpu, "GPU")
+
+
+def _preset_or_file(
+    name: str, base_dir: str, presets: Mapping[str, Any], read: Callable[[str], Any], noun: str
+) -> str:
+    """``name`` if it is a preset, else the path it names relative to ``base_dir``, read
+    once here (a bad file is its reader's one line)."""
+    if name.strip().lower() in presets:
+        return name
+    path = name if os.path.isabs(name) else os.path.join(base_dir, name)
+    if not os.path.exists(path):
+        raise InputError(
+            f"unknown {noun} {name!r}{did_you_mean(name, presets)}; known: "
+            f"{', '.join(sorted(presets))}, or a file path (relative to the measurements file)"
+        )
+    read(path)
+    return path
 
 
 class MeasurementsFile(Schema, frozen=True):
@@ -194,4 +226,10 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
             raise InputError(f"experiments[{i}].id: {exp.id!r} is used twice", source=source)
         ids.add(exp.id)
         exp.workload_spec(source, i)
+        base_dir = os.path.dirname(os.path.abspath(source))
+        for key, resolve in (("model", exp.model_arg), ("gpu", exp.gpu_arg)):
+            try:
+                resolve(base_dir)
+            except InputError as e:
+                raise InputError(f"experiments[{i}].{key}: {e}", source=source) from None
     return parsed

@@ -155,6 +155,8 @@ def accuracy(
                 raise InputError(f"--experiment {name!r}: not in {file}{did_you_mean(name, ids)}")
         chosen = [e for e in chosen if e.id in set(experiments)]
     base = os.path.dirname(os.path.abspath(file))
+    if isinstance(compute_profile, (str, os.PathLike)):
+        _check_profile(compute_profile, {e.gpu_arg(base) for e in chosen})
     results = []
     for exp in chosen:
         results.append(
@@ -184,3 +186,13 @@ def accuracy(
         "async_scheduling": async_scheduling,
     }
     return AccuracyReport(os.fspath(file), tuple(results), config)
+
+
+def _check_profile(path: str | os.PathLike[str], gpus: set[str]) -> None:
+    """Read ``--compute-profile`` once for each GPU the experiments name, before any runs:
+    a missing or bad file is bad input (one line, exit 2), not one failure per experiment."""
+    from kvsim.engine.compute_model import ComputeParams, load_compute_profile
+    from kvsim.specs.hardware import get_gpu
+
+    for gpu in sorted(gpus):
+        load_compute_profile(path, ComputeParams.for_gpu(get_gpu(gpu)))

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
 from kvsim.core.errors import InputError, InputWarning
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
-from kvsim.specs.models import MODELS, ModelSpec, get_model
+from kvsim.specs.models import ModelSpec, get_model
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
@@ -87,15 +87,6 @@ class ExperimentResult:
     requests: int = 0
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()  # kvsim's warnings of the run (an overload above all)
-
-
-def _model(exp: Experiment, base_dir: str) -> str:
-    """The experiment's model: a preset, or a config.json path relative to the file."""
-    if exp.model.strip().lower() in MODELS:
-        return exp.model
-    path = exp.model if os.path.isabs(exp.model) else os.path.join(base_dir, exp.model)
-    get_model(path)  # checked here: one line naming the file
-    return path
 
 
 def _max_model_len(exp: Experiment, model: ModelSpec, longest: int) -> None:
@@ -245,7 +236,7 @@ def _run(
     from kvsim.engine.phase_compute import PhaseProfile
     from kvsim.specs.hardware import get_gpu
 
-    model_arg = _model(exp, base_dir)
+    model_arg = exp.model_arg(base_dir)
     model = get_model(model_arg)
     run, measured = shortened(exp, max_stage_s, warmup_s)
     spec = run.workload_spec()
@@ -257,7 +248,7 @@ def _run(
         + math.ceil(spec.output_len * (1 + spec.range_ratio))
     )
     _max_model_len(exp, model, longest)
-    gpu = get_gpu(exp.gpu)
+    gpu = get_gpu(exp.gpu_arg(base_dir))
     batched_tokens = _max_num_batched_tokens(exp, model, gpu)
     if isinstance(compute_profile, PhaseProfile):
         profile: Any = compute_profile
@@ -277,7 +268,7 @@ def _run(
         result = simulate(
             workload=spec,
             load=run.load,
-            gpu=exp.gpu,
+            gpu=exp.gpu_arg(base_dir),
             model=model_arg,
             tp=exp.tp,
             gpu_block_tokens=vllm.block_size,

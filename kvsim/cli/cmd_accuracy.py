@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -13,7 +12,9 @@ import click
 
 from kvsim.accuracy.crossval import FOLD_BY
 from kvsim.accuracy.search import SEARCHES
+from kvsim.cli.common import FiniteFloatRange
 from kvsim.core.errors import InputError
+from kvsim.core.io import json_text
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
@@ -41,19 +42,25 @@ def _fmt(x: float | None) -> str:
 )
 @click.option(
     "--max-stage-s",
-    type=click.FloatRange(min=1),
+    type=FiniteFloatRange(min=1),
     help="Cut every load stage to this many seconds (a quick run; rates stay).",
 )
 @click.option(
     "--warmup-s",
-    type=click.FloatRange(min=0),
+    type=FiniteFloatRange(min=0),
     default=None,
     help="With --max-stage-s: a stage longer than this plus the cap first runs this many "
     "seconds at its rate, unmeasured (its first seconds are a transient that a long "
     "measured stage dilutes)  [default: 30]",
 )
 @click.option("--experiment", "experiments", multiple=True, help="Run only this id (repeatable).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Workload and load seed.")
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Workload and load seed.",
+)
 @click.option(
     "--async-scheduling/--no-async-scheduling",
     default=True,
@@ -79,7 +86,7 @@ def accuracy_command(
 
     \b
     Example:
-      kvsim accuracy shared/measurements/h100_inference_perf_train.yaml --out acc/
+      kvsim accuracy ../shared/measurements/h100_inference_perf_train.yaml --out acc/
     """
     from kvsim.accuracy import accuracy
     from kvsim.accuracy.fit import WARMUP_S
@@ -106,7 +113,7 @@ def accuracy_command(
     for failed in report.failures:
         click.echo(f"kvsim: experiment {failed.experiment}: {failed.error}", err=True)
     if as_json:
-        click.echo(json.dumps(report.as_json(), indent=2, default=str))
+        click.echo(json_text(report.as_json()))
     else:
         _print(report)
     if report.failures:
@@ -153,13 +160,13 @@ _FIT_BUDGET: tuple[tuple[str, click.ParamType, float, str], ...] = (
     ),
     (
         "--warmup-s",
-        click.FloatRange(min=0),
+        FiniteFloatRange(min=0),
         30.0,
         "Seconds each cut stage first runs at its rate, unmeasured (0: none).",
     ),
     (
         "--max-stage-s",
-        click.FloatRange(min=1),
+        FiniteFloatRange(min=1),
         20.0,
         "Each fit evaluation's stage length cap, seconds.",
     ),
@@ -222,7 +229,7 @@ def fit_compute_command(
 
     \b
     Example:
-      kvsim fit-compute shared/measurements/h100_inference_perf_train.yaml --gpu h100 \\
+      kvsim fit-compute ../shared/measurements/h100_inference_perf_train.yaml --gpu h100 \\
           --out h100-fitted.json
 
     \b
@@ -302,7 +309,7 @@ def cross_validate_command(
 
     \b
     Example:
-      kvsim cross-validate shared/measurements/h100_inference_perf_train.yaml --gpu h100 \\
+      kvsim cross-validate ../shared/measurements/h100_inference_perf_train.yaml --gpu h100 \\
           --start examples/h100-prior-profile.json --out cv/
 
     --out writes accuracy.csv and metadata.json (as kvsim accuracy does) and each fold's

@@ -8,7 +8,7 @@ import time
 import click
 
 from kvsim.cachemode.bench import bench_replay
-from kvsim.cli.common import check_output_path, wants_progress
+from kvsim.cli.common import FiniteFloatRange, check_output_path, wants_progress
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write
 from kvsim.traces import as_trace
@@ -72,7 +72,7 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
 @click.option(
     "--miniature-error",
     "miniature_rate",
-    type=click.FloatRange(min=0, min_open=True, max=1),
+    type=FiniteFloatRange(min=0, min_open=True, max=1),
     default=None,
     metavar="RATE",
     help="Instead of timing: each policy's miniature-simulation curve (kvsim mrc --policy) "

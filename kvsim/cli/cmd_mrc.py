@@ -13,7 +13,7 @@ from kvsim.api import mrc
 from kvsim.cli.common import check_output_path, format_option, model_options, schema_option
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
-from kvsim.core.io import atomic_write, figure_format
+from kvsim.core.io import atomic_write, figure_format, json_text
 from kvsim.core.units import human_bytes
 from kvsim.options.offload import OffloadOptions
 from kvsim.options.runs import ReplayOptions
@@ -284,7 +284,7 @@ def mrc_command(
         payload = {**summary, "reach": _records(curve.reach())}
         if curve.points is not None:
             payload["points"] = _records(curve.points)
-        click.echo(json.dumps(payload, indent=2))
+        click.echo(json_text(payload))
         return
     click.echo("\n".join(_text(summary, curve)))
 

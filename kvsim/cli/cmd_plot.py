@@ -8,7 +8,7 @@ from typing import Any
 import click
 import pandas as pd
 
-from kvsim.cli.common import check_output_path
+from kvsim.cli.common import FiniteFloatRange, check_output_path
 from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
 from kvsim.report.result import check_run_folder
@@ -218,13 +218,13 @@ def _check_options(kind: str, given: dict[str, Any]) -> None:
 )
 @click.option(
     "--ceiling",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     default=None,
     help="hit-vs-capacity, mrc: draw the infinite-cache hit ratio (kvsim trace stats).",
 )
 @click.option(
     "--baseline",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloatRange(0, 1),
     default=None,
     help="hit-vs-capacity, mrc: draw the hit ratio without offloading.",
 )

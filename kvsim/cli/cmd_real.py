@@ -8,14 +8,13 @@ device (copies run on stream threads, asynchronously, as DMA does on a GPU), and
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import click
 
 from kvsim.cli.common import check_output_path
 from kvsim.core.errors import InputError
-from kvsim.core.io import atomic_write
+from kvsim.core.io import atomic_write, json_text
 from kvsim.report.result import format_table
 
 if TYPE_CHECKING:
@@ -139,7 +138,7 @@ def calibrate_command(
         f.write(params.to_json())
     if report:
         with atomic_write(report) as f:
-            json.dump(fitted, f, indent=2)
+            f.write(json_text(fitted))
     rows: list[tuple[str, object]] = [
         ("device", device.kind),
         ("pinned", fitted["pinned"]),
@@ -233,7 +232,7 @@ def calibrate_command(
     help="Jobs of the run replayed alone 5 times each after it, to report the measurement's "
     "own noise beside the job-time error (0: skip).",
 )
-@click.option("--device", "device_kind", type=click.Choice(["auto", "cuda", "cpu"]), default="auto")
+@device_option
 @click.option(
     "--out",
     "out",
@@ -315,10 +314,10 @@ def validate_command(
         raise _pin_failure(exc) from None
     if out:
         with atomic_write(out) as f:
-            json.dump(report.as_dict(), f, indent=2)
+            f.write(json_text(report.as_dict()))
     summary = report.summary()
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json_text(summary))
     else:
         notes = summary.pop("caveats")
         click.echo(format_table(summary, "kvsim validate (simulated vs real)"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +27,7 @@ from kvsim.cli.common import (
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import EngineStalled, InputError
 from kvsim.core.input_files import referenced_files
-from kvsim.core.io import output_folder
+from kvsim.core.io import json_text, output_folder
 from kvsim.engine.chrome_trace import write_chrome_trace
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.tiers import tier_from_shorthand
@@ -376,7 +375,7 @@ def simulate_command(
             payload = dict(result.summary)
             if "stages" in result.tables:  # a run with load stages: their rows too
                 payload["stages"] = result.tables["stages"].to_dict(orient="records")
-            click.echo(json.dumps(payload, indent=2, default=str))
+            click.echo(json_text(payload))
         else:
             click.echo(format_comparison(result, baseline))
             stages = format_stages(result)

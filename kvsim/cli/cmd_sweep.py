@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 import click
 import yaml
 
-from kvsim.cli.common import check_output_folder, plugin_output_to_stderr, wants_progress
+from kvsim.cli.common import (
+    FiniteFloatRange,
+    check_output_folder,
+    plugin_output_to_stderr,
+    wants_progress,
+)
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
 from kvsim.core.yaml_text import load_yaml
@@ -59,9 +64,12 @@ def _value(text: str) -> Any:
 def _values(name: str, text: str) -> list[Any]:
     """A grid option's values, each checked now (``--cpu-gib abc`` is named, not run)."""
     option = f"--{name.replace('_', '-')}"
-    values = [_value(v.strip()) for v in text.split(",") if v.strip()]
-    if not values:
+    items = [v.strip() for v in text.split(",")]
+    if not any(items):
         raise InputError(f"{option}: give at least one value")
+    if not all(items):  # 100,,200: a value lost between commas is a typo, not nothing
+        raise InputError(f"{option}: an empty value in {text!r}")
+    values = [_value(v) for v in items]
     for value in values:
         check_value(name, value, option)
     return values
@@ -137,15 +145,16 @@ def _warn(message: str) -> None:
     "replay --tier (fs, obj or example; capacity=, chunks=, policy= are beyond vLLM), e.g. "
     "--tier-set none --tier-set fs:capacity=1TiB --tier-set fs:capacity=1TiB+obj. Rows get "
     "a 'tiers' column and each tier's hit share: cpu_tier_hit_ratio, tier1_fs_hit_ratio, "
-    "..., secondary_tier_hit_ratio (all secondary tiers).",
+    "..., secondary_tier_hit_ratio (all secondary tiers); in a timed sweep "
+    "tier1_fs_hit_share, ..., secondary_tier_hit_share and combined_hit_share.",
 )
 @click.option(
     "--out",
     "out",
     type=click.Path(file_okay=False),
     default=None,
-    help="Results folder (journal.jsonl, results.parquet, results.csv, and cells/ with "
-    "--keep-requests); default sweep-NAME.",
+    help="Results folder (journal.jsonl, results.parquet, results.csv, metadata.json, and "
+    "cells/ with --keep-requests); default sweep-NAME.",
 )
 @click.option(
     "--executor",
@@ -183,7 +192,7 @@ def _warn(message: str) -> None:
 )
 @click.option(
     "--cell-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloatRange(min=0, min_open=True),
     default=None,
     metavar="SECONDS",
     help="Record a cell still running after this many seconds as failed and go on "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import click
@@ -10,6 +9,7 @@ import yaml
 
 from kvsim.cli.common import check_output_folder, check_output_path, model_options
 from kvsim.core.errors import InputError
+from kvsim.core.io import json_text
 from kvsim.core.units import with_human_bytes
 from kvsim.core.yaml_text import load_yaml
 from kvsim.report.result import METADATA, format_table, write_metadata
@@ -84,7 +84,7 @@ def stats_command(
             "summary": st.summary,
             "distributions": st.distributions.to_dict(orient="records"),
         }
-        click.echo(json.dumps(payload, indent=2, default=str))
+        click.echo(json_text(payload))
     else:
         click.echo(format_table(with_human_bytes(st.summary), "kvsim trace stats"))
         click.echo("")
@@ -268,6 +268,8 @@ def _gen_bench(
     spec = {"type": BENCH_KINDS[kind], **params}
     w = build_workload(spec, read_block(load_text, "--load"), seed=seed, block_size=block)
     reqs = list(w.trace())
+    if not reqs:  # a trace no command can read: say so now, write nothing
+        raise InputError(f"--load sends no request in its stages: {load_text}")
     stages = w.stages()
     starts = [sum(1 for s in stages if s < k) for k in range(w.num_stages)]  # empty: repeats
     header = {"stage_starts": starts, **w.describe()}

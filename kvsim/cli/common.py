@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -13,7 +13,12 @@ import click
 
 from kvsim.core.errors import InputError
 from kvsim.core.input_files import referenced_files
-from kvsim.core.io import check_file_name, refuse_filling_folder, refuse_overwriting_inputs
+from kvsim.core.io import (
+    check_file_name,
+    json_text,
+    refuse_filling_folder,
+    refuse_overwriting_inputs,
+)
 from kvsim.core.units import with_human_bytes
 from kvsim.options.offload import OFFLOAD_FIELDS, OffloadOptions
 from kvsim.options.runs import ReplayOptions
@@ -26,6 +31,19 @@ if TYPE_CHECKING:
 
 #: a click command function, before or after other option decorators
 FC = TypeVar("FC", bound=Callable[..., Any])
+
+
+class FiniteFloatRange(click.FloatRange):
+    """``click.FloatRange`` that refuses NaN and infinity: NaN passes every comparison with
+    a bound, so ``--max-stage-s nan`` would otherwise run as if no cap were given."""
+
+    name = "float range"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def schema_option(
@@ -159,8 +177,6 @@ def check_output_folder(
     module; see :func:`kvsim.core.input_files.referenced_files`)."""
     if path is None:
         return
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError(f"{option}: {path} is not a directory")
     refuse_filling_folder(option, path, receives, referenced_files(values))
 
 
@@ -176,7 +192,7 @@ def echo_summary(summary: dict[str, Any], as_json: bool, title: str) -> None:
     """The summary as JSON (numbers as they are), or as a table whose byte counts also read
     in binary units (``67,108,864 (64.0 MiB)``)."""
     if as_json:
-        click.echo(json.dumps(summary, indent=2, default=str))
+        click.echo(json_text(summary))
     else:
         click.echo(format_table(with_human_bytes(summary), title))
 

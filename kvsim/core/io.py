@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import io
 import json
+import math
 import os
 import stat
 import tempfile
@@ -178,9 +179,9 @@ def refuse_filling_folder(
     receives: Callable[[str], bool],
     inputs: Iterable[str | os.PathLike[str] | None],
 ) -> None:
-    """Exit 2 before any work when a file the output ``folder`` will receive (replace,
-    append to or remove: every name in it for which ``receives(name)`` holds) is one of the
-    run's ``inputs``, directly or through a link.
+    """Exit 2 before any work when the output ``folder`` is a file, or when a file it will
+    receive (replace, append to or remove: every name in it for which ``receives(name)``
+    holds) is one of the run's ``inputs``, directly or through a link.
 
     Args:
         option: the folder's option, named in the error (``--out``).
@@ -189,9 +190,11 @@ def refuse_filling_folder(
         inputs: the run's input files (None entries are skipped).
     """
     where = os.fspath(folder)
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise InputError(f"{option}: {where} is not a directory")
     try:
         names = [n for n in os.listdir(where) if receives(n)]
-    except OSError:  # not there yet, or not a folder: the caller's other checks name it
+    except OSError:  # not there yet, or not readable: making it names the problem
         return
     given = [os.fspath(i) for i in inputs if i is not None]
     for name in sorted(names):
@@ -212,6 +215,23 @@ def figure_format(path: str | os.PathLike[str], option: str = "--plot") -> str:
             f"{option}: cannot write a .{ext} figure; use one of {', '.join(FIGURE_FORMATS)}"
         )
     return ext
+
+
+def json_text(data: Any, indent: int | None = 2) -> str:
+    """``data`` as JSON every reader accepts: a NaN or infinite number (a statistic of no
+    values) becomes ``null``, never Python's ``NaN`` extension, which strict readers (kvsim's
+    own :func:`parse_json` included) refuse; anything else JSON lacks is its ``str``."""
+    return json.dumps(_finite(data), indent=indent, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _no_constant(name: str) -> Any:

@@ -322,10 +322,20 @@ class Engine:
         self.recorder.requests.append(sr)
         p = self.params
         block = p.gpu_block_tokens
+        # vLLM's default max_model_len is the model's positions (0: a config.json giving
+        # none): its server refuses an empty prompt or one that fills them, and cuts the
+        # output to what is left of them
+        max_len = self.model.max_position_embeddings
+        if max_len and sr.prompt < max_len < sr.prompt + sr.output:
+            sr.output = max_len - sr.prompt
+        length = sr.prompt + sr.output
         # refused as vLLM refuses a request past max_model_len: the GPU holds it whole, and
         # without chunked prefill vLLM requires max_model_len <= max_num_batched_tokens
-        if -(-(sr.prompt + sr.output) // block) > self.usable_gpu_blocks or (
-            not p.enable_chunked_prefill and sr.prompt + sr.output > p.max_num_batched_tokens
+        if (
+            not sr.prompt
+            or 0 < max_len <= sr.prompt
+            or -(-length // block) > self.usable_gpu_blocks
+            or (not p.enable_chunked_prefill and length > p.max_num_batched_tokens)
         ):
             sr.status = REJECTED
             self._finished([sr], arrival)

@@ -73,7 +73,7 @@ def summarize(
     out["recomputed_tokens"] = int(done["recomputed_tokens"].sum())
     out["preemptions"] = int(done["preemptions"].sum())
     out["gpu_kv_blocks"] = engine.num_gpu_blocks
-    out["gpu_block_tokens"] = engine.layout.unit_tokens
+    out["gpu_block_tokens"] = engine.params.gpu_block_tokens  # vLLM's block_size
     out["gpu_prefix_evictions"] = engine.pool.evictions
     out["deadlock_rescues"] = engine.rescues
     conn = engine.connector

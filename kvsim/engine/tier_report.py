@@ -144,4 +144,4 @@ def tier_summary(
 
 
 def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q) * 1e3) if len(values) else float("nan")
+    return float(np.percentile(values, q) * 1e3) if len(values) else 0.0  # none: 0, as vLLM

@@ -40,8 +40,8 @@ class FleetOptions(Schema, frozen=True):
         Text,
         Meta(
             description=(
-                "round-robin, random (seeded), least-loaded, session, prefix-aware, "
-                "or a plugin module:Class (docs/fleets.md)."
+                "round-robin (default), random (seeded), least-loaded, session, "
+                "prefix-aware, or a plugin module:Class (docs/fleets.md)."
             )
         ),
     ] = "round-robin"
@@ -100,7 +100,8 @@ class FleetOptions(Schema, frozen=True):
         | None
     ) = None
     shared_tier_eviction: Annotated[
-        Text, Meta(description="The shared tier's eviction policy when it has a capacity.")
+        Text,
+        Meta(description="The shared tier's eviction policy when it has a capacity (default lru)."),
     ] = "lru"
     shared_tier_link: (
         Annotated[

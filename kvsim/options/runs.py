@@ -196,7 +196,12 @@ class SimulateOptions(Schema, frozen=True):
     ) = None
 
     def __post_init__(self) -> None:
-        check_fields(self, names=engine_option_name)
+        check_fields(self, names=_simulate_flag)
+
+
+def _simulate_flag(field: str) -> str:
+    """How ``kvsim simulate`` spells a field: the GPU KV capacity is its ``--gpu-blocks``."""
+    return "--gpu-blocks" if field == "gpu_kv_blocks" else engine_option_name(field)
 
 
 #: each job's own keywords, in declaration order

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvsim.core.errors import InputError
 from kvsim.core.input_files import referenced_files
-from kvsim.core.io import atomic_write, refuse_filling_folder
+from kvsim.core.io import atomic_write, json_text, refuse_filling_folder
 from kvsim.report.labels import format_metric, format_value
 
 if TYPE_CHECKING:  # pandas loads with the first table (start-up: see kvsim.cli)
@@ -192,7 +192,7 @@ class Result:
         }
         for name, data in documents.items():
             with atomic_write(os.path.join(out, f"{name}.json")) as f:
-                json.dump(data, f, indent=2, default=str)
+                f.write(json_text(data))
             written.append(f"{name}.json")
         written.append(write_metadata(out, [self.summary.get("trace")], self.config))
         for stale in set(previous) - set(written):
@@ -332,5 +332,5 @@ def write_metadata(
     its file name. Every folder kvsim writes gets one, through this one function."""
     os.makedirs(folder, exist_ok=True)
     with atomic_write(os.path.join(folder, METADATA)) as f:
-        json.dump(run_metadata(traces, config, command), f, indent=2, default=str)
+        f.write(json_text(run_metadata(traces, config, command)))
     return METADATA

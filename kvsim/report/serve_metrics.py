@@ -145,6 +145,12 @@ def parse_goodput(
     if value is None:
         return ()
     pairs: list[tuple[str, Any]] = []
+    if isinstance(value, str) and value.lstrip().startswith("{"):  # the mapping, as JSON text
+        from kvsim.core.io import parse_json
+
+        value = parse_json(value, "--goodput")
+        if not isinstance(value, Mapping):
+            raise InputError(f"--goodput: expected a JSON object of METRIC: MS, got {value!r}")
     if isinstance(value, Mapping):
         pairs = [(str(k), v) for k, v in value.items()]
     else:

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvsim.core.errors import InputWarning
+from kvsim.core.errors import InputError, InputWarning
 from kvsim.sweeps.baselines import baseline_key, timed_run
 from kvsim.sweeps.cell_tables import write_requests
 from kvsim.sweeps.inputs import resolve_trace, trace_label
@@ -108,7 +108,8 @@ def run_cell(
                 row[k] = v
         row.update(status="ok", error=None)
     except Exception as e:
-        tb = traceback.extract_tb(e.__traceback__)
+        # where a fault of kvsim's was raised; bad input's message names what is wrong
+        tb = [] if isinstance(e, InputError) else traceback.extract_tb(e.__traceback__)
         where = f" [{os.path.basename(tb[-1].filename)}:{tb[-1].lineno}]" if tb else ""
         row.update(status="error", error=f"{type(e).__name__}: {e}{where}")
     row["elapsed_s"] = time.perf_counter() - start

@@ -334,6 +334,16 @@ def _run_local(
         pool.close()
 
 
+def import_ray() -> Any:
+    """Ray, or the one-line error saying how to install it (checked before a sweep makes
+    its folder)."""
+    try:
+        import ray
+    except ImportError:
+        raise InputError("the ray executor needs Ray: pip install 'kvsim[ray]'") from None
+    return ray
+
+
 def _run_ray(
     cells: Iterable[dict[str, Any]],
     base_dir: str,
@@ -342,10 +352,7 @@ def _run_ray(
     timeout: float | None = None,
     requests_dir: str | None = None,
 ) -> Iterator[dict[str, Any]]:
-    try:
-        import ray
-    except ImportError:
-        raise InputError("the ray executor needs Ray: pip install 'kvsim[ray]'") from None
+    ray = import_ray()
     started = False
     if not ray.is_initialized():
         here = os.path.abspath(__file__)  # kvsim/sweeps/executors.py: the root holds kvsim

@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from kvsim.core.errors import InputError
 from kvsim.core.input_files import file_digest
 
 #: the last generated trace (its mapping as JSON -> requests): cells that share a generator
@@ -61,3 +62,27 @@ def trace_fingerprint(trace: Any, base_dir: str | None = None) -> str:
     if not os.path.exists(path):
         return "missing"
     return file_digest(path) or f"unfingerprintable:{time.time_ns()}"
+
+
+def check_traces(
+    traces: list[Any], base_dir: str | None, limit: int | None, block_tokens: list[Any]
+) -> None:
+    """Read each trace file the cells read, at each ``block_tokens`` they read it with
+    (None: the format's), before any cell runs: a missing file or a bad line is one
+    :class:`InputError` naming ``traces[i]``, not a grid of failed cells. Each read lands
+    in the trace cache, so the cells do not parse it again. Generators are checked with
+    the spec."""
+    from kvsim.traces import as_trace
+    from kvsim.traces.cache import forget
+
+    forget()  # read through this sweep's cache folder, not a copy an earlier run kept
+    for i, trace in enumerate(traces):
+        if isinstance(trace, Mapping):
+            continue
+        path = resolve_trace(trace, base_dir)
+        for tokens in block_tokens:
+            try:
+                for _ in as_trace(path, block_tokens=tokens, limit=limit):
+                    pass
+            except InputError as e:
+                raise InputError(f"traces[{i}]: {e}") from None

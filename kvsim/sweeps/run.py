@@ -20,8 +20,8 @@ from kvsim.report.tables import write_table
 from kvsim.sweeps.baselines import sharing_baselines
 from kvsim.sweeps.cell_tables import CELLS, drop_requests, has_requests
 from kvsim.sweeps.cells import STATUS_COLUMNS, cell_id
-from kvsim.sweeps.executors import EXECUTORS, check_timeout, executor
-from kvsim.sweeps.inputs import trace_text
+from kvsim.sweeps.executors import EXECUTORS, check_timeout, executor, import_ray
+from kvsim.sweeps.inputs import check_traces, trace_text
 from kvsim.sweeps.journal import (
     JOURNAL,
     LOCK,
@@ -89,12 +89,17 @@ def sweep(
     if s.keep_requests and out is None:
         raise InputError("keep_requests needs an output folder (out=..., kvsim sweep --out)")
     workers = _check_run(executor, workers)
-    _check_size(s, max_cells)
+    _check_size(s, max_cells, _spec_path(spec))
     check_timeout(cell_timeout, executor)
     base_dir = os.getcwd()
     if out is not None:
         inputs = referenced_files([s.traces, s.options, s.grid, _spec_path(spec)], base_dir)
         refuse_filling_folder("out", out, FOLDER_FILES.__contains__, inputs)
+    if "block_tokens" in s.options:
+        block_tokens = [s.options["block_tokens"]]
+    else:
+        block_tokens = list(s.grid.get("block_tokens", [None]))
+    check_traces(s.traces, base_dir, s.limit, block_tokens)
     plan = _Plan(s, base_dir, executor, workers, address, cell_timeout)
     if s.keep_requests and out is not None:
         plan.requests_dir = os.path.abspath(out)
@@ -135,6 +140,8 @@ def write_results(df: pd.DataFrame, folder: str | os.PathLike[str]) -> list[str]
 def _check_run(name: str, workers: int | None) -> int:
     if name not in EXECUTORS:
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")
+    if name == "ray":
+        import_ray()
     if workers is None:
         return os.cpu_count() or 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -168,9 +175,9 @@ def _spec_path(spec: Any) -> str | None:
     return os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else None
 
 
-def _check_size(s: SweepSpec, max_cells: int | None) -> None:
+def _check_size(s: SweepSpec, max_cells: int | None, source: str | None = None) -> None:
     """Refuse a grid larger than ``max_cells`` before building any cell, and one that has
-    the same cell twice (a repeated trace or grid value)."""
+    the same cell twice (a repeated trace or grid value: ``1`` and ``1.0`` are one value)."""
     n = s.n_cells
     if max_cells is not None and n > max_cells:
         raise InputError(
@@ -178,12 +185,20 @@ def _check_size(s: SweepSpec, max_cells: int | None) -> None:
             "shrink the grid or raise the limit (kvsim sweep --max-cells N)"
         )
     for name, values in [("traces", s.traces), *((f"grid.{k}", v) for k, v in s.grid.items())]:
-        texts = [trace_text(v) for v in values]
+        texts = [trace_text(_as_number(v)) for v in values]
         if len(set(texts)) != len(texts):
             repeated = next(v for v, t in zip(values, texts) if texts.count(t) > 1)
             raise InputError(
-                f"the sweep has duplicate cells: {name} repeats {short_repr(repeated)}"
+                f"the sweep has duplicate cells: {name} repeats {short_repr(repeated)}",
+                source=source,
             )
+
+
+def _as_number(value: Any) -> Any:
+    """A whole float as the integer it equals (``1.0`` is the cell ``1`` is), else as is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 @dataclass

@@ -92,6 +92,12 @@ class SweepSpec:
             if isinstance(trace, Mapping):
                 _check_generator(trace, f"traces[{i}]", source)
         _check_rules(mode, options, grid, source)
+        name = str(data.get("name", "sweep"))
+        if "/" in name or os.sep in name or "\0" in name:  # the folder sweep-NAME, here
+            raise InputError(
+                f"name: a name, not a path (the default output folder is sweep-NAME), got {name!r}",
+                source=source,
+            )
         if TIERS in options:
             options[TIERS] = canonical_tier_set(options[TIERS])
         if TIERS in grid:
@@ -102,7 +108,7 @@ class SweepSpec:
             limit=data.get("limit"),
             options=options,
             grid=grid,
-            name=str(data.get("name", "sweep")),
+            name=name,
             keep_requests=bool(data.get("keep_requests", False)),
         )
 
@@ -236,6 +242,15 @@ def _check_rules(
     if clash:
         raise InputError(f"option(s) both fixed and swept: {', '.join(clash)}", source=source)
     given = set(options) | set(grid)
+    if mode == "cache" and "vllm_config" not in given:
+        for name in _SIZES:  # a null size is no size; cache mode needs one in every cell
+            values = [options[name]] if name in options else grid.get(name, [])
+            if None in values:
+                where = f"options.{name}" if name in options else f"grid.{name}"
+                raise InputError(
+                    f"{where}: cache mode needs a CPU tier size in every cell, got null",
+                    source=source,
+                )
     sizes = [s for s in _SIZES if s in given]
     if len(sizes) > 1:
         raise InputError(f"give only one CPU tier size, got {' and '.join(sizes)}", source=source)
@@ -250,5 +265,33 @@ def _check_rules(
             tier_set(options[TIERS], f"options.{TIERS}")
         for i, value in enumerate(grid.get(TIERS, [])):
             tier_set(value, f"grid.{TIERS}[{i}]")
+        _check_names(options, grid)
     except InputError as e:
         raise InputError(str(e), source=source) from None
+
+
+def _check_names(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
+    """Each policy, admission rule, model and GPU the cells name, looked up once as a run
+    looks it up, so an unknown one is one error before any cell runs, not a grid of
+    failed cells."""
+    from kvsim.policies.registry import admission_policy_class, eviction_policy_class
+    from kvsim.specs.hardware import get_gpu
+    from kvsim.specs.models import get_model
+
+    module = options.get("policy_module")  # a swept module: each cell resolves its own
+    lookups: dict[str, Any] = {
+        "policy": lambda v: None if "policy_module" in grid else eviction_policy_class(v, module),
+        "admission": admission_policy_class,
+        "model": get_model,
+        "gpu": get_gpu,
+    }
+    for name, lookup in lookups.items():
+        values = [options[name]] if name in options else grid.get(name, [])
+        for i, value in enumerate(values):
+            if not isinstance(value, str):
+                continue  # the structure check names a value of the wrong type
+            where = f"options.{name}" if name in options else f"grid.{name}[{i}]"
+            try:
+                lookup(value)
+            except InputError as e:
+                raise InputError(f"{where}: {str(e).removeprefix(f'--{name}: ')}") from None

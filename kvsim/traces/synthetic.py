@@ -27,6 +27,7 @@ import os
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, Protocol
 
 import pandas as pd
@@ -381,8 +382,11 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
     Deterministic: the same kind, seed and knobs give the same requests. ``session_id`` is
     set for chat and agent requests (it is not part of the Mooncake output).
     """
-    if n_requests < 0:
-        raise InputError(f"n_requests must be >= 0, got {n_requests}")
+    if not isinstance(n_requests, Integral) or isinstance(n_requests, bool) or n_requests < 0:
+        raise InputError(f"n_requests must be an integer >= 0, got {n_requests!r}")
+    if not isinstance(seed, Integral) or isinstance(seed, bool):
+        raise InputError(f"seed must be an integer, got {seed!r}")
+    seed = int(seed)  # a numpy integer seeds as the int it holds
     k = _check_knobs(kind, knobs)
     rng = random.Random(seed)
     ctx = _Ctx(rng, k)

@@ -4,6 +4,7 @@ fixed before the run, an arrival source when they come out of it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 from kvsim.core.errors import InputError
@@ -118,4 +119,6 @@ def build_workload(workload: Any, load: Any, seed: int = 0, block_size: int = 16
     """
     if type(block_size) is not int or block_size <= 0:
         raise InputError(f"block_size must be a positive integer, got {block_size!r}")
+    if not isinstance(seed, Integral) or isinstance(seed, bool) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
     return Workload(load_workload(workload), load_load(load), int(seed), block_size)

@@ -162,6 +162,37 @@ def test_gpu_kv_blocks_from_memory():
         gpu_kv_blocks(get_model("llama-3.1-70b"), get_gpu("l40s"), EngineParams())
 
 
+@pytest.mark.parametrize("block", [16, 32])
+def test_the_summary_reports_the_gpu_kv_in_vllm_blocks(block):
+    """``gpu_kv_blocks`` x ``gpu_block_tokens`` is the GPU's KV in tokens: both in vLLM's
+    blocks, not the trace's 512-token hash units (the summary once gave 512 here)."""
+    s = simulate(SAMPLE, cpu_gib=8, limit=5, gpu_block_tokens=block).summary
+    model, gpu = get_model("llama-3.1-8b"), get_gpu("h200")
+    assert s["gpu_block_tokens"] == block
+    assert s["gpu_kv_blocks"] == gpu_kv_blocks(model, gpu, EngineParams(gpu_block_tokens=block))
+
+
+def test_a_request_past_the_models_positions_is_refused_or_cut_as_vllm_serves_it():
+    """vLLM's default max_model_len is the model's positions (Llama-3.1-8B: 131,072): its
+    server refuses an empty prompt or one that fills them, and cuts the output to what is
+    left; the GPU (57,195 blocks of 16 tokens on an H200) would have held all three."""
+    from kvsim.engine.bench import TwinKnobs, twin_engine
+
+    positions = get_model("llama-3.1-8b").max_position_embeddings
+    assert positions == 131072
+    engine = twin_engine(TwinKnobs(block_tokens=16, gpu_blocks=60_000))
+    trace = [
+        Request(0, 0.0, positions, 10, ()),  # fills them: refused
+        Request(1, 0.1, positions - 100, 300, ()),  # output cut to 100 tokens
+        Request(2, 0.2, 0, 10, ()),  # empty: refused
+        Request(3, 0.3, 1000, 10, ()),
+    ]
+    engine.run(Trace.from_requests(trace, 16))
+    table = engine.recorder.request_table()
+    assert list(table.rejected) == [True, False, True, False]
+    assert list(table.output_tokens[~table.rejected]) == [100, 10]
+
+
 def test_the_null_block_is_not_kv_capacity():
     """vLLM's BlockPool keeps block 0 as its null block: of N blocks (from memory or
     num_gpu_blocks_override) N - 1 hold KV, and a request that needs N is rejected."""

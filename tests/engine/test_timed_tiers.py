@@ -303,3 +303,32 @@ def test_back_pressure_drops_cascades_to_a_slow_device_only(tmp_path):
     assert slow_dropped > 0
     assert fast_dropped == 0 and fast_cascaded > 0
     assert dropped(1.0, False)[0] == 0
+
+
+def test_a_tier_run_without_promotions_writes_strict_json(tmp_path):
+    """With nothing promoted, the promotion percentiles are 0 (vLLM's value for a metric
+    without values), and ``summary.json`` and ``--json`` parse as strict JSON: they once
+    held a bare NaN, which ``kvsim plot`` then refused to read from kvsim's own folder."""
+    from kvsim.core.io import parse_json
+
+    out = tmp_path / "run"
+    args = ["simulate", TRACE, "--limit", "5", "--cpu-gib", "1", "--tier", "fs"]
+    res = CliRunner().invoke(cli, [*args, "--save-steps", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    summary = parse_json((out / "summary.json").read_text(), "summary.json")
+    assert summary["tier1_fs_promotion_jobs"] == 0
+    assert summary["tier1_fs_promotion_p50_ms"] == summary["tier1_fs_promotion_p99_ms"] == 0
+    res = CliRunner().invoke(
+        cli, ["plot", str(out), "--kind", "usage-timeline", "--out", str(tmp_path / "u.png")]
+    )
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, [*args, "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    parse_json(res.stdout, "--json")
+
+
+def test_json_text_writes_a_statistic_of_no_values_as_null():
+    from kvsim.core.io import json_text, parse_json
+
+    text = json_text({"p50": float("nan"), "rows": [1.5, float("inf"), (2, -float("inf"))]})
+    assert parse_json(text, "t") == {"p50": None, "rows": [1.5, None, [2, None]]}

@@ -165,3 +165,20 @@ def test_the_tier_answer_shows_its_figure_and_real_commands():
     commands = _shown_commands(section)
     specs = {w for c in commands for w in shlex.split(c) if w.endswith(".yaml")}
     assert specs and all((ROOT / spec).is_file() for spec in specs)
+
+
+def test_the_python_example_quotes_what_the_same_cli_run_printed():
+    """The Python section's ``simulate`` is question 2's command (same trace, limit, scale,
+    tier): its quoted median TTFTs must be that table's (they once kept an older run's)."""
+    readme = _readme()
+    quoted = re.search(
+        r'run\.summary\["median_ttft_ms"\]\s+# ([\d.]+); "baseline_median_ttft_ms": ([\d.]+)',
+        readme,
+    )
+    table = re.search(r"median TTFT \(ms\)\s+([\d,.]+)\s+([\d,.]+)", readme)
+    assert quoted and table
+    assert [float(v.replace(",", "")) for v in table.groups()] == [
+        float(v) for v in quoted.groups()
+    ]
+    python = readme[readme.index("## In Python") :]
+    assert "limit=1500, time_scale=2.5, baseline=True" in python and "cpu_gib=1024" in python

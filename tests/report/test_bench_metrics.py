@@ -186,7 +186,14 @@ def test_settings_check_their_input() -> None:
         ("tpot", 50.0),
     )
     assert BenchSettings.make(goodput=["e2el:1e3"]).goodput == (("e2el", 1000.0),)
+    # the JSON form --help shows, as the command line passes it: one string
+    assert BenchSettings.make(goodput='{"ttft": 2000, "tpot": 50}').goodput == (
+        ("ttft", 2000.0),
+        ("tpot", 50.0),
+    )
     for kwargs, phrase in (
+        ({"goodput": '{"ttft": 2000'}, "not valid JSON"),
+        ({"goodput": '{"ttft": [1]}'}, "not a number"),
         ({"percentile_metrics": "ttft,latency"}, "latency"),
         ({"metric_percentiles": "50,101"}, "outside 0..100"),
         ({"metric_percentiles": "p99"}, "not a number"),

@@ -117,19 +117,18 @@ def test_ray_agrees_with_local():
 
 
 def test_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
+    # a chunk of 700 tokens fits no 512-token hash block: known only when the cell runs
     spec = {
-        "traces": [SAMPLE, "no/such/trace.jsonl"],
+        "traces": [SAMPLE],
         "limit": 50,
-        "grid": {"policy": ["lru", "nope"], "cpu_chunks": [100]},
+        "grid": {"chunk_tokens": [512, 700, 1024], "cpu_chunks": [100]},
     }
     df = sweep(spec, executor="local", workers=2, out=tmp_path)
-    assert len(df) == 4
-    status = dict(zip(zip(df.trace, df.policy), df.status))
-    assert status[(SAMPLE, "lru")] == "ok"
-    assert status[(SAMPLE, "nope")] == status[("no/such/trace.jsonl", "lru")] == "error"
-    errors = df.set_index(["trace", "policy"])["error"]
-    assert "nope" in errors[(SAMPLE, "nope")]
-    assert "not found" in errors[("no/such/trace.jsonl", "lru")]
+    assert len(df) == 3
+    status = dict(zip(df.chunk_tokens, df.status))
+    assert status == {512: "ok", 700: "error", 1024: "ok"}
+    error = df.set_index("chunk_tokens")["error"][700]
+    assert "700" in error and "[" not in error  # bad input names itself, not kvsim's source
     assert pd.read_parquet(tmp_path / "results.parquet")["status"].tolist() == df["status"].tolist()
     res = CliRunner().invoke(
         cli,
@@ -139,8 +138,8 @@ def test_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
             SAMPLE,
             "--limit",
             "20",
-            "--policy",
-            "lru,nope",
+            "--chunk-tokens",
+            "512,700",
             "--cpu-chunks",
             "10",
             "--out",

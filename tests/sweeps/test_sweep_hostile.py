@@ -181,6 +181,55 @@ def test_a_repeated_grid_value_is_named(tmp_path):
         sweep(spec, executor="serial")
 
 
+def test_a_whole_float_repeats_its_integer(tmp_path):
+    spec = {"traces": [SAMPLE], "options": {"model": "llama-3.1-8b"}, "grid": {"cpu_gib": [1, 1.0]}}
+    with pytest.raises(InputError, match=r"grid.cpu_gib repeats 1"):
+        sweep(spec, executor="serial")
+
+
+def _bad_trace(tmp_path: Path, kind: str) -> str:
+    path = tmp_path / f"{kind}.jsonl"
+    if kind == "bad-line":
+        lines = Path(SAMPLE).read_text().splitlines()
+        path.write_text("\n".join([*lines[:3], '{"timestamp": 1, "input_length":', *lines[3:]]))
+    elif kind == "empty":
+        path.write_text("")
+    return str(path)  # "missing": never written
+
+
+@pytest.mark.parametrize(
+    ("entry", "grid", "named"),
+    [
+        ("missing", {}, "traces[0]: "),
+        ("bad-line", {}, "bad-line.jsonl:4"),
+        ("empty", {}, "no requests"),
+        (None, {"policy": ["lru", "nope"]}, "grid.policy[1]: unknown eviction policy 'nope'"),
+        (None, {"admission": ["nope"]}, "grid.admission[0]: unknown admission policy"),
+        (None, {"model": ["llama-3.1-8b", "nope"]}, "grid.model[1]: unknown model 'nope'"),
+        (None, {"cpu_chunks": [10, None]}, "grid.cpu_chunks: cache mode needs a CPU tier"),
+        (None, {"executor": "ray"}, "needs Ray"),
+    ],
+)
+def test_what_no_cell_could_run_is_refused_before_any_runs(
+    tmp_path, capsys, monkeypatch, entry, grid, named
+):
+    """A missing or bad trace, an unknown name, a cell without a CPU tier, an executor not
+    installed: one line, exit 2, no folder, where each used to fail cell by cell (exit 1,
+    a results folder of failures)."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # Ray absent, installed here or not
+    trace = _bad_trace(tmp_path, entry) if entry else SAMPLE
+    axes = {k: v for k, v in grid.items() if k != "executor"}
+    options = {} if "cpu_chunks" in axes else {"cpu_chunks": 10}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"traces": [trace], "options": options, "grid": axes}))
+    executor = grid.get("executor", "serial")
+    out = tmp_path / "o"
+    code, _, err = run_main(["sweep", spec, "--executor", executor, "--out", out], capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and named in err, err
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- 14: cell timeout
 
 HANGS = """

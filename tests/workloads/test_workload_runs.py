@@ -125,6 +125,16 @@ def test_simulate_cli_workload_file_with_both_blocks(tmp_path):
             ],
             "rate",
         ),
+        (
+            [
+                "trace",
+                "gen",
+                "random",
+                "--load",
+                "{type: constant, stages: [{rate: 0.01, duration: 4}]}",
+            ],
+            "sends no request",  # a trace no command could read: not written
+        ),
         (["simulate", "--workload", SP], "--workload needs --load"),
         (["simulate", "--workload", "[1, 2", "--load", "{}"], "--workload: bad YAML"),
     ],
