@@ -147,6 +147,54 @@ def test_a_bad_router_in_a_measurements_file_is_one_line(tmp_path, capsys):
     assert "experiments[0].router" in err and "did you mean 'prefix-aware'" in err
 
 
+@pytest.mark.parametrize(
+    ("change", "args", "named"),
+    [
+        ({"model": "llama-2-7bb"}, [], "experiments[0].model: unknown model 'llama-2-7bb' (did"),
+        ({"gpu": "h100x"}, [], "experiments[0].gpu: unknown GPU 'h100x'"),
+        ({"gpu": "gpus/mine.json"}, [], "relative to the measurements file"),
+        ({}, ["--compute-profile", "nope.json"], "nope.json: cannot read"),
+        ({}, ["--max-stage-s", "nan"], "not a finite number"),
+        ({}, ["--seed", "-1"], "--seed"),
+    ],
+)
+def test_what_no_experiment_could_run_with_is_bad_input(tmp_path, capsys, change, args, named):
+    """A name that is neither a preset nor a file beside the measurements file, a profile
+    that cannot be read, a NaN cap, a negative seed: one line, exit 2, before any run and
+    with no --out (they were each experiment's failure, exit 1, after the runs; the NaN
+    cap ran whole stages; the seed failed in numpy with a traceback)."""
+    path = write(tmp_path / "m.yaml", experiment(**change))
+    out = tmp_path / "acc"
+    code, stdout, err = run_main(["accuracy", path, *args, "--out", out], capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and named in err, err
+    assert stdout == "" and not out.exists()
+
+
+def test_a_gpu_spec_is_read_beside_the_measurements_file(tmp_path, capsys, monkeypatch):
+    """As a model's config.json is: the file names it relative to itself, wherever kvsim
+    runs from."""
+    from kvsim.specs.hardware import get_gpu
+
+    h100 = get_gpu("h100")
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "mine.json").write_text(
+        json.dumps(
+            {
+                "name": "mine",
+                "memory_bytes": h100.memory_bytes,
+                "hbm_bytes_per_s": h100.hbm_bytes_per_s,
+                "peak_flops": h100.peak_flops,
+                "link": h100.link,
+            }
+        )
+    )
+    path = write(tmp_path / "m.yaml", experiment(gpu="gpus/mine.json"))
+    monkeypatch.chdir(tmp_path / "gpus")  # not where the file is
+    code, _, err = run_main(["accuracy", path, "--max-stage-s", "2", "--warmup-s", "0"], capsys)
+    assert code == 0, err
+
+
 def test_fit_compute_writes_a_profile_with_provenance(tmp_path, capsys):
     path = write(tmp_path / "m.yaml")
     profile = tmp_path / "p.json"

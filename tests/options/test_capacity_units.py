@@ -172,6 +172,15 @@ def test_mrc_points_equal_replays_at_those_sizes(capsys):
     assert [p["hit_ratio"] for p in out["points"]] == pytest.approx(list(curve.points.hit_ratio))
 
 
+def test_mrc_takes_one_size_or_a_list_and_refuses_text():
+    one = kvsim.mrc(SAMPLE, model="llama-3.1-8b", cpu_gib=64)
+    listed = kvsim.mrc(SAMPLE, model="llama-3.1-8b", cpu_gib=[64])
+    assert one.points is not None and one.points.equals(listed.points)
+    for bad in ("64", ["64"], [True], object()):  # a string iterates, but not into sizes
+        with pytest.raises(kvsim.InputError, match="cpu_gib takes a size in GiB"):
+            kvsim.mrc(SAMPLE, model="llama-3.1-8b", cpu_gib=bad)
+
+
 def test_mrc_reach_gib_is_what_replay_needs(hand_trace):
     """The GiB reported for each share, given back as --cpu-gib, gets that hit ratio."""
     curve = kvsim.mrc(hand_trace, model="llama-3.1-8b")

@@ -408,3 +408,18 @@ def test_a_generated_frame_with_some_sessions_goes_back_in_as_a_trace():
     res = kvsim.replay(frame, cpu_chunks=100)
     assert res.summary["requests"] == 60
     assert kvsim.trace_stats(frame).summary["requests"] == 60
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("chat", 2.5, 1), "n_requests must be an integer >= 0, got 2.5"),
+        (("chat", -1), "n_requests must be an integer >= 0"),
+        (("chat", 10, "x"), "seed must be an integer, got 'x'"),
+        (("chat", 10, 1.7), "seed must be an integer, got 1.7"),
+    ],
+)
+def test_generate_names_a_bad_count_or_seed(args, named):
+    """Once a TypeError deep in the generator (2.5) or silently a seed of text (``'x'``)."""
+    with pytest.raises(kvsim.InputError, match=re.escape(named)):
+        kvsim.generate(*args)

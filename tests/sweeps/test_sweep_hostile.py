@@ -187,6 +187,23 @@ def test_a_whole_float_repeats_its_integer(tmp_path):
         sweep(spec, executor="serial")
 
 
+def test_a_spec_name_is_a_name_not_a_path(tmp_path, capsys, monkeypatch):
+    """The default folder is sweep-NAME, here: ``../../escape`` would write elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: ../../escape\ntraces: [{SAMPLE}]\noptions: {{cpu_chunks: 10}}\n")
+    code, _, err = run_main(["sweep", spec], capsys)
+    assert code == 2 and "name: a name, not a path" in err, err
+    assert list(tmp_path.iterdir()) == [spec]
+
+
+def test_an_empty_value_between_commas_is_refused(tmp_path, capsys):
+    args = ["sweep", "--trace", SAMPLE, "--cpu-chunks", "100,,200", "--out", tmp_path / "o"]
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and "--cpu-chunks: an empty value in '100,,200'" in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def _bad_trace(tmp_path: Path, kind: str) -> str:
     path = tmp_path / f"{kind}.jsonl"
     if kind == "bad-line":
