@@ -353,7 +353,9 @@ def mrc(
             seeds=seeds,
             protocol=protocol,
             points=min(points, 24),
-            extra=asked_chunks,
+            # a tier larger than any trace's distinct chunks holds them all: replayed at
+            # that size (--cpu-gib 1e19 is 1.6e20 chunks, past the table's int64)
+            extra=[min(c, 2**40) for c in asked_chunks],
         )
     row = None if config.chunk_bytes is None else row_bytes(config.chunk_bytes)
     curve = in_capacity_units(

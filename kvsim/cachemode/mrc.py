@@ -90,7 +90,10 @@ class MRC:
 
     def hit_ratio(self, capacity: int) -> float:
         """Hit ratio at any capacity (step function between table rows)."""
-        return float(self._hits_at(np.asarray([capacity]))[0])
+        cdf: np.ndarray = self.info["cdf"]
+        # past the last entry every reuse hits: clamped as a Python int, which may be any
+        # size (--cpu-gib 1e19), before numpy sees it
+        return float(self._hits_at(np.asarray([min(max(int(capacity), 0), len(cdf) - 1)]))[0])
 
     def _hits_at(self, capacities: np.ndarray) -> np.ndarray:
         cdf: np.ndarray = self.info["cdf"]

@@ -134,7 +134,10 @@ def bench_stages(
         add("kvsim replay", end_to_end, "whole command, cached trace, minus interpreter start-up")
         if loops:
             seconds = min(loops)
-            note = f"best of {repeat}; kvsim replay is {seconds / end_to_end:.1f}x faster"
+            ratio = seconds / end_to_end
+            note = f"best of {repeat}; kvsim replay is " + (
+                f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
+            )
             add("vllm manager loop", seconds, note)
     return pd.DataFrame(rows)
 

@@ -249,10 +249,53 @@ def _main(argv: list[str] | None) -> None:
         click.echo(f"kvsim: error: {one_line(f'{where}{exc.strerror or exc}')}", err=True)
         sys.exit(2)
     except SystemExit as exc:  # kvsim's commands never exit this way: a plugin's code did
-        click.echo(
-            f"kvsim: error: code run by kvsim (a plugin?) called exit({exc.code!r}); "
-            "the run did not finish",
-            err=True,
-        )
-        sys.exit(2)
+        _exited(exc)
+    except Exception as exc:
+        _plugin_failed(exc)
+        raise  # kvsim's own fault: its traceback is the report
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _exited(exc: SystemExit) -> None:
+    """An exit from inside a command: click's, after output to a closed pipe (``kvsim
+    policies | head -1``: quiet, as a writer killed by SIGPIPE), else a plugin's."""
+    if type(sys.stdout).__name__ == "_PacifyFlushWrapper":  # click's mark of that pipe
+        sys.exit(128 + signal.SIGPIPE)
+    click.echo(
+        f"kvsim: error: code run by kvsim (a plugin?) called exit({exc.code!r}); "
+        "the run did not finish",
+        err=True,
+    )
+    sys.exit(2)
+
+
+def _plugin_failed(exc: Exception) -> None:
+    """A user's plugin raised (in any hook): one line naming where, exit 2; returns when
+    ``exc`` came from kvsim's own code."""
+    where = _plugin_frame(exc)
+    if where is not None:
+        message = one_line(f"{type(exc).__name__}: {exc}")
+        click.echo(f"kvsim: error: a plugin failed ({where}): {message}", err=True)
+        sys.exit(2)
+
+
+def _plugin_frame(exc: BaseException) -> str | None:
+    """Where the innermost frame of ``exc``'s traceback that is a user's code ran (a policy
+    or router plugin's hook, however kvsim called it): ``file.py:LINE in NAME``; None when
+    every frame is kvsim's, the repository's ``real`` package's, or installed code (the
+    standard library, site-packages), whose failures are kvsim's to show whole."""
+    import traceback
+
+    ours = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the kvsim package
+    real = sys.modules.get("real")
+    if real is not None and getattr(real, "__file__", None):
+        ours.append(os.path.dirname(os.path.abspath(real.__file__ or "")))
+    installed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<") or any(
+            path.startswith(os.path.join(root, "")) for root in (*ours, *installed)
+        ):
+            continue
+        return f"{os.path.basename(path)}:{frame.lineno} in {frame.name}"
+    return None

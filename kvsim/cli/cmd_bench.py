@@ -136,9 +136,17 @@ def bench_command(
     JSON parser's. Blocks/s counts complete prompt blocks of the trace.
     """
     check_output_path(csv_path, "--csv", trace)
-    trace = trace or DEFAULT_TRACE
-    if not os.path.exists(trace):
+    if trace is None:  # the checkout's copy (the file the docs name), else the package's
+        from kvsim.api import bundled_trace
+
+        trace = DEFAULT_TRACE if os.path.exists(DEFAULT_TRACE) else bundled_trace()
+    if trace != "-" and not os.path.exists(trace):
         raise InputError(f"trace {trace} not found (give a TRACE argument)")
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("policies") is click.core.ParameterSource.DEFAULT and (
+        timed or stages
+    ):
+        policies = "lru"  # the default list is for the policy table; these time one
     if miniature_rate is not None:
         _miniature_error(
             trace, policies, miniature_rate, limit, csv_path, (min_chunks, min_keys), seeds
@@ -194,6 +202,14 @@ def _policy_names(policies: str) -> list[str]:
     return list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
 
 
+def _one_policy(policies: str, mode: str) -> list[str]:
+    """``--policies`` where ``mode`` times one policy: exactly one name."""
+    names = _policy_names(policies)
+    if len(names) != 1:
+        raise InputError(f"{mode} times one policy; got --policies {policies!r}")
+    return names
+
+
 def _stages(
     trace: str,
     cpu_chunks: int,
@@ -207,9 +223,7 @@ def _stages(
 
     if limit is not None:
         raise InputError("--stages times the whole trace, as kvsim replay reads it; drop --limit")
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    if len(names) != 1:
-        raise InputError(f"--stages times one policy; got --policies {policies!r}")
+    names = _one_policy(policies, "--stages")
     table = bench_stages(
         trace, cpu_chunks=cpu_chunks, policy=names[0], repeat=repeat, with_vllm=with_vllm
     )
@@ -236,7 +250,7 @@ def _timed(
     from kvsim.cachemode.bench import use_vllm
     from kvsim.engine.bench import bench_trace
 
-    policy = next((p.strip() for p in policies.split(",") if p.strip()), "lru")
+    policy = _one_policy(policies, "--timed")[0]
     head, table = bench_trace(
         trace,
         limit or 400,

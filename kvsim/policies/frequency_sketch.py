@@ -21,6 +21,10 @@ class FrequencySketch:
     """Count-min sketch of 4-bit counters with aging and an (exact) doorkeeper set."""
 
     ROWS = 4
+    #: the widest sketch (4 rows of 16M one-byte counters, 64 MiB): W-TinyLFU sizes it by
+    #: the cache's capacity, and a tier of 10^10 chunks must not ask for 40 GB of counters
+    #: (Caffeine caps its table the same way, at 2^30 4-bit counters)
+    MAX_WIDTH = 1 << 24
 
     def __init__(
         self,
@@ -29,7 +33,7 @@ class FrequencySketch:
         seed: int = 0,
         doorkeeper: bool = True,
     ) -> None:
-        width = max(16, 1 << (max(1, width) - 1).bit_length())
+        width = max(16, 1 << (max(1, min(width, self.MAX_WIDTH)) - 1).bit_length())
         self.width = width
         self.sample_size = sample_size if sample_size is not None else 10 * width
         self._shift = 64 - (width.bit_length() - 1)

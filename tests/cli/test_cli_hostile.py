@@ -146,6 +146,11 @@ class ExitsLater(LRUPolicy):
         sys.exit(0)
 
 
+class RaisesInAHook(LRUPolicy):
+    def touch(self, keys, ctx=None):
+        raise RuntimeError("boom")
+
+
 class Prints(LRUPolicy):
     def evict(self, n, protected):
         print("evicting", n)
@@ -179,6 +184,32 @@ def test_a_plugin_exit_anywhere_is_an_error_not_a_silent_success(plugins, capsys
     args = ["replay", SAMPLE, "--cpu-chunks", "20", "--policy", "hostile_plugins:ExitsLater"]
     code, _, err = run_main([*args, "--no-fused"], capsys)
     assert code == 2 and one_line(err) and "exit(0)" in err, err
+
+
+@pytest.mark.parametrize("command", ["replay", "mrc"])
+def test_a_plugin_raising_in_any_hook_is_one_line_naming_it(plugins, capsys, command):
+    """Not only evict: any call into the plugin that raises (a traceback before)."""
+    args = [command, SAMPLE, "--policy", "hostile_plugins:RaisesInAHook"]
+    args += ["--cpu-chunks", "20", "--no-fused"] if command == "replay" else []
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and one_line(err), err
+    assert "hostile_plugins.py:" in err and "in touch" in err and "RuntimeError: boom" in err
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """``kvsim policies | head -1``: the reader is gone before kvsim writes; it ends as a
+    writer killed by SIGPIPE would, saying nothing (it blamed a plugin before)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvsim", "policies"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the interpreter has even imported kvsim
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGPIPE
+    assert err == b""
 
 
 def test_a_plugin_print_never_reaches_json_stdout(plugins, capsys):

@@ -181,6 +181,16 @@ def test_mrc_takes_one_size_or_a_list_and_refuses_text():
             kvsim.mrc(SAMPLE, model="llama-3.1-8b", cpu_gib=bad)
 
 
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_mrc_at_a_size_past_any_trace_is_the_ceiling(policy):
+    """1e19 GiB is 1.6e20 chunks, past int64: every reuse hits (it was a numpy
+    IndexError for lru and an OverflowError for the miniature curves)."""
+    curve = kvsim.mrc(SAMPLE, model="llama-3.1-8b", cpu_gib=[1e19], policy=policy)
+    assert curve.points is not None
+    assert curve.points["capacity"].iloc[0] > 10**20  # the tier asked for, not a clamp
+    assert curve.points["hit_ratio"].iloc[0] == pytest.approx(curve.ceiling)
+
+
 def test_mrc_reach_gib_is_what_replay_needs(hand_trace):
     """The GiB reported for each share, given back as --cpu-gib, gets that hit ratio."""
     curve = kvsim.mrc(hand_trace, model="llama-3.1-8b")

@@ -311,3 +311,15 @@ def test_timed_belady_beats_lru():
         for p in ("lru", "belady")
     }
     assert hits["belady"] > hits["lru"]
+
+
+def test_the_sketch_of_a_huge_cache_stays_bounded():
+    """W-TinyLFU sizes its sketch by the capacity: a tier of 10^12 chunks once asked for
+    terabytes of counters (MemoryError) and 10^20 for an index past ssize_t."""
+    from kvsim.policies.frequency_sketch import FrequencySketch
+    from kvsim.policies.wtinylfu import WTinyLFUPolicy
+
+    assert FrequencySketch(10**12).width == FrequencySketch.MAX_WIDTH == 1 << 24
+    assert FrequencySketch(1000).width == 1024  # below the cap: as before
+    policy = WTinyLFUPolicy(10**20)
+    assert policy.sketch.width == FrequencySketch.MAX_WIDTH
