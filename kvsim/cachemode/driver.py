@@ -32,7 +32,7 @@ from kvsim.cachemode.tier import Emit, ReplayLoop, RequestRow, RunTotals, Tier
 from kvsim.core.io import atomic_path
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import ManagerProtocol, OffloadManager, admission_from_config
-from kvsim.options.config import CacheConfig
+from kvsim.options.config import CacheConfig, applied_store_threshold
 from kvsim.policies.arc import ARCPolicy
 from kvsim.policies.lru import LRUPolicy
 from kvsim.policies.registry import config_policy_class
@@ -321,7 +321,7 @@ class CacheReplay:
             "policy": cfg.policy,
             "tier": self.tier.name,
             "admission": cfg.admission,
-            "store_threshold": cfg.store_threshold,
+            "store_threshold": applied_store_threshold(cfg.admission, cfg.store_threshold),
         }
         out.update(tier.summary(blocks, self.layout.unit_tokens, chunk_bytes))
         return out

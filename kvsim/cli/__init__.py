@@ -222,7 +222,9 @@ def _main(argv: list[str] | None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="kvsim", standalone_mode=False)
     except InputError as exc:
-        click.echo(f"kvsim: error: {one_line(str(exc))}", err=True)
+        from kvsim.traces.readers import unspooled
+
+        click.echo(f"kvsim: error: {one_line(unspooled(str(exc)))}", err=True)
         sys.exit(2)
     except EngineStalled as exc:  # a deadlock of vLLM's scheduling rules, not bad input
         click.echo(f"kvsim: error: {exc}", err=True)

@@ -159,7 +159,7 @@ def check_output_path(path: str | None, option: str, *inputs: str | None) -> Non
         return
     check_file_name(path, option)
     refuse_overwriting_inputs({option: path}, list(inputs))
-    folder = os.path.dirname(os.path.abspath(path)) or "."
+    folder = os.path.dirname(os.path.realpath(path)) or "."  # a link's target's folder
     if os.path.isdir(path):
         raise InputError(f"{option}: {path} is a directory")
     if not os.path.isdir(folder):

@@ -14,7 +14,12 @@ from kvsim.core.units import GIB
 from kvsim.options.tier_spec import TierSpec
 from kvsim.specs.models import ModelSpec
 
-__all__ = ["THRESHOLD_FILTERS_FROM", "CacheConfig", "resolve_admission"]
+__all__ = [
+    "THRESHOLD_FILTERS_FROM",
+    "CacheConfig",
+    "applied_store_threshold",
+    "resolve_admission",
+]
 
 #: vLLM's ``store_threshold`` filters offers from this value on (below it: every offer is
 #: stored); :func:`resolve_admission` is the one place that reads it
@@ -27,6 +32,17 @@ def resolve_admission(admission: str, store_threshold: int) -> str:
     if admission.lower() == "always" and store_threshold >= THRESHOLD_FILTERS_FROM:
         return "threshold"
     return admission
+
+
+def applied_store_threshold(admission: str, store_threshold: int) -> int:
+    """The ``store_threshold`` a run applies, for its summary: ``threshold:N``'s N, the
+    threshold rule's least (2) when none was given, else ``store_threshold`` as given."""
+    name, _, arg = resolve_admission(admission, store_threshold).partition(":")
+    if name.lower() != "threshold":
+        return store_threshold
+    if arg:
+        return int(arg)
+    return max(store_threshold, THRESHOLD_FILTERS_FROM)
 
 
 @dataclass(frozen=True)

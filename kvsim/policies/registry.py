@@ -204,11 +204,18 @@ def make_admission(
     as :func:`kvsim.options.offload.resolve_admission` decides for every run)."""
     spec = resolve_admission(spec, store_threshold)
     name, _, arg = spec.partition(":")
+    if store_threshold >= THRESHOLD_FILTERS_FROM and (arg or name.lower() != "threshold"):
+        raise InputError(
+            f"--store-threshold {store_threshold} is vLLM's threshold rule, which "
+            f"--admission {spec} replaces: give one of them"
+        )
     builtin = ADMISSION_POLICIES.get(name.lower()) if arg else None
     if builtin is not None:  # NAME:ARG, e.g. probabilistic:0.5, length:2048, tinylfu:3
         from_arg = getattr(builtin, "from_arg", None)
         if from_arg is None:
             raise InputError(f"--admission: {name!r} takes no argument (got {spec!r})")
+        if builtin is StoreThresholdAdmission:
+            kwargs = {"max_tracker_size": max_tracker_size}
         policy: AdmissionPolicy = from_arg(arg, **kwargs)
         return policy
     cls = admission_policy_class(spec)

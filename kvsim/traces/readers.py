@@ -94,6 +94,14 @@ def _remove_spooled() -> None:
             os.unlink(name)
 
 
+def unspooled(text: str) -> str:
+    """``text`` (an error message) with each spooled copy's temporary path replaced by the
+    input the user gave (``<stdin>`` for ``-``): that copy is gone by the time it is read."""
+    for shown, tmp in _SPOOLED.items():
+        text = text.replace(tmp, "<stdin>" if shown == "-" else shown)
+    return text
+
+
 def _spool_stream(shown: str) -> str:
     """A regular file to read ``shown`` from, as often as needed.
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.core.errors import InputError
 from kvsim.workloads.spec import Load, LoadStage
 
 __all__ = ["StagePlan", "plan_stages"]
@@ -76,9 +77,25 @@ def _rate_offsets(load: Load, stage: LoadStage, rng: np.random.Generator) -> np.
     return np.asarray(sends)
 
 
+#: the most requests a load may send: 50M is days of simulation, and its send times
+#: already take 400 MB
+MAX_SENDS = 50_000_000
+
+
 def plan_stages(load: Load, seed: int) -> list[StagePlan]:
     """Every stage's plan, drawn from one generator seeded by ``seed`` (a stream apart
     from the workload's, so the same seed gives a workload its tool's lengths)."""
+    sends = sum(
+        float(s.rate or 0) * float(s.duration or 0)
+        if load.type != "concurrency"
+        else float(s.num_requests or 0)
+        for s in load.stages
+    )
+    if sends > MAX_SENDS:  # its send times alone would not fit in memory
+        raise InputError(
+            f"the load sends about {sends:,.0f} requests, more than kvsim plans "
+            f"({MAX_SENDS:,}): shorten its stages or lower their rates"
+        )
     rng = np.random.default_rng([seed, 1])
     plans: list[StagePlan] = []
     for stage in load.stages:

@@ -295,3 +295,31 @@ def test_a_trailing_slash_on_an_output_file_is_refused(tmp_path, capsys):
     code, _, err = run_main(args, capsys)
     assert code == 2 and one_line(err) and "x.csv/" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_link_to_a_missing_folder_is_refused_as_the_folder_is(tmp_path, capsys):
+    """The output is written through the link; a target whose folder is missing was made
+    (and left behind when the run then failed), where a direct path is refused."""
+    link = tmp_path / "out.csv"
+    link.symlink_to(tmp_path / "missing" / "x.csv")
+    args = ["replay", SAMPLE, "--cpu-chunks", "10", "--requests-csv", str(link)]
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and one_line(err) and "missing does not exist" in err, err
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_bad_line_on_standard_input_is_named_as_stdin(tmp_path):
+    """``-`` is read through a temporary copy, gone when the error is read: the line is
+    named ``<stdin>:N``, not by that copy's path."""
+    lines = Path(SAMPLE).read_text().splitlines()[:3]
+    bad = '{"timestamp": 1, "input_length": "x", "output_length": 2, "hash_ids": [1]}'
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvsim", "replay", "-", "--cpu-chunks", "100"],
+        input="\n".join([*lines, bad]) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "<stdin>:4: field 'input_length'" in proc.stderr and "kvsim-trace-" not in proc.stderr

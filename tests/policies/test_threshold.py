@@ -73,3 +73,38 @@ def test_clear():
     offer(adm, [1])
     adm.clear()
     assert offer(adm, [1]) == []
+
+
+def test_threshold_takes_its_n_as_an_argument():
+    rule = make_admission("threshold:3", max_tracker_size=10)
+    assert isinstance(rule, StoreThresholdAdmission)
+    assert (rule.store_threshold, rule.max_tracker_size) == (3, 10)
+    with pytest.raises(InputError, match="threshold:N needs an integer"):
+        make_admission("threshold:x")
+
+
+@pytest.mark.parametrize("spec", ["tinylfu", "probabilistic:0.5", "threshold:4"])
+def test_a_store_threshold_beside_another_rule_is_refused(spec):
+    """vLLM's store_threshold is the threshold rule: with another rule it was ignored
+    (and the summary still reported it)."""
+    with pytest.raises(InputError, match="--store-threshold 3 is vLLM's threshold rule"):
+        make_admission(spec, store_threshold=3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "applied"),
+    [
+        ({"admission": "threshold"}, 2),
+        ({"admission": "threshold:3"}, 3),
+        ({"store_threshold": 3}, 3),
+        ({"admission": "tinylfu"}, 0),
+        ({}, 0),
+    ],
+)
+def test_the_summary_reports_the_threshold_applied(kwargs, applied):
+    from support import SAMPLE
+
+    import kvsim
+
+    summary = kvsim.replay(SAMPLE, cpu_chunks=1000, limit=50, **kwargs).summary
+    assert summary["store_threshold"] == applied

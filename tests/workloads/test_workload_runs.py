@@ -135,6 +135,16 @@ def test_simulate_cli_workload_file_with_both_blocks(tmp_path):
             ],
             "sends no request",  # a trace no command could read: not written
         ),
+        (
+            [
+                "trace",
+                "gen",
+                "random",
+                "--load",
+                "{type: constant, stages: [{rate: 1000000, duration: 100000}]}",
+            ],
+            "more than kvsim plans",  # 10^11 send times: a numpy MemoryError before
+        ),
         (["simulate", "--workload", SP], "--workload needs --load"),
         (["simulate", "--workload", "[1, 2", "--load", "{}"], "--workload: bad YAML"),
     ],

@@ -15,7 +15,7 @@ from kvsim.core.context import RequestContext
 from kvsim.core.errors import InputError
 from kvsim.core.keys import ChunkKey
 from kvsim.options.config import THRESHOLD_FILTERS_FROM
-from kvsim.policies.admission.base import AdmissionPolicy
+from kvsim.policies.admission.base import AdmissionPolicy, parse_arg
 
 
 class StoreThresholdAdmission(AdmissionPolicy):
@@ -39,6 +39,11 @@ class StoreThresholdAdmission(AdmissionPolicy):
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
         self.counts: OrderedDict[ChunkKey, int] = OrderedDict()
+
+    @classmethod
+    def from_arg(cls, arg: str, max_tracker_size: int = 64_000) -> StoreThresholdAdmission:
+        """``--admission threshold:N``: ``--store-threshold N``."""
+        return cls(parse_arg(arg, int, "threshold:N"), max_tracker_size)
 
     def record_offer(self, keys: Sequence[ChunkKey]) -> None:
         counts = self.counts
