@@ -219,8 +219,9 @@ def gen_command(
     check_output_path(out, "--out", arrival_trace)
     params = dict(_parse_knob(k) for k in knobs)
     if kind in BENCH_KINDS:
+        flags = {"n_requests": "-n/--requests"}  # the rest are --NAME
         given = [
-            f"--{name.replace('_', '-')}"
+            flags.get(name, f"--{name.replace('_', '-')}")
             for name in ("n_requests", "arrival", "rate", "arrival_trace")
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         ]

@@ -338,7 +338,17 @@ def arrivals_ms(n: int, rng: random.Random, knobs: dict[str, Any]) -> list[int]:
 
 #: numeric knobs that must be at least 1 (the others must be >= 0)
 _AT_LEAST_ONE = frozenset({"block_tokens", "turns", "steps", "n_prompts", "n_docs"})
+#: the longest length knob: past any model's context (1M tokens), short of a hang
+_MOST_TOKENS = 100_000_000
 _POSITIVE = frozenset({"rate", "on_s", "off_s", "active_sessions", "docs_per_request"})
+
+
+def _numeric_text(value: Any) -> bool:
+    """Text Python reads as a number (YAML 1.1 reads ``1e12``, with no dot, as text)."""
+    try:
+        return isinstance(value, str) and math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 def _check_knob(name: str, value: Any, default: Any) -> None:
@@ -346,7 +356,8 @@ def _check_knob(name: str, value: Any, default: Any) -> None:
     typo fails here in one line instead of deep inside the generator."""
     if isinstance(default, (int, float)) and not isinstance(default, bool):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(f"knob {name} must be a number, got {value!r}")
+            hint = " (YAML reads 1e12 as text: write 1.0e12)" if _numeric_text(value) else ""
+            raise InputError(f"knob {name} must be a number, got {value!r}{hint}")
         if not math.isfinite(value):
             raise InputError(f"knob {name} must be finite, got {value!r}")
         if isinstance(default, int) and not float(value).is_integer():
@@ -355,6 +366,10 @@ def _check_knob(name: str, value: Any, default: Any) -> None:
         if value < low or (name in _POSITIVE and value <= 0):
             bound = "> 0" if name in _POSITIVE else f">= {low}"
             raise InputError(f"knob {name} must be {bound}, got {value!r}")
+        if name.endswith("_tokens") and value > _MOST_TOKENS:  # a request's block ids are
+            raise InputError(  # built one by one: 10^23 tokens never ended
+                f"knob {name} must be at most {_MOST_TOKENS:,} tokens, got {value!r}"
+            )
     elif isinstance(default, dict) and not isinstance(value, dict):
         raise InputError(f"knob {name} must be a mapping like {default!r}, got {value!r}")
     elif name == "weights":

@@ -122,6 +122,10 @@ def test_a_shared_pool_lets_an_instance_load_what_another_stored() -> None:
     assert pooled.summary["shared_hit_tokens"] > 0
     table = pooled.tables["instances"]
     assert table["shared_hit_tokens"].tolist()[0] == 0 and table["shared_hit_tokens"][1] > 0
+    # the table splits the shared tier's hits out of the CPU tier's; the summary counts both
+    assert (table["cpu_hit_tokens"] + table["shared_hit_tokens"]).sum() == pooled.summary[
+        "cpu_hit_tokens"
+    ]
     slow = kvsim.simulate(
         [a, b],
         cpu_gib=4,

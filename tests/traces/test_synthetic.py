@@ -179,6 +179,8 @@ def test_bad_knobs():
         ({"rate": float("nan")}, "rate must be finite"),
         ({"active_sessions": 2.5}, "whole number"),
         ({"arrival": 3}, "arrival must be text"),
+        ({"system_tokens": 10**23}, "at most 100,000,000 tokens"),  # it never ended
+        ({"system_tokens": "1e12"}, r"write 1\.0e12"),  # YAML 1.1 reads 1e12 as text
     ],
 )
 def test_knob_values_are_checked_before_generating(knobs, phrase):
