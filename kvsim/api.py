@@ -10,6 +10,7 @@ import bisect
 import dataclasses
 import functools
 import inspect
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -416,7 +417,7 @@ def _sizes_gib(cpu_gib: Iterable[float] | float | None) -> list[float] | None:
     of sizes, though it iterates)."""
     if cpu_gib is None:
         return None
-    values = [cpu_gib] if isinstance(cpu_gib, (int, float)) else cpu_gib
+    values = [cpu_gib] if isinstance(cpu_gib, numbers.Real) else cpu_gib
     try:
         if isinstance(values, (str, bytes)):
             raise TypeError

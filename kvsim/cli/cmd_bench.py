@@ -195,11 +195,19 @@ def bench_command(
 
 def _policy_names(policies: str) -> list[str]:
     """``--policies``: a comma-separated list, or ``all`` registered eviction policies."""
-    from kvsim.policies.registry import EVICTION_POLICIES
+    from kvsim.policies.registry import EVICTION_POLICIES, eviction_policy_class
 
     if policies == "all":
         return sorted(EVICTION_POLICIES)
-    return list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+    names = list(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
+    if not names:
+        raise InputError(f"--policies: give at least one policy, got {policies!r}")
+    for name in names:
+        try:
+            eviction_policy_class(name)
+        except InputError as exc:  # named by this command's option
+            raise InputError(f"--policies: {str(exc).removeprefix('--policy: ')}") from None
+    return names
 
 
 def _one_policy(policies: str, mode: str) -> list[str]:

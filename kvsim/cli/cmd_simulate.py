@@ -314,7 +314,14 @@ def simulate_command(
     """
     options = pop_offload_kwargs(kwargs)
     options.update(pop_fleet_kwargs(kwargs))
-    gpu_blocks = options.pop("gpu_blocks", None) or None
+    gpu_blocks = options.pop("gpu_blocks", None)
+    source = click.get_current_context().get_parameter_source("gpu_blocks")
+    if gpu_blocks == 0 and source is not click.core.ParameterSource.DEFAULT:
+        raise InputError(  # replay's 0 (no GPU prefix cache) has no meaning here
+            "--gpu-blocks 0: a timed run needs its GPU KV (at least 2 blocks; leave it out "
+            "for vLLM's from GPU memory)"
+        )
+    gpu_blocks = gpu_blocks or None
     inputs = [trace, vllm_config, compute_profile, link, gpu, tiers, options]
     check_output_folder(out_dir, "--out", run_folder_receives(out_dir or "."), inputs)
     # made first (--chrome-trace may go inside it); removed again if the run fails

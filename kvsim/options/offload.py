@@ -299,9 +299,16 @@ class OffloadOptions(Schema, frozen=True):
         from kvsim.specs.sizing import size_for_model
 
         if chunk_tokens % self.gpu_block_tokens:
+            chunk = (  # given, or the trace's block size (what a chunk defaults to)
+                f"--chunk-tokens {chunk_tokens}"
+                if self.chunk_tokens
+                else f"the chunk ({chunk_tokens} tokens: the trace's blocks, as no "
+                "--chunk-tokens is given)"
+            )
             raise InputError(
-                f"--chunk-tokens {chunk_tokens} must be a multiple of the GPU block size "
-                f"{self.gpu_block_tokens} (vLLM chunks are whole GPU blocks)"
+                f"{chunk} must be a multiple of the GPU block size "
+                f"{self.gpu_block_tokens} (vLLM chunks are whole GPU blocks; "
+                "--gpu-block-tokens sets it)"
             )
         try:
             return size_for_model(

@@ -274,14 +274,14 @@ def _check_names(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
     """Each policy, admission rule, model and GPU the cells name, looked up once as a run
     looks it up, so an unknown one is one error before any cell runs, not a grid of
     failed cells."""
-    from kvsim.policies.registry import admission_policy_class, eviction_policy_class
+    from kvsim.policies.registry import eviction_policy_class, make_admission
     from kvsim.specs.hardware import get_gpu
     from kvsim.specs.models import get_model
 
     module = options.get("policy_module")  # a swept module: each cell resolves its own
     lookups: dict[str, Any] = {
         "policy": lambda v: None if "policy_module" in grid else eviction_policy_class(v, module),
-        "admission": admission_policy_class,
+        "admission": make_admission,  # built as a run builds it: NAME:ARG too
         "model": get_model,
         "gpu": get_gpu,
     }

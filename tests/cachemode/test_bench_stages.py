@@ -124,3 +124,12 @@ def test_bench_without_a_trace_runs_anywhere(tmp_path, capsys, monkeypatch):
     code, out, err = run_main(argv, capsys)
     assert code == 0, err
     assert "mooncake_fast25_conversation_trace.jsonl.gz: 30 requests" in out
+
+
+@pytest.mark.parametrize(
+    ("policies", "said"),
+    [("lru,nope", "--policies: unknown eviction policy 'nope'"), (",", "--policies: give")],
+)
+def test_bench_names_its_own_option_for_a_bad_policy(capsys, policies, said):
+    code, _, err = run_main(["bench", SAMPLE, "--policies", policies, "--no-vllm"], capsys)
+    assert code == 2 and said in err, err

@@ -174,6 +174,20 @@ def test_bad_options(tmp_path, args, needle):
     assert_clean_failure(proc, needle, out)
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--gpu-blocks", "0"], "--gpu-blocks 0: a timed run needs its GPU KV"),  # was: default
+        (["--gpu-blocks", "1"], "--gpu-blocks: Expected `int` >= 2"),  # was --gpu-kv-blocks
+    ],
+)
+def test_simulate_names_its_gpu_blocks_option(capsys, args, said):
+    from support import run_main
+
+    code, out, err = run_main(["simulate", TRACE, "--limit", "3", *args], capsys)
+    assert code == 2 and out == "" and said in err, err
+
+
 def test_bad_vllm_config_file_names_the_file(tmp_path):
     cfg = tmp_path / "kv.json"
     cfg.write_text('{"kv_connector_extra_config": {"cpu_bytes_to_use": ')

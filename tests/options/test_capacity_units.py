@@ -539,3 +539,11 @@ def test_gpu_spec_missing_key(tmp_path, capsys):
 )
 def test_bad_inputs_exit_2_in_one_line(args, words, capsys):
     fails_in_one_line(args, capsys, words)
+
+
+def test_a_chunk_that_is_no_whole_gpu_blocks_names_where_its_size_came_from():
+    trace = kvsim.generate("chat", 10, seed=1, block_tokens=100)
+    with pytest.raises(kvsim.InputError, match=r"the chunk \(100 tokens: the trace's blocks"):
+        kvsim.replay(trace, cpu_gib=1)  # --chunk-tokens was never given
+    with pytest.raises(kvsim.InputError, match=r"--chunk-tokens 300 must be a multiple"):
+        kvsim.replay(trace, cpu_gib=1, chunk_tokens=300)

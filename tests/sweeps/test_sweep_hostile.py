@@ -204,6 +204,22 @@ def test_an_empty_value_between_commas_is_refused(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_the_name_check_takes_every_name_a_run_takes(tmp_path):
+    """Admission rules with their argument, a model's config.json: what runs, checks."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_CONFIG))
+    spec = {
+        "traces": [SAMPLE],
+        "options": {"cpu_gib": 8},
+        "grid": {
+            "admission": ["always", "probabilistic:0.5", "tinylfu:3", "threshold:3", "length:64"],
+            "policy": ["lru", "S3FIFO"],
+            "model": ["llama-3.1-8b", str(config)],
+        },
+    }
+    assert SweepSpec.load(spec).n_cells == 20
+
+
 def _bad_trace(tmp_path: Path, kind: str) -> str:
     path = tmp_path / f"{kind}.jsonl"
     if kind == "bad-line":
