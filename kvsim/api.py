@@ -417,11 +417,11 @@ def _sizes_gib(cpu_gib: Iterable[float] | float | None) -> list[float] | None:
     of sizes, though it iterates)."""
     if cpu_gib is None:
         return None
-    values = [cpu_gib] if isinstance(cpu_gib, numbers.Real) else cpu_gib
+    values: Any = [cpu_gib] if isinstance(cpu_gib, numbers.Real) else cpu_gib
     try:
         if isinstance(values, (str, bytes)):
             raise TypeError
-        sizes = [x for x in values]
+        sizes = list(values)
         if any(isinstance(x, (str, bytes, bool)) for x in sizes):
             raise TypeError
         return [float(x) for x in sizes]
