@@ -58,7 +58,14 @@ if TYPE_CHECKING:  # what IDEs and mypy see
     from kvsim.traces.stats import trace_stats
 
 
+#: subpackages the docs reach as attributes (``kvsim.plots.fleet_balance``), imported
+#: when first reached, as ``import kvsim.plots`` would
+_SUBPACKAGES = frozenset({"accuracy", "fleet", "plots", "sweeps", "traces", "workloads"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"kvsim.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
@@ -68,7 +75,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBPACKAGES)
 
 
 __all__ = [

@@ -77,7 +77,19 @@ def parameter_names() -> frozenset[str]:
 
 
 def need_columns(df: pd.DataFrame, columns: Sequence[str], what: str) -> None:
-    """One line naming the figure (``what``) and the missing columns, if any are missing."""
+    """One line naming the figure (``what``) and the missing columns, if any are missing;
+    or saying which table to pass, when ``df`` is not a table (a Result, an MRC)."""
+    if not isinstance(df, pd.DataFrame):
+        tables = getattr(df, "tables", None)
+        if isinstance(tables, dict):
+            hint = f": one of this result's tables, as result.NAME ({', '.join(tables)})"
+        elif isinstance(getattr(df, "table", None), pd.DataFrame):
+            hint = ": this object's .table"
+        else:
+            hint = ""
+        raise InputError(
+            f"{what} takes a table (a pandas DataFrame){hint}, got a {type(df).__name__}"
+        )
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise InputError(
@@ -258,6 +270,7 @@ def hit_vs_capacity(
     ``ceiling`` and ``baseline`` (hit ratios) draw horizontal reference lines, ``belady`` (a
     table) the offline optimum; ``belady`` rows of ``results`` are drawn as that reference.
     """
+    need_columns(results, [], "hit-vs-capacity")
     df = results[results["status"] == "ok"] if "status" in results.columns else results
     x = pick_column(df, x, CAPACITY_COLUMNS, "hit-vs-capacity", "capacity")
     y = pick_column(df, y, RATIO_COLUMNS, "hit-vs-capacity", "hit-ratio")
@@ -300,6 +313,8 @@ def mrc(
     """
     ylabel = "hit ratio"
     points: pd.DataFrame | None = None
+    if not isinstance(curve, pd.DataFrame) and not hasattr(curve, "protocol"):  # not an MRC
+        need_columns(curve, [], "mrc")  # says what to pass instead
     if not isinstance(curve, pd.DataFrame):
         ylabel = "CPU hit ratio" if curve.protocol == "prefix" else ylabel
         if exact_from is None and curve.protocol == "prefix" and curve.exact_from > 1:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.core.errors import InputError
+from kvsim.plots.capacity import need_columns
 from kvsim.plots.style import finish, panels, styled
 
 if TYPE_CHECKING:
@@ -28,7 +29,11 @@ def fleet_balance(
 ) -> Figure:
     """Bars of ``load_share`` and ``hit_share`` per instance (``instances``: the table, or
     a fleet :class:`kvsim.Result`), with the even share 1/N as a dashed line."""
-    table = instances.tables["instances"] if hasattr(instances, "tables") else instances
+    tables = getattr(instances, "tables", None)
+    if isinstance(tables, dict) and "instances" not in tables:
+        raise InputError("fleet-balance: takes a fleet's result (instances=N), got one engine's")
+    table = tables["instances"] if isinstance(tables, dict) else instances
+    need_columns(table, [], "fleet-balance")
     missing = [c for c in ("instance", *SHARES) if c not in table]
     if missing:
         raise InputError(f"fleet-balance: the instances table lacks {', '.join(missing)}")

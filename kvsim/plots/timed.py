@@ -274,6 +274,9 @@ def usage_timeline(
     ``gpu_*`` / ``cpu_*`` counts are drawn as counts. Series longer than ``max_points``
     are resampled (:func:`resample`).
     """
+    need_columns(steps, [], "usage-timeline")
+    if steps.empty:
+        raise InputError("usage-timeline: the steps table is empty (a run with record_steps off?)")
     time = time or next((c for c in TIME_COLUMNS if c in steps.columns), TIME_COLUMNS[0])
     need_columns(steps, [time], "usage-timeline")
     if cpu_chunks is not None and cpu_chunks <= 0:

@@ -125,7 +125,12 @@ class Result:
         against its run without offloading: one row per metric with both values, their
         ``difference`` (this - other) and ``ratio`` (this / other; NaN when other is 0).
 
-        ``metrics`` picks rows (default: every numeric metric both sides have)."""
+        ``metrics`` picks rows (default: every numeric metric both sides have; one name is
+        one metric)."""
+        if other is not None and not isinstance(other, Result):
+            raise InputError(f"compare(): other is a Result, got {type(other).__name__}")
+        if isinstance(metrics, str):
+            metrics = [metrics]
         if other is not None:
             left, right, names = self.summary, other.summary, ("this", "other")
         else:

@@ -147,13 +147,22 @@ def _one_option(name: str) -> type[Schema]:
 
 
 def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` with an empty section (``options:`` with nothing under it) left out and
-    paths given as ``os.PathLike`` as text, as a YAML file would give them."""
+    """``data`` with an empty section (``options:`` with nothing under it) left out, and
+    paths given as ``os.PathLike`` as text and numpy values (a number, an array of grid
+    values) as Python's, as a YAML file would give them."""
 
     def text(v: Any) -> Any:
-        return os.fspath(v) if isinstance(v, os.PathLike) else v
+        if isinstance(v, os.PathLike):
+            return os.fspath(v)
+        if type(v).__module__ == "numpy" and hasattr(v, "tolist"):
+            return v.tolist()  # np.float64(16.0) -> 16.0, an array -> a list
+        return v
 
-    out = {k: v for k, v in data.items() if not (k in _SECTIONS and v is None)}
+    out = {
+        k: v if k in (*_SECTIONS, "traces") else text(v)
+        for k, v in data.items()
+        if not (k in _SECTIONS and v is None)
+    }
     if "traces" in out:
         traces = out["traces"]
         out["traces"] = (
@@ -161,9 +170,10 @@ def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
         )
     for section in _SECTIONS:
         if isinstance(out.get(section), Mapping):
+            values = {k: text(v) for k, v in out[section].items()}  # an array: a list
             out[section] = {
-                k: [text(x) for x in v] if isinstance(v, (list, tuple)) else text(v)
-                for k, v in out[section].items()
+                k: [text(x) for x in v] if isinstance(v, (list, tuple)) else v
+                for k, v in values.items()
             }
     return out
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import numbers
 import os
 import shutil
 import stat
@@ -94,6 +95,10 @@ def _remove_spooled() -> None:
             os.unlink(name)
 
 
+def _is_integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def unspooled(text: str) -> str:
     """``text`` (an error message) with each spooled copy's temporary path replaced by the
     input the user gave (``<stdin>`` for ``-``): that copy is gone by the time it is read."""
@@ -161,10 +166,14 @@ def open_trace(
         raise InputError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
     else:
         open_bin(p).close()  # missing file -> InputError now, not at first iteration
-    if limit is not None and (type(limit) is not int or limit < 0):
-        raise InputError(f"limit must be a non-negative integer, got {limit!r}")
-    if block_tokens is not None and (type(block_tokens) is not int or block_tokens <= 0):
-        raise InputError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+    if limit is not None:  # a numpy integer counts as the int it holds
+        if not _is_integer(limit) or limit < 0:
+            raise InputError(f"limit must be a non-negative integer, got {limit!r}")
+        limit = int(limit)
+    if block_tokens is not None:
+        if not _is_integer(block_tokens) or block_tokens <= 0:
+            raise InputError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+        block_tokens = int(block_tokens)
     form = FORMATS[fmt]
     if form.stated_block_tokens is not None:
         bt = form.stated_block_tokens(p)  # checked even when block_tokens overrides it

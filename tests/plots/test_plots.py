@@ -183,3 +183,22 @@ def test_real_timed_tables():
     ):
         assert fig.axes and fig.axes[-1].get_xlabel()
         plots.plt.close(fig)
+
+
+def test_a_result_or_an_mrc_where_a_table_belongs_is_named():
+    """``plots.ttft_cdf(run)`` reached ``.columns`` on the Result (an AttributeError deep
+    inside); now one line says which table to pass. An empty steps table (record_steps
+    off) is said so, not drawn as blank axes."""
+    import kvsim
+
+    run = kvsim.simulate(SAMPLE, cpu_gib=8, limit=5)
+    for draw in (plots.ttft_cdf, plots.usage_timeline, plots.transfers, plots.mrc):
+        with pytest.raises(InputError, match=r"takes a table .* as result\.NAME \(requests"):
+            draw(run)
+    with pytest.raises(InputError, match=r"this object's \.table, got a MRC"):
+        plots.hit_vs_capacity(kvsim.mrc(SAMPLE, limit=20))
+    with pytest.raises(InputError, match="fleet-balance: takes a fleet's result"):
+        plots.fleet_balance(run)
+    quiet = kvsim.simulate(SAMPLE, cpu_gib=8, limit=5, record_steps=False)
+    with pytest.raises(InputError, match="steps table is empty"):
+        plots.usage_timeline(quiet.steps)

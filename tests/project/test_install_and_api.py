@@ -423,3 +423,37 @@ def test_generate_names_a_bad_count_or_seed(args, named):
     """Once a TypeError deep in the generator (2.5) or silently a seed of text (``'x'``)."""
     with pytest.raises(kvsim.InputError, match=re.escape(named)):
         kvsim.generate(*args)
+
+
+def test_numpy_numbers_count_as_the_numbers_they_hold_in_limits_and_sweeps():
+    """As python-api.md says: ``limit=np.int64(20)`` was refused by simulate, mrc and
+    trace_stats (replay took it), and a grid of ``np.geomspace`` by the sweep spec."""
+    import numpy as np
+
+    trace = kvsim.bundled_trace()
+    assert len(kvsim.simulate(trace, cpu_gib=64, limit=np.int64(8)).requests) == 8
+    assert kvsim.trace_stats(trace, limit=np.int64(8)).summary["requests"] == 8
+    spec = {
+        "traces": [trace],
+        "limit": np.int64(10),
+        "options": {"model": "llama-3.1-8b"},
+        "grid": {"cpu_gib": np.geomspace(16, 64, 2)},
+    }
+    table = kvsim.sweep(spec, executor="serial")
+    assert table["status"].tolist() == ["ok", "ok"] and table["cpu_gib"].tolist() == [16, 64]
+
+
+def test_the_documented_subpackages_are_reached_from_a_plain_import():
+    code = (
+        "import kvsim; kvsim.plots.fleet_balance; kvsim.sweeps.read_requests; "
+        "kvsim.traces.as_trace; kvsim.workloads.build_workload"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_compare_takes_one_metric_by_name_and_refuses_a_non_result():
+    run = kvsim.replay(SAMPLE, cpu_chunks=100)
+    one = run.compare(run, metrics="cpu_hit_ratio")
+    assert list(one.index) == ["cpu_hit_ratio"]  # was each character a metric
+    with pytest.raises(kvsim.InputError, match="other is a Result, got str"):
+        run.compare("x")  # type: ignore[arg-type]
