@@ -97,7 +97,8 @@ def make_options(vllm_config: VllmConfig | None = None, **options: Any) -> Offlo
     for name in options:
         if name not in OFFLOAD_FIELDS:
             raise InputError(f"unknown option {name!r}" + did_you_mean(name, OFFLOAD_FIELDS))
-    base = OffloadOptions()
+    block = options.get("gpu_block_tokens")  # the vLLM config's chunk is counted in these
+    base = OffloadOptions() if block is None else OffloadOptions(gpu_block_tokens=block)
     extra = vllm_extra(vllm_config)
     if extra is not None:
         base = options_from_vllm_config(extra, base)

@@ -232,4 +232,36 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
                 resolve(base_dir)
             except InputError as e:
                 raise InputError(f"experiments[{i}].{key}: {e}", source=source) from None
+        _check_connector(exp, f"experiments[{i}].vllm.kv_transfer_config", source)
     return parsed
+
+
+def _check_connector(exp: Experiment, where: str, source: str) -> None:
+    """What the file's connector config must say for vLLM to start: the CPU tier's size,
+    an eviction policy it can load, an offloaded block of whole GPU blocks."""
+    from msgspec import UNSET
+
+    from kvsim.policies.registry import eviction_policy_class
+
+    kv = exp.vllm.kv_transfer_config
+    if kv is None:
+        return
+    extra = kv.kv_connector_extra_config
+    key = f"{where}.kv_connector_extra_config"
+    if extra.cpu_bytes_to_use is UNSET and extra.num_cpu_blocks is UNSET:
+        raise InputError(
+            f"{key}: give the CPU tier's size, cpu_bytes_to_use or num_cpu_blocks", source=source
+        )
+    if extra.block_size is not UNSET and extra.block_size % exp.vllm.block_size:
+        raise InputError(
+            f"{key}.block_size: {extra.block_size} is not a multiple of vllm.block_size "
+            f"{exp.vllm.block_size} (an offloaded block is whole GPU blocks)",
+            source=source,
+        )
+    if extra.eviction_policy is not UNSET:
+        module = None if extra.cache_policy_module_path is UNSET else extra.cache_policy_module_path
+        try:
+            eviction_policy_class(extra.eviction_policy, module)
+        except InputError as e:
+            message = str(e).removeprefix("--policy: ")
+            raise InputError(f"{key}.eviction_policy: {message}", source=source) from None

@@ -40,6 +40,7 @@ from kvsim.accuracy.measurements import Experiment, Measured, Stats
 from kvsim.core.errors import InputError, InputWarning
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
 from kvsim.specs.models import ModelSpec, get_model
+from kvsim.workloads.prompts import longest_request
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
@@ -240,14 +241,7 @@ def _run(
     model = get_model(model_arg)
     run, measured = shortened(exp, max_stage_s, warmup_s)
     spec = run.workload_spec()
-    longest = (
-        spec.system_prompt_len + spec.question_len + spec.output_len
-        if spec.type == "shared_prefix"
-        else math.ceil((spec.prefix_len + spec.input_len) * (1 + spec.range_ratio))
-        + spec.special_tokens
-        + math.ceil(spec.output_len * (1 + spec.range_ratio))
-    )
-    _max_model_len(exp, model, longest)
+    _max_model_len(exp, model, longest_request(spec))
     gpu = get_gpu(exp.gpu_arg(base_dir))
     batched_tokens = _max_num_batched_tokens(exp, model, gpu)
     if isinstance(compute_profile, PhaseProfile):
@@ -285,6 +279,7 @@ def _run(
             async_scheduling=async_scheduling,
             **_fleet(exp),
         )
+    _refusals(result.tables["requests"])
     simulated = stage_metrics(result.tables["stages"], spec.output_len, overhead_s)
     predicted = {  # the warm-ups' rows go; the others stand for the stages they measure
         ("all" if key == "all" else str(measured[int(key)])): value
@@ -292,6 +287,25 @@ def _run(
         if key == "all" or measured[int(key)] is not None
     }
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
+
+
+def _refusals(requests: Any) -> None:
+    """Requests the modelled vLLM refused (longer than its KV or ``max_model_len``) are not
+    in the metrics: all refused is an experiment that cannot be re-created, some a warning
+    (the measurement counted them as failed, or never had them)."""
+    refused = int(requests["rejected"].sum())
+    if refused and refused == len(requests):
+        raise InputError(
+            f"every request ({refused}) is refused: longer than the GPU KV holds or than "
+            "vllm.max_model_len"
+        )
+    if refused:
+        warnings.warn(
+            f"{refused} of {len(requests)} requests refused (longer than the GPU KV holds "
+            "or than vllm.max_model_len): the metrics are the others'",
+            InputWarning,
+            stacklevel=2,
+        )
 
 
 def _fleet(exp: Experiment) -> dict[str, Any]:

@@ -343,6 +343,7 @@ class Load:
     median_queue_s: float = 0.0
     p99_queue_s: float = 0.0
     queue_growth: float | None = None  # mean queue, last third of arrivals / first third
+    late_queue_s: float = 0.0  # the last third's mean queue
 
     @classmethod
     def of(
@@ -357,11 +358,13 @@ class Load:
         by_arrival = done.sort_values("arrival_s", kind="stable")["queue_s"].to_numpy(np.float64)
         third = len(by_arrival) // 3
         growth = None
+        last = 0.0
         if third:
             first = float(by_arrival[:third].mean())
             last = float(by_arrival[-third:].mean())
             growth = last / first if first > 0 else (math.inf if last > 0 else 1.0)
         return cls(
+            late_queue_s=last,
             median_queue_s=float(np.median(queue)) if len(queue) else 0.0,
             p99_queue_s=float(np.percentile(queue, 99)) if len(queue) else 0.0,
             queue_growth=growth,
@@ -399,7 +402,9 @@ class Load:
             and self.offered > self.sustainable
         )
         growth = self.queue_growth if self.queue_growth is not None else 0.0
-        grows = growth >= QUEUE_GROWTH
+        # a queue that grows to something: from 0 to 1 ms is infinitely more, yet no backlog
+        # (a short run's few requests, a cold pass)
+        grows = growth >= QUEUE_GROWTH and self.late_queue_s >= QUEUE_STEPS * self.step_s
         builds_up = grows or self.queue_share >= QUEUE_SHARE
         if outpaced and self.busy_frac >= BUSY_FRAC and builds_up:
             reasons.append(f"arrivals outpace the GPU, busy {self.busy_frac:.0%} of the run")

@@ -121,4 +121,10 @@ def build_workload(workload: Any, load: Any, seed: int = 0, block_size: int = 16
         raise InputError(f"block_size must be a positive integer, got {block_size!r}")
     if not isinstance(seed, Integral) or isinstance(seed, bool) or seed < 0:
         raise InputError(f"seed must be a non-negative integer, got {seed!r}")
-    return Workload(load_workload(workload), load_load(load), int(seed), block_size)
+    w = Workload(load_workload(workload), load_load(load), int(seed), block_size)
+    if w.num_requests == 0:  # nothing to run, or to write as a trace
+        raise InputError(
+            f"the {w.load.type} load sends no request in its {w.num_stages} stage(s) (a stage "
+            "at rate R for D seconds sends R x D requests, rounded down)"
+        )
+    return w

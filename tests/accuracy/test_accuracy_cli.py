@@ -153,6 +153,43 @@ def test_a_bad_router_in_a_measurements_file_is_one_line(tmp_path, capsys):
         ({"model": "llama-2-7bb"}, [], "experiments[0].model: unknown model 'llama-2-7bb' (did"),
         ({"gpu": "h100x"}, [], "experiments[0].gpu: unknown GPU 'h100x'"),
         ({"gpu": "gpus/mine.json"}, [], "relative to the measurements file"),
+        (
+            {
+                "vllm": {
+                    **EXPERIMENT["vllm"],
+                    "kv_transfer_config": {
+                        "kv_connector_extra_config": {
+                            "cpu_bytes_to_use": 2**33,
+                            "eviction_policy": "fifo2",
+                        }
+                    },
+                }
+            },
+            [],
+            "kv_connector_extra_config.eviction_policy: unknown eviction policy 'fifo2'",
+        ),
+        (
+            {
+                "vllm": {
+                    **EXPERIMENT["vllm"],
+                    "kv_transfer_config": {"kv_connector": "OffloadingConnector"},
+                }
+            },
+            [],
+            "kv_connector_extra_config: give the CPU tier's size",
+        ),
+        (
+            {
+                "vllm": {
+                    **EXPERIMENT["vllm"],
+                    "kv_transfer_config": {
+                        "kv_connector_extra_config": {"cpu_bytes_to_use": 2**33, "block_size": 24}
+                    },
+                }
+            },
+            [],
+            "block_size: 24 is not a multiple of vllm.block_size 16",
+        ),
         ({}, ["--compute-profile", "nope.json"], "nope.json: cannot read"),
         ({}, ["--max-stage-s", "nan"], "not a finite number"),
         ({}, ["--seed", "-1"], "--seed"),
@@ -342,6 +379,49 @@ def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
     assert "max_position_embeddings (4096)" in (by["past"].error or "")
     assert "--tp 3: llama-2-7b's 32 attention heads" in (by["tp3"].error or "")
     assert [f.experiment for f in report.failures] == ["too-long", "past", "tp3"]
+
+
+def test_what_a_run_refuses_or_never_sends_is_said_not_scored_silently(tmp_path):
+    """Found by a hostile pass: every request refused (10 GPU blocks) was an experiment
+    with no rows and no error, exit 0; some refused were scored over the rest unsaid; a
+    load sending nothing was a numpy IndexError that lost the file's other results; a
+    random workload's longest request was over-counted (prefix scaled by the range ratio,
+    special tokens twice), refusing experiments vLLM runs; a 32-token block size with the
+    connector failed on a 16-token chunk nobody gave."""
+    import warnings
+
+    from kvsim.accuracy import accuracy
+
+    vllm = experiment()["vllm"]
+    none_fit = experiment(id="none-fit", vllm={**vllm, "num_gpu_blocks_override": 10})
+    silent = experiment(
+        id="silent", load={"type": "constant", "stages": [{"rate": 0.05, "duration": 10}]}
+    )
+    rand = {"type": "random", "input_len": 100, "output_len": 10, "range_ratio": 0.5}
+    edge = experiment(
+        id="edge",
+        workload={**rand, "prefix_len": 1000, "special_tokens": 1},
+        vllm={**vllm, "max_model_len": 1165},  # 1 + 1000 + ceil(99 x 1.5) + 15, exactly
+    )
+    bs32 = experiment(id="bs32", vllm={**vllm, "block_size": 32, "num_gpu_blocks_override": 3731})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        report = accuracy(write(tmp_path / "m.yaml", none_fit, silent, edge, bs32), max_stage_s=5)
+    by = {r.experiment: r for r in report.results}
+    assert "every request (" in (by["none-fit"].error or "")
+    assert "sends no request" in (by["silent"].error or "")
+    assert by["edge"].error is None and by["bs32"].error is None
+    assert [f.experiment for f in report.failures] == ["none-fit", "silent"]
+    few = experiment(
+        id="few",
+        vllm={**vllm, "num_gpu_blocks_override": 18},  # 17 usable: 272 tokens
+        workload={**rand, "input_len": 240, "range_ratio": 0.3},  # 168 to 312, + up to 13
+    )
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        report = accuracy(write(tmp_path / "few.yaml", few), max_stage_s=5)
+    assert not report.failures
+    assert any("requests refused (longer than the GPU KV" in str(w.message) for w in said)
 
 
 def test_fit_compute_search_lm_moves_the_parameters_together_and_says_so(tmp_path, capsys):

@@ -67,6 +67,22 @@ def test_a_gpu_busy_all_the_time_with_queueing_is_overload():
     assert "GPU busy 99%" in reason and load.kind() == "overloaded"
 
 
+def test_a_short_run_whose_queue_grows_from_nothing_to_a_step_is_not_overloaded():
+    """Four requests, the first third never waiting, the last waiting 2 ms: infinitely
+    more, yet no backlog (a quick run's cold pass, with the GPU busy throughout); it was
+    warned as overloaded, in every `kvsim accuracy --max-stage-s` run."""
+    queues = [0.0, 0.0, 0.0015, 0.002]
+    load = Load.of(
+        _requests([0.0, 0.25, 0.5, 0.75], queues, prompt=700),
+        ITLS.copy(),
+        busy_s=1.0,
+        steps=100,
+        duration=1.0,
+    )
+    assert load.queue_growth == float("inf") and load.offered > load.sustainable
+    assert load.reasons() == [] and load.warning("with offloading") is None
+
+
 def test_a_steady_run_says_nothing():
     load = Load.of(
         _requests(np.arange(50.0), np.zeros(50)),
