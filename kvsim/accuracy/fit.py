@@ -87,15 +87,17 @@ def _log_errors(report: Any) -> np.ndarray:
     if report.failures:
         failed = report.failures[0]
         raise InputError(f"experiment {failed.experiment}: {failed.error}")
-    errors = [
+    measured = [r for r in report.rows if r.metric in LOSS_METRICS and r.measured]
+    by_stage = {r.experiment for r in measured if r.stage != "all"}
+    errors = [  # each experiment's stages; its whole run where it measured only that
         math.log(row.predicted / row.measured)
         if row.predicted > 0 and math.isfinite(row.predicted)
         else _NO_PREDICTION
-        for row in report.rows
-        if row.stage != "all" and row.metric in LOSS_METRICS and row.measured
+        for row in measured
+        if (row.stage != "all") == (row.experiment in by_stage)
     ]
     if not errors:
-        raise InputError("no stage measures mean TTFT, E2E or ITL: nothing to fit")
+        raise InputError("no experiment measures mean TTFT, E2E or ITL: nothing to fit")
     return np.array(errors)
 
 

@@ -232,6 +232,19 @@ def test_a_gpu_spec_is_read_beside_the_measurements_file(tmp_path, capsys, monke
     assert code == 0, err
 
 
+def test_fit_compute_fits_on_a_whole_run_where_only_that_is_measured(tmp_path, capsys):
+    """A one-stage experiment measured as ``stage: all`` (llm-d's fleet file) was 'no stage
+    measures mean TTFT, E2E or ITL: nothing to fit'."""
+    whole = experiment(
+        load={"type": "constant", "stages": [{"rate": 4, "duration": 5}]},
+        measured=[{"stage": "all", "ttft_ms": {"mean": 22.0}, "e2e_ms": {"mean": 210.0}}],
+    )
+    args = ["fit-compute", write(tmp_path / "m.yaml", whole), "--gpu", "h100"]
+    args += ["--out", tmp_path / "p.json", "--max-evals", "1", "--max-stage-s", "3"]
+    code, stdout, err = run_main(args, capsys)
+    assert code == 0 and "training error" in stdout, err
+
+
 def test_fit_compute_writes_a_profile_with_provenance(tmp_path, capsys):
     path = write(tmp_path / "m.yaml")
     profile = tmp_path / "p.json"
