@@ -89,7 +89,10 @@ class RandomWorkload(Schema, frozen=True, kw_only=True):
     num_prompts: (
         Annotated[
             Positive,
-            Meta(description="--num-prompts: requests sampled in one draw (default: as needed)."),
+            Meta(
+                description="--num-prompts: requests sampled in one draw (default 1000, "
+                "drawn again as the load needs more)."
+            ),
         ]
         | None
     ) = None
