@@ -12,12 +12,16 @@ import click
 
 from kvsim.accuracy.crossval import FOLD_BY
 from kvsim.accuracy.search import SEARCHES
-from kvsim.cli.common import FiniteFloatRange
+from kvsim.cli.common import FiniteFloatRange, check_output_folder, check_output_path
 from kvsim.core.errors import InputError
-from kvsim.core.io import json_text
+from kvsim.core.io import json_text, output_folder
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
+
+
+#: what ``kvsim accuracy --out DIR`` writes there
+_ACCURACY_FILES = frozenset({"accuracy.csv", "metadata.json"})
 
 
 def _fmt(x: float | None) -> str:
@@ -97,7 +101,9 @@ def accuracy_command(
         raise InputError("--warmup-s leads each stage that --max-stage-s cuts; give --max-stage-s")
     total = len(read_measurements(file).experiments) if not experiments else len(experiments)
     show = (sys.stderr.isatty() if progress is None else progress) and not as_json
-    with Progress(show, total, "experiments", unit="exp") as bar:
+    check_output_folder(out, "--out", _ACCURACY_FILES.__contains__, [file, compute_profile])
+    with output_folder(out), Progress(show, total, "experiments", unit="exp") as bar:
+        # the folder is made first: one that cannot be is said before the runs, not after
         report = accuracy(
             file,
             compute_profile=compute_profile,
@@ -108,8 +114,8 @@ def accuracy_command(
             async_scheduling=async_scheduling,
             progress=bar.callback,
         )
-    if out is not None:
-        report.write(out, command="kvsim accuracy " + " ".join(sys.argv[2:]))
+        if out is not None:
+            report.write(out, command="kvsim accuracy " + " ".join(sys.argv[2:]))
     for failed in report.failures:
         click.echo(f"kvsim: experiment {failed.experiment}: {failed.error}", err=True)
     if as_json:
@@ -244,6 +250,7 @@ def fit_compute_command(
     gpu = gpu.strip().lower()
     if not out.endswith(".json"):
         raise InputError(f"--out {out!r}: a profile is a .json file")
+    check_output_path(out, "--out", file, start)  # before the fit's minutes, not after
     result = fit_compute(
         file,
         gpu,

@@ -208,6 +208,24 @@ def test_what_no_experiment_could_run_with_is_bad_input(tmp_path, capsys, change
     assert stdout == "" and not out.exists()
 
 
+def test_an_out_that_cannot_be_made_is_said_before_the_runs(tmp_path, capsys, monkeypatch):
+    """It was found after the whole run, its results then lost."""
+    from kvsim.accuracy import report
+
+    ran: list[str] = []
+    monkeypatch.setattr(report, "run_experiment", lambda exp, *a, **k: ran.append(exp.id))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    path = write(tmp_path / "m.yaml")
+    code, _, err = run_main(["accuracy", path, "--out", blocker / "acc"], capsys)
+    assert code == 2 and "a-file/acc" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = run_main(
+        ["fit-compute", path, "--gpu", "h100", "--out", tmp_path / "no" / "p.json"], capsys
+    )
+    assert code == 2 and "folder" in err and "does not exist" in err, err
+    assert ran == []
+
+
 def test_a_gpu_spec_is_read_beside_the_measurements_file(tmp_path, capsys, monkeypatch):
     """As a model's config.json is: the file names it relative to itself, wherever kvsim
     runs from."""
