@@ -261,7 +261,6 @@ def _check_connector(exp: Experiment, where: str, source: str) -> None:
     if extra.eviction_policy is not UNSET:
         module = None if extra.cache_policy_module_path is UNSET else extra.cache_policy_module_path
         try:
-            eviction_policy_class(extra.eviction_policy, module)
+            eviction_policy_class(extra.eviction_policy, module, option=f"{key}.eviction_policy")
         except InputError as e:
-            message = str(e).removeprefix("--policy: ")
-            raise InputError(f"{key}.eviction_policy: {message}", source=source) from None
+            raise InputError(str(e), source=source) from None

@@ -242,7 +242,8 @@ def _run(
     run, measured = shortened(exp, max_stage_s, warmup_s)
     spec = run.workload_spec()
     _max_model_len(exp, model, longest_request(spec))
-    gpu = get_gpu(exp.gpu_arg(base_dir))
+    gpu_arg = exp.gpu_arg(base_dir)  # a spec file is read here once, not per use
+    gpu = get_gpu(gpu_arg)
     batched_tokens = _max_num_batched_tokens(exp, model, gpu)
     if isinstance(compute_profile, PhaseProfile):
         profile: Any = compute_profile
@@ -262,7 +263,7 @@ def _run(
         result = simulate(
             workload=spec,
             load=run.load,
-            gpu=exp.gpu_arg(base_dir),
+            gpu=gpu_arg,
             model=model_arg,
             tp=exp.tp,
             gpu_block_tokens=vllm.block_size,

@@ -203,10 +203,7 @@ def _policy_names(policies: str) -> list[str]:
     if not names:
         raise InputError(f"--policies: give at least one policy, got {policies!r}")
     for name in names:
-        try:
-            eviction_policy_class(name)
-        except InputError as exc:  # named by this command's option
-            raise InputError(f"--policies: {str(exc).removeprefix('--policy: ')}") from None
+        eviction_policy_class(name, option="--policies")
     return names
 
 

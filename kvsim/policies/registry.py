@@ -130,11 +130,12 @@ VLLM_EXPORTS: dict[str, str] = {
 VLLM_EXPORT_MODULE = "kvsim.integrations.vllm"
 
 
-def eviction_policy_class(spec: str, module_path: str | None = None) -> type[EvictionPolicy]:
-    """Resolve ``lru``, ``arc``, ..., ``pkg.mod:Class``, or vLLM's (name, module path)."""
-    return _resolve(
-        EVICTION_POLICIES, EvictionPolicy, "--policy", "eviction policy", spec, module_path
-    )
+def eviction_policy_class(
+    spec: str, module_path: str | None = None, option: str = "--policy"
+) -> type[EvictionPolicy]:
+    """Resolve ``lru``, ``arc``, ..., ``pkg.mod:Class``, or vLLM's (name, module path); an
+    error names ``option``, where the name came from (``--policies``, a file's key)."""
+    return _resolve(EVICTION_POLICIES, EvictionPolicy, option, "eviction policy", spec, module_path)
 
 
 def config_policy_class(config: CacheConfig) -> type[EvictionPolicy]:
