@@ -265,7 +265,17 @@ def replay(
 def fleet_options(given: Mapping[str, Any]) -> FleetOptions | None:
     """The fleet a job's keywords ask for, or None (no fleet keyword given: one engine)."""
     picked = {k: v for k, v in _pick(given, FLEET_FIELDS).items() if v is not None}
-    return FleetOptions(**picked) if picked else None
+    if not picked:
+        return None
+    fleet = FleetOptions(**picked)
+    unread = fleet.unread()
+    if unread:
+        warnings.warn(
+            "given, but the run never reads them, so they change nothing: " + "; ".join(unread),
+            InputWarning,
+            stacklevel=3,
+        )
+    return fleet
 
 
 def _pick(given: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:

@@ -14,7 +14,14 @@ from msgspec import Meta
 from kvsim.options.offload import Count, Text
 from kvsim.options.schema import Schema, check_fields
 
-__all__ = ["FLEET_FIELDS", "ROUTERS", "SHARED_LINKS", "FleetOptions", "fleet_option_name"]
+__all__ = [
+    "FLEET_DEFAULTS",
+    "FLEET_FIELDS",
+    "ROUTERS",
+    "SHARED_LINKS",
+    "FleetOptions",
+    "fleet_option_name",
+]
 
 #: the built-in routers (a ``module:Class`` plugin is the other choice)
 ROUTERS = ("round-robin", "random", "least-loaded", "session", "prefix-aware")
@@ -119,5 +126,42 @@ class FleetOptions(Schema, frozen=True):
     def __post_init__(self) -> None:
         check_fields(self, names=fleet_option_name)
 
+    def unread(self) -> list[str]:
+        """The options given (away from their defaults) that this fleet never reads, each
+        with why: a user who set them expects them to change the run, and they do not.
+
+        Returns one clause per option (``--router-kv-weight (only the prefix-aware router
+        reads the weights)``); empty when every option given is read."""
+        out = []
+        many = self.instances > 1
+        if not many:
+            out += [
+                f"{fleet_option_name(name)} (one instance has no router)"
+                for name in _ROUTER_FIELDS
+                if getattr(self, name) != FLEET_DEFAULTS[name]
+            ]
+        elif self.router != "prefix-aware":
+            out += [
+                f"{fleet_option_name(name)} (only the prefix-aware router reads the weights)"
+                for name in _WEIGHT_FIELDS
+                if getattr(self, name) != FLEET_DEFAULTS[name]
+            ]
+        # the shared tier's options without the tier are an error (fleet/shared.py)
+        if (
+            self.shared_tier is not None
+            and self.shared_tier_capacity is None
+            and self.shared_tier_eviction != FLEET_DEFAULTS["shared_tier_eviction"]
+        ):
+            out.append(
+                "--shared-tier-eviction (the shared tier has no --shared-tier-capacity, so "
+                "it never evicts)"
+            )
+        return out
+
 
 FLEET_FIELDS: tuple[str, ...] = FleetOptions.__struct_fields__
+FLEET_DEFAULTS: dict[str, object] = dict(
+    zip(FLEET_FIELDS, FleetOptions.__struct_defaults__, strict=True)
+)
+_WEIGHT_FIELDS = ("router_prefix_weight", "router_queue_weight", "router_kv_weight")
+_ROUTER_FIELDS = ("router", "router_staleness_ms", *_WEIGHT_FIELDS, "router_window_s")

@@ -40,7 +40,8 @@ def _csv(frame) -> str:
 def test_fleet_of_one_is_the_engine(extra) -> None:
     opts = {**OPTS, **extra}
     one = kvsim.replay(SAMPLE, **opts)
-    fleet = kvsim.replay(SAMPLE, **opts, instances=1, router="prefix-aware")
+    with pytest.warns(kvsim.InputWarning, match="--router .one instance has no router"):
+        fleet = kvsim.replay(SAMPLE, **opts, instances=1, router="prefix-aware")
     assert set(fleet.tables["requests"]["instance"]) == {0}
     assert _csv(fleet.tables["requests"].drop(columns="instance")) == _csv(one.tables["requests"])
     for key, value in one.summary.items():
@@ -188,6 +189,7 @@ def test_runs_are_deterministic_across_hash_seeds() -> None:
         (["--router-staleness-ms", "-5"], "--router-staleness-ms"),
         (["--instances", "0"], "--instances"),
         (["--shared-tier-capacity", "1TiB"], "needs --shared-tier"),
+        (["--shared-tier-eviction", "arc"], "needs --shared-tier"),
         (["--shared-tier", "pool", "--shared-tier-capacity", "lots"], "--shared-tier-capacity"),
     ],
 )
@@ -205,3 +207,48 @@ def test_a_valid_plugin_routes() -> None:
         SAMPLE, cpu_chunks=10, limit=20, instances=3, router="fleet.router_plugins:Last"
     ).tables["requests"]
     assert set(table["instance"]) == {2}
+
+
+_POOL = {"instances": 3, "shared_tier": "pool"}
+
+
+@pytest.mark.parametrize(
+    ("options", "unread"),
+    [
+        ({}, []),
+        ({"instances": 3, "router": "prefix-aware", "router_kv_weight": 0.0}, []),
+        ({"router": "session"}, ["--router"]),
+        (
+            {"router_staleness_ms": 5.0, "router_window_s": 2.0},
+            ["--router-staleness-ms", "--router-window-s"],
+        ),
+        ({"instances": 3, "router_queue_weight": 1.0}, ["--router-queue-weight"]),
+        (
+            {"instances": 3, "router": "session", "router_prefix_weight": 0.0},
+            ["--router-prefix-weight"],
+        ),
+        ({**_POOL, "shared_tier_eviction": "arc"}, ["--shared-tier-eviction"]),
+        ({**_POOL, "shared_tier_capacity": "9chunks", "shared_tier_eviction": "arc"}, []),
+    ],
+)
+def test_options_a_fleet_never_reads_are_named(options, unread) -> None:
+    from kvsim.options.fleet import FleetOptions
+
+    said = FleetOptions(**options).unread()
+    assert [clause.split(" (")[0] for clause in said] == unread
+
+
+def test_unread_fleet_options_warn_once_and_change_nothing(capsys) -> None:
+    code, out, err = run_main(
+        ["replay", SAMPLE, "--cpu-chunks", "40", "--instances", "2", "--json"], capsys
+    )
+    assert code == 0 and err == ""
+    plain = json.loads(out)
+    args = ["--router-kv-weight", "7", "--router-queue-weight", "0"]
+    code, out, err = run_main(
+        ["replay", SAMPLE, "--cpu-chunks", "40", "--instances", "2", *args, "--json"], capsys
+    )
+    assert code == 0
+    assert json.loads(out) == plain
+    assert err.count("kvsim: warning:") == 1
+    assert "--router-queue-weight (only the prefix-aware" in err and "--router-kv-weight (" in err
