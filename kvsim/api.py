@@ -28,6 +28,7 @@ from kvsim.options.vllm import (
     options_from_vllm_config,
     refuse_engine_knobs_in_cache_mode,
 )
+from kvsim.policies.registry import eviction_policy_class
 from kvsim.report.progress import Progress, ProgressArg
 from kvsim.report.result import Result
 from kvsim.traces import Trace, as_trace, requests_frame
@@ -100,9 +101,13 @@ def make_options(vllm_config: VllmConfig | None = None, **options: Any) -> Offlo
     block = options.get("gpu_block_tokens")  # the vLLM config's chunk is counted in these
     base = OffloadOptions() if block is None else OffloadOptions(gpu_block_tokens=block)
     extra = vllm_extra(vllm_config)
+    explicit = {k: v for k, v in options.items() if v is not None}
     if extra is not None:
         base = options_from_vllm_config(extra, base)
-    explicit = {k: v for k, v in options.items() if v is not None}
+        if "policy" not in explicit and base.policy_module is None and ":" not in base.policy:
+            # a bare name resolves without importing anything: checked here, an unknown one
+            # names the key it came from, not --policy (a module's class is checked at use)
+            eviction_policy_class(base.policy, option="--vllm-config: eviction_policy")
     if "cpu_chunks" in explicit or "cpu_gib" in explicit:
         base = base.with_(cpu_bytes=None)
     return base.with_(**explicit)

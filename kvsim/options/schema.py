@@ -239,6 +239,10 @@ def _one_line(
         steps[0] = names(steps[0])
     path = _dotted([*prefix.split(".")] if prefix else [], steps)
     where = f"{path}: " if path else ""
+    if not steps and isinstance(value, Mapping):
+        # a rule between an object's keys (its __post_init__): its own message names them
+        # and their values (kept whole), and the whole object would only repeat them
+        return InputError(f"{where}{m.group('msg')}", source=source)
     return InputError(f"{where}{msg}, got {short_repr(value)}", source=source)
 
 

@@ -454,6 +454,7 @@ _SHORTHAND_KEYS = {
     "device": "kvsim_device",
     "load_rule": "kvsim_load_rule",
 }
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 #: tier-object key -> the shorthand key that stands for it
 _SHORT_NAMES = {v: k for k, v in _SHORTHAND_KEYS.items()}
 
@@ -477,7 +478,8 @@ def tier_from_shorthand(text: str, where: str | None = None) -> dict[str, Any]:
         name = _SHORTHAND_KEYS.get(key, key)
         if name in tier:
             raise InputError(f"{where}: {key} given twice")
-        tier[name] = int(value) if value.isdigit() else value
+        # a signed whole number is a number (so -2 is out of range, not the wrong type)
+        tier[name] = int(value) if _INTEGER.fullmatch(value) else value
     cls = _TIER_CLASSES.get(kind)
     if cls is not None:  # the shorthand's names and the tier type's vLLM keys
         known = [

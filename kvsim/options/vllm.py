@@ -336,8 +336,9 @@ def extra_config(data: Any, source: str = "--vllm-config") -> KVConnectorExtraCo
         return data.kv_connector_extra_config
     if not isinstance(data, dict):
         raise InputError(f"expected a JSON object, got {type(data).__name__}", source=source)
-    if "kv_connector_extra_config" in data:
-        inner = data["kv_connector_extra_config"]
+    if "kv_connector_extra_config" in data or "kv_connector" in data:
+        # a whole --kv-transfer-config (its connector named, its extra config maybe not)
+        inner = data.get("kv_connector_extra_config", {})
         if not isinstance(inner, dict):
             raise InputError("kv_connector_extra_config must be an object", source=source)
         where = "kv_connector_extra_config.secondary_tiers"

@@ -281,6 +281,19 @@ def test_a_failed_simulate_leaves_no_out_folder_behind(tmp_path, capsys):
         (["--cpu-chunks", "10", "--chunk-tokens", "0"], "--chunk-tokens: Expected `int` >= 1"),
         (["--cpu-chunks", "10", "--vllm-config", '{"cpu_bytes_to_use": NaN}'], "NaN"),
         (["--cpu-chunks", "10", "--vllm-config", "missing.json"], "no such file"),
+        (
+            ["--vllm-config", '{"cpu_bytes_to_use": 1e9, "eviction_policy": "nope"}'],
+            "--vllm-config: eviction_policy: unknown eviction policy 'nope'",
+        ),
+        (
+            ["--vllm-config", '{"kv_connector": "LMCacheConnector", "kv_role": "kv_both"}'],
+            "kv_connector: must be one of OffloadingConnector, got 'LMCacheConnector'",
+        ),
+        (
+            ["--cpu-chunks", "10", "--tier", "fs:n_read_threads=-2"],
+            "n_read_threads: Expected `int` >= 1, got -2",
+        ),
+        (["--cpu-chunks", "10", "--tier", "fs:capacity=0"], "at least 1 byte, got 0"),
     ],
 )
 def test_bad_option_values_are_one_line(extra, phrase, capsys):

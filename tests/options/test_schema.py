@@ -66,8 +66,9 @@ def test_a_mapping_value_error_names_the_key_that_failed() -> None:
 
 
 def test_a_cross_field_rule_reads_after_the_path_and_a_prefix_is_kept() -> None:
+    # its message says what is wrong; the whole object after it would only repeat it
     assert _error({"name": "bad"}, prefix="options") == (
-        "spec.yaml: options: name must not be 'bad', got {'name': 'bad'}"
+        "spec.yaml: options: name must not be 'bad'"
     )
 
 
