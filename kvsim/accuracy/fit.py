@@ -81,12 +81,13 @@ class FitResult:
 _NO_PREDICTION = math.log(1000.0)
 
 
-def _log_errors(report: Any) -> np.ndarray:
+def _log_errors(report: Any, file: str) -> np.ndarray:
     """``log(predicted / measured)`` of each load stage's mean TTFT, E2E and ITL, in the
-    report's order (the same rows for every profile: the search differences them)."""
+    report's order (the same rows for every profile: the search differences them); an
+    experiment of ``file`` that cannot run is an error naming both."""
     if report.failures:
         failed = report.failures[0]
-        raise InputError(f"experiment {failed.experiment}: {failed.error}")
+        raise InputError(f"experiment {failed.experiment}: {failed.error}", source=file)
     measured = [r for r in report.rows if r.metric in LOSS_METRICS and r.measured]
     by_stage = {r.experiment for r in measured if r.stage != "all"}
     errors = [  # each experiment's stages; its whole run where it measured only that
@@ -97,7 +98,9 @@ def _log_errors(report: Any) -> np.ndarray:
         if (row.stage != "all") == (row.experiment in by_stage)
     ]
     if not errors:
-        raise InputError("no experiment measures mean TTFT, E2E or ITL: nothing to fit")
+        raise InputError(
+            "no experiment measures mean TTFT, E2E or ITL: nothing to fit", source=file
+        )
     return np.array(errors)
 
 
@@ -169,7 +172,7 @@ def fit_compute(
                 warmup_s=warmup_s,
                 experiments=kept,
             )
-        errors = _log_errors(report)
+        errors = _log_errors(report, file)
         return float(np.mean(np.abs(errors))), errors, report
 
     best, best_loss, best_report = run_search(base, FITTED, evaluate, max_evals, log, search)

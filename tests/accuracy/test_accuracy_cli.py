@@ -263,6 +263,16 @@ def test_fit_compute_fits_on_a_whole_run_where_only_that_is_measured(tmp_path, c
     assert code == 0 and "training error" in stdout, err
 
 
+def test_fit_compute_names_the_file_of_an_experiment_it_cannot_run(tmp_path, capsys):
+    short = experiment(vllm={**EXPERIMENT["vllm"], "max_model_len": 16})
+    path = write(tmp_path / "m.yaml", short)
+    args = ["fit-compute", path, "--gpu", "h100", "--out", tmp_path / "p.json"]
+    code, _, err = run_main([*args, "--max-evals", "1", "--max-stage-s", "2"], capsys)
+    assert code == 2
+    assert err.startswith(f"kvsim: error: {path}: experiment ") and "max_model_len 16" in err
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_fit_compute_writes_a_profile_with_provenance(tmp_path, capsys):
     path = write(tmp_path / "m.yaml")
     profile = tmp_path / "p.json"
