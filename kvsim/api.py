@@ -127,8 +127,19 @@ def named_options(fn: Callable[P, R]) -> Callable[P, R]:
         if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     )
 
+    positional = sum(
+        p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for p in inspect.signature(fn).parameters.values()
+    )
+
     @functools.wraps(fn)
     def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        if len(args) > positional:
+            raise InputError(
+                f"{fn.__name__}(): options are given by name ({fn.__name__}(trace, "
+                f"cpu_gib=64), not {fn.__name__}(trace, 64)); got {len(args)} positional "
+                f"arguments, {positional} expected"
+            )
         for name in kwargs:
             if name not in known:
                 raise InputError(
@@ -352,6 +363,8 @@ def mrc(
         return again.resolve(tr.block_tokens, config.model_spec).num_chunks
 
     asked_chunks = [chunks_at(x) for x in asked or ()]
+    if isinstance(points, bool) or not isinstance(points, numbers.Integral) or points < 2:
+        raise InputError(f"--points must be a whole number >= 2, got {points!r}")
     if seeds < 1:
         raise InputError(f"--seeds must be at least 1, got {seeds}")
     if policy.lower() == "lru":

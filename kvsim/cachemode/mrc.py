@@ -69,7 +69,7 @@ class _Stack:
 REACH_FRACTIONS = (0.5, 0.9, 0.99)
 
 
-@dataclass
+@dataclass(repr=False)
 class MRC:
     """A hit-ratio curve: ``table`` has columns capacity (chunks), hit_ratio, miss_ratio,
     and, once :func:`in_capacity_units` knows the chunk's tokens (and bytes: a model),
@@ -87,6 +87,16 @@ class MRC:
     model: str | None = None
     kv_cache_dtype: str = "auto"
     points: pd.DataFrame | None = None  # the curve at asked sizes (``kvsim mrc --cpu-gib``)
+
+    def __repr__(self) -> str:
+        """What the curve is, in one line (the table is ``.table``)."""
+        t = self.table
+        span = f"capacity {t['capacity'].min():,}-{t['capacity'].max():,} chunks" if len(t) else ""
+        policy = t["policy"].iloc[0] if len(t) and "policy" in t else "?"
+        return (
+            f"<MRC {policy}, {self.protocol} protocol, sample rate {self.sample_rate:g}: "
+            f"{len(t):,} rows, {span}, ceiling {self.ceiling:.4f}>"
+        )
 
     def hit_ratio(self, capacity: int) -> float:
         """Hit ratio at any capacity (step function between table rows)."""
@@ -126,11 +136,11 @@ class MRC:
         """GiB of ``capacity`` chunks, as vLLM allocates them (None without a model)."""
         return None if self.row_bytes is None else capacity * self.row_bytes / GIB
 
-    def reach(self, fractions: Sequence[float] = REACH_FRACTIONS) -> pd.DataFrame:
-        """The capacity that reaches each share of the ceiling, in chunks, tokens and GiB
-        (``exact``: :meth:`is_exact`; otherwise the curve's estimate)."""
+    def reach(self, fractions: Sequence[float] | float = REACH_FRACTIONS) -> pd.DataFrame:
+        """The capacity that reaches each share of the ceiling (or of one share), in chunks,
+        tokens and GiB (``exact``: :meth:`is_exact`; otherwise the curve's estimate)."""
         rows = []
-        for q in fractions:
+        for q in [fractions] if isinstance(fractions, (int, float)) else fractions:
             c = self.capacity_for(q)
             rows.append(
                 {

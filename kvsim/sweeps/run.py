@@ -85,6 +85,9 @@ def sweep(
     :func:`~kvsim.sweeps.cell_tables.read_requests`); a journaled cell whose table is
     missing runs again. With a Ray cluster, ``out`` must be on storage every node shares.
     """
+    for name, hook in (("on_row", on_row), ("on_warning", on_warning), ("progress", progress)):
+        if hook is not None and not isinstance(hook, bool) and not callable(hook):
+            raise InputError(f"{name} must be a function (or None), got {short_repr(hook)}")
     s = SweepSpec.load(spec)
     if s.keep_requests and out is None:
         raise InputError("keep_requests needs an output folder (out=..., kvsim sweep --out)")

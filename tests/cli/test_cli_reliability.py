@@ -319,6 +319,20 @@ def test_api_misuse_raises_input_errors(kwargs, phrase):
     assert str(info.value).startswith(phrase)
 
 
+def test_api_misuse_outside_replay_is_named():
+    with pytest.raises(InputError, match=r"options are given by name \(replay\(trace"):
+        kvsim.replay(SAMPLE, 64)  # type: ignore[misc]
+    for points in (-5, 0, 1, 2.5):
+        with pytest.raises(InputError, match=f"--points must be a whole number >= 2, got {points}"):
+            kvsim.mrc(SAMPLE, points=points)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="on_row must be a function"):
+        kvsim.sweep("never-read.yaml", on_row=5)  # type: ignore[arg-type]
+    curve = kvsim.mrc(SAMPLE)
+    assert curve.reach(0.5).equals(curve.reach([0.5]))
+    assert repr(curve).startswith("<MRC lru, prefix protocol, sample rate 1: ")
+    assert f"{len(curve.table):,} rows" in repr(curve) and "DataFrame" not in repr(curve)
+
+
 def test_api_rejects_what_is_not_a_trace():
     with pytest.raises(InputError, match="got int"):
         kvsim.replay(42, cpu_chunks=10)  # type: ignore[arg-type]
