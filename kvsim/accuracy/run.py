@@ -287,7 +287,24 @@ def _run(
         for key, value in simulated.items()
         if key == "all" or measured[int(key)] is not None
     }
+    _unsent(exp, run, measured, predicted)
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
+
+
+def _unsent(
+    exp: Experiment, run: Experiment, measured: list[int | None], predicted: dict[str, Any]
+) -> None:
+    """A measured stage that sent no request in the run (a low rate in a stage cut short by
+    ``--max-stage-s``) has nothing to compare: said, not left out silently."""
+    for index, stage in zip(measured, run.load.stages, strict=True):
+        if index is None or str(index) in predicted or exp.measured_at(index) is None:
+            continue
+        sent = f"{stage.rate:g}/s for {stage.duration:g} s" if stage.rate else "its load"
+        warnings.warn(
+            f"stage {index} sent no request in the run ({sent}), so it is not compared",
+            InputWarning,
+            stacklevel=3,
+        )
 
 
 def _refusals(requests: Any) -> None:

@@ -263,6 +263,21 @@ def test_fit_compute_fits_on_a_whole_run_where_only_that_is_measured(tmp_path, c
     assert code == 0 and "training error" in stdout, err
 
 
+def test_a_measured_stage_that_sends_nothing_in_the_run_is_said(tmp_path, capsys):
+    quiet = experiment(
+        load={
+            "type": "constant",
+            "stages": [{"rate": 0.2, "duration": 60}, {"rate": 8, "duration": 5}],
+        }
+    )
+    path = write(tmp_path / "m.yaml", quiet)
+    code, out, err = run_main(["accuracy", path, "--max-stage-s", "3", "--warmup-s", "0"], capsys)
+    assert code == 0, err
+    assert "stage 0 sent no request in the run (0.2/s for 3 s), so it is not compared" in err
+    stages = {line.split()[1] for line in out.splitlines() if line.startswith("small-")}
+    assert "0" not in stages and stages == {"1", "all"}
+
+
 def test_fit_compute_names_the_file_of_an_experiment_it_cannot_run(tmp_path, capsys):
     short = experiment(vllm={**EXPERIMENT["vllm"], "max_model_len": 16})
     path = write(tmp_path / "m.yaml", short)
