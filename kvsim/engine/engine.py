@@ -25,12 +25,13 @@ batch is waited for and processed (``_process``: its transfer completions and to
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kvsim.core.context import RequestContext, chunk_positions
-from kvsim.core.errors import EngineStalled, InputError
+from kvsim.core.errors import EngineStalled, InputError, InputWarning
 from kvsim.core.units import GIB
 from kvsim.engine import quiet_loop
 from kvsim.engine.arrivals import ArrivalSource, TraceArrivals, arrival_times
@@ -77,9 +78,17 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
     ``num_gpu_blocks_override``). One of them is vLLM's null block: requests get
     :func:`kvsim.specs.sizing.usable_gpu_blocks` of them."""
     block_tokens = params.gpu_block_tokens
-    if params.gpu_blocks is not None:
-        return params.gpu_blocks
     weights = model.weight_bytes() / params.tp
+    if params.gpu_blocks is not None:
+        if weights >= gpu.memory_bytes:  # vLLM could not load the model to use them
+            warnings.warn(
+                f"{model.name}'s weights ({weights / GIB:.1f} GiB per GPU at tp={params.tp}) "
+                f"do not fit in {gpu.name}'s {gpu.memory_bytes / GIB:.0f} GiB: vLLM would not "
+                f"start; the run uses the {params.gpu_blocks:,} GPU blocks given regardless",
+                InputWarning,
+                stacklevel=2,
+            )
+        return params.gpu_blocks
     avail = (
         gpu.memory_bytes * params.gpu_memory_utilization
         - weights

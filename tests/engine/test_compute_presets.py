@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from kvsim.core.errors import InputError
+from kvsim.core.errors import InputError, InputWarning
 from kvsim.engine.compute_model import StepBatch
 from kvsim.engine.engine import gpu_kv_blocks
 from kvsim.engine.params import EngineParams
@@ -125,6 +125,18 @@ def test_deepseek_v3_fits_one_h200_node_in_its_published_fp8():
     for model, gpu in ((ds, "h100"), (ds.with_weight_dtype("bfloat16"), "h200")):
         with pytest.raises(InputError, match="does not fit"):
             gpu_kv_blocks(model, get_gpu(gpu), params)
+
+
+def test_a_block_override_is_used_as_given_but_weights_that_cannot_load_are_said():
+    """vLLM's num_gpu_blocks_override replaces the KV sizing, not the weights' load."""
+    import warnings
+
+    big = get_model("llama-2-70b")  # 129 GiB of fp16 weights
+    with pytest.warns(InputWarning, match=r"weights \(128.5 GiB per GPU at tp=1\) do not fit"):
+        assert gpu_kv_blocks(big, get_gpu("h100"), EngineParams(tp=1, gpu_blocks=500)) == 500
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gpu_kv_blocks(big, get_gpu("h100"), EngineParams(tp=2, gpu_blocks=500)) == 500
 
 
 def test_sliding_window_layers_bound_their_attention_span():
