@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -31,6 +32,7 @@ from kvsim.sweeps import (
     TIERS,
     SweepSpec,
     check_value,
+    read_journal,
     sweep,
     tier_set,
 )
@@ -259,7 +261,7 @@ def sweep_command(
         for line in (row.get("warnings") or "").splitlines():
             warned.append(f"cell {row['cell']} ({cell_label(row, s.grid)}): {line}")
 
-    with plugin_output_to_stderr():
+    with plugin_output_to_stderr(), _resumable(out, s.n_cells):
         df = sweep(
             s,
             out=out,
@@ -293,6 +295,24 @@ def sweep_command(
     if n_err:
         click.get_current_context().exit(1)
     return 0
+
+
+@contextlib.contextmanager
+def _resumable(out: str, total: int) -> Iterator[None]:
+    """An interrupted sweep says what it kept and how to go on, in one line (exit 130):
+    the finished cells are journaled and in the results files (counted there: what is on
+    disk), and the same command resumes after them."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        kept = len(read_journal(out, lambda _: None))
+        click.echo(
+            f"kvsim: interrupted after {kept} of {total} cells; they are in "
+            f"{os.path.join(out, 'results.parquet')} and the journal: the same command "
+            "resumes",
+            err=True,
+        )
+        raise click.exceptions.Exit(130) from None
 
 
 def cell_label(row: Mapping[str, Any], grid: Mapping[str, Any]) -> str:

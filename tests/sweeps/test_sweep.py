@@ -223,6 +223,39 @@ def test_killed_cli_sweep_resumes(tmp_path):
     pd.testing.assert_frame_equal(_metrics(final), _metrics(clean), check_dtype=False)
 
 
+def test_interrupted_cli_sweep_says_what_it_kept_in_one_line(tmp_path):
+    """Ctrl-C (SIGINT) mid-sweep: exit 130 and one line naming the cells kept, the results
+    file and how to resume (was a bare 'kvsim: aborted')."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "traces: [traces/mooncake_fast25_conversation_trace.jsonl]\nlimit: 800\n"
+        "grid: {policy: [lru, arc], cpu_chunks: [100, 200, 400, 800, 1600, 3200]}\n"
+    )
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "kvsim", "sweep", str(spec), "--out", str(out)]
+    cmd += ["--executor", "serial", "--no-progress"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    journal = out / "journal.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if journal.exists() and journal.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    kept = len(read_journal(out))
+    assert proc.returncode == 130 and 2 <= kept < 12, err
+    assert err.splitlines() == [
+        f"kvsim: interrupted after {kept} of 12 cells; they are in "
+        f"{out / 'results.parquet'} and the journal: the same command resumes"
+    ]
+    # the results are written from the rows on the way out: all but (in a microsecond's
+    # window between journaling a row and keeping it) the last one journaled
+    assert len(pd.read_parquet(out / "results.parquet")) in (kept - 1, kept)
+
+
 def test_generated_trace_cells_and_cli_grid(tmp_path):
     spec = {
         "traces": [{"kind": "chat", "n_requests": 150, "seed": 2}],
