@@ -187,7 +187,8 @@ def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
     type=click.IntRange(min=2),
     default=200,
     show_default=True,
-    help="Capacities in the table (log and linear grid).",
+    help="Capacities on each of the table's two grids, log and linear (up to twice as "
+    "many rows, duplicates merged).",
 )
 @click.option(
     "--csv",
