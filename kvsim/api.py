@@ -343,6 +343,7 @@ def mrc(
     from kvsim.cachemode.mrc import at_sizes, in_capacity_units, labelled, lru_mrc
     from kvsim.specs.sizing import row_bytes
 
+    ReplayOptions(limit=limit)  # the one rule for --limit (at least one request)
     tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
     sizing = OffloadOptions(
         cpu_chunks=1,

@@ -318,6 +318,8 @@ def _capacity_grid(max_depth: int, capacities: Sequence[int] | None, points: int
     if capacities is not None:
         return np.asarray(sorted(set(int(c) for c in capacities)))
     top = max_depth + 1
+    if points >= top:  # every capacity: no grid needs more rows than that
+        return np.arange(1, top + 1)
     return np.unique(
         np.concatenate(
             [

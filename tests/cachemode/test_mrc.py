@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from support import SAMPLE, SYNTHETIC
+from support import SAMPLE, SYNTHETIC, run_main
 
 from kvsim.api import replay
 from kvsim.cachemode.mrc import lru_mrc
@@ -91,3 +91,20 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
         main(["mrc", SAMPLE, "--policy", "no-such-policy"])
     assert exc.value.code == 2
     assert "no-such-policy" in capsys.readouterr().err
+
+
+def test_a_grid_of_more_points_than_capacities_is_every_capacity_without_building_it():
+    """``--points 1000000000`` built two billion-point grids (7.45 GiB) to keep 4,083 rows."""
+    from kvsim.cachemode.mrc import _capacity_grid
+
+    every = np.arange(1, 12)
+    for points in (11, 12, 10**9):
+        assert np.array_equal(_capacity_grid(10, None, points), every)
+    wide = _capacity_grid(10_000, None, 200)
+    assert wide[0] == 1 and wide[-1] == 10_001 and 200 <= len(wide) <= 400
+
+
+def test_mrc_refuses_a_limit_of_no_request(capsys):
+    code, out, err = run_main(["mrc", SAMPLE, "--limit", "0"], capsys)
+    assert code == 2 and out == ""
+    assert err.strip() == "kvsim: error: --limit: Expected `int` >= 1, got 0"
