@@ -123,11 +123,12 @@ def output_folder(path: str | os.PathLike[str] | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def atomic_text(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
-    """A text file written whole or not at all; gzip-compressed (reproducibly: no timestamp)
-    when ``path`` ends in ``.gz``, so every writer of traces agrees with the readers."""
+    """A text file written whole or not at all; gzip-compressed (reproducibly: no timestamp,
+    and no name, which would be the temporary file's random one) when ``path`` ends in
+    ``.gz``, so every writer of traces agrees with the readers."""
     compress = os.fspath(path).endswith(".gz")
     with atomic_path(path) as tmp, open(tmp, "wb") as raw:
-        gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if compress else None
+        gz = gzip.GzipFile("", mode="wb", fileobj=raw, mtime=0) if compress else None
         out = io.TextIOWrapper(gz if gz is not None else raw, "utf-8", newline="\n")
         yield out
         out.flush()

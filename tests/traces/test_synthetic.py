@@ -220,5 +220,11 @@ def test_cli_gen_is_reproducible(tmp_path):
         assert res.exit_code == 0, res.output
         outs.append((tmp_path / name).read_bytes())
     assert outs[0] == outs[1] and outs[0].count(b"\n") == 120
+    gz = []
+    for _ in range(2):  # the same path twice: each write goes through a new temporary name
+        args = ["trace", "gen", "chat", "-n", "5", "--seed", "3", "-o", tmp_path / "t.jsonl.gz"]
+        assert runner.invoke(cli, [str(a) for a in args]).exit_code == 0
+        gz.append((tmp_path / "t.jsonl.gz").read_bytes())
+    assert gz[0] == gz[1]  # the gzip header held the temporary file's random name
     res = runner.invoke(cli, ["trace", "gen", "--help"])
     assert "docs_per_request" in res.output
