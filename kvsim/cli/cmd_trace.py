@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import click
 import yaml
@@ -184,7 +185,7 @@ def _bench_help() -> str:
     required=True,
     type=click.Path(dir_okay=False),
     help="Output file: Mooncake JSONL, or a kvsim trace (other block sizes; shared-prefix "
-    "and random).",
+    "and random); .gz compresses; - is standard output.",
 )
 @click.pass_context
 def gen_command(
@@ -216,6 +217,7 @@ def gen_command(
           --set system_prompt_len=100 --set question_len=447 --set output_len=248 \\
           --load '{type: constant, stages: [{rate: 8, duration: 600}]}' -o sp.jsonl
     """
+    out, say = _gen_target(out)
     check_output_path(out, "--out", arrival_trace)
     params = dict(_parse_knob(k) for k in knobs)
     if kind in BENCH_KINDS:
@@ -229,13 +231,20 @@ def gen_command(
             raise InputError(
                 f"{kind}: {', '.join(given)} do not apply; --load says when requests are sent"
             )
-        _gen_bench(kind, params, load_text, seed, out)
+        _gen_bench(kind, params, load_text, seed, out, say)
         return
     if load_text is not None:
         raise InputError(f"--load is for shared-prefix and random, not {kind}")
     for name, value in (("arrival", arrival), ("rate", rate), ("arrival_trace", arrival_trace)):
         if value is not None:
+            if name in params:
+                raise InputError(f"--{name.replace('_', '-')} and --set {name}: give one of them")
             params[name] = value
+    replayed = params.get("arrival") == "replay"
+    if params.get("arrival_trace") is not None and not replayed:
+        raise InputError("--arrival-trace is read by --arrival replay only")
+    if replayed and params.get("rate") is not None:
+        raise InputError("--rate does not apply to --arrival replay: the trace's times are kept")
     requests = generate(kind, n_requests, seed, **params)
     block_tokens = int(params.get("block_tokens", MOONCAKE_BLOCK_TOKENS))  # type: ignore[call-overload]
     if block_tokens == MOONCAKE_BLOCK_TOKENS:
@@ -245,14 +254,34 @@ def gen_command(
         n = write_native(out, requests, block_tokens)
         fmt = f"kvsim native ({block_tokens}-token blocks)"
     last = requests[-1].arrival_s if requests else 0.0
-    click.echo(f"wrote {n} {kind} requests over {last:,.1f} s to {os.fspath(out)} ({fmt})")
+    say(f"wrote {n} {kind} requests over {last:,.1f} s to {os.fspath(out)} ({fmt})")
 
 
 COMMANDS = [trace_group]
 
 
+def _gen_target(out: str) -> tuple[str, Callable[[str], None]]:
+    """Where ``trace gen`` writes and where it reports: ``-`` is standard output (the
+    report then goes to standard error); a ``.csv`` name is refused, since kvsim reads
+    such a file as an Azure trace, not the JSONL written."""
+    name = out[:-3] if out.endswith(".gz") else out
+    if name.lower().endswith(".csv"):
+        raise InputError(
+            f"--out {out}: trace gen writes JSONL, and a .csv file is read as an Azure "
+            "trace: name it .jsonl (or .jsonl.gz)"
+        )
+    if out == "-":
+        return "/dev/stdout", lambda text: click.echo(text, err=True)
+    return out, click.echo
+
+
 def _gen_bench(
-    kind: str, params: dict[str, object], load_text: str | None, seed: int, out: str
+    kind: str,
+    params: dict[str, object],
+    load_text: str | None,
+    seed: int,
+    out: str,
+    say: Callable[[str], None],
 ) -> None:
     """``trace gen shared-prefix`` / ``random``: the workload under its load, as a kvsim
     trace whose header states the stages (and the workload, load and seed it came from)."""
@@ -275,7 +304,7 @@ def _gen_bench(
     header.pop("block_tokens")
     n = write_native(out, reqs, block, header=header)
     last = reqs[-1].arrival_s if reqs else 0.0
-    click.echo(
+    say(
         f"wrote {n} {kind} requests in {w.num_stages} stage(s) over {last:,.1f} s to "
         f"{os.fspath(out)} (kvsim trace, {block}-token blocks)"
     )

@@ -136,7 +136,8 @@ def atomic_text(path: str | os.PathLike[str]) -> Iterator[IO[str]]:
         if gz is not None:
             gz.close()  # writes the gzip trailer; leaves raw open
         raw.flush()
-        os.fsync(raw.fileno())
+        if stat.S_ISREG(os.fstat(raw.fileno()).st_mode):  # a pipe or a terminal has no disk
+            os.fsync(raw.fileno())
 
 
 @contextlib.contextmanager

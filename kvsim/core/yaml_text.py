@@ -5,11 +5,14 @@ An alias repeats a node by reference, so a 2 KB file of nine levels of nine alia
 for 9^9 values: expanding it (to check it, to word an error about it) takes gigabytes and
 minutes. No kvsim input needs an alias, so one is refused where it is met, before anything
 is built. A key given twice in one mapping (``traces:`` twice) is refused too: YAML keeps the
-last silently, so half of what the user wrote would be dropped.
+last silently, so half of what the user wrote would be dropped. Numbers in exponent form
+without a dot or a signed exponent (``1e12``, ``1.0e3``) are numbers, as in YAML 1.2 and JSON
+(``1e3`` a whole one).
 """
 
 from __future__ import annotations
 
+import re
 from typing import IO, Any
 
 import yaml
@@ -52,6 +55,29 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc]
                         line=key_node.start_mark.line + 1,
                     )
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads 1e12 and 1.0e12 as text (its floats need a dot and a signed exponent:
+# 1.0e+12); YAML 1.2, JSON and Python read them as numbers, and so does kvsim. A whole
+# mantissa with a non-negative exponent (1e3, 64e9) is a whole number, so it fills a count
+# (``cpu_chunks: 1e3``) as 1000 would.
+_EXPONENT_TAG = "tag:kvsim,2026:exponent-number"
+_Loader.add_implicit_resolver(
+    _EXPONENT_TAG,
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _exponent_number(loader: _Loader, node: Any) -> int | float:
+    text = loader.construct_scalar(node).replace("_", "")
+    mantissa, _, exponent = text.lower().partition("e")
+    if "." not in mantissa and not exponent.startswith("-") and int(exponent) <= 300:
+        return int(mantissa) * 10 ** int(exponent)
+    return float(text)
+
+
+_Loader.add_constructor(_EXPONENT_TAG, _exponent_number)
 
 
 def load_yaml(stream: str | IO[str], source: str | None = None) -> Any:

@@ -9,7 +9,6 @@ offloading) and returns its summary and tables, which ``kvsim.simulate`` puts si
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from kvsim.specs.hardware import (
 )
 from kvsim.specs.models import ModelSpec
 from kvsim.tiering.store import TierStore
-from kvsim.traces.model import Request, Trace
+from kvsim.traces.model import Request, Trace, late_arrivals
 from kvsim.workloads import ClientSource, Workload
 
 if TYPE_CHECKING:
@@ -278,15 +277,7 @@ def in_arrival_order(tr: Trace) -> tuple[Trace, int]:
     Azure row a day early). A trace in order is streamed as it is (one extra pass reads the
     timestamps); otherwise it is sorted stably, with a warning saying how many moved.
     """
-    late = 0
-    count = 0
-    latest = -math.inf
-    for req in tr:
-        count += 1
-        if req.arrival_s < latest:
-            late += 1
-        else:
-            latest = req.arrival_s
+    late, count = late_arrivals(req.arrival_s for req in tr)
     if not late:
         return tr, count
     warnings.warn(

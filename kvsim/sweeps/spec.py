@@ -192,8 +192,8 @@ def _load(struct: type[Schema], data: Mapping[str, Any], source: str) -> None:
 
 
 def _with_hint(message: str) -> str:
-    """``message`` with a hint when its bad value is a number YAML read as text (``1e3``,
-    which YAML 1.1 reads as text)."""
+    """``message`` with a hint when its bad value is a number written as text (``'1e3'``
+    quoted, or from the API)."""
     m = _GOT_TEXT.search(message)
     if m is None:
         return message
@@ -204,7 +204,7 @@ def _with_hint(message: str) -> str:
     if not math.isfinite(x):
         return message
     plain = str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
-    return f"{message} (YAML read it as text: write a plain number such as {plain})"
+    return f"{message} (a number as text: write it unquoted, such as {plain})"
 
 
 def _check_option_keys(data: Mapping[str, Any], mode: str, source: str) -> None:

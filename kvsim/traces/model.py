@@ -7,7 +7,8 @@ a list of requests (see :mod:`kvsim.traces.source`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kvsim.core.errors import InputError
@@ -42,6 +43,26 @@ class Request:
         n = self.prompt_tokens // block_tokens
         m = len(self.block_hashes)
         return n if n < m else m
+
+
+def late_arrivals(arrivals: Iterable[float]) -> tuple[int, int]:
+    """``(late, total)``: how many arrival times come earlier than one before them, and how
+    many there are. A replay takes a trace in its file order, the timed engine in time
+    order: a late request is where the two differ.
+
+    Args:
+        arrivals: the requests' arrival times, in file order.
+    Returns:
+        ``(late, total)``; ``late == 0`` exactly when the times never decrease."""
+    late = total = 0
+    latest = -math.inf
+    for t in arrivals:
+        total += 1
+        if t < latest:
+            late += 1
+        else:
+            latest = t
+    return late, total
 
 
 def repeated_block_id(ids: tuple[int, ...] | list[int]) -> str | None:

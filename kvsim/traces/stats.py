@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kvsim.core.errors import InputError
+from kvsim.core.errors import InputError, InputWarning
 from kvsim.core.fenwick import Fenwick
 from kvsim.core.units import GIB
 from kvsim.report.result import Result
 
 from .coerce import as_trace
-from .model import Request, Trace
+from .model import Request, Trace, late_arrivals
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -111,6 +112,18 @@ def trace_stats(
     sized at ``tp`` with ``kv_cache_dtype`` as :func:`kvsim.replay` sizes it, also the LRU
     size that keeps each reuse in GiB).
     """
+    if model is None:  # they size a model's KV: without one nothing reads them
+        unread = [
+            name
+            for name, value, default in (
+                ("--tp", tp, 1),
+                ("--kv-cache-dtype", kv_cache_dtype, "auto"),
+                ("--gpu-block-tokens", gpu_block_tokens, 16),
+            )
+            if value != default
+        ]
+        if unread:
+            raise InputError(f"{', '.join(unread)} size the KV of a --model: give one")
     tr = as_trace(trace, block_tokens=block_tokens, limit=limit)
     bt = block_tokens or tr.block_tokens
     row = _block_row_bytes(bt, model, tp, kv_cache_dtype, gpu_block_tokens)
@@ -126,6 +139,15 @@ def trace_stats(
         seen.update(ids)
         req_rows.append((r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, n, hit))
         accesses.extend((b, r.arrival_s) for b in ids)
+    late, _ = late_arrivals(row[1] for row in req_rows)
+    if late:
+        warnings.warn(
+            f"{tr.path}: {late:,} request(s) arrive earlier than a request before them; the "
+            "statistics read the file in its order, as kvsim replay does (kvsim simulate "
+            "sorts it by arrival), so some reuse times are negative",
+            InputWarning,
+            stacklevel=2,
+        )
     requests = pd.DataFrame.from_records(
         req_rows,
         columns=["request", "arrival_s", "prompt_tokens", "output_tokens", "blocks", "hit_blocks"],

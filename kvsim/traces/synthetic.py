@@ -323,7 +323,8 @@ def arrivals_ms(n: int, rng: random.Random, knobs: dict[str, Any]) -> list[int]:
             raise InputError("replay arrivals need arrival_trace=PATH")
         from .readers import open_trace
 
-        times = [r.arrival_s for r in open_trace(src, limit=n)]
+        # its first n arrival times, in time order: an arrival process never goes back
+        times = sorted(r.arrival_s for r in open_trace(src, limit=n))
         if len(times) < n:
             raise InputError(f"arrival_trace {src} has {len(times)} requests, fewer than {n}")
         t0 = times[0]
@@ -344,7 +345,7 @@ _POSITIVE = frozenset({"rate", "on_s", "off_s", "active_sessions", "docs_per_req
 
 
 def _numeric_text(value: Any) -> bool:
-    """Text Python reads as a number (YAML 1.1 reads ``1e12``, with no dot, as text)."""
+    """Text Python reads as a number (``"1e12"`` from the API, or quoted in YAML)."""
     try:
         return isinstance(value, str) and math.isfinite(float(value))
     except ValueError:
@@ -356,7 +357,7 @@ def _check_knob(name: str, value: Any, default: Any) -> None:
     typo fails here in one line instead of deep inside the generator."""
     if isinstance(default, (int, float)) and not isinstance(default, bool):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            hint = " (YAML reads 1e12 as text: write 1.0e12)" if _numeric_text(value) else ""
+            hint = f" (text: write the number, {value})" if _numeric_text(value) else ""
             raise InputError(f"knob {name} must be a number, got {value!r}{hint}")
         if not math.isfinite(value):
             raise InputError(f"knob {name} must be finite, got {value!r}")

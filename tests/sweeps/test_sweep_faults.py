@@ -227,8 +227,8 @@ BASE = f"traces: [{SAMPLE}]\nlimit: 20\n"
         ("grid: {cpu_chunks: [abc]}", "grid.cpu_chunks[0]: Expected `int"),
         ("grid: {cpu_chunks: [abc]}", "got 'abc'"),
         (
-            "grid: {cpu_chunks: [1e3]}",
-            "got '1e3' (YAML read it as text: write a plain number such as 1000)",
+            "grid: {cpu_chunks: ['1e3']}",
+            "got '1e3' (a number as text: write it unquoted, such as 1000)",
         ),
         (
             "grid: {cpu_chunks: [10], store_threshold: [-1]}",
@@ -268,7 +268,7 @@ def test_a_bad_spec_is_one_error_before_any_cell(tmp_path, run_main, body, needl
     [
         ("limit: -5", "limit: Expected `int` >= 1, got -5"),
         ("limit: abc", "limit: Expected `int | null`"),
-        ("limit: 1e3", "write a plain number such as 1000"),
+        ("limit: '1e3'", "write it unquoted, such as 1000"),
         ("limit: [1]", "limit: Expected `int | null`"),
         ("traces: 5", "traces: Expected `str | object | array`"),
         ("traces: [[a.jsonl]]", "traces[0]: Expected `str | object`"),
@@ -295,7 +295,7 @@ def test_bad_limit_and_traces(tmp_path, run_main, body, needle):
         (["--cpu-gib", ".inf"], "--cpu-gib: must be finite, got inf"),
         (["--cpu-gib", "4,-1"], "--cpu-gib: Expected `float` > 0.0, got -1"),
         (["--cpu-chunks", "-5"], "--cpu-chunks: Expected `int` >= 1, got -5"),
-        (["--cpu-chunks", "1e3"], "got '1e3' (YAML read it as text: write a plain number such"),
+        (["--cpu-chunks", "'1e3'"], "got '1e3' (a number as text: write it unquoted, such as"),
         (["--cpu-chunks", "10", "--store-threshold", "x"], "--store-threshold: Expected `int`"),
         (["--cpu-chunks", "10", "--policy", "{a: b}"], "--policy: Expected `str`"),
         (["--cpu-chunks", ","], "--cpu-chunks: give at least one value"),

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import statistics
+import subprocess
+import sys
 from collections import Counter, defaultdict
 
 import pytest
 from click.testing import CliRunner
-from support import SAMPLE
+from support import ROOT, SAMPLE, run_main
 
 from kvsim.cli import cli
 from kvsim.core.errors import InputError
@@ -112,6 +115,16 @@ def test_replayed_arrivals():
         generate("chat", 500, arrival="replay", arrival_trace=SAMPLE)
 
 
+def test_replayed_arrivals_of_a_trace_out_of_order_are_its_times_in_order(tmp_path):
+    back = tmp_path / "back.jsonl"
+    back.write_text(
+        '{"timestamp": 10000, "input_length": 512, "output_length": 5, "hash_ids": [0]}\n'
+        '{"timestamp": 0, "input_length": 512, "output_length": 5, "hash_ids": [0]}\n'
+    )
+    reqs = generate("chat", 2, seed=0, arrival="replay", arrival_trace=str(back))
+    assert [r.arrival_s for r in reqs] == [0.0, 10.0]  # was 0 and -10: a file none reads
+
+
 def test_rag_document_popularity_is_zipf():
     n_docs, s = 50, 1.0
     reqs = generate(
@@ -180,7 +193,7 @@ def test_bad_knobs():
         ({"active_sessions": 2.5}, "whole number"),
         ({"arrival": 3}, "arrival must be text"),
         ({"system_tokens": 10**23}, "at most 100,000,000 tokens"),  # it never ended
-        ({"system_tokens": "1e12"}, r"write 1\.0e12"),  # YAML 1.1 reads 1e12 as text
+        ({"system_tokens": "1e12"}, r"got '1e12' \(text: write the number, 1e12\)"),
     ],
 )
 def test_knob_values_are_checked_before_generating(knobs, phrase):
@@ -193,6 +206,23 @@ def test_mix_weights_must_be_a_mapping_of_numbers():
         generate("mix", 10, weights=[1, 2])
     with pytest.raises(InputError, match=r"weights\.chat must be a number"):
         generate("mix", 10, weights={"chat": "x"})
+
+
+def test_exponent_numbers_are_numbers_on_the_command_line_and_in_yaml():
+    """YAML 1.1 reads 1e3 and 1.0e3 as text; kvsim reads them as YAML 1.2 and JSON do."""
+    from kvsim.core.yaml_text import load_yaml
+
+    assert load_yaml("{rate: 1e3, b: 1.0e3, c: -2E-3, d: 1.0e+3}") == {
+        "rate": 1000.0,
+        "b": 1000.0,
+        "c": -0.002,
+        "d": 1000.0,
+    }
+    assert load_yaml("[1, 1.5, x1e3, '1e3']") == [1, 1.5, "x1e3", "1e3"]
+    res = CliRunner().invoke(
+        cli, ["trace", "gen", "chat", "-n", "3", "--set", "rate=1e3", "-o", "-"]
+    )
+    assert res.exit_code == 0, res.output
 
 
 def test_cli_gen_is_reproducible(tmp_path):
@@ -228,3 +258,42 @@ def test_cli_gen_is_reproducible(tmp_path):
     assert gz[0] == gz[1]  # the gzip header held the temporary file's random name
     res = runner.invoke(cli, ["trace", "gen", "--help"])
     assert "docs_per_request" in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (["-o", "t.csv"], "a .csv file is read as an Azure trace"),
+        (["-o", "t.csv.gz"], "a .csv file is read as an Azure trace"),
+        (["--rate", "2", "--set", "rate=5"], "--rate and --set rate: give one of them"),
+        (["--arrival", "poisson", "--set", "arrival=bursty"], "--arrival and --set arrival"),
+        (["--arrival-trace", SAMPLE], "--arrival-trace is read by --arrival replay only"),
+        (
+            ["--arrival", "replay", "--arrival-trace", SAMPLE, "--rate", "3"],
+            "--rate does not apply to --arrival replay",
+        ),
+    ],
+)
+def test_gen_refuses_options_it_would_ignore_or_a_name_read_back_wrong(
+    args, phrase, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(["trace", "gen", "chat", "-n", "3", "-o", "t.jsonl", *args], capsys)
+    assert code == 2 and out == "" and phrase in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_gen_to_standard_output_pipes_into_stats(tmp_path):
+    gen = [sys.executable, "-m", "kvsim", "trace", "gen", "chat", "-n", "4", "--seed", "1"]
+    piped = subprocess.run([*gen, "-o", "-"], capture_output=True, check=True, cwd=ROOT)
+    assert piped.stderr.startswith(b"wrote 4 chat requests")
+    subprocess.run([*gen, "-o", tmp_path / "t.jsonl"], capture_output=True, check=True, cwd=ROOT)
+    assert piped.stdout == (tmp_path / "t.jsonl").read_bytes()
+    stats = subprocess.run(
+        [sys.executable, "-m", "kvsim", "trace", "stats", "-", "--json"],
+        input=piped.stdout,
+        capture_output=True,
+        check=True,
+        cwd=ROOT,
+    )
+    assert json.loads(stats.stdout)["summary"]["requests"] == 4

@@ -55,6 +55,21 @@ def test_hand_computed_reuse_distances_and_times():
     assert st.arrivals["width_s"].tolist() == pytest.approx([2.0, 2.0, 2.0, 0.0])  # ends at 6 s
 
 
+def test_a_trace_out_of_time_order_is_read_in_file_order_and_said():
+    backwards = Trace.from_requests(
+        [Request(0, 10.0, 8, 5, (1, 2)), Request(1, 0.0, 8, 5, (1, 2))], 4
+    )
+    with pytest.warns(kvsim.InputWarning, match="1 request.s. arrive earlier .* negative"):
+        st = trace_stats(backwards)
+    assert st.reuses["time_s"].tolist() == [-10.0, -10.0]  # the file's order, as replay's
+
+
+@pytest.mark.parametrize("option", [{"tp": 2}, {"kv_cache_dtype": "fp8"}, {"gpu_block_tokens": 32}])
+def test_model_sizing_options_without_a_model_are_refused(option):
+    with pytest.raises(kvsim.InputError, match="size the KV of a --model: give one"):
+        trace_stats(_tiny(), **option)
+
+
 def test_arrival_rate_figure_leaves_out_the_partial_last_bin():
     from kvsim import plots
 
