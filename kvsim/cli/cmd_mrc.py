@@ -247,7 +247,7 @@ def mrc_command(
           --cpu-gib 16,64,256 --csv mrc.csv --plot mrc.png
     """
     check_output_path(csv_path, "--csv", trace)
-    check_output_path(plot_path, "--plot", trace, csv_path)
+    check_output_path(plot_path, "--plot", trace, outputs={"--csv": csv_path})
     if plot_path:
         figure_format(plot_path)
     curve = mrc(

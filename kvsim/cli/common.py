@@ -6,7 +6,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -18,6 +18,7 @@ from kvsim.core.io import (
     json_text,
     refuse_filling_folder,
     refuse_overwriting_inputs,
+    same_file,
 )
 from kvsim.core.units import with_human_bytes
 from kvsim.options.offload import OFFLOAD_FIELDS, OffloadOptions
@@ -152,12 +153,21 @@ def format_option(f: FC) -> FC:
     )
 
 
-def check_output_path(path: str | None, option: str, *inputs: str | None) -> None:
-    """Fail before the run, not after it, when an output cannot be written or would replace
-    one of the run's ``inputs`` (the trace, a config file)."""
+def check_output_path(
+    path: str | None,
+    option: str,
+    *inputs: str | None,
+    outputs: Mapping[str, str | None] | None = None,
+) -> None:
+    """Fail before the run, not after it, when an output cannot be written, would replace
+    one of the run's ``inputs`` (the trace, a config file), or is the file another of its
+    ``outputs`` (option -> path) writes too."""
     if path is None:
         return
     check_file_name(path, option)
+    for other, where in (outputs or {}).items():
+        if where is not None and same_file(path, where):
+            raise InputError(f"{option} and {other} both name {path}: give each its own file")
     refuse_overwriting_inputs({option: path}, list(inputs))
     folder = os.path.dirname(os.path.realpath(path)) or "."  # a link's target's folder
     if os.path.isdir(path):

@@ -70,10 +70,11 @@ _Loader.add_implicit_resolver(
 
 
 def _exponent_number(loader: _Loader, node: Any) -> int | float:
-    text = loader.construct_scalar(node).replace("_", "")
+    text = str(loader.construct_scalar(node)).replace("_", "")
     mantissa, _, exponent = text.lower().partition("e")
     if "." not in mantissa and not exponent.startswith("-") and int(exponent) <= 300:
-        return int(mantissa) * 10 ** int(exponent)
+        whole: int = int(mantissa) * 10 ** int(exponent)  # ** of ints is Any to mypy
+        return whole
     return float(text)
 
 

@@ -57,7 +57,7 @@ KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
         "user_tokens": (200, "mean user message length"),
         "turns": (5.0, "mean turns per session (geometric, >= 1)"),
         "active_sessions": (16, "sessions open at once; each arrival continues one at random"),
-        "max_context_tokens": (32000, "a session ends once its context would exceed this"),
+        "max_context_tokens": (32000, "a session ends after the turn its context reaches this"),
     },
     "system-prompt": {
         "n_prompts": (8, "distinct system prompts"),
@@ -79,7 +79,7 @@ KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
         "tool_tokens": (800, "mean tool output appended per step"),
         "steps": (10.0, "mean steps per agent loop (geometric, >= 1)"),
         "active_sessions": (4, "agent loops running at once"),
-        "max_context_tokens": (64000, "a loop ends once its context would exceed this"),
+        "max_context_tokens": (64000, "a loop ends after the step its context reaches this"),
     },
     "mix": {
         "weights": (
@@ -389,7 +389,13 @@ def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
         )
     for name, value in knobs.items():
         _check_knob(name, value, allowed[name])
-    return {**allowed, **knobs}
+    merged = {**allowed, **knobs}
+    if "docs_per_request" in merged and merged["docs_per_request"] > merged["n_docs"]:
+        raise InputError(  # distinct documents: more than the corpus holds cannot be drawn
+            f"knob docs_per_request ({merged['docs_per_request']}) is more than n_docs "
+            f"({merged['n_docs']}), and a request's documents are distinct"
+        )
+    return merged
 
 
 def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> list[Request]:
@@ -411,9 +417,14 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
     if kind == "mix":
         weights = dict(k["weights"])
         comp_knobs = dict(k["component_knobs"] or {})
+        unknown = [n for n in weights if n not in _SOURCES]
+        if unknown:
+            raise InputError(
+                f"mix weights name {unknown[0]!r}, not a kind among {', '.join(_SOURCES)}"
+            )
         names = [n for n in weights if weights[n] > 0]
-        if not names or any(n not in _SOURCES for n in names):
-            raise InputError(f"mix weights must name kinds among {', '.join(_SOURCES)}")
+        if not names:
+            raise InputError("mix weights are all 0: give at least one kind a weight > 0")
         sources: list[_Source] = []
         for i, name in enumerate(names):
             sub = _check_knobs(

@@ -108,3 +108,10 @@ def test_mrc_refuses_a_limit_of_no_request(capsys):
     code, out, err = run_main(["mrc", SAMPLE, "--limit", "0"], capsys)
     assert code == 2 and out == ""
     assert err.strip() == "kvsim: error: --limit: Expected `int` >= 1, got 0"
+
+
+def test_two_outputs_naming_one_file_are_refused_as_such(tmp_path, capsys):
+    csv = tmp_path / "x.csv"
+    code, out, err = run_main(["mrc", SAMPLE, "--csv", csv, "--plot", csv], capsys)
+    assert code == 2 and out == "" and not csv.exists()
+    assert err.strip() == f"kvsim: error: --plot and --csv both name {csv}: give each its own file"

@@ -206,6 +206,16 @@ def test_mix_weights_must_be_a_mapping_of_numbers():
         generate("mix", 10, weights=[1, 2])
     with pytest.raises(InputError, match=r"weights\.chat must be a number"):
         generate("mix", 10, weights={"chat": "x"})
+    with pytest.raises(InputError, match="mix weights are all 0"):
+        generate("mix", 10, weights={"chat": 0})
+    with pytest.raises(InputError, match="mix weights name 'chta', not a kind"):
+        generate("mix", 10, weights={"chta": 1})
+
+
+def test_knobs_that_contradict_each_other_are_refused():
+    with pytest.raises(InputError, match=r"docs_per_request \(2000\) is more than n_docs \(1000\)"):
+        generate("rag", 10, docs_per_request=2000)
+    assert len(generate("rag", 10, docs_per_request=5, n_docs=5)) == 10
 
 
 def test_exponent_numbers_are_numbers_on_the_command_line_and_in_yaml():
