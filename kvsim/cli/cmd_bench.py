@@ -143,6 +143,7 @@ def bench_command(
     if trace != "-" and not os.path.exists(trace):
         raise InputError(f"trace {trace} not found (give a TRACE argument)")
     ctx = click.get_current_context()
+    _check_mode(ctx, stages, timed, miniature_rate is not None)
     if ctx.get_parameter_source("policies") is click.core.ParameterSource.DEFAULT and (
         timed or stages
     ):
@@ -191,6 +192,31 @@ def bench_command(
     if csv_path:
         with atomic_write(csv_path, newline="") as f:
             table.to_csv(f, index=False)
+
+
+#: options that only one mode reads -> that mode's flag
+_MODE_ONLY = {
+    "gpu_blocks": "--timed",
+    "progress": "--timed",
+    "min_chunks": "--miniature-error",
+    "min_keys": "--miniature-error",
+    "seeds": "--miniature-error",
+}
+
+
+def _check_mode(ctx: click.Context, stages: bool, timed: bool, miniature: bool) -> None:
+    """One mode at a time, and no option of another mode: either would be ignored."""
+    given = [flag for flag, on in (("--stages", stages), ("--timed", timed)) if on]
+    if miniature:
+        given.append("--miniature-error")
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)} are different modes: give one of them")
+    mode = given[0] if given else None
+    for name, owner in _MODE_ONLY.items():
+        source = ctx.get_parameter_source(name)
+        if source is click.core.ParameterSource.COMMANDLINE and owner != mode:
+            flag = next(p.opts[0] for p in ctx.command.params if p.name == name)
+            raise InputError(f"{flag} is read by {owner} only")
 
 
 def _policy_names(policies: str) -> list[str]:

@@ -133,3 +133,18 @@ def test_bench_without_a_trace_runs_anywhere(tmp_path, capsys, monkeypatch):
 def test_bench_names_its_own_option_for_a_bad_policy(capsys, policies, said):
     code, _, err = run_main(["bench", SAMPLE, "--policies", policies, "--no-vllm"], capsys)
     assert code == 2 and said in err, err
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--stages", "--timed"], "--stages and --timed are different modes"),
+        (["--timed", "--miniature-error", "0.1"], "--timed and --miniature-error are different"),
+        (["--gpu-blocks", "100"], "--gpu-blocks is read by --timed only"),
+        (["--stages", "--seeds", "2"], "--seeds is read by --miniature-error only"),
+        (["--timed", "--min-keys", "5"], "--min-keys is read by --miniature-error only"),
+    ],
+)
+def test_bench_refuses_a_second_mode_or_another_modes_option(capsys, args, said):
+    code, out, err = run_main(["bench", SAMPLE, "--limit", "5", "--no-vllm", *args], capsys)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and said in err, err
