@@ -58,7 +58,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     shown = os.fspath(path)
     check_file_name(shown)
     if _is_special(shown):  # /dev/stdout, /dev/null, a FIFO: a rename would replace it
-        yield shown
+        try:
+            yield shown
+        except OSError as exc:
+            if exc.filename is not None:  # another file's error names its own
+                raise
+            raise _cannot_write(shown, exc) from None  # a full or closed device
         return
     target = os.path.realpath(shown)  # through symlinks: the link itself stays a link
     if os.path.isdir(target):

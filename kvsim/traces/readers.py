@@ -139,6 +139,12 @@ def _spool_stream(shown: str) -> str:
                     shutil.copyfileobj(src, out)
     except OSError as exc:
         raise InputError(f"cannot read trace: {exc.strerror or exc}", source=shown) from None
+    if not tmp.endswith(".gz"):  # a stream has no name to say it is gzipped: its bytes do
+        with open(tmp, "rb") as f:
+            gzipped = f.read(2) == b"\x1f\x8b"
+        if gzipped:
+            os.replace(tmp, tmp + ".gz")
+            tmp = _SPOOLED[shown] = tmp + ".gz"
     return tmp
 
 

@@ -620,3 +620,10 @@ def test_main_gives_the_callers_handlers_back(capsys):
     code, _, _ = run(["replay", SAMPLE, "--cpu-chunks", "5", "--limit", "3"], capsys)
     assert code == 0
     assert signal.getsignal(signal.SIGTERM) is term and warnings.showwarning is show
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="Linux's always-full device")
+def test_a_full_device_as_output_is_named(capsys):
+    code, _, err = run(["trace", "gen", "chat", "-n", "3", "-o", "/dev/full"], capsys)
+    one_line_error(code, err)
+    assert "kvsim: error: /dev/full: cannot write (No space left on device)" in err

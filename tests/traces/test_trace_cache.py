@@ -4,6 +4,7 @@ kvsim is parsed again, a corrupt entry is never trusted, entries are written who
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -353,6 +354,18 @@ def test_standard_input_is_cached_by_content(tmp_path):
                 ).stdout.split()
             )
     assert runs == [["200", "0", "1"], ["200", "1", "0"]]
+
+
+def test_a_gzipped_trace_on_standard_input_is_read_by_its_bytes(tmp_path):
+    gz = tmp_path / "t.jsonl.gz"
+    with open(SAMPLE, "rb") as src, gzip.open(gz, "wb") as dst:
+        dst.write(src.read())
+    code = "from kvsim.traces import open_trace\nprint(len(list(open_trace('-'))))\n"
+    with open(gz, "rb") as stdin:
+        out = subprocess.run(
+            [sys.executable, "-c", code], stdin=stdin, capture_output=True, text=True
+        )
+    assert out.returncode == 0 and out.stdout.split() == ["200"], out.stderr
 
 
 def test_ids_beyond_64_bits_are_read_exactly_and_not_cached(tmp_path, parses):
