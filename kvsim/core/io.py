@@ -61,9 +61,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
         try:
             yield shown
         except OSError as exc:
-            if exc.filename is not None:  # another file's error names its own
-                raise
-            raise _cannot_write(shown, exc) from None  # a full or closed device
+            if exc.filename is not None or isinstance(exc, BrokenPipeError):
+                raise  # another file's error names its own; a closed pipe ends quietly
+            raise _cannot_write(shown, exc) from None  # a full device
         return
     target = os.path.realpath(shown)  # through symlinks: the link itself stays a link
     if os.path.isdir(target):
