@@ -322,6 +322,7 @@ def mrc(
     kv_cache_dtype: str = "auto",
     gpu_block_tokens: int = 16,
     cpu_gib: Iterable[float] | float | None = None,
+    progress: ProgressArg = None,
 ) -> MRC:
     """The hit ratio at every CPU capacity: for ``lru`` in one pass (stack distances, exact
     at ``sample_rate`` 1, the default; see :mod:`kvsim.cachemode.mrc`), for any other policy by
@@ -330,6 +331,7 @@ def mrc(
     capacities; see :mod:`kvsim.cachemode.miniature`). ``seeds`` > 1 averages that many
     miniatures sampled from ``seed`` on (the sampling error falls as their square root; the
     time grows with them): worth it on a small trace, whose sample is a large share of it.
+    ``progress`` (True: a bar; a callable: ``progress(n)``) counts a miniature's replays.
 
     The table's capacities are in chunks (``capacity``) and tokens (``capacity_tokens``);
     with a ``model`` (a preset or a ``config.json`` path, sized at ``tp`` with
@@ -376,18 +378,20 @@ def mrc(
             tr, config.layout, protocol=protocol, sample_rate=rate, seed=seed, points=points
         )
     else:  # no stack: replay miniatures of the sampled trace (kvsim.cachemode.miniature)
-        curve = miniature_mrc(
-            tr,
-            dataclasses.replace(config, policy=policy),
-            sample_rate=0.1 if sample_rate is None else sample_rate,
-            seed=seed,
-            seeds=seeds,
-            protocol=protocol,
-            points=min(points, 24),
-            # a tier larger than any trace's distinct chunks holds them all: replayed at
-            # that size (--cpu-gib 1e19 is 1.6e20 chunks, past the table's int64)
-            extra=[min(c, 2**40) for c in asked_chunks],
-        )
+        with Progress(progress, None, f"mrc {policy}", unit="replay") as bar:
+            curve = miniature_mrc(
+                tr,
+                dataclasses.replace(config, policy=policy),
+                sample_rate=0.1 if sample_rate is None else sample_rate,
+                seed=seed,
+                seeds=seeds,
+                protocol=protocol,
+                points=min(points, 24),
+                # a tier larger than any trace's distinct chunks holds them all: replayed
+                # at that size (--cpu-gib 1e19 is 1.6e20 chunks, past the table's int64)
+                extra=[min(c, 2**40) for c in asked_chunks],
+                progress=bar.callback,
+            )
     row = None if config.chunk_bytes is None else row_bytes(config.chunk_bytes)
     curve = in_capacity_units(
         curve, config.chunk_tokens, row, model=model, kv_cache_dtype=config.kv_cache_dtype

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kvsim.api import mrc
-from kvsim.cli.common import check_output_path, format_option, model_options, schema_option
+from kvsim.cli.common import (
+    check_output_path,
+    format_option,
+    model_options,
+    schema_option,
+    wants_progress,
+)
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write, figure_format, json_text
@@ -215,6 +221,12 @@ def _text(summary: dict[str, Any], curve: MRC) -> list[str]:
     help="Also give the hit ratio at these CPU sizes (needs --model), e.g. 16,64,256.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Policies other than lru: a bar counting the miniatures' replays (default: on a "
+    "terminal).",
+)
 @trace_cache_options
 def mrc_command(
     trace: str,
@@ -236,6 +248,7 @@ def mrc_command(
     gpu_block_tokens: int,
     cpu_gib: str | None,
     as_json: bool,
+    progress: bool | None,
 ) -> None:
     """Hit ratio at every CPU capacity of TRACE, in one pass over it: in chunks and tokens,
     and with --model in GiB, with the infinite-cache ceiling and the CPU memory that reaches
@@ -252,6 +265,7 @@ def mrc_command(
         figure_format(plot_path)
     curve = mrc(
         trace,
+        progress=wants_progress(progress),
         policy=policy,
         protocol=protocol,
         sample_rate=sample_rate,

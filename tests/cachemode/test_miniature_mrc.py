@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import SYNTHETIC
+from support import SAMPLE, SYNTHETIC
 
 from kvsim.cachemode.miniature import (
     MIN_CHUNKS,
@@ -328,3 +328,11 @@ def test_mrc_averages_seeds_from_the_api_and_the_cli(tmp_path, capsys):
     assert code == 0 and json.loads(out)["seeds"] == 2, err
     code, _, err = run_main(["mrc", SYNTHETIC, "--seeds", "2"], capsys)
     assert code == 2 and "--seeds" in err and "lru" in err
+
+
+def test_the_api_counts_a_miniature_curves_replays_for_a_progress_bar():
+    import kvsim
+
+    ticks: list[int] = []
+    curve = kvsim.mrc(SAMPLE, policy="arc", seeds=2, progress=ticks.append)
+    assert sum(ticks) == 2 * len(curve.table) and set(ticks) == {1}
