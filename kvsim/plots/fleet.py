@@ -47,5 +47,12 @@ def fleet_balance(
         a.set_xticks(x, [str(i) for i in table["instance"]])
         a.set_xlabel("instance")
         a.set_ylabel("share of the fleet")
-        a.legend(fontsize=p.small_pt)
+        # above the axes, in one row: inside, it covered the tallest bars
+        a.legend(
+            fontsize=p.small_pt,
+            loc="lower center",
+            bbox_to_anchor=(0.5, 1.0),
+            ncol=3,
+            frameon=False,
+        )
         return finish([a], p)

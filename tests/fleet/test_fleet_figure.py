@@ -23,6 +23,18 @@ def test_fleet_balance_draws_both_shares_per_instance() -> None:
         fleet_balance(pd.DataFrame({"instance": [0], "load_share": [1.0]}))
 
 
+def test_the_legend_sits_above_the_bars_not_on_them() -> None:
+    table = pd.DataFrame(
+        {"instance": range(8), "load_share": [0.125] * 7 + [0.2], "hit_share": [0.125] * 8}
+    )
+    fig = fleet_balance(table)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.y0 >= ax.get_window_extent(renderer).y1 - 1  # was inside, over the bars
+
+
 def test_replay_out_writes_the_fleet_figure(tmp_path, capsys) -> None:
     code, _, err = run_main(
         ["replay", SAMPLE, "--cpu-chunks", "40", "--limit", "40", "--instances", "2",
