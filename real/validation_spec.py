@@ -12,7 +12,22 @@ from real import job_noise
 from real.kv_cache import LAYER_MAJOR, LAYOUTS
 from real.trace_slice import SELECTIONS
 
-__all__ = ["SMALL_KV_MODEL", "TINY_KV_MODEL", "ValidationSpec"]
+__all__ = [
+    "MAX_COMPUTE_SCALE",
+    "MAX_GPU_KV_GIB",
+    "SMALL_KV_MODEL",
+    "TINY_KV_MODEL",
+    "ValidationSpec",
+]
+
+#: the most a modelled forward pass is stretched (``--compute-scale``): at 1000x a 10 ms
+#: decode step lasts 10 s and a 500-request run days, so beyond it a run sleeps rather than
+#: measures (and a sleep of centuries overflows ``time.sleep``: the process aborted)
+MAX_COMPUTE_SCALE = 1000.0
+#: the largest real GPU KV cache asked for (``--max-gpu-kv-gib``): more than any GPU holds
+#: (an H200 has 141 GB, a B200 192 GB); what the machine cannot hold is refused later, by
+#: the run's memory check, and a bound keeps the block count a finite integer
+MAX_GPU_KV_GIB = 1024.0
 
 TINY_KV_MODEL = replace(
     get_model("llama-3.2-1b"), name="tiny-kv", num_layers=2, num_kv_heads=1, head_dim=16
@@ -58,10 +73,8 @@ class ValidationSpec:
             )
         if self.noise_jobs < 0 or self.noise_repeats < 2:
             raise InputError("noise needs noise_jobs >= 0 and noise_repeats >= 2")
-        if self.compute_scale <= 0:
-            raise InputError(f"--compute-scale must be > 0, got {self.compute_scale}")
-        if self.max_gpu_kv_gib <= 0:
-            raise InputError(f"--max-gpu-kv-gib must be > 0, got {self.max_gpu_kv_gib}")
+        _check_range("--compute-scale", self.compute_scale, MAX_COMPUTE_SCALE)
+        _check_range("--max-gpu-kv-gib", self.max_gpu_kv_gib, MAX_GPU_KV_GIB)
 
     @classmethod
     def small_for_tests(cls) -> ValidationSpec:
@@ -116,3 +129,9 @@ class ValidationSpec:
             time_scale=0.1,
             compute_scale=0.25,
         )
+
+
+def _check_range(option: str, value: float, most: float) -> None:
+    """``0 < value <= most``, written so that NaN fails it too (NaN passes ``value <= 0``)."""
+    if not 0 < value <= most:
+        raise InputError(f"{option} must be above 0 and at most {most:g}, got {value:g}")

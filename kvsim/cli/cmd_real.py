@@ -198,8 +198,8 @@ def calibrate_command(
     "--max-gpu-kv-gib",
     type=float,
     default=None,
-    help="Cap on the real GPU KV cache (default 48 on CUDA; on CPU 1/14 of the free "
-    "memory, at most 2).",
+    help="Cap on the real GPU KV cache, above 0 and at most 1024 (more than any GPU has); "
+    "default 48 on CUDA, on CPU 1/14 of the free memory, at most 2.",
 )
 @click.option(
     "--time-scale",
@@ -212,7 +212,9 @@ def calibrate_command(
     "--compute-scale",
     type=float,
     default=None,
-    help="Multiply every modelled forward pass (both runs; default 1 on CUDA, 0.25 on CPU).",
+    help="Multiply every modelled forward pass (both runs; default 1 on CUDA, 0.25 on CPU). "
+    "Above 0 and at most 1000: a 10 ms step then lasts 10 s, and beyond it a run would "
+    "sleep for days rather than measure.",
 )
 @click.option("--policy", default="lru", show_default=True, help="Eviction policy.")
 @click.option(
@@ -299,7 +301,7 @@ def validate_command(
         layout=layout,
         gpu=gpu_name,
         gpu_blocks=gpu_kv_blocks,
-        max_gpu_kv_gib=max_gpu_kv_gib or default_gpu_gib,
+        max_gpu_kv_gib=max_gpu_kv_gib if max_gpu_kv_gib is not None else default_gpu_gib,
         time_scale=time_scale,
         compute_scale=compute_scale if compute_scale is not None else default_scale,
         policy=policy,

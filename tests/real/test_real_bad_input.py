@@ -1,0 +1,72 @@
+"""Bad input to the real backend's commands (``kvsim validate``, ``kvsim calibrate-compute``,
+``python -m real.gpu_check``): one line naming the option and the value, exit 2, before any
+run, allocation or output file."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvsim.cli import main
+from kvsim.core.errors import InputError
+from real import calibrate_compute as cc
+from real import validate as validate_mod
+from real.validate import ValidationSpec, default_trace
+
+
+def _refused(capsys, argv: list[str]) -> str:
+    """Run ``kvsim ARGV``; it must exit 2 with one ``kvsim: error:`` line and no output."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert exc.value.code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("kvsim: error: "), err
+    assert "Traceback" not in err and captured.out == ""
+    return err
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """A validation or a calibration that starts fails the test: the refusal comes first."""
+
+    def started(*_a, **_k):
+        raise AssertionError("the run started before its arguments were checked")
+
+    monkeypatch.setattr(validate_mod, "run_validation", started)
+    monkeypatch.setattr(cc, "measure", started)
+
+
+VALIDATE = ["validate", default_trace(), "--model", "llama-3.2-1b", "--cpu-chunks", "50"]
+VALIDATE += ["--gpu-kv-blocks", "40", "--limit", "5", "--noise-jobs", "0", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("value", ["inf", "1e12", "1001", "nan", "0", "-1"])
+def test_validate_compute_scale_is_finite_and_bounded(capsys, no_run, tmp_path, value):
+    """``inf`` and ``1e12`` aborted the process (an OverflowError in a copy thread's sleep,
+    exit 134); ``nan`` ran, with null TTFTs."""
+    out = tmp_path / "report.json"
+    err = _refused(capsys, [*VALIDATE, "--compute-scale", value, "--out", str(out)])
+    assert "--compute-scale" in err and "at most 1000" in err and not out.exists()
+    shown = f"{float(value):g}"
+    assert f"got {shown}" in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e308", "0", "-1", "2000"])
+def test_validate_max_gpu_kv_gib_is_finite_positive_and_0_is_not_the_default(capsys, no_run, value):
+    """``nan`` / ``inf`` / ``1e308`` were a traceback (``int(nan)``); ``0`` silently ran
+    with the default cap (``0 or default``)."""
+    args = [a for a in VALIDATE if a not in ("--gpu-kv-blocks", "40")]
+    err = _refused(capsys, [*args, "--max-gpu-kv-gib", value])
+    assert "--max-gpu-kv-gib" in err and f"got {float(value):g}" in err
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("compute_scale", math.nan), ("compute_scale", math.inf), ("max_gpu_kv_gib", math.nan)],
+)
+def test_the_spec_refuses_what_the_cli_refuses(field, value):
+    """One home for the rule: the API (and gpu_check's plans) get the same check."""
+    with pytest.raises(InputError, match=field.replace("_", "-")):
+        ValidationSpec(**{field: value})
