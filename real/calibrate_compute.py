@@ -38,6 +38,7 @@ from kvsim.core.errors import InputError
 from kvsim.engine.phase_compute import NUMBERS, PhaseProfile, shipped_profile
 from kvsim.specs.hardware import GPUS, GpuSpec
 from kvsim.specs.models import ModelSpec
+from real.machine import check_device_fits, check_fits
 
 MIB = 1 << 20
 FALLBACK_GPU = "h200"  # whose shipped profile supplies what one device cannot measure
@@ -168,6 +169,82 @@ def _capped(k: int, n: int, elem: int, cap: int | None) -> int:
     return n if cap is None else max(1, min(n, cap // (k * elem)))
 
 
+def _gemm_shapes(
+    model: ModelSpec, plan: ComputeCalibration, tp: int, elem: int
+) -> list[tuple[int, int]]:
+    """``(in, out)`` of the weight matrices timed: one layer's GEMMs, capped."""
+    return [(k, _capped(k, n, elem, plan.max_weight_bytes)) for k, n in layer_gemms(model, tp)]
+
+
+def _lm_head_columns(
+    model: ModelSpec, plan: ComputeCalibration, tp: int, hidden: int, elem: int
+) -> int:
+    return _capped(hidden, max(1, model.vocab_size // tp), elem, plan.max_weight_bytes)
+
+
+def _dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def peak_allocations(
+    model: ModelSpec, plan: ComputeCalibration, tp: int, elem: int
+) -> list[tuple[int, str, str]]:
+    """``(bytes, what, option)`` of the largest point of each phase: what :func:`measure`
+    holds at once there (inputs, weights and outputs; the attention kernels torch picks,
+    flash-style on CPU and CUDA, keep no score matrix), and the option that sizes it."""
+    shapes = _gemm_shapes(model, plan, tp, elem)
+    t = max(plan.tokens)
+    weights = sum(k * n for k, n in shapes)
+    found = [
+        (
+            (weights + sum(t * (k + n) for k, n in shapes)) * elem,
+            f"the layer GEMMs at {t:,} tokens",
+            "--tokens",
+        )
+    ]
+    hidden = shapes[0][0]
+    if model.vocab_size:
+        vocab = _lm_head_columns(model, plan, tp, hidden, elem)
+        rows = max(1, plan.decode_batch)
+        found.append(
+            (
+                (hidden * vocab + rows * (hidden + vocab)) * elem,
+                f"the LM head for {rows:,} rows",
+                "--decode-batch",
+            )
+        )
+    heads = max(1, model.num_attention_heads // tp)
+    kv_heads = model.kv_heads_per_worker(tp)
+    c, b, dim = max(plan.contexts), plan.decode_batch, model.head_dim
+    qkvo = 2 * heads + 2 * kv_heads  # query and output, key and value
+    found.append((qkvo * c * dim * elem, f"prefill attention over {c:,} tokens", "--contexts"))
+    decode = b * (2 * heads + 2 * kv_heads * c) * dim * elem
+    found.append(
+        (
+            decode,
+            f"decode attention of {b:,} requests over {c:,} tokens",
+            "--contexts / --decode-batch",
+        )
+    )
+    return found
+
+
+def check_plan_fits(
+    model: ModelSpec, device: torch.device, plan: ComputeCalibration, tp: int = 1
+) -> None:
+    """Refuse, in one line naming the option that sizes it, a point whose tensors the
+    device cannot hold (CUDA memory on a GPU, host memory on CPU), before anything is
+    allocated: torch's out-of-memory error would come mid-run, as a traceback."""
+    elem = torch.empty((), dtype=_dtype(device)).element_size()
+    for nbytes, what, option in peak_allocations(model, plan, tp, elem):
+        what = f"calibrate-compute: {what} ({option})"
+        hint = f"use a smaller {option}"
+        if device.type == "cuda":
+            check_device_fits(nbytes, device, what, hint)
+        else:
+            check_fits(nbytes, what, hint=hint)
+
+
 def measure(
     model: ModelSpec,
     device: torch.device,
@@ -176,7 +253,7 @@ def measure(
     dtype: torch.dtype | None = None,
 ) -> list[Point]:
     """Time the GEMMs, LM head and attention of ``model`` on ``device``."""
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = dtype or _dtype(device)
     elem = torch.empty((), dtype=dtype).element_size()
     timer = _Timer(device, plan.trials)
     gen = torch.Generator(device=device).manual_seed(0)
@@ -185,7 +262,7 @@ def measure(
         return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
 
     points: list[Point] = []
-    shapes = [(k, _capped(k, n, elem, plan.max_weight_bytes)) for k, n in layer_gemms(model, tp)]
+    shapes = _gemm_shapes(model, plan, tp, elem)
     weights = [rand(k, n) for k, n in shapes]
     for t in plan.tokens:
         xs = [rand(t, k) for k, _ in shapes]
@@ -195,7 +272,7 @@ def measure(
     del weights
     hidden = shapes[0][0]
     if model.vocab_size:
-        vocab = _capped(hidden, max(1, model.vocab_size // tp), elem, plan.max_weight_bytes)
+        vocab = _lm_head_columns(model, plan, tp, hidden, elem)
         head = rand(hidden, vocab)
         for rows in sorted({1, plan.decode_batch}):
             x = rand(rows, hidden)
@@ -298,6 +375,7 @@ def calibrate_compute(
     where = (
         f"{torch.cuda.get_device_name(device)}" if device.type == "cuda" else "cpu"
     ) + f" (torch {torch.__version__}, {model.name}, tp={tp})"
+    check_plan_fits(model, device, plan, tp)
     points = measure(model, device, plan, tp)
     values, sources = fit(points, gpu, where)
     name = gpu.name if gpu else device.type

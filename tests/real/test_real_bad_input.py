@@ -11,8 +11,11 @@ import pytest
 from kvsim.cli import main
 from kvsim.core.errors import InputError
 from real import calibrate_compute as cc
+from real import machine
 from real import validate as validate_mod
 from real.validate import ValidationSpec, default_trace
+
+GIB = 1 << 30
 
 
 def _refused(capsys, argv: list[str]) -> str:
@@ -70,3 +73,37 @@ def test_the_spec_refuses_what_the_cli_refuses(field, value):
     """One home for the rule: the API (and gpu_check's plans) get the same check."""
     with pytest.raises(InputError, match=field.replace("_", "-")):
         ValidationSpec(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "extra,option",
+    [
+        (["--contexts", "100000000"], "--contexts"),
+        (["--tokens", "1,100000000"], "--tokens"),
+        (["--decode-batch", "100000000"], "--decode-batch"),
+    ],
+)
+def test_calibrate_compute_refuses_shapes_bigger_than_memory(
+    capsys, no_run, tmp_path, extra, option
+):
+    """``--contexts 100000000`` was a torch out-of-memory traceback, mid-run."""
+    out = tmp_path / "c.json"
+    argv = ["calibrate-compute", "--out", str(out), "--model", "llama-3.2-1b", "--device", "cpu"]
+    err = _refused(capsys, [*argv, "--tokens", "1,16", "--trials", "1", *extra])
+    assert "needs" in err and "GiB of host memory" in err and f"use a smaller {option}" in err
+    assert not out.exists()
+
+
+def test_calibrate_compute_memory_check_counts_the_largest_point(monkeypatch):
+    """The default CPU plan fits a small machine; a decode batch over long contexts does
+    not, and is named by both its options."""
+    from kvsim.specs.models import get_model
+
+    model = get_model("llama-3.1-8b")
+    cpu = cc.torch.device("cpu")
+    plan = cc.ComputeCalibration.for_device(cpu)
+    monkeypatch.setattr(machine, "available_memory", lambda: 4 * GIB)
+    cc.check_plan_fits(model, cpu, plan)
+    big = cc.ComputeCalibration(plan.tokens, (1 << 16,), 64, 1, plan.max_weight_bytes)
+    with pytest.raises(InputError, match="--contexts / --decode-batch"):
+        cc.check_plan_fits(model, cpu, big)
