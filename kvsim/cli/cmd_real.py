@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kvsim.cli.common import check_output_path
+from kvsim.cli.common import check_output_path, named
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write, json_text
 from kvsim.report.result import format_table
@@ -277,11 +277,15 @@ def validate_command(
     """
     _need_torch("validate")
     from kvsim.engine.transfer_model import get_link
+    from kvsim.specs.hardware import get_gpu
+    from kvsim.specs.models import get_model
     from real.host_pool import PinError
     from real.machine import CpuDefaults, available_memory
     from real.validate import ValidationSpec, run_validation
 
     check_output_path(out, "--out", trace, profile)
+    named("--model", get_model, model)
+    named("--gpu", get_gpu, gpu_name)
     if cpu_gib is not None and cpu_chunks is not None:
         raise InputError("give only one CPU tier size, got --cpu-gib and --cpu-chunks")
     device = _device(device_kind)
@@ -432,8 +436,8 @@ def calibrate_compute_command(
     )
 
     check_output_path(out, "--out")
-    spec = get_model(model)
-    gpu = get_gpu(gpu_name) if gpu_name else None
+    spec = named("--model", get_model, model)
+    gpu = named("--gpu", get_gpu, gpu_name) if gpu_name else None
     device = resolve_device(device_kind)
     plan = ComputeCalibration.for_device(device)
     plan = replace(

@@ -110,7 +110,10 @@ def compose(
     model = config.model_spec
     if model is None:
         raise InputError("simulate needs --model: the engine sizes KV blocks and compute by it")
-    gpu = get_gpu(timed.gpu)
+    try:
+        gpu = get_gpu(timed.gpu)
+    except InputError as exc:
+        raise InputError(f"--gpu: {exc}") from None
     knobs = engine_knobs_from_vllm_config(extra) if extra is not None else {}
     _, default_seqs = vllm_batch_defaults(gpu)
     # vLLM's default max_model_len is the model's positions

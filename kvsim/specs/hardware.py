@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from kvsim.core.errors import InputError
+from kvsim.core.errors import InputError, did_you_mean
 from kvsim.core.units import GIB
 from kvsim.options.schema import Schema, check_fields, load
 
@@ -108,7 +108,10 @@ def get_gpu(name: str | os.PathLike[str]) -> GpuSpec:
         return GPUS[key]
     if os.path.exists(text):
         return load_gpu_spec(text)
-    raise InputError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}, or a GPU spec JSON path")
+    raise InputError(
+        f"unknown GPU {name!r}{did_you_mean(text, GPUS)}; known: {', '.join(GPUS)}, "
+        "or a GPU spec JSON path"
+    )
 
 
 def load_gpu_spec(path: str | os.PathLike[str]) -> GpuSpec:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from kvsim.core.errors import InputError
+from kvsim.core.errors import InputError, did_you_mean
 
 __all__ = [
     "KV_CACHE_DTYPES",
@@ -352,7 +352,10 @@ def get_model(name: str | os.PathLike[str]) -> ModelSpec:
 
         return ModelSpec(**model_fields_from_hf_config(text))
     known = ", ".join(sorted(MODELS))
-    raise InputError(f"unknown model {name!r}; known: {known}, or a Hugging Face config.json path")
+    hint = did_you_mean(text, MODELS)
+    raise InputError(
+        f"unknown model {name!r}{hint}; known: {known}, or a Hugging Face config.json path"
+    )
 
 
 def resolve_model(

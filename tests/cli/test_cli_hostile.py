@@ -323,3 +323,20 @@ def test_a_bad_line_on_standard_input_is_named_as_stdin(tmp_path):
     )
     assert proc.returncode == 2, proc.stderr
     assert "<stdin>:4: field 'input_length'" in proc.stderr and "kvsim-trace-" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- a preset name
+
+
+@pytest.mark.parametrize(
+    "option,value,said",
+    [
+        ("--gpu", "h2000", "--gpu: unknown GPU 'h2000' (did you mean 'h200'?); known: "),
+        ("--model", "lama-3.2-1b", "--model: unknown model 'lama-3.2-1b' (did you mean "),
+    ],
+)
+def test_an_unknown_preset_names_its_option_and_the_closest_name(capsys, option, value, said):
+    """``--gpu`` was not named (``unknown GPU 'h2000'``), and neither name had a hint."""
+    args = ["simulate", SAMPLE, "--model", "llama-3.2-1b", "--cpu-chunks", "10", option, value]
+    code, out, err = run_main(args, capsys)
+    assert code == 2 and one_line(err) and said in err and out == "", err

@@ -76,6 +76,29 @@ def test_the_spec_refuses_what_the_cli_refuses(field, value):
 
 
 @pytest.mark.parametrize(
+    "argv",
+    [
+        VALIDATE,
+        ["calibrate-compute", "--out", "OUT", "--tokens", "1", "--trials", "1"],
+    ],
+    ids=["validate", "calibrate-compute"],
+)
+@pytest.mark.parametrize(
+    "option,value,said",
+    [
+        ("--model", "nosuch", "--model: unknown model 'nosuch'; known: "),
+        ("--model", "lama-3.2-1b", "--model: unknown model 'lama-3.2-1b' (did you mean "),
+        ("--gpu", "h2000", "--gpu: unknown GPU 'h2000' (did you mean 'h200'?)"),
+    ],
+)
+def test_unknown_model_and_gpu_name_the_option(capsys, no_run, tmp_path, argv, option, value, said):
+    argv = [str(tmp_path / "c.json") if a == "OUT" else a for a in argv]
+    err = _refused(capsys, [*argv, option, value])
+    assert said in err
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize(
     "extra,option",
     [
         (["--contexts", "100000000"], "--contexts"),
