@@ -45,17 +45,19 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 from real.carried_deps import child_pythonpath, missing_modules, use_carried_deps
 
 use_carried_deps()
 
-from kvsim.core.io import atomic_write  # noqa: E402
+from kvsim.core.errors import InputError  # noqa: E402
+from kvsim.core.io import atomic_write, refuse_filling_folder  # noqa: E402
 from real import check_copies, check_env, check_goals  # noqa: E402
 from real.calibrate import BOTH, CPU_COLD_SPAN_FACTOR, D2H, H2D, KIB, MIB, calibrate  # noqa: E402
 from real.copy_path import LOAD_MODES, default_copy_path  # noqa: E402
@@ -416,8 +418,42 @@ SECTIONS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (no usage block), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _writes(name: str) -> bool:
+    """Whether the check writes (replaces) ``name`` in its ``--out`` folder."""
+    return name.endswith((".json", ".txt", ".jsonl"))
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument, before any section runs (a section takes seconds to minutes): a
+    missing trace or a bad budget would otherwise be reported at the end, an ``--out``
+    that is a file as a traceback after the first section."""
+    if args.budget_s is not None and not (0 < args.budget_s < math.inf):
+        raise InputError(
+            f"--budget-s must be a finite number of seconds above 0, got {args.budget_s:g}"
+        )
+    if args.trace is not None and not os.path.isfile(args.trace):
+        why = "is not a file" if os.path.exists(args.trace) else "does not exist"
+        raise InputError(f"--trace: {args.trace} {why}")
+    if args.out is None:
+        return
+    refuse_filling_folder("--out", args.out, _writes, [args.trace])
+    try:  # the last check, so a refused run makes nothing: the folder, made now
+        os.makedirs(args.out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=args.out):
+            pass
+    except OSError as exc:
+        raise InputError(f"--out: cannot write in {args.out} ({exc.strerror or exc})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = _Parser(prog="gpu_check", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--small", action="store_true", help="the seconds-long plan of the tests")
     ap.add_argument("--trace", default=None, help="trace for the validation run")
     ap.add_argument("--out", default=None, help="folder for the section files and profile.json")
@@ -435,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
         "KVSIM_LOAD_PATH), DMA only, or the gather kernel for every load from pinned memory",
     )
     args = ap.parse_args(argv)
+    try:
+        check_args(args)
+    except InputError as exc:
+        ap.error(str(exc))
     for name in missing_modules():
         print(
             f"gpu_check: {name} is not importable here, so the validation section will fail: "

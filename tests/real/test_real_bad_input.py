@@ -11,7 +11,7 @@ import pytest
 from kvsim.cli import main
 from kvsim.core.errors import InputError
 from real import calibrate_compute as cc
-from real import machine
+from real import gpu_check, machine
 from real import validate as validate_mod
 from real.validate import ValidationSpec, default_trace
 
@@ -130,3 +130,55 @@ def test_calibrate_compute_memory_check_counts_the_largest_point(monkeypatch):
     big = cc.ComputeCalibration(plan.tokens, (1 << 16,), 64, 1, plan.max_weight_bytes)
     with pytest.raises(InputError, match="--contexts / --decode-batch"):
         cc.check_plan_fits(model, cpu, big)
+
+
+# --------------------------------------------------------------------------- gpu_check
+
+
+@pytest.fixture
+def no_check(monkeypatch):
+    def started(*_a, **_k):
+        raise AssertionError("a section ran before the arguments were checked")
+
+    monkeypatch.setattr(gpu_check, "run_check", started)
+    monkeypatch.setattr(gpu_check, "cpu_stand_in", started)
+
+
+def _gpu_check_refuses(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        gpu_check.main(argv)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert exc.value.code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("gpu_check: error: "), err
+    return err
+
+
+def test_gpu_check_refuses_an_out_that_is_a_file(capsys, no_check, tmp_path):
+    """Was an InputError traceback after the first section ('cannot write (File exists)')."""
+    existing = tmp_path / "results"
+    existing.write_text("keep me\n")
+    err = _gpu_check_refuses(capsys, ["--small", "--out", str(existing)])
+    assert "--out" in err and str(existing) in err and "not a directory" in err
+    assert existing.read_text() == "keep me\n"
+    err = _gpu_check_refuses(capsys, ["--small", "--out", str(existing / "below")])
+    assert "--out" in err
+
+
+@pytest.mark.parametrize(
+    "argv,said",
+    [
+        (["--trace", "nonexist.jsonl"], "--trace: nonexist.jsonl does not exist"),
+        (["--budget-s", "-5"], "--budget-s"),
+        (["--budget-s", "nan"], "--budget-s"),
+        (["--budget-s", "inf"], "--budget-s"),
+        (["--budget-s", "0"], "--budget-s"),
+        (["--budget-s", "abc"], "--budget-s"),
+    ],
+)
+def test_gpu_check_checks_every_argument_before_any_section(capsys, no_check, tmp_path, argv, said):
+    """A missing trace was reported after every other section had run; a negative or NaN
+    budget was accepted. Nothing is made under --out either."""
+    out = tmp_path / "out"
+    err = _gpu_check_refuses(capsys, ["--small", "--out", str(out), *argv])
+    assert said in err and not out.exists()
