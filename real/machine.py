@@ -66,6 +66,14 @@ def device_memory_available(torch_device: Any) -> int | None:
         return None
 
 
+def _gib(nbytes: int) -> str:
+    """``nbytes`` in GiB, two decimals; a count too large for a float (``--tokens`` of 400
+    digits) as a power of ten rather than an OverflowError."""
+    if nbytes < 1 << 1000:
+        return f"{nbytes / GIB:.2f}"
+    return f"about 10^{len(str(int(nbytes) // GIB)) - 1}"
+
+
 def check_fits(
     host_bytes: int,
     what: str,
@@ -77,7 +85,7 @@ def check_fits(
     free = available if available is not None else available_memory()
     if free is not None and host_bytes > free:
         raise InputError(
-            f"{what} needs {host_bytes / GIB:.2f} GiB of host memory but only "
+            f"{what} needs {_gib(host_bytes)} GiB of host memory but only "
             f"{free / GIB:.2f} GiB is available; {hint}"
         )
 
@@ -90,6 +98,6 @@ def check_device_fits(
     free = available if available is not None else device_memory_available(torch_device)
     if free is not None and device_bytes > free:
         raise InputError(
-            f"{what} needs {device_bytes / GIB:.2f} GiB on {torch_device} but only "
+            f"{what} needs {_gib(device_bytes)} GiB on {torch_device} but only "
             f"{free / GIB:.2f} GiB is free there; {hint}"
         )

@@ -104,6 +104,7 @@ def test_unknown_model_and_gpu_name_the_option(capsys, no_run, tmp_path, argv, o
         (["--contexts", "100000000"], "--contexts"),
         (["--tokens", "1,100000000"], "--tokens"),
         (["--decode-batch", "100000000"], "--decode-batch"),
+        (["--tokens", "1," + "9" * 400], "--tokens"),  # too large for a float: no OverflowError
     ],
 )
 def test_calibrate_compute_refuses_shapes_bigger_than_memory(
