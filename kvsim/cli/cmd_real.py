@@ -116,7 +116,7 @@ def calibrate_command(
     from real.host_pool import PinError
 
     check_output_path(out, "--out")
-    check_output_path(report, "--report", out)
+    check_output_path(report, "--report", outputs={"--out": out})
     device = _device(device_kind)
     max_bytes = (max_mib or (256 if device.is_cuda else 128)) * MIB
     reps = repeats or (5 if device.is_cuda else 2)

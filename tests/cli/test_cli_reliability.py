@@ -509,6 +509,7 @@ def test_calibrate_refuses_one_file_for_profile_and_report(tmp_path, capsys):
     same = tmp_path / "p.json"
     code, _, err = run(["calibrate", "--out", same, "--report", same], capsys)
     one_line_error(code, err)
+    assert f"--report and --out both name {same}: give each its own file" in err
     assert not same.exists()
 
 
