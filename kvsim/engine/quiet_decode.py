@@ -210,7 +210,11 @@ class DecodeRunBlocks:
         """Whether the free GPU blocks cover iteration ``j``'s new blocks (else the
         general path preempts: :func:`quiet_decode_ready` says no)."""
         running, computed, unit = self.running, self.computed, self.sched.unit
-        need = sum(new_blocks(running[i], computed[i] + j + 2, unit) for i in due)
+        need = 0
+        for i in due:  # new_blocks, inlined (a run checks every iteration with block work)
+            lack = -(-(computed[i] + j + 2) // unit) - len(running[i].blocks)
+            if lack > 0:
+                need += lack
         return need <= self.sched.pool.num_free
 
     def work(self, due: list[int], j: int) -> None:
