@@ -128,7 +128,13 @@ class GpuBlockPool:
         """Take ``n`` live entries from the head, dropping the stale ones on the way."""
         queue, stale_of = self._queue, self._stale_of
         head = self._head
-        blocks: list[int] = []
+        blocks = queue[head : head + n]
+        # mostly the stale entries lie further back: then the next n are all live (a block
+        # with no stale entry has only its live one), found in C
+        if stale_of.keys().isdisjoint(blocks):
+            self._head = head + n
+            return blocks
+        blocks = []
         while len(blocks) < n:
             block = queue[head]
             head += 1
