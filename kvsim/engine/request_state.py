@@ -31,7 +31,9 @@ class SimRequest:
         "first_scheduled",
         "first_token",
         "forward_tokens",
+        "free_hit_memo",
         "gpu_hit",
+        "hit_memo",
         "in_flight",
         "jobs",
         "kv_wait",
@@ -81,6 +83,10 @@ class SimRequest:
         self.blocks: list[int] = []
         self.block_keys: list[Hashable] = []  # GPU prefix-cache keys, made as needed
         self.n_cached = 0  # leading blocks that carry a prefix-cache hash
+        # the scheduler's last GPU hit lookups while it waits, kept while the pool has not
+        # changed: (blocks looked up, pool lost_seq, hit), (hit, pool held_seq, free hits)
+        self.hit_memo: tuple[int, int, int] | None = None
+        self.free_hit_memo: tuple[int, int, int] | None = None
         self.sched = 0  # tokens scheduled in the current step
         # async scheduling (vLLM num_in_flight_tokens, num_output_placeholders,
         # num_stale_output_tokens, last_sched_seq): tokens of batches not processed yet

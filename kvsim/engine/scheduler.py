@@ -223,9 +223,30 @@ class Scheduler:
             self.pool.cache_blocks(req.blocks[req.n_cached : n], keys[req.n_cached : n])
             req.n_cached = n
 
-    def _free_hit_blocks(self, keys: list[Hashable]) -> int:
-        """How many of these cached blocks sit in the free queue (taking them uses free space)."""
-        return self.pool.count_free_cached(keys)
+    def _gpu_hit(self, req: SimRequest, most: int) -> int:
+        """The GPU prefix hit of ``req``'s first ``most`` blocks. A waiting request is looked
+        up at every step until admitted: while no hash has left the pool since its last
+        lookup (``GpuBlockPool.lost_seq``), that hit still holds and only the keys past it
+        are tried."""
+        pool = self.pool
+        keys = self._block_keys(req, most)
+        memo = req.hit_memo
+        known = memo[2] if memo is not None and memo[:2] == (most, pool.lost_seq) else 0
+        hit = pool.match_prefix(keys, most, known)
+        req.hit_memo = (most, pool.lost_seq, hit)
+        return hit
+
+    def _free_hit_blocks(self, req: SimRequest, gpu_hit: int) -> int:
+        """How many of ``req``'s first ``gpu_hit`` blocks, cached, sit in the free queue
+        (taking them uses free space). A refused request asks again at every step: while
+        the pool's ``held_seq`` stands still, its last count holds."""
+        pool = self.pool
+        memo = req.free_hit_memo
+        if memo is not None and memo[:2] == (gpu_hit, pool.held_seq):
+            return memo[2]
+        n = pool.count_free_cached(req.block_keys[:gpu_hit])
+        req.free_hit_memo = (gpu_hit, pool.held_seq, n)
+        return n
 
     def _remaining_blocks(self, req: SimRequest) -> int:
         """Blocks ``req`` still lacks to hold its whole sequence (vLLM
@@ -541,7 +562,7 @@ class Scheduler:
         gpu_hit = 0
         if self.prefix_caching:
             most = (tokens - 1) // self.unit
-            gpu_hit = self.pool.match_prefix(self._block_keys(req, most), most)
+            gpu_hit = self._gpu_hit(req, most)
         if self.connector is None:
             return gpu_hit, 0, False
         found = self.connector.lookup(req, gpu_hit * self.unit)
@@ -571,8 +592,7 @@ class Scheduler:
         if whole > free:  # fails below whatever the hits hold (a waiting head, every step)
             self.refused, self.refused_blocks = req, whole
             return False
-        hit_keys = req.block_keys[:gpu_hit]
-        evictable_hits = self._free_hit_blocks(hit_keys) if gpu_hit else 0
+        evictable_hits = self._free_hit_blocks(req, gpu_hit) if gpu_hit else 0
         # vLLM scheduler_reserve_full_isl: the whole prompt must fit before any chunk is taken
         if whole + evictable_hits > free:
             return False
@@ -581,7 +601,7 @@ class Scheduler:
             free -= sum(self._remaining_blocks(r) for r in self.inflight_prefills)
         if need + evictable_hits > free:
             return False
-        held = pool.acquire_cached(hit_keys) if gpu_hit else []
+        held = pool.acquire_cached(req.block_keys[:gpu_hit]) if gpu_hit else []
         # cannot fail: the check above left ``need`` free blocks after the hits are taken
         fresh = cast("list[int]", self._allocate(need)) if need > 0 else []
         req.blocks = held + fresh

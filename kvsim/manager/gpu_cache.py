@@ -50,6 +50,13 @@ class GpuBlockPool:
         # as vLLM's BlockHashToBlockMap does, so evicting one copy leaves the other
         self._copies: dict[Hashable, list[int]] = {}
         self.evictions = 0
+        # change counters, so a caller that asks the same question at every step (a waiting
+        # request's hit) can keep its answer while they stand still: ``lost_seq`` moves when
+        # a hash leaves the cache or passes to another copy (a prefix match can then only
+        # have grown), ``held_seq`` also when a cached block enters or leaves the free queue
+        # (the answer of ``count_free_cached`` stands while it stands)
+        self.lost_seq = 0
+        self.held_seq = 0
 
     @property
     def enabled(self) -> bool:
@@ -66,12 +73,17 @@ class GpuBlockPool:
     def usage(self) -> float:
         return (self.num_blocks - self._n_free) / self.num_blocks if self.num_blocks else 0.0
 
-    def match_prefix(self, keys: Sequence[Hashable], max_blocks: int) -> int:
-        """Number of leading ``keys`` cached (at most ``max_blocks``); no side effects."""
-        if max_blocks <= 0:
-            return 0
+    def match_prefix(self, keys: Sequence[Hashable], max_blocks: int, known: int = 0) -> int:
+        """Number of leading ``keys`` cached (at most ``max_blocks``); no side effects.
+
+        ``known``: leading keys the caller knows are cached (an earlier answer for these keys,
+        at most ``max_blocks``, with ``lost_seq`` unchanged since): only those past them are
+        tried."""
+        if max_blocks <= known:
+            return max(max_blocks, 0)
         # up to the first miss, tested in C (a waiting request is tried again every step)
-        return len(list(takewhile(self._cached.__contains__, islice(keys, max_blocks))))
+        tried = islice(keys, known, max_blocks)
+        return known + len(list(takewhile(self._cached.__contains__, tried)))
 
     def count_free_cached(self, keys: Sequence[Hashable]) -> int:
         """How many of these cached blocks sit in the free queue (taking them uses free space)."""
@@ -84,6 +96,7 @@ class GpuBlockPool:
     def acquire_cached(self, keys: Sequence[Hashable]) -> list[int]:
         """Take the cached blocks of ``keys`` (all must be cached) for a request."""
         cached, ref, stale_of = self._cached, self._ref, self._stale_of
+        self.held_seq += 1
         blocks = []
         for key in keys:
             block = cached[key]
@@ -121,7 +134,10 @@ class GpuBlockPool:
                 self._forget(old, block)
             else:  # its only copy: a hashed block is the cached one or one of its copies
                 del cached[old]
-        self.evictions += n - unhashed
+        if unhashed < n:
+            self.evictions += n - unhashed
+            self.lost_seq += 1
+            self.held_seq += 1
         return blocks
 
     def _pop_past_stale(self, n: int) -> list[int]:
@@ -189,6 +205,7 @@ class GpuBlockPool:
         go to the front of the queue (reused first, tail first); cached ones to the back,
         so the prefix cache evicts least recently freed first."""
         ref, hashes, queue = self._ref, self._hash, self._queue
+        self.held_seq += 1
         append = queue.append
         before = len(queue)
         uncached = []
@@ -220,6 +237,8 @@ class GpuBlockPool:
         """Forget every hash (vLLM's prefix-cache reset); requires no blocks in use."""
         self._cached.clear()
         self._copies.clear()
+        self.lost_seq += 1
+        self.held_seq += 1
         self._hash = [None] * self.num_blocks
         # drop the stale entries now: with no hashes, a block could be freed to the front,
         # ahead of its stale entries

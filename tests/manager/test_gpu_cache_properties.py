@@ -93,6 +93,9 @@ class PoolMachine(RuleBasedStateMachine):
         self.pool = GpuBlockPool(num_blocks)
         self.model = ListPool(num_blocks)
         self.held: list[list[int]] = []  # each "request": the blocks it holds
+        # the answers a caller keeps while the pool's change counters stand still
+        self.matches: dict[tuple[int, ...], tuple[int, int]] = {}  # probe -> (lost_seq, hit)
+        self.counts: dict[tuple[int, ...], tuple[int, int]] = {}  # keys -> (held_seq, free)
 
     @rule(n=st.integers(1, 13), keys=st.lists(KEYS, max_size=13))
     def allocate_and_cache(self, n: int, keys: list[int]) -> None:
@@ -151,6 +154,27 @@ class PoolMachine(RuleBasedStateMachine):
         for start in range(8):
             probe = [(start + i) % 8 for i in range(4)]
             assert pool.match_prefix(probe, 3) == model.match_prefix(probe, 3)
+
+    @invariant()
+    def kept_answers_hold(self) -> None:
+        """A hit found earlier holds while ``lost_seq`` stands (the match goes on past it), and
+        a count of free cached blocks while ``held_seq`` stands: the scheduler keeps them
+        for a waiting request that it looks up at every step."""
+        pool, model = self.pool, self.model
+        for start in range(8):
+            probe = tuple((start + i) % 8 for i in range(4))
+            seq, known = self.matches.get(probe, (-1, 0))
+            if seq != pool.lost_seq:
+                known = 0
+            hit = pool.match_prefix(probe, 3, known)
+            assert hit == model.match_prefix(list(probe), 3)
+            self.matches[probe] = (pool.lost_seq, hit)
+        cached = sorted(model.owners)
+        for keys in (tuple(cached), tuple(cached[::2]), tuple(cached[-2:])):
+            seq, free = self.counts.get(keys, (-1, 0))
+            if seq == pool.held_seq:
+                assert free == model.count_free_cached(list(keys))
+            self.counts[keys] = (pool.held_seq, pool.count_free_cached(keys))
 
     def teardown(self) -> None:
         """Everything back: the whole free queue comes out in the same order."""
