@@ -30,6 +30,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import islice
+from typing import cast
 
 from kvsim.engine.request_state import RUNNING, SimRequest
 from kvsim.engine.scheduler import Scheduler
@@ -218,12 +219,31 @@ class DecodeRunBlocks:
         return need <= self.sched.pool.num_free
 
     def work(self, due: list[int], j: int) -> None:
-        """Iteration ``j``'s block work, at its schedule, in running order."""
+        """Iteration ``j``'s block work, at its schedule, in running order: :func:`take_blocks`
+        for a token ending at ``end``, with the request at iteration ``j``'s counts, written
+        out on them (a decode run has thousands of these events; setting and restoring the
+        request's counts around the calls cost more than the work)."""
+        sched, running, computed, outputs = self.sched, self.running, self.computed, self.outputs
+        unit, pool, conn = sched.unit, sched.pool, sched.connector
+        prefix = sched.prefix_caching
         for i in due:
-            req = self.running[i]
-            req.num_computed, req.num_output = self.computed[i] + j, self.outputs[i] + j
-            take_blocks(self.sched, req, self.computed[i] + j + 2)
-            req.num_computed, req.num_output = self.computed[i], self.outputs[i]
+            req = running[i]
+            end = computed[i] + j + 2
+            # Scheduler.grow_or_preempt for one token in flight and one more, which never
+            # preempts here (:meth:`fits` said the free blocks cover it)
+            need = -(-end // unit) - len(req.blocks)
+            if need > 0:
+                blocks = cast("list[int]", pool.allocate(need))
+                if conn is not None:
+                    conn.on_allocate(blocks)
+                req.blocks.extend(blocks)
+            if prefix:  # Scheduler.cache_upto at num_output outputs[i] + j
+                n = min(end, req.prompt + outputs[i] + j) // unit
+                done = req.n_cached
+                if n > done:
+                    keys = sched._block_keys(req, n)
+                    pool.cache_blocks(req.blocks[done:n], keys[done:n])
+                    req.n_cached = n
             self._plan(i, j + 1)
 
 

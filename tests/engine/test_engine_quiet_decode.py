@@ -7,6 +7,7 @@ requests, steps and transfers tables, bit for bit, and the runs did take the qui
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
@@ -23,6 +24,7 @@ from kvsim.engine.engine import Engine
 from kvsim.engine.params import EngineParams
 from kvsim.engine.scheduler import Scheduler
 from kvsim.engine.transfer_model import constant_link
+from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.options.offload import CacheConfig
 from kvsim.specs.hardware import get_gpu
 from kvsim.specs.models import get_model
@@ -338,24 +340,30 @@ def test_steady_decode_steps_counts_exactly_the_quiet_iterations_ahead(
 def test_decode_runs_do_the_general_paths_block_work_in_its_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every new block and every cache call, in order, with what it left (the request, its
-    blocks, its cached blocks, the free blocks): the same with quiet iterations and decode
-    runs as on the general path. The tables cannot show a cache call one step late (a
-    decode block's keys are its request's own); this can."""
+    """Every GPU block allocation and every cache call, in order, with its blocks and keys,
+    the free blocks it left and the engine's time: the same with quiet iterations and
+    decode runs (which do a decode's block work inline) as on the general path. The tables
+    cannot show a cache call one step late (a decode block's keys are its request's own);
+    this can."""
     calls: list[tuple[Any, ...]] = []
+    clock: list[Any] = []  # the running engine's clock
+
+    def frozen(value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value
 
     def logging(name: str) -> Any:
-        method = getattr(Scheduler, name)
+        method = getattr(GpuBlockPool, name)
 
-        def wrapper(self: Scheduler, req: Any, n: int) -> Any:
-            result = method(self, req, n)
-            calls.append((name, req.rid, n, len(req.blocks), req.n_cached, self.pool.num_free))
+        def wrapper(self: GpuBlockPool, *args: Any) -> Any:
+            result = method(self, *args)
+            logged = (*map(frozen, args), frozen(result), self.num_free, clock[0].now())
+            calls.append((name, *logged))
             return result
 
         return wrapper
 
-    for name in ("grow_or_preempt", "cache_upto"):
-        monkeypatch.setattr(Scheduler, name, logging(name))
+    for name in ("allocate", "cache_blocks"):
+        monkeypatch.setattr(GpuBlockPool, name, logging(name))
     runs = {"decode run": 0}
     decode_run = quiet_loop.decode_run
 
@@ -370,7 +378,10 @@ def test_decode_runs_do_the_general_paths_block_work_in_its_order(
         for quiet in (False, True):
             monkeypatch.setattr(engine_module, "QUIET_DECODE", quiet)
             calls.clear()
-            _tables(seed)
+            engine, trace = _engine(seed)
+            clock[:] = [engine.clock]
+            with contextlib.suppress(EngineStalled):  # a tiny cache may stall (both paths)
+                engine.run(trace)
             logs.append(list(calls))
         assert logs[0] == logs[1], seed
     assert runs["decode run"] > 3000, runs
