@@ -198,7 +198,7 @@ class Scheduler:
             per_unit = self.blocks_per_unit
             units = req.unit_keys
             shared = min(n, len(units) * per_unit)
-            if start == shared and n == start + 1:  # a decode block: one more of its own
+            if start >= shared and n == start + 1:  # a decode block: one more of its own
                 keys.append((req.rid, -1 - start))
                 return keys
             extend = keys.extend
