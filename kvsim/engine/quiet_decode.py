@@ -238,7 +238,8 @@ class DecodeRunBlocks:
                     conn.on_allocate(blocks)
                 req.blocks.extend(blocks)
             if prefix:  # Scheduler.cache_upto at num_output outputs[i] + j
-                n = min(end, req.prompt + outputs[i] + j) // unit
+                tokens = req.prompt + outputs[i] + j
+                n = (end if end < tokens else tokens) // unit
                 done = req.n_cached
                 if n > done:
                     keys = sched._block_keys(req, n)
