@@ -38,6 +38,8 @@ from kvsim.engine.step_batch import StepBatch
 
 Entry = tuple[SimRequest, int, bool]
 
+_new_batch = tuple.__new__
+
 
 def quiet_decode_ready(sched: Scheduler, processed: Sequence[Entry]) -> bool:
     """Whether scheduling the next step and then processing ``processed`` (the entries of
@@ -128,8 +130,10 @@ def schedule_quiet(sched: Scheduler) -> StepBatch:
 def quiet_batch(seqs: int, context: int) -> StepBatch:
     """The batch of a quiet step: one decode token for each of ``seqs`` requests whose
     computed and in-flight tokens sum to ``context`` (each reads them and attends over them
-    plus its new token)."""
-    return StepBatch(seqs, 0, 0, seqs, context, float(context + seqs), context)
+    plus its new token). Made by ``tuple.__new__``, in C: the named tuple's own ``__new__``
+    is a Python function, and a decode run makes one of these every iteration (for a time
+    model without ``decode_seconds``, as the bench's linear one is)."""
+    return _new_batch(StepBatch, (seqs, 0, 0, seqs, context, float(context + seqs), context))
 
 
 def decode_step_seconds(compute: Callable[[StepBatch], float], seqs: int) -> Callable[[int], float]:

@@ -22,7 +22,9 @@ from kvsim.engine.bench import MODEL
 from kvsim.engine.compute_model import LinearCompute
 from kvsim.engine.engine import Engine
 from kvsim.engine.params import EngineParams
+from kvsim.engine.quiet_decode import quiet_batch
 from kvsim.engine.scheduler import Scheduler
+from kvsim.engine.step_batch import StepBatch
 from kvsim.engine.transfer_model import constant_link
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.options.offload import CacheConfig
@@ -385,3 +387,13 @@ def test_decode_runs_do_the_general_paths_block_work_in_its_order(
             logs.append(list(calls))
         assert logs[0] == logs[1], seed
     assert runs["decode run"] > 3000, runs
+
+
+def test_a_quiet_batch_is_the_step_batch_its_fields_make() -> None:
+    """``quiet_batch`` builds its named tuple with ``tuple.__new__``: the same type, fields
+    and derived values as the named tuple's own constructor."""
+    for seqs, context in ((1, 0), (3, 17), (256, 1 << 40)):
+        batch = quiet_batch(seqs, context)
+        made = StepBatch(seqs, 0, 0, seqs, context, float(context + seqs), context)
+        assert type(batch) is StepBatch and batch == made and batch._asdict() == made._asdict()
+        assert (batch.tokens, batch.decode_context) == (made.tokens, made.decode_context)
