@@ -182,6 +182,19 @@ def test_interrupted_sweep_resumes_without_rerunning(tmp_path):
     assert ran == []
 
 
+def _sweep_past_two_cells(cmd: list[str], out, pipe: int) -> subprocess.Popen[str]:
+    """The sweep ``cmd`` started, once it has journaled two cells in ``out`` (or ended, or
+    a minute passed)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=pipe, stderr=pipe, text=True)
+    journal = out / "journal.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if journal.exists() and journal.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.02)
+    return proc
+
+
 def test_killed_cli_sweep_resumes(tmp_path):
     """SIGKILL the CLI mid-sweep; the re-run finishes the rest and matches a clean run."""
     spec = tmp_path / "spec.yaml"
@@ -202,13 +215,7 @@ def test_killed_cli_sweep_resumes(tmp_path):
         "serial",
         "--no-progress",
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    journal = out / "journal.jsonl"
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None:
-        if journal.exists() and journal.read_text().count("\n") >= 2:
-            break
-        time.sleep(0.02)
+    proc = _sweep_past_two_cells(cmd, out, subprocess.DEVNULL)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = read_journal(out)
@@ -234,15 +241,7 @@ def test_interrupted_cli_sweep_says_what_it_kept_in_one_line(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "kvsim", "sweep", str(spec), "--out", str(out)]
     cmd += ["--executor", "serial", "--no-progress"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    journal = out / "journal.jsonl"
-    deadline = time.time() + 60
-    while time.time() < deadline and proc.poll() is None:
-        if journal.exists() and journal.read_text().count("\n") >= 2:
-            break
-        time.sleep(0.02)
+    proc = _sweep_past_two_cells(cmd, out, subprocess.PIPE)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     kept = len(read_journal(out))
