@@ -30,15 +30,21 @@ def _refused(capsys, argv: list[str]) -> str:
     return err
 
 
+def _fail_if_started(monkeypatch, what: str, targets: list[tuple[object, str]]) -> None:
+    """Each of ``targets`` (module, function name), once called, fails the test: the
+    refusal must come before ``what`` starts."""
+
+    def started(*_a, **_k):
+        raise AssertionError(f"{what} started before its arguments were checked")
+
+    for module, name in targets:
+        monkeypatch.setattr(module, name, started)
+
+
 @pytest.fixture
 def no_run(monkeypatch):
     """A validation or a calibration that starts fails the test: the refusal comes first."""
-
-    def started(*_a, **_k):
-        raise AssertionError("the run started before its arguments were checked")
-
-    monkeypatch.setattr(validate_mod, "run_validation", started)
-    monkeypatch.setattr(cc, "measure", started)
+    _fail_if_started(monkeypatch, "the run", [(validate_mod, "run_validation"), (cc, "measure")])
 
 
 VALIDATE = ["validate", default_trace(), "--model", "llama-3.2-1b", "--cpu-chunks", "50"]
@@ -138,11 +144,8 @@ def test_calibrate_compute_memory_check_counts_the_largest_point(monkeypatch):
 
 @pytest.fixture
 def no_check(monkeypatch):
-    def started(*_a, **_k):
-        raise AssertionError("a section ran before the arguments were checked")
-
-    monkeypatch.setattr(gpu_check, "run_check", started)
-    monkeypatch.setattr(gpu_check, "cpu_stand_in", started)
+    sections = [(gpu_check, "run_check"), (gpu_check, "cpu_stand_in")]
+    _fail_if_started(monkeypatch, "a section", sections)
 
 
 def _gpu_check_refuses(capsys, argv: list[str]) -> str:
