@@ -19,8 +19,14 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from kvsim.cachemode.run import replay_trace, request_total
 from kvsim.core.errors import EngineStalled, InputError, InputWarning, did_you_mean
 from kvsim.options.fleet import FLEET_FIELDS, FleetOptions
-from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, OffloadOptions, option_name
-from kvsim.options.runs import REPLAY_FIELDS, SIMULATE_FIELDS, ReplayOptions, SimulateOptions
+from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, OffloadOptions
+from kvsim.options.runs import (
+    REPLAY_FIELDS,
+    SIMULATE_FIELDS,
+    ReplayOptions,
+    SimulateOptions,
+    check_simulate_together,
+)
 from kvsim.options.vllm import (
     KVConnectorExtraConfig,
     extra_config,
@@ -121,15 +127,12 @@ def named_options(fn: Callable[P, R]) -> Callable[P, R]:
     """``fn`` with its explicit signature (``help()`` and IDEs show it) and an unknown keyword
     reported as bad input, an :class:`InputError` naming it and the closest option, not
     Python's bare ``TypeError``."""
-    known = sorted(
-        p.name
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    )
-
+    params = inspect.signature(fn).parameters.values()
+    by_name = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    known = sorted(p.name for p in params if p.kind in by_name)
     positional = sum(
         p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        for p in inspect.signature(fn).parameters.values()
+        for p in params
     )
 
     @functools.wraps(fn)
@@ -402,50 +405,6 @@ def mrc(
     return curve
 
 
-#: ``simulate``'s options that only the CPU tier reads, with their defaults
-_TIER_ONLY = {
-    "policy": None,
-    "policy_module": None,
-    "admission": "always",
-    "store_threshold": None,
-    "max_tracker_size": None,
-    "chunk_tokens": None,
-    "offload_prompt_only": None,
-    "sync_load_budget_bytes": None,
-}
-
-
-def _check_together(given: Mapping[str, Any], sized: bool) -> None:
-    """``simulate``'s rules between options: a baseline needs a CPU tier to compare with,
-    and a Poisson re-timing leaves no arrivals to scale; a run without a CPU tier reads
-    none of its options, so those given are named (a warning, not an error: a sweep's
-    no-offload cell keeps the grid's fixed policy, and is right to)."""
-    if given["baseline"] and not sized:
-        raise InputError(
-            "baseline compares the run with and without offloading, but no CPU tier is "
-            "sized, so both runs would be the same: give --cpu-gib (cpu_gib), --cpu-chunks, "
-            "cpu_bytes or --vllm-config"
-        )
-    if given["poisson_rate"] is not None and given["time_scale"] != 1.0:
-        raise InputError(
-            "--poisson-rate re-times the arrivals, so --time-scale would change nothing: "
-            "give one of them"
-        )
-    if sized:
-        return
-    unread = [name for name, default in _TIER_ONLY.items() if given.get(name) != default]
-    if unread:
-        names = ", ".join(
-            "--offload-all-tokens" if n == "offload_prompt_only" else option_name(n) for n in unread
-        )
-        warnings.warn(
-            f"{names}: the CPU tier's options, but no CPU tier is sized (the run has no "
-            "offloading), so they change nothing",
-            InputWarning,
-            stacklevel=3,
-        )
-
-
 def _sizes_gib(cpu_gib: Iterable[float] | float | None) -> list[float] | None:
     """``mrc``'s ``cpu_gib``: one size or several, each a number (a string is not a list
     of sizes, though it iterates)."""
@@ -620,7 +579,7 @@ def simulate(
     bench = BenchSettings.make(percentile_metrics, metric_percentiles, goodput)
     tr, n_requests, stages = _arrivals(trace, workload, load, given)
     sized = any(v is not None for v in (cpu_gib, cpu_chunks, cpu_bytes, vllm_config))
-    _check_together(given, sized)
+    check_simulate_together(given, sized)
     extra = vllm_extra(vllm_config)
     offload = _pick(given, [n for n in OFFLOAD_FIELDS if n != "gpu_blocks"])
     offload.update(model=model or DEFAULT_MODEL, cpu_chunks=cpu_chunks if sized else 1)

@@ -206,9 +206,8 @@ _MODE_ONLY = {
 
 def _check_mode(ctx: click.Context, stages: bool, timed: bool, miniature: bool) -> None:
     """One mode at a time, and no option of another mode: either would be ignored."""
-    given = [flag for flag, on in (("--stages", stages), ("--timed", timed)) if on]
-    if miniature:
-        given.append("--miniature-error")
+    modes = (("--stages", stages), ("--timed", timed), ("--miniature-error", miniature))
+    given = [flag for flag, on in modes if on]
     if len(given) > 1:
         raise InputError(f"{' and '.join(given)} are different modes: give one of them")
     mode = given[0] if given else None
@@ -233,12 +232,12 @@ def _policy_names(policies: str) -> list[str]:
     return names
 
 
-def _one_policy(policies: str, mode: str) -> list[str]:
+def _one_policy(policies: str, mode: str) -> str:
     """``--policies`` where ``mode`` times one policy: exactly one name."""
     names = _policy_names(policies)
     if len(names) != 1:
         raise InputError(f"{mode} times one policy; got --policies {policies!r}")
-    return names
+    return names[0]
 
 
 def _stages(
@@ -254,9 +253,9 @@ def _stages(
 
     if limit is not None:
         raise InputError("--stages times the whole trace, as kvsim replay reads it; drop --limit")
-    names = _one_policy(policies, "--stages")
+    policy = _one_policy(policies, "--stages")
     table = bench_stages(
-        trace, cpu_chunks=cpu_chunks, policy=names[0], repeat=repeat, with_vllm=with_vllm
+        trace, cpu_chunks=cpu_chunks, policy=policy, repeat=repeat, with_vllm=with_vllm
     )
     shown = table.copy()
     shown["seconds"] = shown["seconds"].map(lambda v: f"{v:.3f}")
@@ -281,7 +280,7 @@ def _timed(
     from kvsim.cachemode.bench import use_vllm
     from kvsim.engine.bench import bench_trace
 
-    policy = _one_policy(policies, "--timed")[0]
+    policy = _one_policy(policies, "--timed")
     head, table = bench_trace(
         trace,
         limit or 400,

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from kvsim.cli.common import check_output_path, named
-from kvsim.core.errors import InputError
+from kvsim.cli.common import check_output_path
+from kvsim.core.errors import InputError, named
 from kvsim.core.io import atomic_write, json_text
 from kvsim.report.result import format_table
 

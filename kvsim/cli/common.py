@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 #: a click command function, before or after other option decorators
 FC = TypeVar("FC", bound=Callable[..., Any])
-T = TypeVar("T")
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -46,16 +45,6 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return number
-
-
-def named(option: str, lookup: Callable[[str], T], value: str) -> T:
-    """``lookup(value)`` (a preset such as ``get_model``), its one-line error prefixed with
-    the option that gave the value (``--model: unknown model 'x' (did you mean ...)``), so
-    every command names the option as ``kvsim simulate`` does."""
-    try:
-        return lookup(value)
-    except InputError as exc:
-        raise InputError(f"{option}: {exc}") from None
 
 
 def schema_option(

@@ -7,8 +7,10 @@ file and line, or the option, that is wrong.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class InputError(ValueError):
@@ -62,3 +64,13 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
 
     guess = difflib.get_close_matches(str(name), sorted(known), n=1)
     return f" (did you mean {guess[0]!r}?)" if guess else ""
+
+
+def named(option: str, lookup: Callable[[str], T], value: str) -> T:
+    """``lookup(value)`` (a preset such as ``get_model``), its one-line error prefixed with
+    the option that gave the value (``--model: unknown model 'x' (did you mean ...)``), so
+    every command names the option the same way."""
+    try:
+        return lookup(value)
+    except InputError as exc:
+        raise InputError(f"{option}: {exc}") from None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvsim.core.errors import EngineStalled, InputError, InputWarning
+from kvsim.core.errors import EngineStalled, InputError, InputWarning, named
 from kvsim.engine.compute_model import (
     ComputeParams,
     ComputeProfile,
@@ -110,10 +110,7 @@ def compose(
     model = config.model_spec
     if model is None:
         raise InputError("simulate needs --model: the engine sizes KV blocks and compute by it")
-    try:
-        gpu = get_gpu(timed.gpu)
-    except InputError as exc:
-        raise InputError(f"--gpu: {exc}") from None
+    gpu = named("--gpu", get_gpu, timed.gpu)
     knobs = engine_knobs_from_vllm_config(extra) if extra is not None else {}
     _, default_seqs = vllm_batch_defaults(gpu)
     # vLLM's default max_model_len is the model's positions

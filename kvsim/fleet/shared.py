@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from kvsim.core.errors import InputError
 from kvsim.options.config import CacheConfig
-from kvsim.options.fleet import FLEET_DEFAULTS, FleetOptions
+from kvsim.options.fleet import FLEET_DEFAULTS, FleetOptions, fleet_option_name
 from kvsim.options.tiers import TierSpec, parse_byte_size
 from kvsim.tiering.build import tier_store
 from kvsim.tiering.store import TierStore
@@ -43,7 +43,7 @@ def shared_tier_spec(fleet: FleetOptions) -> TierSpec | None:
     if fleet.shared_tier is None:
         for name in ("shared_tier_capacity", "shared_tier_eviction", "shared_tier_link"):
             if getattr(fleet, name) != FLEET_DEFAULTS[name]:
-                raise InputError(f"--{name.replace('_', '-')} needs --shared-tier")
+                raise InputError(f"{fleet_option_name(name)} needs --shared-tier")
         return None
     kind, link = KINDS[fleet.shared_tier]
     device = LINK_DEVICES[fleet.shared_tier_link or link]

@@ -133,8 +133,7 @@ class FleetOptions(Schema, frozen=True):
         Returns one clause per option (``--router-kv-weight (only the prefix-aware router
         reads the weights)``); empty when every option given is read."""
         out = []
-        many = self.instances > 1
-        if not many:
+        if self.instances == 1:
             out += [
                 f"{fleet_option_name(name)} (one instance has no router)"
                 for name in _ROUTER_FIELDS

@@ -10,10 +10,13 @@ None means a default that depends on something else: the GPU (``max_num_seqs``),
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
+from kvsim.core.errors import InputError, InputWarning
 from kvsim.options.engine import (
     AsyncScheduling,
     EnableChunkedPrefill,
@@ -30,10 +33,16 @@ from kvsim.options.engine import (
     TimeScale,
     engine_option_name,
 )
-from kvsim.options.offload import Count, Text
+from kvsim.options.offload import Count, Text, option_name
 from kvsim.options.schema import Schema, check_fields
 
-__all__ = ["REPLAY_FIELDS", "SIMULATE_FIELDS", "ReplayOptions", "SimulateOptions"]
+__all__ = [
+    "REPLAY_FIELDS",
+    "SIMULATE_FIELDS",
+    "ReplayOptions",
+    "SimulateOptions",
+    "check_simulate_together",
+]
 
 VllmConfigField = Annotated[
     Any,
@@ -202,6 +211,51 @@ class SimulateOptions(Schema, frozen=True):
 def _simulate_flag(field: str) -> str:
     """How ``kvsim simulate`` spells a field: the GPU KV capacity is its ``--gpu-blocks``."""
     return "--gpu-blocks" if field == "gpu_kv_blocks" else engine_option_name(field)
+
+
+#: ``simulate``'s options that only the CPU tier reads, with their defaults
+_TIER_ONLY = {
+    "policy": None,
+    "policy_module": None,
+    "admission": "always",
+    "store_threshold": None,
+    "max_tracker_size": None,
+    "chunk_tokens": None,
+    "offload_prompt_only": None,
+    "sync_load_budget_bytes": None,
+}
+
+
+def check_simulate_together(given: Mapping[str, Any], sized: bool) -> None:
+    """``kvsim.simulate``'s rules between its keywords (``given``; ``sized``: whether a CPU
+    tier is sized): a baseline needs a CPU tier to compare with, and a Poisson re-timing
+    leaves no arrivals to scale; a run without a CPU tier reads none of its options, so
+    those given are named (a warning, not an error: a sweep's no-offload cell keeps the
+    grid's fixed policy, and is right to)."""
+    if given["baseline"] and not sized:
+        raise InputError(
+            "baseline compares the run with and without offloading, but no CPU tier is "
+            "sized, so both runs would be the same: give --cpu-gib (cpu_gib), --cpu-chunks, "
+            "cpu_bytes or --vllm-config"
+        )
+    if given["poisson_rate"] is not None and given["time_scale"] != 1.0:
+        raise InputError(
+            "--poisson-rate re-times the arrivals, so --time-scale would change nothing: "
+            "give one of them"
+        )
+    if sized:
+        return
+    unread = [name for name, default in _TIER_ONLY.items() if given.get(name) != default]
+    if unread:
+        names = ", ".join(
+            "--offload-all-tokens" if n == "offload_prompt_only" else option_name(n) for n in unread
+        )
+        warnings.warn(
+            f"{names}: the CPU tier's options, but no CPU tier is sized (the run has no "
+            "offloading), so they change nothing",
+            InputWarning,
+            stacklevel=3,
+        )
 
 
 #: each job's own keywords, in declaration order
