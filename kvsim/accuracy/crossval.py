@@ -54,6 +54,7 @@ def cross_validate(
     search: str = "coordinate",
     by: str = "model",
     progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
 ) -> tuple[AccuracyReport, dict[str, PhaseProfile]]:
     """Fit without each model (or experiment) in turn and predict what was left out.
 
@@ -68,6 +69,8 @@ def cross_validate(
         by: what a fold holds out (:data:`FOLD_BY`): a model's experiments, or one
             experiment.
         progress: called with 1 as each fold finishes.
+        workers: processes the experiments of each evaluation and prediction run on
+            (default: one per CPU; the results are the same with any number).
 
     Returns:
         The report of every experiment, each predicted by the fold that held it out, and
@@ -89,9 +92,11 @@ def cross_validate(
             search=search,
             start=start,
             hold_out=ids,
+            workers=workers,
         )
         profiles[key] = fit.profile
-        results.extend(accuracy(file, compute_profile=fit.profile, experiments=ids).results)
+        report = accuracy(file, compute_profile=fit.profile, experiments=ids, workers=workers)
+        results.extend(report.results)
         if progress:
             progress(1)
     config = {

@@ -42,6 +42,7 @@ import numpy as np
 from kvsim.accuracy.report import accuracy
 from kvsim.accuracy.search import search as run_search
 from kvsim.core.errors import InputError
+from kvsim.core.processes import check_workers
 from kvsim.engine.phase_compute import PhaseProfile, shipped_profile
 
 __all__ = ["FITTED", "FitResult", "fit_compute"]
@@ -115,6 +116,7 @@ def fit_compute(
     start: PhaseProfile | None = None,
     hold_out: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> FitResult:
     """Fit ``FITTED`` on the experiments of ``file`` run on ``gpu`` (they must all name it).
 
@@ -133,6 +135,8 @@ def fit_compute(
         hold_out: experiment ids left out of the fit (a cross-validation's test set);
             an unknown id, or holding out every experiment, is an error.
         log: called with a line per improvement.
+        workers: processes each evaluation's experiments run on (default: one per CPU;
+            the fit is the same with any number).
 
     Returns:
         The fitted profile (sources and provenance say what was fitted, on which
@@ -141,6 +145,7 @@ def fit_compute(
     from kvsim.accuracy.measurements import read_measurements
     from kvsim.core.errors import did_you_mean
 
+    n_workers = check_workers(workers)
     parsed = read_measurements(file)
     ids = [e.id for e in parsed.experiments]
     for name in hold_out:
@@ -171,6 +176,7 @@ def fit_compute(
                 max_stage_s=max_stage_s,
                 warmup_s=warmup_s,
                 experiments=kept,
+                workers=n_workers,
             )
         errors = _log_errors(report, file)
         return float(np.mean(np.abs(errors))), errors, report

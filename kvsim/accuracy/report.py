@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvsim.accuracy.measurements import read_measurements
-from kvsim.accuracy.run import METRICS, ExperimentResult, Row, run_experiment
+from kvsim.accuracy.parallel import run_experiments
+from kvsim.accuracy.run import METRICS, ExperimentResult, Row
 from kvsim.core.io import atomic_write
+from kvsim.core.processes import check_workers
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
@@ -129,6 +131,7 @@ def accuracy(
     async_scheduling: bool = True,
     progress: Callable[[int], None] | None = None,
     warmup_s: float = 0.0,
+    workers: int | None = None,
 ) -> AccuracyReport:
     """Run every experiment of measurements ``file`` (or those named in ``experiments``)
     and compare with what it measured.
@@ -143,9 +146,12 @@ def accuracy(
         progress: called with 1 as each experiment finishes.
         warmup_s: with ``max_stage_s``, each cut stage first runs this many seconds at its
             rate unmeasured (:func:`kvsim.accuracy.run.shortened`).
+        workers: processes running the experiments (default: one per CPU; 1: this one).
+            The report is the same with any number.
     """
     from kvsim.core.errors import InputError, did_you_mean
 
+    n_workers = check_workers(workers)
     parsed = read_measurements(file)
     chosen = list(parsed.experiments)
     if experiments:
@@ -157,21 +163,14 @@ def accuracy(
     base = os.path.dirname(os.path.abspath(file))
     if isinstance(compute_profile, (str, os.PathLike)):
         _check_profile(compute_profile, {e.gpu_arg(base) for e in chosen})
-    results = []
-    for exp in chosen:
-        results.append(
-            run_experiment(
-                exp,
-                base,
-                compute_profile=compute_profile,
-                max_stage_s=max_stage_s,
-                seed=seed,
-                async_scheduling=async_scheduling,
-                warmup_s=warmup_s,
-            )
-        )
-        if progress is not None:
-            progress(1)
+    settings = {
+        "compute_profile": compute_profile,
+        "max_stage_s": max_stage_s,
+        "seed": seed,
+        "async_scheduling": async_scheduling,
+        "warmup_s": warmup_s,
+    }
+    results = run_experiments(chosen, base, settings, n_workers, progress)
     profile_name = (
         compute_profile
         if isinstance(compute_profile, str) or compute_profile is None

@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 _ACCURACY_FILES = frozenset({"accuracy.csv", "metadata.json"})
 
 
+def _workers(command: Callable[..., None]) -> Callable[..., None]:
+    """``--workers``: the processes experiments run on (the results are the same with any
+    number; each experiment is a function of its inputs and seed)."""
+    return click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Experiments run in parallel (default: CPUs; 1: in this process).",
+    )(command)
+
+
 def _fmt(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "-"
@@ -72,6 +83,7 @@ def _fmt(x: float | None) -> str:
     help="vLLM 0.33's engine loop; --no-async-scheduling: the synchronous one of older vLLM.",
 )
 @click.option("--progress/--no-progress", default=None, help="A bar counting experiments.")
+@_workers
 def accuracy_command(
     file: str,
     out: str | None,
@@ -83,6 +95,7 @@ def accuracy_command(
     seed: int,
     async_scheduling: bool,
     progress: bool | None,
+    workers: int | None,
 ) -> None:
     """Re-create and simulate each experiment of a measurements FILE; print predicted
     against measured per stage with the absolute percentage error, then the median and
@@ -113,6 +126,7 @@ def accuracy_command(
             seed=seed,
             async_scheduling=async_scheduling,
             progress=bar.callback,
+            workers=workers,
         )
         if out is not None:
             report.write(out, command="kvsim accuracy " + " ".join(sys.argv[2:]))
@@ -218,6 +232,7 @@ def _fit_budget(command: Callable[..., None]) -> Callable[..., None]:
     help="Phases profile JSON the search starts from (default: the GPU's shipped one, "
     "itself fitted on the shared training file).",
 )
+@_workers
 def fit_compute_command(
     file: str,
     gpu: str,
@@ -228,6 +243,7 @@ def fit_compute_command(
     search: str,
     hold_out: tuple[str, ...],
     start: str | None,
+    workers: int | None,
 ) -> None:
     """Fit the step-time model's few global parameters to the experiments of FILE with
     the simulation in the loop; print the training error and write a profile that
@@ -261,6 +277,7 @@ def fit_compute_command(
         hold_out=hold_out,
         search=search,
         log=lambda line: click.echo(line, err=True),
+        workers=workers,
     )
     with atomic_write(out) as f:
         f.write(result.profile.to_json())
@@ -297,6 +314,7 @@ def fit_compute_command(
     "workload the fit has not seen, on models it has).",
 )
 @click.option("--progress/--no-progress", default=None, help="A bar counting folds.")
+@_workers
 def cross_validate_command(
     file: str,
     gpu: str,
@@ -308,6 +326,7 @@ def cross_validate_command(
     search: str,
     fold_by: str,
     progress: bool | None,
+    workers: int | None,
 ) -> None:
     """Leave one model out: for each model of FILE, fit the step-time model on the other
     models' experiments (from --start) and predict this model's at full length; print
@@ -340,6 +359,7 @@ def cross_validate_command(
             search=search,
             by=fold_by,
             progress=bar.callback,
+            workers=workers,
         )
     if out is not None:
         import os

@@ -11,12 +11,10 @@ die with the sweep's main process, however it ends.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import os
 import signal
 import sys
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +23,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputError
+from kvsim.core.processes import become_worker
 from kvsim.sweeps.cells import cell_id, failed_row, run_cell
 
 if TYPE_CHECKING:
@@ -74,44 +73,12 @@ def _run_serial(
         yield run_cell(c, base_dir, requests_dir)
 
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-#: how often a worker checks that the sweep's main process is still its parent
-_PARENT_POLL_S = 0.5
-
-
-def exit_with_parent(parent_pid: int | None) -> None:
-    """Make this worker die with the sweep's main process (a killed driver must not leave
-    workers blocked forever): Linux's parent-death signal, and everywhere a watchdog thread
-    that exits when the parent changes (also covers a parent that died before this ran).
-
-    Linux sends the signal when the *thread* that started the worker ends; the sweep starts
-    every worker from the thread that called it, which waits for them."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    parent = parent_pid or os.getppid()
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(_PARENT_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="kvsim-sweep-parent-watch", daemon=True).start()
-
-
 def _worker_main(
     conn: Connection, base_dir: str, parent_pid: int | None, requests_dir: str | None = None
 ) -> None:
     """A pool worker: cells in, rows out, one at a time, until told to stop (``None``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler, inherited by fork
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    become_worker(parent_pid)
     sys.stdout = sys.stderr  # a plugin's print() is not the sweep's output
-    exit_with_parent(parent_pid)
     while True:
         try:
             cell = conn.recv()

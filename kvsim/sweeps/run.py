@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from kvsim.core.errors import InputError
 from kvsim.core.input_files import referenced_files
 from kvsim.core.io import refuse_filling_folder
+from kvsim.core.processes import check_workers
 from kvsim.options.schema import short_repr
 from kvsim.report.progress import Progress, ProgressArg
 from kvsim.report.result import METADATA, write_metadata
@@ -145,11 +146,7 @@ def _check_run(name: str, workers: int | None) -> int:
         raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")
     if name == "ray":
         import_ray()
-    if workers is None:
-        return os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise InputError(f"workers must be an integer >= 1, got {short_repr(workers)}")
-    return workers
+    return check_workers(workers)
 
 
 def _table_row(row: Mapping[str, Any], cell: int) -> dict[str, Any]:

@@ -210,10 +210,10 @@ def test_what_no_experiment_could_run_with_is_bad_input(tmp_path, capsys, change
 
 def test_an_out_that_cannot_be_made_is_said_before_the_runs(tmp_path, capsys, monkeypatch):
     """It was found after the whole run, its results then lost."""
-    from kvsim.accuracy import report
+    from kvsim.accuracy import parallel
 
     ran: list[str] = []
-    monkeypatch.setattr(report, "run_experiment", lambda exp, *a, **k: ran.append(exp.id))
+    monkeypatch.setattr(parallel, "run_experiment", lambda exp, *a, **k: ran.append(exp.id))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     path = write(tmp_path / "m.yaml")

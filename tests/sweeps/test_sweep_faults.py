@@ -422,7 +422,7 @@ def test_the_portable_watchdog_alone_ends_an_orphan(tmp_path):
     """Without Linux's parent-death signal, the worker's watchdog thread sees the new parent."""
     ready = tmp_path / "ready"
     child = (
-        "import sys, time; from kvsim.sweeps.executors import exit_with_parent; "
+        "import sys, time; from kvsim.core.processes import exit_with_parent; "
         "sys.platform = 'other'; "
         f"exit_with_parent(None); open({str(ready)!r}, 'w').close(); time.sleep(60)"
     )

@@ -1,0 +1,90 @@
+"""``kvsim accuracy --workers``: experiments run on worker processes give the report of a
+run in one process, row for row, failure for failure, warning for warning (the parallel
+path against the plain one), and a worker's crash is the driver's error."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+from measurements_small import EXPERIMENT, experiment, write
+from support import run_main
+
+from kvsim.accuracy import accuracy
+from kvsim.core.errors import InputError
+from kvsim.core.processes import check_workers
+from kvsim.report.serve_metrics import OverloadWarning
+
+
+def _file(tmp_path):
+    hot = experiment(  # past the GPU: an overload warning from a worker
+        id="hot",
+        workload={**EXPERIMENT["workload"], "question_len": 1500, "num_prompts_per_group": 50},
+        load={"type": "constant", "stages": [{"rate": 60, "duration": 5}]},
+        measured=[{"stage": "all", "e2e_ms": {"mean": 300.0}}],
+    )
+    tp3 = experiment(id="tp3", tp=3)  # cannot run: a failure with its reason
+    closed = experiment(
+        id="closed",
+        load={"type": "concurrency", "stages": [{"concurrency": 4, "num_requests": 12}]},
+    )
+    return write(tmp_path / "m.yaml", experiment(), hot, tp3, closed)
+
+
+def _run(path, workers):
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        report = accuracy(path, max_stage_s=5, seed=3, workers=workers)
+    return report, [(w.category, str(w.message)) for w in said]
+
+
+def test_workers_give_the_report_of_one_process(tmp_path):
+    path = _file(tmp_path)
+    one, said_one = _run(path, 1)
+    two, said_two = _run(path, 2)
+    assert [r.experiment for r in two.results] == ["small-llama-2-7b", "hot", "tp3", "closed"]
+    assert two.rows == one.rows and len(one.rows) > 0
+    assert [(r.experiment, r.error, r.requests, r.warnings) for r in two.results] == [
+        (r.experiment, r.error, r.requests, r.warnings) for r in one.results
+    ]
+    assert said_two == said_one
+    assert any(c is OverloadWarning and "experiment hot: overloaded" in t for c, t in said_two)
+    assert two.summary() == one.summary()
+
+
+def test_a_crash_in_a_worker_is_raised_by_the_driver(tmp_path, monkeypatch):
+    """The workers are forked (or spawned) from here; a bug in one must not be lost or
+    hang the run."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("a patch reaches the workers only when they are forked")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the run")
+
+    monkeypatch.setattr("kvsim.accuracy.parallel.run_experiment", broken)
+    path = write(tmp_path / "m.yaml", experiment(), experiment(id="second"))
+    with pytest.raises(RuntimeError, match="a bug in the run"):
+        accuracy(path, max_stage_s=5, workers=2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
+def test_workers_is_a_whole_number_of_at_least_one(bad):
+    with pytest.raises(InputError, match="workers must be an integer >= 1"):
+        check_workers(bad)
+
+
+def test_the_cli_takes_workers_and_refuses_zero(tmp_path, capsys):
+    path = write(tmp_path / "m.yaml", experiment(), experiment(id="second"))
+    code, _, err = run_main(["accuracy", path, "--workers", "0"], capsys)
+    assert code == 2 and "--workers" in err and "Traceback" not in err
+    runs = []
+    for n in ("1", "2"):
+        code, stdout, _ = run_main(
+            ["accuracy", path, "--max-stage-s", "5", "--json", "--workers", n], capsys
+        )
+        assert code == 0
+        runs.append(json.loads(stdout))
+    assert runs[0] == runs[1]
