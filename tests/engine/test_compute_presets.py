@@ -156,3 +156,66 @@ def test_sliding_window_layers_bound_their_attention_span():
     m = get_model("gpt-oss-120b")
     assert m.gpu_kv_bytes_per_token() == 18 * 2 * 8 * 64 * 2  # the full layers only
     assert m.kv_bytes_per_token() == 36 * 2 * 8 * 64 * 2  # the CPU tier stores all
+
+
+# The fields of each preset's config.json that sizing and the step-time model read,
+# transcribed from the published files (huggingface.co/<repo>/blob/main/config.json) apart
+# from kvsim's own table: (layers, hidden, heads, KV heads, head_dim, vocab, tied, experts,
+# top-k, max_position_embeddings, weight dtype, sliding window, sliding layers)
+AUDITED = {
+    "llama-2-7b": (32, 4096, 32, 32, 128, 32000, False, 0, 0, 4096, "auto", None, None),
+    "llama-2-70b": (80, 8192, 64, 8, 128, 32000, False, 0, 0, 4096, "auto", None, None),
+    "codellama-34b": (48, 8192, 64, 8, 128, 32000, False, 0, 0, 16384, "auto", None, None),
+    "llama-3.1-8b": (32, 4096, 32, 8, 128, 128256, False, 0, 0, 131072, "auto", None, None),
+    "qwen3-14b": (40, 5120, 40, 8, 128, 151936, False, 0, 0, 40960, "auto", None, None),
+    "qwen3-32b": (64, 5120, 64, 8, 128, 151936, False, 0, 0, 40960, "auto", None, None),
+    "mixtral-8x7b": (32, 4096, 32, 8, 128, 32000, False, 8, 2, 32768, "auto", None, None),
+    "mixtral-8x22b": (56, 6144, 48, 8, 128, 32768, False, 8, 2, 65536, "auto", None, None),
+    "gpt-oss-120b": (36, 2880, 64, 8, 64, 201088, False, 128, 4, 131072, "mxfp4", 128, 18),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AUDITED))
+def test_the_benchmarked_presets_carry_their_config_json_fields(name):
+    m = get_model(name)
+    got = (
+        m.num_layers,
+        m.hidden_size,
+        m.num_attention_heads,
+        m.num_kv_heads,
+        m.head_dim,
+        m.vocab_size,
+        m.tie_word_embeddings,
+        m.num_experts,
+        m.experts_per_token,
+        m.max_position_embeddings,
+        m.weight_dtype,
+        m.sliding_window,
+        m.sliding_window_layers,
+    )
+    assert got == AUDITED[name]
+    layers, kv_heads, head_dim = m.num_layers, m.num_kv_heads, m.head_dim
+    full = layers - (m.sliding_window_layers or 0)
+    for tp in (1, 2, 4, 8):  # K and V, each worker's share of the KV heads (at least one), bf16
+        per_layer = 2 * max(1, kv_heads // tp) * head_dim * 2
+        assert m.kv_bytes_per_token(tp=tp) == layers * per_layer, tp
+        assert m.gpu_kv_bytes_per_token(tp=tp) == full * per_layer, tp
+
+
+def test_gpt_oss_weights_are_mxfp4_experts_and_bf16_rest_by_hand():
+    """openai/gpt-oss-120b: 128 experts of 3 x 2880 x 2880 in 36 layers at 4.25 bits;
+    attention (q, o: 2880 x 4096; k, v: 2880 x 512), routers and the untied 201088-word
+    embedding and LM head in bf16."""
+    m = get_model("gpt-oss-120b")
+    experts = 36 * 128 * 3 * 2880 * 2880
+    attention = 36 * (2 * 2880 * 64 * 64 + 2 * 2880 * 8 * 64)
+    rest = attention + 36 * 2880 * 128 + 2 * 201088 * 2880
+    assert m.routed_expert_params == experts
+    assert m.weight_bytes() == pytest.approx(experts * 4.25 / 8 + rest * 2)
+    assert m.weight_bytes() / 1e9 == pytest.approx(65.2, abs=0.1)
+    # one decode token reads 4 of 128 experts per layer, all of the 16-bit rest but the
+    # embedding (the LM head is its own phase)
+    f = compute("gpt-oss-120b")
+    assert f.weight_bytes(1) == pytest.approx(
+        experts * 4 / 128 * 4.25 / 8 + (attention + 36 * 2880 * 128) * 2
+    )
