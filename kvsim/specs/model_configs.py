@@ -117,6 +117,8 @@ SOURCES: dict[str, str] = {
     "qwen3-14b": "huggingface.co/Qwen/Qwen3-14B/blob/main/config.json",
     "qwen3-32b": "huggingface.co/Qwen/Qwen3-32B/blob/main/config.json",
     "mixtral-8x7b": "huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json",
-    "mixtral-8x22b": "huggingface.co/mistralai/Mixtral-8x22B-v0.1/blob/main/config.json",
+    # the Instruct model's file: its vocabulary is 32768 (tokenizer v3); the base
+    # Mixtral-8x22B-v0.1's config.json says 32000, otherwise the same (9.4 M parameters less)
+    "mixtral-8x22b": "huggingface.co/mistralai/Mixtral-8x22B-Instruct-v0.1/blob/main/config.json",
     "gpt-oss-120b": "huggingface.co/openai/gpt-oss-120b/blob/main/config.json",
 }

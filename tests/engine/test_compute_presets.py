@@ -14,7 +14,7 @@ from kvsim.engine.engine import gpu_kv_blocks
 from kvsim.engine.params import EngineParams
 from kvsim.engine.phase_compute import FP8_GEMM_SPEEDUP, PhaseCompute, shipped_profile
 from kvsim.specs.hardware import get_gpu
-from kvsim.specs.model_configs import HF_CONFIGS
+from kvsim.specs.model_configs import HF_CONFIGS, SOURCES
 from kvsim.specs.models import get_model
 
 H100 = shipped_profile("h100")
@@ -170,6 +170,7 @@ AUDITED = {
     "qwen3-14b": (40, 5120, 40, 8, 128, 151936, False, 0, 0, 40960, "auto", None, None),
     "qwen3-32b": (64, 5120, 64, 8, 128, 151936, False, 0, 0, 40960, "auto", None, None),
     "mixtral-8x7b": (32, 4096, 32, 8, 128, 32000, False, 8, 2, 32768, "auto", None, None),
+    # vocab 32768: the Instruct model's (base v0.1: 32000), the file SOURCES names
     "mixtral-8x22b": (56, 6144, 48, 8, 128, 32768, False, 8, 2, 65536, "auto", None, None),
     "gpt-oss-120b": (36, 2880, 64, 8, 64, 201088, False, 128, 4, 131072, "mxfp4", 128, 18),
 }
@@ -194,6 +195,8 @@ def test_the_benchmarked_presets_carry_their_config_json_fields(name):
         m.sliding_window_layers,
     )
     assert got == AUDITED[name]
+    if name == "mixtral-8x22b":
+        assert "Mixtral-8x22B-Instruct-v0.1" in SOURCES[name]
     layers, kv_heads, head_dim = m.num_layers, m.num_kv_heads, m.head_dim
     full = layers - (m.sliding_window_layers or 0)
     for tp in (1, 2, 4, 8):  # K and V, each worker's share of the KV heads (at least one), bf16
