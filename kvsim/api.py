@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kvsim.cachemode.run import replay_trace, request_total
 from kvsim.core.errors import EngineStalled, InputError, InputWarning, did_you_mean
+from kvsim.core.numeric import is_whole
 from kvsim.options.fleet import FLEET_FIELDS, FleetOptions
 from kvsim.options.offload import DEFAULT_MODEL, OFFLOAD_FIELDS, OffloadOptions
 from kvsim.options.runs import (
@@ -369,7 +370,7 @@ def mrc(
         return again.resolve(tr.block_tokens, config.model_spec).num_chunks
 
     asked_chunks = [chunks_at(x) for x in asked or ()]
-    if isinstance(points, bool) or not isinstance(points, numbers.Integral) or points < 2:
+    if not is_whole(points) or points < 2:
         raise InputError(f"--points must be a whole number >= 2, got {points!r}")
     if seeds < 1:
         raise InputError(f"--seeds must be at least 1, got {seeds}")

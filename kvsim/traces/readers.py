@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import numbers
 import os
 import shutil
 import stat
@@ -27,6 +26,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from kvsim.core.errors import InputError
+from kvsim.core.numeric import is_whole
 
 from .formats import FORMATS
 from .formats.files import first_line, open_bin
@@ -93,10 +93,6 @@ def _remove_spooled() -> None:
     for name in _SPOOLED.values():
         with contextlib.suppress(OSError):
             os.unlink(name)
-
-
-def _is_integer(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def unspooled(text: str) -> str:
@@ -173,11 +169,11 @@ def open_trace(
     else:
         open_bin(p).close()  # missing file -> InputError now, not at first iteration
     if limit is not None:  # a numpy integer counts as the int it holds
-        if not _is_integer(limit) or limit < 0:
+        if not is_whole(limit) or limit < 0:
             raise InputError(f"limit must be a non-negative integer, got {limit!r}")
         limit = int(limit)
     if block_tokens is not None:
-        if not _is_integer(block_tokens) or block_tokens <= 0:
+        if not is_whole(block_tokens) or block_tokens <= 0:
             raise InputError(f"block_tokens must be a positive integer, got {block_tokens!r}")
         block_tokens = int(block_tokens)
     form = FORMATS[fmt]

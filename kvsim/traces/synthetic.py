@@ -27,13 +27,13 @@ import os
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from numbers import Integral
 from typing import Any, Protocol
 
 import pandas as pd
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_text
+from kvsim.core.numeric import is_whole
 
 from .model import Request
 
@@ -404,9 +404,9 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
     Deterministic: the same kind, seed and knobs give the same requests. ``session_id`` is
     set for chat and agent requests (it is not part of the Mooncake output).
     """
-    if not isinstance(n_requests, Integral) or isinstance(n_requests, bool) or n_requests < 0:
+    if not is_whole(n_requests) or n_requests < 0:
         raise InputError(f"n_requests must be an integer >= 0, got {n_requests!r}")
-    if not isinstance(seed, Integral) or isinstance(seed, bool):
+    if not is_whole(seed):
         raise InputError(f"seed must be an integer, got {seed!r}")
     seed = int(seed)  # a numpy integer seeds as the int it holds
     k = _check_knobs(kind, knobs)

@@ -4,10 +4,10 @@ fixed before the run, an arrival source when they come out of it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral
 from typing import Any
 
 from kvsim.core.errors import InputError
+from kvsim.core.numeric import is_whole
 from kvsim.traces.model import Request, Trace
 from kvsim.workloads.prompts import make_prompts
 from kvsim.workloads.source import ClientSource
@@ -119,7 +119,7 @@ def build_workload(workload: Any, load: Any, seed: int = 0, block_size: int = 16
     """
     if type(block_size) is not int or block_size <= 0:
         raise InputError(f"block_size must be a positive integer, got {block_size!r}")
-    if not isinstance(seed, Integral) or isinstance(seed, bool) or seed < 0:
+    if not is_whole(seed) or seed < 0:
         raise InputError(f"seed must be a non-negative integer, got {seed!r}")
     w = Workload(load_workload(workload), load_load(load), int(seed), block_size)
     if w.num_requests == 0:  # nothing to run, or to write as a trace
