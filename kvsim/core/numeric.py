@@ -1,11 +1,12 @@
-"""Rules on numbers that input checks share, each worded once: what counts as a whole
-number (a count, a seed, a limit)."""
+"""Two rules on numbers that input checks share, each worded once: what counts as a whole
+number (a count, a seed, a limit), and the hint for a number that came as text."""
 
 from __future__ import annotations
 
+import math
 import numbers
 
-__all__ = ["is_whole"]
+__all__ = ["is_whole", "text_number_hint"]
 
 
 def is_whole(value: object) -> bool:
@@ -14,3 +15,19 @@ def is_whole(value: object) -> bool:
     ``true`` is a typo) and not a float, even ``3.0`` (a count given as a float is a sign
     the wrong value was passed)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def text_number_hint(value: object) -> str:
+    """`` (a number as text: write it unquoted, such as 1000)`` when ``value`` is text that
+    reads as a finite number (``'1e3'`` quoted in YAML, or a string from the API), else
+    ``""``: the one wording of that hint, appended to the error that refused the text."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        x = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(x):
+        return ""
+    plain = str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
+    return f" (a number as text: write it unquoted, such as {plain})"

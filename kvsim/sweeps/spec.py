@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -23,6 +22,7 @@ import msgspec
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import read_yaml
+from kvsim.core.numeric import text_number_hint
 from kvsim.options.schema import Schema, load, short_repr
 from kvsim.sweeps.cells import count_cells, expand
 from kvsim.sweeps.spec_schema import (
@@ -195,16 +195,7 @@ def _with_hint(message: str) -> str:
     """``message`` with a hint when its bad value is a number written as text (``'1e3'``
     quoted, or from the API)."""
     m = _GOT_TEXT.search(message)
-    if m is None:
-        return message
-    try:
-        x = float(m.group("text"))
-    except ValueError:
-        return message
-    if not math.isfinite(x):
-        return message
-    plain = str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
-    return f"{message} (a number as text: write it unquoted, such as {plain})"
+    return message if m is None else message + text_number_hint(m.group("text"))
 
 
 def _check_option_keys(data: Mapping[str, Any], mode: str, source: str) -> None:

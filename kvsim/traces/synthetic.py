@@ -33,7 +33,7 @@ import pandas as pd
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_text
-from kvsim.core.numeric import is_whole
+from kvsim.core.numeric import is_whole, text_number_hint
 
 from .model import Request
 
@@ -344,20 +344,12 @@ _MOST_TOKENS = 100_000_000
 _POSITIVE = frozenset({"rate", "on_s", "off_s", "active_sessions", "docs_per_request"})
 
 
-def _numeric_text(value: Any) -> bool:
-    """Text Python reads as a number (``"1e12"`` from the API, or quoted in YAML)."""
-    try:
-        return isinstance(value, str) and math.isfinite(float(value))
-    except ValueError:
-        return False
-
-
 def _check_knob(name: str, value: Any, default: Any) -> None:
     """A knob's value has its default's type, and numbers are finite and in range, so a
     typo fails here in one line instead of deep inside the generator."""
     if isinstance(default, (int, float)) and not isinstance(default, bool):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            hint = f" (text: write the number, {value})" if _numeric_text(value) else ""
+            hint = text_number_hint(value)
             raise InputError(f"knob {name} must be a number, got {value!r}{hint}")
         if not math.isfinite(value):
             raise InputError(f"knob {name} must be finite, got {value!r}")

@@ -1,5 +1,5 @@
-"""kvsim/core/numeric.py: the one rule for "a whole number, not a bool", and the places
-that use it keep to it."""
+"""kvsim/core/numeric.py: the one rule for "a whole number, not a bool" (and the places
+that use it keep to it), and the one hint for a number written as text."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from support import SAMPLE
 
 import kvsim
 from kvsim.core.errors import InputError
-from kvsim.core.numeric import is_whole
+from kvsim.core.numeric import is_whole, text_number_hint
 from kvsim.traces import open_trace
 from kvsim.traces.synthetic import generate
 from kvsim.workloads import build_workload
@@ -69,3 +69,26 @@ def test_each_place_refuses_a_bool_and_a_float(place: str, value: object) -> Non
 def test_each_place_takes_a_numpy_integer(place: str) -> None:
     call, _ = PLACES[place]
     call(np.int64(4))  # no error
+
+
+@pytest.mark.parametrize(
+    ("value", "plain"),
+    [("1e3", "1000"), (" 64 ", "64"), ("2.5", "2.5"), ("-0.5", "-0.5"), ("1e20", "1e+20")],
+)
+def test_a_number_as_text_is_told_how_to_write_it(value: str, plain: str) -> None:
+    assert text_number_hint(value) == f" (a number as text: write it unquoted, such as {plain})"
+
+
+@pytest.mark.parametrize("value", ["abc", "", "nan", "inf", "-inf", 1000, 2.5, None, b"1"])
+def test_other_values_get_no_hint(value: object) -> None:
+    assert text_number_hint(value) == ""
+
+
+def test_both_places_word_the_hint_the_same() -> None:
+    hint = " (a number as text: write it unquoted, such as 1000)"
+    with pytest.raises(InputError) as knob:
+        generate("chat", 2, turns="1e3")
+    with pytest.raises(InputError) as option:
+        kvsim.sweep({"traces": [SAMPLE], "grid": {"cpu_chunks": ["1e3"]}})
+    assert str(knob.value).endswith(f"got '1e3'{hint}")
+    assert str(option.value).endswith(f"got '1e3'{hint}")

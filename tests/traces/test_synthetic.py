@@ -193,7 +193,10 @@ def test_bad_knobs():
         ({"active_sessions": 2.5}, "whole number"),
         ({"arrival": 3}, "arrival must be text"),
         ({"system_tokens": 10**23}, "at most 100,000,000 tokens"),  # it never ended
-        ({"system_tokens": "1e12"}, r"got '1e12' \(text: write the number, 1e12\)"),
+        (
+            {"system_tokens": "1e12"},
+            r"got '1e12' \(a number as text: write it unquoted, such as 1000000000000\)",
+        ),
     ],
 )
 def test_knob_values_are_checked_before_generating(knobs, phrase):
