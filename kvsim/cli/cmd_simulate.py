@@ -396,9 +396,9 @@ def simulate_command(
 def _workload_and_load(
     trace: str | None, workload_text: str | None, load_text: str | None
 ) -> tuple[Any, Any]:
-    """--workload / --load as blocks (a file may hold both, as ``workload:`` and ``load:``);
+    """--workload / --load, checked (a file may hold both, as ``workload:`` and ``load:``);
     exactly one of TRACE and --workload."""
-    from kvsim.workloads.spec import read_block
+    from kvsim.workloads.spec import read_workload_and_load
 
     if trace is None and workload_text is None:
         raise InputError("give a TRACE, or --workload and --load")
@@ -406,14 +406,7 @@ def _workload_and_load(
         raise InputError("give a TRACE or --workload/--load, not both")
     if workload_text is None:
         return None, None
-    workload = read_block(workload_text, "--workload")
-    load = read_block(load_text, "--load") if load_text is not None else None
-    if "workload" in workload:  # a file with both blocks
-        load = load if load is not None else workload.get("load")
-        workload = workload["workload"]
-    if load is None:
-        raise InputError("--workload needs --load (or a file with workload: and load:)")
-    return workload, load
+    return read_workload_and_load(workload_text, load_text)
 
 
 COMMANDS = [simulate_command]

@@ -286,7 +286,7 @@ def _gen_bench(
     """``trace gen shared-prefix`` / ``random``: the workload under its load, as a kvsim
     trace whose header states the stages (and the workload, load and seed it came from)."""
     from kvsim.workloads import build_workload
-    from kvsim.workloads.spec import read_block
+    from kvsim.workloads.spec import load_workload, read_load
 
     if load_text is None:
         raise InputError(
@@ -294,9 +294,9 @@ def _gen_bench(
         )
     block = params.pop("block_tokens", 16)
     if type(block) is not int or block <= 0:
-        raise InputError(f"--set block_tokens: a positive integer, got {block!r}")
-    spec = {"type": BENCH_KINDS[kind], **params}
-    w = build_workload(spec, read_block(load_text, "--load"), seed=seed, block_size=block)
+        raise InputError(f"--set: block_tokens: must be a positive integer, got {block!r}")
+    spec = load_workload({"type": BENCH_KINDS[kind], **params}, source="--set", prefix="")
+    w = build_workload(spec, read_load(load_text), seed=seed, block_size=block)
     reqs = list(w.trace())
     stages = w.stages()
     starts = [sum(1 for s in stages if s < k) for k in range(w.num_stages)]  # empty: repeats

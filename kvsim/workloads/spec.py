@@ -26,7 +26,8 @@ __all__ = [
     "WorkloadSpec",
     "load_load",
     "load_workload",
-    "read_block",
+    "read_load",
+    "read_workload_and_load",
 ]
 
 Tokens = Annotated[int, Meta(ge=0)]
@@ -202,8 +203,9 @@ def load_workload(
     schema = WORKLOAD_TYPES.get(kind) if isinstance(kind, str) else None
     if schema is None:
         hint = did_you_mean(str(kind), WORKLOAD_TYPES) if isinstance(kind, str) else ""
+        key = f"{prefix}.type" if prefix else "type"
         raise InputError(
-            f"{prefix}.type: expected one of {', '.join(WORKLOAD_TYPES)}, got {kind!r}{hint}",
+            f"{key}: expected one of {', '.join(WORKLOAD_TYPES)}, got {kind!r}{hint}",
             source=source,
         )
     return load(schema, data, source=source, prefix=prefix)
@@ -216,10 +218,39 @@ def load_load(data: Any, *, source: str | None = None, prefix: str = "load") -> 
     return load(Load, data, source=source, prefix=prefix)
 
 
-def read_block(text: str, option: str) -> Any:
+def read_workload_and_load(workload_text: str, load_text: str | None) -> tuple[WorkloadSpec, Load]:
+    """``kvsim simulate``'s ``--workload`` and ``--load`` (a ``--workload`` file may hold
+    both, as ``workload:`` and ``load:`` blocks; ``--load`` wins), checked. An error names
+    the option as typed, or the file and its block, as ``--vllm-config``'s do:
+    ``--workload: num_groups: ...``, ``both.yaml: load.stages: ...``."""
+    data, source = _read_block(workload_text, "--workload")
+    prefix = ""
+    load = (*_read_block(load_text, "--load"), "") if load_text is not None else None
+    if "workload" in data:  # a file with both blocks
+        if load is None and "load" in data:
+            load = (data["load"], source, "load")
+        data, prefix = data["workload"], "workload"
+    if load is None:
+        raise InputError("--workload needs --load (or a file with workload: and load:)")
+    load_data, load_source, load_prefix = load
+    return (
+        load_workload(data, source=source, prefix=prefix),
+        load_load(load_data, source=load_source, prefix=load_prefix),
+    )
+
+
+def read_load(text: str, option: str = "--load") -> Load:
+    """A ``--load`` block given on the command line, checked; an error names ``option`` (or
+    the file), as :func:`read_workload_and_load`'s do."""
+    data, source = _read_block(text, option)
+    return load_load(data, source=source, prefix="")
+
+
+def _read_block(text: str, option: str) -> tuple[Any, str]:
     """A ``workload:`` or ``load:`` block given on the command line: the path of a YAML /
-    JSON file, or the YAML itself (``'{type: constant, stages: [{rate: 8, duration: 60}]}'``).
-    Bad YAML is a one-line :class:`InputError` naming the file (and line) or ``option``."""
+    JSON file, or the YAML itself (``'{type: constant, stages: [{rate: 8, duration: 60}]}'``),
+    and what an error about it names: the file, or ``option``. Bad YAML is a one-line
+    :class:`InputError` naming the file (and line) or ``option``."""
     import os
 
     import yaml
@@ -246,4 +277,4 @@ def read_block(text: str, option: str) -> Any:
             f"expected a mapping (a file path or YAML such as '{{type: ...}}'), got {text!r}",
             source=source,
         )
-    return data
+    return data, source

@@ -157,6 +157,64 @@ def test_bad_cli_input_is_one_line(tmp_path, capsys, args, match):
     assert not out.exists()
 
 
+LOAD = "{type: constant, stages: [{rate: 8, duration: 1}]}"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--workload", "{type: shared_prefix, num_groups: 0}", "--load", LOAD],
+            "--workload: num_groups: Expected `int` >= 1, got 0",
+        ),
+        (
+            ["--workload", "{type: sharedprefix}", "--load", LOAD],
+            "--workload: type: expected one of shared_prefix, random, got 'sharedprefix' "
+            "(did you mean 'shared_prefix'?)",
+        ),
+        (
+            ["--workload", SP, "--load", "{type: constant}"],
+            "--load: stages: missing (a required key)",
+        ),
+        (
+            ["--workload", SP, "--load", "{type: constant, stages: [{rate: 0, duration: 1}]}"],
+            "--load: stages[0].rate: Expected `float` > 0.0, got 0",
+        ),
+    ],
+)
+def test_simulate_workload_errors_name_the_option(capsys, args, line):
+    code, _, err = run_main(["simulate", "--gpu", "h100", *args], capsys)
+    assert code == 2 and err.strip().splitlines() == [f"kvsim: error: {line}"], err
+
+
+def test_workload_file_errors_name_the_file_and_block(tmp_path, capsys):
+    both = tmp_path / "both.yaml"
+    both.write_text(f"workload: {{type: random, input_len: -1}}\nload: {LOAD}\n")
+    one = tmp_path / "one.yaml"
+    one.write_text("type: random\ninput_len: x\n")
+    code, _, err = run_main(["simulate", "--gpu", "h100", "--workload", str(both)], capsys)
+    assert code == 2 and f"{both}: workload.input_len: Expected `int` >= 1, got -1" in err
+    args = ["simulate", "--gpu", "h100", "--workload", str(one), "--load", LOAD]
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and f"{one}: input_len: Expected `int`, got 'x'" in err
+
+
+@pytest.mark.parametrize(
+    ("knob", "line"),
+    [
+        ("num_groups=0", "--set: num_groups: Expected `int` >= 1, got 0"),
+        ("foo=1", "--set: foo: unknown key, got 1"),
+        ("block_tokens=0", "--set: block_tokens: must be a positive integer, got 0"),
+    ],
+)
+def test_trace_gen_workload_errors_name_set(tmp_path, capsys, knob, line):
+    out = tmp_path / "x.jsonl"
+    args = ["trace", "gen", "shared-prefix", "--set", knob, "--load", LOAD, "-o", out]
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and err.strip().splitlines() == [f"kvsim: error: {line}"], err
+    assert not out.exists()
+
+
 def test_an_in_memory_trace_of_a_workload_runs_as_the_workload():
     """The open load's trace (in memory, no file header) gives the same run as the workload;
     it has no stages table (only a workload or a trace file says its stages)."""
