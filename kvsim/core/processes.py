@@ -13,6 +13,7 @@ import threading
 import time
 
 from kvsim.core.errors import InputError
+from kvsim.core.numeric import is_whole
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 #: how often a worker checks that its driver is still its parent
@@ -62,6 +63,6 @@ def check_workers(workers: int | None) -> int:
 
     if workers is None:
         return os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if not is_whole(workers) or workers < 1:
         raise InputError(f"workers must be an integer >= 1, got {short_repr(workers)}")
-    return workers
+    return int(workers)
