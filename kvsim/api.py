@@ -347,7 +347,7 @@ def mrc(
     """
     from kvsim.cachemode.miniature import miniature_mrc
     from kvsim.cachemode.mrc import at_sizes, in_capacity_units, labelled, lru_mrc
-    from kvsim.specs.sizing import row_bytes
+    from kvsim.specs.sizing import refuse_sizing_without_model, row_bytes
 
     ReplayOptions(limit=limit)  # the one rule for --limit (at least one request)
     tr = as_trace(trace, fmt=fmt, block_tokens=block_tokens, limit=limit)
@@ -364,6 +364,7 @@ def mrc(
     asked = _sizes_gib(cpu_gib)
     if asked and model is None:
         raise InputError("--cpu-gib needs --model to know the bytes per chunk")
+    refuse_sizing_without_model(model, tp, kv_cache_dtype, gpu_block_tokens)
 
     def chunks_at(gib: float) -> int:  # the model resolved once, above
         again = sizing.with_(cpu_chunks=None, cpu_gib=gib)

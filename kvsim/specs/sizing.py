@@ -32,6 +32,7 @@ __all__ = [
     "capacity_tokens",
     "cdiv",
     "gib",
+    "refuse_sizing_without_model",
     "round_up",
     "row_bytes",
     "size_cpu_tier",
@@ -39,6 +40,34 @@ __all__ = [
     "sliding_window_size_in_chunks",
     "usable_gpu_blocks",
 ]
+
+#: the options that size a model's KV (flag, default): nothing reads them without a model
+KV_SIZING_OPTIONS = (("--tp", 1), ("--kv-cache-dtype", "auto"), ("--gpu-block-tokens", 16))
+
+
+def refuse_sizing_without_model(
+    model: str | None, tp: int, kv_cache_dtype: str, gpu_block_tokens: int
+) -> None:
+    """Without a model no chunk has bytes, so ``tp``, ``kv_cache_dtype`` and
+    ``gpu_block_tokens`` (the chunk's whole GPU blocks) are read by nothing: one given
+    other than its default is refused, not ignored (``mrc``, ``trace stats``), as it is
+    checked against the chunk when a model is given."""
+    if model is not None:
+        return
+    values = (tp, kv_cache_dtype, gpu_block_tokens)
+    unread = [
+        f"{flag} {value}"
+        for (flag, default), value in zip(KV_SIZING_OPTIONS, values, strict=True)
+        if value != default
+    ]
+    if unread:
+        one = len(unread) == 1
+        raise InputError(
+            f"{', '.join(unread)} {'sizes' if one else 'size'} the KV of a --model, and "
+            f"without one nothing reads {'it' if one else 'them'}: give --model, or leave "
+            f"{'it' if one else 'them'} out"
+        )
+
 
 PAGE_ALIGNMENT = 4096  # SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT (mmap.PAGESIZE)
 

@@ -112,18 +112,10 @@ def trace_stats(
     sized at ``tp`` with ``kv_cache_dtype`` as :func:`kvsim.replay` sizes it, also the LRU
     size that keeps each reuse in GiB).
     """
-    if model is None:  # they size a model's KV: without one nothing reads them
-        unread = [
-            name
-            for name, value, default in (
-                ("--tp", tp, 1),
-                ("--kv-cache-dtype", kv_cache_dtype, "auto"),
-                ("--gpu-block-tokens", gpu_block_tokens, 16),
-            )
-            if value != default
-        ]
-        if unread:
-            raise InputError(f"{', '.join(unread)} size the KV of a --model: give one")
+    if model is None:
+        from kvsim.specs.sizing import refuse_sizing_without_model
+
+        refuse_sizing_without_model(model, tp, kv_cache_dtype, gpu_block_tokens)
     tr = as_trace(trace, block_tokens=block_tokens, limit=limit)
     bt = block_tokens or tr.block_tokens
     row = _block_row_bytes(bt, model, tp, kv_cache_dtype, gpu_block_tokens)

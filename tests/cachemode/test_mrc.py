@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from support import SAMPLE, SYNTHETIC, run_main
 
-from kvsim.api import replay
+from kvsim.api import mrc, replay
 from kvsim.cachemode.mrc import lru_mrc
 from kvsim.cachemode.object_protocol import object_replay
 from kvsim.core.errors import InputError
@@ -115,3 +115,31 @@ def test_two_outputs_naming_one_file_are_refused_as_such(tmp_path, capsys):
     code, out, err = run_main(["mrc", SAMPLE, "--csv", csv, "--plot", csv], capsys)
     assert code == 2 and out == "" and not csv.exists()
     assert err.strip() == f"kvsim: error: --plot and --csv both name {csv}: give each its own file"
+
+
+@pytest.mark.parametrize(
+    ("extra", "phrase"),
+    [  # 7 tokens: a 512-token chunk is no whole number of such GPU blocks
+        ([], "--gpu-block-tokens 7 sizes the KV of a --model, and without one nothing reads it"),
+        (["--tp", "2"], "--tp 2, --gpu-block-tokens 7 size the KV of a --model"),
+        (["--model", "llama-3.1-8b"], "must be a multiple of the GPU block size 7"),
+        (
+            ["--model", "llama-3.1-8b", "--cpu-gib", "16"],
+            "must be a multiple of the GPU block size 7",
+        ),
+    ],
+)
+def test_a_gpu_block_size_is_refused_with_or_without_a_model(extra, phrase, tmp_path, capsys):
+    csv = tmp_path / "c.csv"  # was: accepted, and ignored, without --model
+    args = ["mrc", SAMPLE, "--gpu-block-tokens", "7", "--csv", csv, *extra]
+    code, out, err = run_main(args, capsys)
+    assert code == 2 and out == "" and not csv.exists()
+    assert phrase in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_gpu_block_size_is_read_with_a_model_and_its_default_without():
+    assert mrc(SAMPLE, gpu_block_tokens=16).ceiling == mrc(SAMPLE).ceiling
+    with_model = mrc(SAMPLE, model="llama-3.1-8b", gpu_block_tokens=32, cpu_gib=[1])
+    assert with_model.points is not None and len(with_model.points) == 1
+    with pytest.raises(InputError, match="--gpu-block-tokens 32 sizes the KV of a --model"):
+        mrc(SAMPLE, gpu_block_tokens=32)

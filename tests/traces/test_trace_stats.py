@@ -66,7 +66,7 @@ def test_a_trace_out_of_time_order_is_read_in_file_order_and_said():
 
 @pytest.mark.parametrize("option", [{"tp": 2}, {"kv_cache_dtype": "fp8"}, {"gpu_block_tokens": 32}])
 def test_model_sizing_options_without_a_model_are_refused(option):
-    with pytest.raises(kvsim.InputError, match="size the KV of a --model: give one"):
+    with pytest.raises(kvsim.InputError, match="sizes the KV of a --model, and without one"):
         trace_stats(_tiny(), **option)
 
 
