@@ -76,8 +76,8 @@ def bundled_trace() -> str:
 
 
 def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> pd.DataFrame:
-    """A synthetic workload as a DataFrame (see ``kvsim.traces.synthetic`` for kinds and knobs);
-    pass it to ``replay`` / ``simulate`` as the trace."""
+    """A synthetic workload as a DataFrame (see ``kvsim.traces.synthetic`` for kinds and knobs;
+    ``progress=True`` shows a bar); pass it to ``replay`` / ``simulate`` as the trace."""
     from kvsim.traces.synthetic import generate as generate_requests
 
     block_tokens = int(knobs.get("block_tokens", 512))

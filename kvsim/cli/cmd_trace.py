@@ -8,14 +8,26 @@ from collections.abc import Callable
 import click
 import yaml
 
-from kvsim.cli.common import check_output_folder, check_output_path, model_options
+from kvsim.cli.common import (
+    check_output_folder,
+    check_output_path,
+    model_options,
+    wants_progress,
+)
 from kvsim.core.errors import InputError
 from kvsim.core.io import json_text
 from kvsim.core.units import with_human_bytes
 from kvsim.core.yaml_text import load_yaml
 from kvsim.report.result import METADATA, format_table, write_metadata
 from kvsim.traces import write_native
-from kvsim.traces.synthetic import ARRIVALS, KINDS, KNOBS, generate, write_mooncake
+from kvsim.traces.synthetic import (
+    ARRIVALS,
+    KINDS,
+    KNOBS,
+    check_arrival_knobs,
+    generate,
+    write_mooncake,
+)
 
 MOONCAKE_BLOCK_TOKENS = 512
 #: the benchmark tools' workloads (kvsim.workloads): KIND -> the workload block's type
@@ -187,6 +199,12 @@ def _bench_help() -> str:
     help="Output file: Mooncake JSONL, or a kvsim trace (other block sizes; shared-prefix "
     "and random); .gz compresses; - is standard output.",
 )
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="A bar counting the requests made (default: on a terminal).",
+)
 @click.pass_context
 def gen_command(
     ctx: click.Context,
@@ -199,6 +217,7 @@ def gen_command(
     knobs: tuple[str, ...],
     load_text: str | None,
     out: str,
+    show_progress: bool | None,
 ) -> None:
     """Generate a synthetic KIND workload as a Mooncake JSONL trace (512-token blocks,
     prefix-chained hash_ids). Same KIND, seed and knobs: the same file.
@@ -231,21 +250,17 @@ def gen_command(
             raise InputError(
                 f"{kind}: {', '.join(given)} do not apply; --load says when requests are sent"
             )
-        _gen_bench(kind, params, load_text, seed, out, say)
+        _gen_bench(kind, params, load_text, seed, out, say, wants_progress(show_progress))
         return
     if load_text is not None:
         raise InputError(f"--load is for shared-prefix and random, not {kind}")
-    for name, value in (("arrival", arrival), ("rate", rate), ("arrival_trace", arrival_trace)):
+    for name, value in zip(_GEN_FLAGS, (arrival, rate, arrival_trace), strict=True):
         if value is not None:
             if name in params:
                 raise InputError(f"--{name.replace('_', '-')} and --set {name}: give one of them")
             params[name] = value
-    replayed = params.get("arrival") == "replay"
-    if params.get("arrival_trace") is not None and not replayed:
-        raise InputError("--arrival-trace is read by --arrival replay only")
-    if replayed and params.get("rate") is not None:
-        raise InputError("--rate does not apply to --arrival replay: the trace's times are kept")
-    requests = generate(kind, n_requests, seed, **params)
+    check_arrival_knobs(params, _gen_words)  # before generate, to name the flags
+    requests = generate(kind, n_requests, seed, progress=wants_progress(show_progress), **params)
     block_tokens = int(params.get("block_tokens", MOONCAKE_BLOCK_TOKENS))  # type: ignore[call-overload]
     if block_tokens == MOONCAKE_BLOCK_TOKENS:
         n = write_mooncake(out, requests)
@@ -258,6 +273,16 @@ def gen_command(
 
 
 COMMANDS = [trace_group]
+
+#: the knobs ``trace gen`` also takes as flags of their own
+_GEN_FLAGS = ("arrival", "rate", "arrival_trace")
+
+
+def _gen_words(name: str, value: object = None) -> str:
+    """A knob as ``trace gen`` spells it, for the arrival rules' errors: its flag
+    (``--arrival replay``), or ``--set on_s`` for a knob without one."""
+    flag = f"--{name.replace('_', '-')}" if name in _GEN_FLAGS else f"--set {name}"
+    return flag if value is None else f"{flag} {value}"
 
 
 def _gen_target(out: str) -> tuple[str, Callable[[str], None]]:
@@ -282,9 +307,11 @@ def _gen_bench(
     seed: int,
     out: str,
     say: Callable[[str], None],
+    progress: bool,
 ) -> None:
     """``trace gen shared-prefix`` / ``random``: the workload under its load, as a kvsim
     trace whose header states the stages (and the workload, load and seed it came from)."""
+    from kvsim.report.progress import Progress, counted
     from kvsim.workloads import build_workload
     from kvsim.workloads.spec import load_workload, read_load
 
@@ -297,7 +324,8 @@ def _gen_bench(
         raise InputError(f"--set: block_tokens: must be a positive integer, got {block!r}")
     spec = load_workload({"type": BENCH_KINDS[kind], **params}, source="--set", prefix="")
     w = build_workload(spec, read_load(load_text), seed=seed, block_size=block)
-    reqs = list(w.trace())
+    with Progress(progress, None, f"generating {kind}") as bar:  # the load says how many
+        reqs = list(counted(w.trace(), bar.callback))
     stages = w.stages()
     starts = [sum(1 for s in stages if s < k) for k in range(w.num_stages)]  # empty: repeats
     header = {"stage_starts": starts, **w.describe()}

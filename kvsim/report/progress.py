@@ -10,8 +10,8 @@ on one line of the log.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from kvsim.core.errors import InputError
 
@@ -26,6 +26,10 @@ ProgressArg: TypeAlias = "bool | Callable[[int], None] | None"
 
 #: seconds between two progress lines in a log file
 LOG_INTERVAL_S = 10.0
+#: items between two calls of :func:`counted`'s callback
+COUNT_EVERY = 1024
+
+T = TypeVar("T")
 
 
 class LogLines:
@@ -136,3 +140,23 @@ class Progress:
         tb: TracebackType | None,
     ) -> None:
         self.close(complete=exc_type is None)
+
+
+def counted(
+    items: Iterable[T], progress: Callable[[int], None] | None, every: int = COUNT_EVERY
+) -> Iterator[T]:
+    """``items`` as they are, calling ``progress(n)`` once per ``every`` of them (and for the
+    rest at the end), so a loop of cheap steps (a generated request) pays for a bar's update
+    once per batch, not once per item. ``progress`` None: ``items`` untouched."""
+    if progress is None:
+        yield from items
+        return
+    n = 0
+    for item in items:
+        yield item
+        n += 1
+        if n == every:
+            progress(n)
+            n = 0
+    if n:
+        progress(n)

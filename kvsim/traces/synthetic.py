@@ -17,6 +17,8 @@ Kinds (``generate(kind, ...)``; every knob has a default, see :data:`KNOBS`):
 Arrivals: ``poisson`` (``rate`` req/s), ``bursty`` (on/off: Poisson at ``rate`` during ON
 periods of mean ``on_s``, silence for OFF periods of mean ``off_s``), or ``replay`` (the
 timestamps of ``arrival_trace``, relative to its first request). Timestamps are whole ms.
+A knob only another arrival process reads (``rate`` with ``replay``, ``on_s`` without
+``bursty``, ``arrival_trace`` without ``replay``) is refused, not ignored.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import pandas as pd
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_text
 from kvsim.core.numeric import is_whole, text_number_hint
+from kvsim.report.progress import Progress, ProgressArg, counted
 
 from .model import Request
 
@@ -86,7 +89,10 @@ KNOBS: dict[str, dict[str, tuple[Any, str]]] = {
             {"chat": 0.4, "rag": 0.3, "agent": 0.2, "system-prompt": 0.1},
             "kind -> share of requests",
         ),
-        "component_knobs": ({}, "kind -> knobs for that component"),
+        "component_knobs": (
+            {},
+            "kind -> knobs for that component (arrivals and block_tokens are the mix's)",
+        ),
     },
 }
 
@@ -372,6 +378,31 @@ def _check_knob(name: str, value: Any, default: Any) -> None:
         raise InputError(f"knob {name} must be text, got {value!r}")
 
 
+def _knob_words(name: str, value: Any = None) -> str:
+    """How the API's errors write a knob (``knob rate``) or a value (``arrival='replay'``)."""
+    return f"knob {name}" if value is None else f"{name}={value!r}"
+
+
+def check_arrival_knobs(knobs: Mapping[str, Any], words: Callable[..., str] = _knob_words) -> None:
+    """The knobs given (not their defaults) name one arrival process: ``arrival_trace`` is
+    read by ``replay`` only, ``on_s`` / ``off_s`` by ``bursty`` only, and ``replay`` keeps
+    the trace's times, so no ``rate`` applies. Without this each would be ignored without a
+    word. ``words(name, value=None)`` writes a knob as the caller's user spells it (the
+    CLI: its flags)."""
+    arrival = knobs.get("arrival", KNOBS["common"]["arrival"][0])
+    for name in ("on_s", "off_s"):
+        if name in knobs and arrival != "bursty":
+            raise InputError(f"{words(name)} is read by {words('arrival', 'bursty')} only")
+    replayed = arrival == "replay"
+    if knobs.get("arrival_trace") is not None and not replayed:
+        raise InputError(f"{words('arrival_trace')} is read by {words('arrival', 'replay')} only")
+    if replayed and knobs.get("rate") is not None:
+        raise InputError(
+            f"{words('rate')} does not apply to {words('arrival', 'replay')}: "
+            "the trace's times are kept"
+        )
+
+
 def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
     allowed = knob_defaults(kind)
     unknown = sorted(set(knobs) - set(allowed))
@@ -381,6 +412,7 @@ def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
         )
     for name, value in knobs.items():
         _check_knob(name, value, allowed[name])
+    check_arrival_knobs(knobs)
     merged = {**allowed, **knobs}
     if "docs_per_request" in merged and merged["docs_per_request"] > merged["n_docs"]:
         raise InputError(  # distinct documents: more than the corpus holds cannot be drawn
@@ -390,11 +422,38 @@ def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> list[Request]:
+#: knobs of a mix as a whole: one arrival process and one block size for all its kinds
+_MIX_WHOLE = frozenset({"arrival", "rate", "on_s", "off_s", "arrival_trace", "block_tokens"})
+
+
+def _component_knobs(name: str, comp_knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """A mix component's own knobs; one of the mix's whole knobs there would be ignored."""
+    own = comp_knobs.get(name, {})
+    if not isinstance(own, dict):
+        raise InputError(f"knob component_knobs.{name} must be a mapping of knobs, got {own!r}")
+    whole = sorted(_MIX_WHOLE & set(own))
+    if whole:
+        raise InputError(
+            f"knob component_knobs.{name}.{whole[0]}: one for the whole mix (its arrivals "
+            f"and block ids are shared): set {whole[0]} at the top level"
+        )
+    return own
+
+
+def generate(
+    kind: str,
+    n_requests: int = 1000,
+    seed: int = 0,
+    *,
+    progress: ProgressArg = None,
+    **knobs: Any,
+) -> list[Request]:
     """``n_requests`` synthetic requests of ``kind`` (see the module doc and :data:`KNOBS`).
 
     Deterministic: the same kind, seed and knobs give the same requests. ``session_id`` is
-    set for chat and agent requests (it is not part of the Mooncake output).
+    set for chat and agent requests (it is not part of the Mooncake output). ``progress``
+    (True: a bar; a callable: ``progress(n)``) counts the requests made: 200,000 agent
+    steps take a quarter of a minute.
     """
     if not is_whole(n_requests) or n_requests < 0:
         raise InputError(f"n_requests must be an integer >= 0, got {n_requests!r}")
@@ -418,10 +477,9 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
         if not names:
             raise InputError("mix weights are all 0: give at least one kind a weight > 0")
         sources: list[_Source] = []
+        shared = {c: k[c] for c in KNOBS["common"] if c not in _MIX_WHOLE}
         for i, name in enumerate(names):
-            sub = _check_knobs(
-                name, {**{c: k[c] for c in KNOBS["common"]}, **comp_knobs.get(name, {})}
-            )
+            sub = _check_knobs(name, {**shared, **_component_knobs(name, comp_knobs)})
             sub_ctx = _Ctx(rng, sub)
             sub_ctx.next_segment = (i + 1) << 40  # segments never collide across components
             sources.append(_SOURCES[name](sub_ctx, name, (i + 1) << 32))
@@ -436,10 +494,11 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
         source = _SOURCES[kind](ctx, kind, 0)
         pick = lambda: source  # noqa: E731
     out: list[Request] = []
-    for i, ms in enumerate(times):
-        segments, n_out, session = pick().next()
-        prompt = sum(n for _, n in segments)
-        out.append(Request(i, ms / 1000.0, prompt, n_out, ids.ids(segments), session))
+    with Progress(progress, n_requests, f"generating {kind}") as bar:
+        for i, ms in enumerate(counted(times, bar.callback)):
+            segments, n_out, session = pick().next()
+            prompt = sum(n for _, n in segments)
+            out.append(Request(i, ms / 1000.0, prompt, n_out, ids.ids(segments), session))
     return out
 
 

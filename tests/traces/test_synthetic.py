@@ -285,6 +285,12 @@ def test_cli_gen_is_reproducible(tmp_path):
             ["--arrival", "replay", "--arrival-trace", SAMPLE, "--rate", "3"],
             "--rate does not apply to --arrival replay",
         ),
+        (  # the knobs as --set: the rule is generate's, the words the CLI's
+            ["--set", "arrival=replay", "--set", f"arrival_trace={SAMPLE}", "--set", "rate=2"],
+            "--rate does not apply to --arrival replay",
+        ),
+        (["--set", "on_s=5"], "--set on_s is read by --arrival bursty only"),
+        (["--arrival", "replay", "--set", "off_s=5"], "--set off_s is read by --arrival bursty"),
     ],
 )
 def test_gen_refuses_options_it_would_ignore_or_a_name_read_back_wrong(
@@ -310,3 +316,60 @@ def test_gen_to_standard_output_pipes_into_stats(tmp_path):
         cwd=ROOT,
     )
     assert json.loads(stats.stdout)["summary"]["requests"] == 4
+
+
+@pytest.mark.parametrize(
+    ("knobs", "phrase"),
+    [
+        ({"arrival_trace": SAMPLE}, "knob arrival_trace is read by arrival='replay' only"),
+        (
+            {"arrival": "bursty", "arrival_trace": SAMPLE},
+            "knob arrival_trace is read by arrival='replay' only",
+        ),
+        (
+            {"arrival": "replay", "arrival_trace": SAMPLE, "rate": 2.0},
+            "knob rate does not apply to arrival='replay': the trace's times are kept",
+        ),
+        ({"on_s": 5.0}, "knob on_s is read by arrival='bursty' only"),
+        ({"arrival": "replay", "arrival_trace": SAMPLE, "off_s": 5.0}, "knob off_s is read by"),
+    ],
+)
+def test_generate_refuses_a_knob_its_arrival_process_does_not_read(knobs, phrase):
+    with pytest.raises(InputError) as exc:  # each was ignored without a word
+        generate("chat", 3, **knobs)
+    assert str(exc.value).startswith(phrase)
+
+
+def test_a_mix_replays_and_refuses_whole_mix_knobs_in_one_component():
+    reqs = generate("mix", 20, arrival="replay", arrival_trace=SAMPLE)  # rate's default: fine
+    src = [r.arrival_s for r in open_trace(SAMPLE, limit=20)]
+    assert [r.arrival_s for r in reqs] == pytest.approx([t - src[0] for t in src])
+    for name, value in (("rate", 9.0), ("block_tokens", 16), ("arrival", "bursty")):
+        with pytest.raises(InputError, match=rf"component_knobs\.chat\.{name}: one for the whole"):
+            generate("mix", 5, component_knobs={"chat": {name: value}})
+    with pytest.raises(InputError, match=r"component_knobs\.rag must be a mapping"):
+        generate("mix", 5, component_knobs={"rag": 3})
+
+
+def test_generate_counts_its_requests_in_batches():
+    calls: list[int] = []
+    reqs = generate("agent", 2500, seed=3, progress=calls.append)
+    assert calls == [1024, 1024, 452] and reqs == generate("agent", 2500, seed=3)
+    with pytest.raises(InputError, match="progress: True, False, None or a callable"):
+        generate("chat", 3, progress="yes")
+
+
+def test_gen_progress_goes_to_stderr_and_leaves_the_bytes_alone(tmp_path):
+    gen = [sys.executable, "-m", "kvsim", "trace", "gen", "agent", "-n", "1500", "-o", "-"]
+    runs = {
+        flag: subprocess.run([*gen, flag], capture_output=True, check=True, cwd=ROOT)
+        for flag in ("--progress", "--no-progress")
+    }
+    shown, quiet = runs["--progress"], runs["--no-progress"]
+    assert shown.stdout == quiet.stdout and shown.stdout.count(b"\n") == 1500
+    assert b"generating agent: 100%" in shown.stderr and b"1500/1500" in shown.stderr
+    assert (
+        quiet.stderr.startswith(b"wrote 1500 agent requests") and b"generating" not in quiet.stderr
+    )
+    default = subprocess.run(gen, capture_output=True, check=True, cwd=ROOT)  # stderr: a pipe
+    assert default.stderr == quiet.stderr and default.stdout == quiet.stdout
