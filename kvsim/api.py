@@ -80,10 +80,8 @@ def generate(kind: str, n_requests: int = 1000, seed: int = 0, **knobs: Any) -> 
     ``progress=True`` shows a bar); pass it to ``replay`` / ``simulate`` as the trace."""
     from kvsim.traces.synthetic import generate as generate_requests
 
-    block_tokens = int(knobs.get("block_tokens", 512))
-    return requests_frame(
-        generate_requests(kind, n_requests=n_requests, seed=seed, **knobs), block_tokens
-    )
+    requests = generate_requests(kind, n_requests=n_requests, seed=seed, **knobs)
+    return requests_frame(requests, int(knobs.get("block_tokens", 512)))  # checked by now
 
 
 VllmConfig = str | dict[str, Any] | KVConnectorExtraConfig

@@ -225,11 +225,11 @@ def _check_option_keys(data: Mapping[str, Any], mode: str, source: str) -> None:
 def _check_generator(trace: Mapping[str, Any], where: str, source: str) -> None:
     """A generated trace's kind and knobs, checked by the generator itself (asked for no
     requests), so a typo fails here and not in every cell of the trace."""
-    from kvsim.traces.synthetic import generate
+    from kvsim.traces.synthetic import generate_from
 
     knobs = {k: v for k, v in trace.items() if k not in GeneratedTrace.__struct_fields__}
     try:
-        generate(trace["kind"], 0, trace.get("seed", 0), **knobs)
+        generate_from(trace["kind"], 0, trace.get("seed", 0), knobs)
     except InputError as e:
         raise InputError(f"{where}: {e}", source=source) from None
 

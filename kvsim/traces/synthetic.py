@@ -541,6 +541,15 @@ def to_frame(requests: Iterable[Request]) -> pd.DataFrame:
     )
 
 
+def generate_from(kind: str, n_requests: int, seed: int, knobs: Mapping[str, Any]) -> list[Request]:
+    """:func:`generate` with its knobs as a mapping (a sweep spec's trace): every key is a
+    knob, so one named as a keyword of :func:`generate` (``progress``) is refused as an
+    unknown knob rather than taken as that keyword."""
+    if "progress" in knobs:
+        _check_knobs(kind, dict(knobs))  # raises: not a knob of any kind
+    return generate(kind, n_requests, seed, **knobs)
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """A generator call as a value (used by sweep specs: ``{kind: chat, n_requests: 500}``)."""
@@ -564,4 +573,4 @@ class WorkloadSpec:
         )
 
     def requests(self) -> list[Request]:
-        return generate(self.kind, self.n_requests, self.seed, **self.knobs)
+        return generate_from(self.kind, self.n_requests, self.seed, self.knobs)

@@ -373,3 +373,19 @@ def test_gen_progress_goes_to_stderr_and_leaves_the_bytes_alone(tmp_path):
     )
     default = subprocess.run(gen, capture_output=True, check=True, cwd=ROOT)  # stderr: a pipe
     assert default.stderr == quiet.stderr and default.stdout == quiet.stdout
+
+
+def test_knobs_given_as_a_mapping_name_no_keyword_of_generate():
+    """A sweep spec's trace keys are knobs: ``progress`` there is an unknown knob, not a
+    bar turned on; and the API's ``block_tokens`` is checked before it is read."""
+    import kvsim
+    from kvsim.sweeps.spec import SweepSpec
+    from kvsim.traces.synthetic import WorkloadSpec
+
+    spec = WorkloadSpec.from_mapping({"kind": "chat", "n_requests": 5, "progress": True})
+    with pytest.raises(InputError, match="unknown knob.*progress"):
+        spec.requests()
+    with pytest.raises(InputError, match="unknown knob.*progress"):
+        SweepSpec.load({"traces": [{"kind": "chat", "n_requests": 5, "progress": True}]})
+    with pytest.raises(InputError, match="block_tokens must be a number, got 'abc'"):
+        kvsim.generate("chat", 10, block_tokens="abc")
