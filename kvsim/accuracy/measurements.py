@@ -219,7 +219,7 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
             "kvsim reads (1)",
             source=source,
         )
-    parsed = load(MeasurementsFile, data, source=source)
+    parsed = load(MeasurementsFile, _whole_floats_as_ints(data), source=source)
     ids: set[str] = set()
     for i, exp in enumerate(parsed.experiments):
         if exp.id in ids:
@@ -234,6 +234,20 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
                 raise InputError(f"experiments[{i}].{key}: {e}", source=source) from None
         _check_connector(exp, f"experiments[{i}].vllm.kv_transfer_config", source)
     return parsed
+
+
+def _whole_floats_as_ints(data: Any) -> Any:
+    """``data`` with every whole float (``4800.0``, ``8e9``) as its int: a transcription of
+    published numbers often writes counts so (a spreadsheet's or JSON tool's ``4800.0``),
+    and ``tp: 2.0`` means 2. A float field takes an int as it is; ``2.5`` stays a float, so
+    an int field still refuses it."""
+    if isinstance(data, float) and data.is_integer():
+        return int(data)
+    if isinstance(data, dict):
+        return {k: _whole_floats_as_ints(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_whole_floats_as_ints(v) for v in data]
+    return data
 
 
 def _check_connector(exp: Experiment, where: str, source: str) -> None:

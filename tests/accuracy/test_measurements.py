@@ -78,3 +78,17 @@ def test_bad_files_are_one_line(tmp_path, capsys):
     assert code == 2 and "used twice" in err
     code, _, err = run_main(["accuracy", tmp_path / "missing.yaml"], capsys)
     assert code == 2 and "not found" in err
+
+
+def test_whole_floats_are_read_as_the_ints_they_are(tmp_path):
+    """A count written ``2.0`` (a JSON tool's or a spreadsheet's) is the int; ``2.5`` is
+    still refused where an int is expected."""
+    load = {"type": "concurrency", "stages": [{"concurrency": 4.0, "num_requests": 12.0}]}
+    measured = [{"stage": 0.0, "requests": 12.0, "ttft_ms": {"mean": 20}}]
+    vllm = {**experiment()["vllm"], "max_num_seqs": 128.0, "num_gpu_blocks_override": 7463.0}
+    path = write(tmp_path / "m.yaml", experiment(tp=1.0, load=load, measured=measured, vllm=vllm))
+    exp = read_measurements(path).experiments[0]
+    assert exp.tp == 1 and exp.load.stages[0].concurrency == 4
+    assert exp.measured[0].stage == 0 and exp.vllm.num_gpu_blocks_override == 7463
+    with pytest.raises(InputError, match=r"experiments\[0\]\.tp"):
+        read_measurements(write(tmp_path / "bad.yaml", experiment(tp=1.5)))
