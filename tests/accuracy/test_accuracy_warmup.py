@@ -73,3 +73,14 @@ def test_warmup_without_a_cut_is_one_line(tmp_path, capsys):
     code, _, err = run_main(["accuracy", write(tmp_path / "m.yaml"), "--warmup-s", "5"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "--warmup-s" in err and "--max-stage-s" in err
+
+
+def test_the_whole_run_is_the_measured_stages_without_their_warm_ups(tmp_path):
+    """One stage of 10 s cut to 3 after a 4-s warm-up (the cold prefix cache's first pass):
+    ``all`` is that stage's 3 s, not the warm-up's requests too, as a long real stage
+    dilutes its first seconds."""
+    load_ = {"type": "constant", "stages": [{"rate": 4, "duration": 10}]}
+    report = accuracy(write(tmp_path / "m.yaml", experiment(load=load_)), max_stage_s=3, warmup_s=4)
+    rows = {(row.stage, row.metric): row.predicted for row in report.rows}
+    for metric in ("ttft_mean", "ttft_p99", "e2e_mean", "e2e_p90", "requests_per_s"):
+        assert rows["all", metric] == pytest.approx(rows["0", metric], rel=1e-9), metric
