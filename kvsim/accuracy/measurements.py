@@ -219,6 +219,7 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
             "kvsim reads (1)",
             source=source,
         )
+    _parse_kv_config_text(data, source)
     parsed = load(MeasurementsFile, _whole_floats_as_ints(data), source=source)
     ids: set[str] = set()
     for i, exp in enumerate(parsed.experiments):
@@ -234,6 +235,28 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
                 raise InputError(f"experiments[{i}].{key}: {e}", source=source) from None
         _check_connector(exp, f"experiments[{i}].vllm.kv_transfer_config", source)
     return parsed
+
+
+def _parse_kv_config_text(data: dict[str, Any], source: str) -> None:
+    """Each ``vllm.kv_transfer_config`` written as the text ``vllm serve
+    --kv-transfer-config`` takes (a JSON object in a string, as copied from a command
+    line) replaced, in place, by that object; text that is not one is one line naming it."""
+    import json
+
+    experiments = data.get("experiments")
+    for i, exp in enumerate(experiments if isinstance(experiments, list) else []):
+        vllm = exp.get("vllm") if isinstance(exp, dict) else None
+        if not isinstance(vllm, dict) or not isinstance(vllm.get("kv_transfer_config"), str):
+            continue
+        text = vllm["kv_transfer_config"]
+        key = f"experiments[{i}].vllm.kv_transfer_config"
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{key}: not a JSON object ({e.msg})", source=source) from None
+        if not isinstance(parsed, dict):
+            raise InputError(f"{key}: not a JSON object", source=source)
+        vllm["kv_transfer_config"] = parsed
 
 
 def _whole_floats_as_ints(data: Any) -> Any:

@@ -92,3 +92,21 @@ def test_whole_floats_are_read_as_the_ints_they_are(tmp_path):
     assert exp.measured[0].stage == 0 and exp.vllm.num_gpu_blocks_override == 7463
     with pytest.raises(InputError, match=r"experiments\[0\]\.tp"):
         read_measurements(write(tmp_path / "bad.yaml", experiment(tp=1.5)))
+
+
+def test_kv_transfer_config_may_be_the_command_lines_json_text(tmp_path, capsys):
+    """``kv_transfer_config`` copied as ``vllm serve --kv-transfer-config '{...}'`` takes it
+    (a string) reads as the object; text that is not a JSON object is one line, exit 2."""
+    import json
+
+    kv = experiment()["vllm"]["kv_transfer_config"]
+    vllm = {**experiment()["vllm"], "kv_transfer_config": json.dumps(kv)}
+    exp = read_measurements(write(tmp_path / "m.yaml", experiment(vllm=vllm))).experiments[0]
+    assert exp.vllm.kv_transfer_config is not None
+    extra = exp.vllm.kv_transfer_config.kv_connector_extra_config
+    assert extra.cpu_bytes_to_use == kv["kv_connector_extra_config"]["cpu_bytes_to_use"]
+    for text in ('{"kv_connector": "OffloadingConnector",}', "[1]"):
+        path = write(tmp_path / "bad.yaml", experiment(vllm={**vllm, "kv_transfer_config": text}))
+        code, out, err = run_main(["accuracy", path], capsys)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+        assert "experiments[0].vllm.kv_transfer_config: not a JSON object" in err
