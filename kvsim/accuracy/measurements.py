@@ -160,9 +160,22 @@ class Experiment(Schema, frozen=True, kw_only=True):
                 raise InputError(f"measured[{i}].stage: {m.stage} is measured twice")
             seen.add(m.stage)
 
-    def workload_spec(self, source: str | None = None, index: int = 0) -> WorkloadSpec:
-        """The ``workload:`` block as its structure (checked)."""
-        return load_workload(self.workload, source=source, prefix=f"experiments[{index}].workload")
+    def workload_spec(self, source: str | None = None, index: int | None = None) -> WorkloadSpec:
+        """The ``workload:`` block as its structure (checked); an error names
+        ``experiments[index].workload``, or with no ``index`` (a run of this experiment,
+        named by its id) ``workload``."""
+        prefix = "workload" if index is None else f"experiments[{index}].workload"
+        return load_workload(self.workload, source=source, prefix=prefix)
+
+    def checked_workload(self, source: str, index: int) -> None:
+        """The ``workload:`` block checked as the file is read, but for ``ignore_eos:
+        false``: a run kvsim cannot re-create (its output lengths were the model's text),
+        not a bad file, so that experiment fails alone when it runs (:meth:`workload_spec`
+        says why) and the file's others still run."""
+        data = self.workload
+        if data.get("type") == "shared_prefix" and data.get("ignore_eos") is False:
+            data = {**data, "ignore_eos": True}
+        load_workload(data, source=source, prefix=f"experiments[{index}].workload")
 
     def measured_at(self, stage: int | str) -> Measured | None:
         return next((m for m in self.measured if m.stage == stage), None)
@@ -226,7 +239,7 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
         if exp.id in ids:
             raise InputError(f"experiments[{i}].id: {exp.id!r} is used twice", source=source)
         ids.add(exp.id)
-        exp.workload_spec(source, i)
+        exp.checked_workload(source, i)
         base_dir = os.path.dirname(os.path.abspath(source))
         for key, resolve in (("model", exp.model_arg), ("gpu", exp.gpu_arg)):
             try:

@@ -110,3 +110,21 @@ def test_kv_transfer_config_may_be_the_command_lines_json_text(tmp_path, capsys)
         code, out, err = run_main(["accuracy", path], capsys)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
         assert "experiments[0].vllm.kv_transfer_config: not a JSON object" in err
+
+
+def test_ignore_eos_false_fails_its_experiment_alone(tmp_path, capsys):
+    """A run with ``ignore_eos: false`` cannot be re-created (its lengths were the model's
+    text), but it is a valid experiment: it fails alone (exit 1) after the others ran,
+    naming its own key; its block is still checked as the file is read (exit 2)."""
+    wl = {**experiment()["workload"], "ignore_eos": False}
+    path = write(tmp_path / "m.yaml", experiment(), experiment(id="eos", workload=wl))
+    code, out, err = run_main(["accuracy", path, "--max-stage-s", "2", "--warmup-s", "0"], capsys)
+    assert code == 1 and "small-llama-2-7b" in out
+    assert err.strip() == (
+        "kvsim: experiment eos: workload: ignore_eos: false is not modelled (the output "
+        "length would depend on the model's text); use ignore_eos: true, as the benchmark "
+        "runs do"
+    )
+    bad = write(tmp_path / "bad.yaml", experiment(workload={**wl, "num_groups": 0}))
+    code, _, err = run_main(["accuracy", bad], capsys)
+    assert code == 2 and "experiments[0].workload.num_groups" in err
