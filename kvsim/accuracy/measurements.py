@@ -82,7 +82,10 @@ class VllmArgs(Schema, frozen=True):
     gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1)] = 0.9
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    dtype: Literal["auto", "float16", "half", "bfloat16"] = "auto"
+    dtype: Annotated[
+        Literal["auto", "float16", "half", "bfloat16", "float", "float32"],
+        Meta(description="vLLM's --dtype; float/float32 is read but not modelled (it fails)."),
+    ] = "auto"
     num_gpu_blocks_override: _Pos | None = None
     kv_transfer_config: KVTransferConfig | None = None
 

@@ -237,6 +237,11 @@ def _run(
     from kvsim.engine.phase_compute import PhaseProfile
     from kvsim.specs.hardware import get_gpu
 
+    if exp.vllm.dtype in ("float", "float32"):
+        raise InputError(
+            f"vllm.dtype {exp.vllm.dtype} is not modelled (kvsim's step time is for 16-bit "
+            "weights and activations, or the model's own quantization)"
+        )
     model_arg = exp.model_arg(base_dir)
     model = get_model(model_arg)
     run, measured = shortened(exp, max_stage_s, warmup_s)

@@ -128,3 +128,19 @@ def test_ignore_eos_false_fails_its_experiment_alone(tmp_path, capsys):
     bad = write(tmp_path / "bad.yaml", experiment(workload={**wl, "num_groups": 0}))
     code, _, err = run_main(["accuracy", bad], capsys)
     assert code == 2 and "experiments[0].workload.num_groups" in err
+
+
+@pytest.mark.parametrize("dtype", ["float", "float32"])
+def test_a_32_bit_dtype_fails_its_experiment_alone(tmp_path, dtype):
+    """vLLM serves ``--dtype float32``, so the file is valid; kvsim does not model 32-bit
+    weights, so that experiment fails with the reason and the others run."""
+    from kvsim.accuracy import accuracy
+
+    fp32 = experiment(id="fp32", vllm={**experiment()["vllm"], "dtype": dtype})
+    report = accuracy(write(tmp_path / "m.yaml", experiment(), fp32), max_stage_s=2)
+    by = {r.experiment: r for r in report.results}
+    assert by["small-llama-2-7b"].error is None
+    assert by["fp32"].error == (
+        f"vllm.dtype {dtype} is not modelled (kvsim's step time is for 16-bit weights and "
+        "activations, or the model's own quantization)"
+    )
