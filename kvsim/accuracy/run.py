@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
+from kvsim.accuracy.whole_run import stage_weights, weighted_whole_run
 from kvsim.core.errors import InputError, InputWarning
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
 from kvsim.specs.models import ModelSpec, get_model
@@ -286,7 +287,8 @@ def _run(
             **_fleet(exp),
         )
     _refusals(result.tables["requests"])
-    stages = _without_warmups(result.tables["stages"], result.tables["requests"], measured)
+    weights = stage_weights(exp, run, measured)
+    stages = weighted_whole_run(result.tables["stages"], result.tables["requests"], run, weights)
     simulated = stage_metrics(stages, spec.output_len, overhead_s)
     predicted = {  # the warm-ups' rows go; the others stand for the stages they measure
         ("all" if key == "all" else str(measured[int(key)])): value
@@ -295,37 +297,6 @@ def _run(
     }
     _unsent(exp, run, measured, predicted)
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
-
-
-def _without_warmups(stages: Any, requests: Any, measured: list[int | None]) -> Any:
-    """The stages table with its ``all`` row over the measured stages' requests alone.
-
-    A warm-up (:func:`shortened`) is as long as a cut stage or longer and is its cold
-    transient, which a real whole run of long stages dilutes; left in ``all`` it would
-    weigh more than the stages it leads into. Latencies are over the measured stages'
-    completed requests; throughputs over the sum of their spans (the warm-ups' time between
-    them is not the measured stages')."""
-    import numpy as np
-    import pandas as pd
-
-    keep = [i for i, m in enumerate(measured) if m is not None]
-    if len(keep) == len(measured):
-        return stages
-    parts = stages[stages["stage"].astype(str).isin([str(i) for i in keep])]
-    done = requests[requests["stage"].isin(keep) & ~requests["rejected"]]
-    row: dict[str, Any] = {
-        "stage": "all",
-        "completed": len(done),
-        "duration": float(parts["duration"].sum()),
-        "total_input_tokens": int(parts["total_input_tokens"].sum()),
-        "total_output_tokens": int(parts["total_output_tokens"].sum()),
-    }
-    for name, column in (("ttft", "ttft_s"), ("e2el", "e2e_s")):
-        ms = done[column].to_numpy(dtype=np.float64) * 1000.0 if len(done) else np.zeros(1)
-        row[f"mean_{name}_ms"] = float(np.mean(ms))
-        for q in (90, 99):
-            row[f"p{q}_{name}_ms"] = float(np.percentile(ms, q))
-    return pd.concat([stages[stages["stage"].astype(str) != "all"], pd.DataFrame([row])])
 
 
 def _unsent(
