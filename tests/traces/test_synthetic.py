@@ -383,9 +383,9 @@ def test_knobs_given_as_a_mapping_name_no_keyword_of_generate():
     from kvsim.traces.synthetic import WorkloadSpec
 
     spec = WorkloadSpec.from_mapping({"kind": "chat", "n_requests": 5, "progress": True})
-    with pytest.raises(InputError, match="unknown knob.*progress"):
+    with pytest.raises(InputError, match=r"unknown knob.*progress"):
         spec.requests()
-    with pytest.raises(InputError, match="unknown knob.*progress"):
+    with pytest.raises(InputError, match=r"unknown knob.*progress"):
         SweepSpec.load({"traces": [{"kind": "chat", "n_requests": 5, "progress": True}]})
     with pytest.raises(InputError, match="block_tokens must be a number, got 'abc'"):
         kvsim.generate("chat", 10, block_tokens="abc")
