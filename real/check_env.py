@@ -260,7 +260,7 @@ def pinning_cost(device: Device, sizes_gib: tuple[float, ...] = (1.0, 4.0)) -> d
     False (with the error) when ``cudaHostRegister`` is refused on this host."""
     if not device.is_cuda:
         return {"works": None, "why": "not a CUDA device: nothing is page-locked"}
-    runs = []
+    runs: list[dict[str, Any]] = []
     for gib in sizes_gib:
         nbytes = int(gib * GIB)
         region = aligned_empty(nbytes, torch.uint8)
@@ -286,7 +286,7 @@ def pinning_cost(device: Device, sizes_gib: tuple[float, ...] = (1.0, 4.0)) -> d
     return {
         "works": True,
         "runs": runs,
-        "register_s_per_gib": max(r["register_s_per_gib"] for r in runs),
+        "register_s_per_gib": max(float(r["register_s_per_gib"]) for r in runs),
     }
 
 

@@ -331,8 +331,9 @@ def _validation(
         raise RuntimeError("no calibrated profile (the calibration section failed)")
     spec = replace(getattr(ValidationSpec, plan.validation)(), allow_unpinned=unpinned)
     trace = trace or (default_trace() if spec.select == "all" else mooncake_trace())
-    if spec.select != "all" and report.path("conversation_slice.jsonl"):
-        write_mooncake(list(selected_trace(trace, spec)), report.path("conversation_slice.jsonl"))
+    slice_path = report.path("conversation_slice.jsonl")
+    if spec.select != "all" and slice_path is not None:
+        write_mooncake(list(selected_trace(trace, spec)), slice_path)
     rep = run_validation(trace, spec, device=device, params=params[0])
     report.write_json("validation_report.json", rep.as_dict())
     summary = rep.summary()
