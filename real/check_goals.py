@@ -211,7 +211,8 @@ def validation_goals(v: Any) -> list[dict[str, Any]]:
         f"{_fmt(ttft, 3)}% over {v['requests']} requests: median simulated "
         f"{_fmt(v['ttft_predicted_median_s'])} s, measured "
         f"{_fmt(v['ttft_measured_median_s'])} s; hit decisions identical: "
-        f"{v['hit_decisions_identical']}"
+        f"{v['hit_decisions_identical']} on the wall clock, "
+        f"{v.get('lockstep_hit_decisions_identical')} in lockstep"
     )
     return [
         _goal("self", self_goal, alone is not None and alone < GOAL_MEDIAN_ERR_PCT, self_detail),
@@ -258,15 +259,26 @@ def format_goals(goals: Iterable[dict[str, Any]]) -> str:
 
 
 def exit_status(data: dict[str, Any], sections: Iterable[str]) -> int:
-    """1 when a section crashed or ran out of time, a byte mismatched or a test failed."""
+    """1 when a section crashed or ran out of time, a byte mismatched, a test failed or the
+    lockstep run's decisions or jobs differ from the simulation's."""
     if any(not ok(data.get(s)) for s in sections):
         return 1
     counts: list[int] = [i["mismatched_bytes"] for i in data.get("integrity") or []]
     for row in (data.get("small_pages") or {}).get("pages", []):
         counts += [row[k]["mismatched_bytes"] for k in ("kernel", "dma") if k in row]
-    counts.append(data.get("validation", {}).get("integrity_mismatched_bytes", 0) or 0)
+    v = data.get("validation") or {}
+    counts.append(v.get("integrity_mismatched_bytes", 0) or 0)
+    counts.append(v.get("lockstep_mismatched_bytes", 0) or 0)
     tests = data.get("tests") or {}
-    return 1 if any(counts) or tests.get("returncode", 0) else 0
+    return 1 if any(counts) or tests.get("returncode", 0) or not lockstep_agrees(v) else 0
+
+
+def lockstep_agrees(v: dict[str, Any]) -> bool:
+    """The lockstep run (:mod:`real.lockstep`) made the simulation's hit decisions and
+    jobs, or did not run: unlike the wall-clock run's, a difference there is never the
+    machine's load."""
+    keys = ("lockstep_hit_decisions_identical", "lockstep_jobs_identical")
+    return all(v.get(k, True) for k in keys)
 
 
 def info_lines(data: dict[str, Any], say: Callable[[str], None]) -> None:

@@ -20,8 +20,9 @@ not fit is skipped):
 7. ``integrity``: stores, loads and compute at once, every loaded byte checked;
 8. ``validation``: the calibrated profile, then simulated vs measured on a slice of
    Mooncake's conversation trace (its turns of conversations, so later turns load):
-   job times (model alone, simulated run), TTFT, each beside the measurement's noise
-   -> ``validation_report.json`` and the slice itself, ``conversation_slice.jsonl``;
+   job times (model alone, simulated run), TTFT, each beside the measurement's noise;
+   hit decisions on the wall clock and in lockstep -> ``validation_report.json`` and the
+   slice itself, ``conversation_slice.jsonl``;
 9. ``tests``: ``pytest tests/real`` on this machine -> ``tests.txt``.
 
 Every section's result is written, whole, as it completes (``DIR/<section>.json`` and the
@@ -30,7 +31,8 @@ what was done. Host memory must be page-locked on CUDA: when ``cudaHostRegister`
 refused the check says so and measures pageable memory instead (and only then). It ends
 with INFO lines (machine, clock, GB/s by copy size) and one line per goal, each PASS, FAIL
 or SKIP with the published figure it is held against (:mod:`real.check_goals`). The exit
-status is 1 when a section crashed or was skipped, a byte mismatched or a test failed.
+status is 1 when a section crashed or was skipped, a byte mismatched, a test failed or the
+validation's lockstep run (:mod:`real.lockstep`) did not make the simulation's decisions.
 
 On CPU the same code runs on the threaded stand-in with sizes for a small machine (the
 ``cpu`` plan: a check of the machinery, its GB/s CPU numbers); ``--small`` runs the

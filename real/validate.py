@@ -57,6 +57,7 @@ from real.device import Device
 from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import GpuKVCache, KVGeometry
 from real.lifetime import release_when_idle
+from real.lockstep import run_lockstep
 from real.machine import check_device_fits, check_fits
 from real.trace_slice import WINDOW_PER_REQUEST, conversation_turns
 from real.transfer import Fault, RealTransferBackend
@@ -193,10 +194,13 @@ def run_validation(
     pin: bool | None = None,
     register: Register | None = None,
     unregister: Unregister | None = None,
+    lockstep: bool = True,
 ) -> ValidationReport:
-    """Run ``trace`` simulated then real, and compare. ``params`` is the link model
-    (default: the GPU preset's link); ``fault`` injects copy failures, ``register`` /
-    ``unregister`` stand in for ``cudaHostRegister`` (tests)."""
+    """Run ``trace`` simulated then real, and compare; then the lockstep run
+    (:mod:`real.lockstep`: real copies on the simulated schedule) unless ``lockstep`` is
+    False. ``params`` is the link model (default: the GPU preset's link); ``fault`` injects
+    copy failures in the wall-clock run, ``register`` / ``unregister`` stand in for
+    ``cudaHostRegister`` (tests)."""
     device = device or Device.auto()
     s = prepare(trace, spec, params)
     # memory first: refuse (one line) before simulating what could not run for real
@@ -212,6 +216,7 @@ def run_validation(
     )
     gpu_cache: GpuKVCache | None = None
     backend: RealTransferBackend | None = None
+    keep: list[object] = []  # the lockstep run's backends
     try:
         gpu_cache = GpuKVCache(s.geometry, s.n_blocks, spec.layout, device)
         sim_req, sim_tr, sim_end = simulate(s, device)
@@ -234,8 +239,9 @@ def run_validation(
         wall = clock.now()
         pinned = host.pinned
         noise = _noise(device, gpu_cache, host, backend, s)
+        lock = run_lockstep(s, device, gpu_cache, host, sim_req, sim_tr, keep) if lockstep else {}
     finally:
-        release_when_idle(device, host, gpu_cache, backend)
+        release_when_idle(device, host, gpu_cache, backend, *keep)
     assert backend is not None and gpu_cache is not None  # the try block completed
     real_req, real_tr = real.recorder.request_table(), real.recorder.transfer_table()
 
@@ -259,6 +265,7 @@ def run_validation(
         bandwidth=compare.bandwidth(records, s.link),
         integrity=backend.integrity.as_dict(),
         noise=noise,
+        lockstep=lock,
         runs={
             "simulated": {"requests": len(sim_req), "transfer_jobs": len(sim_tr), "end_s": sim_end},
             "real": {

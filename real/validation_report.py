@@ -37,6 +37,7 @@ class ValidationReport:
     integrity: dict[str, int]
     runs: dict[str, Any]
     noise: dict[str, Any] = field(default_factory=dict)
+    lockstep: dict[str, Any] = field(default_factory=dict)  # real.lockstep's comparison
     tables: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
 
     def as_dict(self, per_item: bool = True) -> dict[str, Any]:
@@ -111,10 +112,25 @@ class ValidationReport:
             "integrity_checked_blocks": self.integrity["checked_blocks"],
             "integrity_mismatched_blocks": self.integrity["mismatched_blocks"],
             "integrity_mismatched_bytes": self.integrity["mismatched_bytes"],
+            **lockstep_summary(self.lockstep),
             "real_wall_s": self.runs["real"]["wall_s"],
             "caveats": caveats(t, self.noise),
         }
         return _clean(out)
+
+
+def lockstep_summary(lock: Mapping[str, Any]) -> dict[str, Any]:
+    """The lockstep run's verdicts (none when it did not run): decisions and jobs must be
+    the simulation's whatever the machine's load, and no loaded byte may differ."""
+    if not lock:
+        return {}
+    return {
+        "lockstep_hit_decisions_identical": lock["hit_decisions_identical"],
+        "lockstep_first_difference": _first_diff(lock["first_difference"]),
+        "lockstep_jobs_identical": lock["jobs_identical"],
+        "lockstep_checked_blocks": lock["integrity"]["checked_blocks"],
+        "lockstep_mismatched_bytes": lock["integrity"]["mismatched_bytes"],
+    }
 
 
 def link_time(link: dict[str, Any], direction: str, nbytes: int, copies: int) -> float:

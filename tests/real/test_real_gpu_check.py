@@ -98,6 +98,10 @@ def test_runs_from_the_checkout_on_the_device_image_packages(tmp_path):
         assert json.loads((out / f"{name}.json").read_text()) == rep[name]
     assert all(it["checked_blocks"] > 0 and it["mismatched_bytes"] == 0 for it in rep["integrity"])
     assert rep["validation"]["integrity_mismatched_bytes"] == 0
+    # the decisions that do not depend on the machine's load (real.lockstep)
+    assert rep["validation"]["lockstep_hit_decisions_identical"] is True
+    assert rep["validation"]["lockstep_jobs_identical"] is True
+    assert rep["validation"]["lockstep_checked_blocks"] > 0
     assert rep["validation"]["noise_jobs"] > 0 and rep["validation"]["job_noise_median_pct"] > 0
     assert rep["calibration"]["pinned"] is torch.cuda.is_available()  # pinned on any GPU
     sizes = {(r["layout"], r["copy_bytes"]) for r in rep["bandwidth"]}

@@ -18,32 +18,29 @@ from real.validate import ValidationSpec, default_trace, run_validation
 KINDS = ["eager", "deferred"]
 
 
-def spec_for(kind: str) -> ValidationSpec:
-    """The eager run's hit decisions must match the simulation's exactly on a real clock, so
-    its arrivals and forwards are stretched (time scale 0.2, compute 0.6, about 20 s) to
-    leave room for a busy host's jitter: at 0.03 / 0.1 one job in 39 came a step late on a
-    fresh CI run (2026-12-03) and under a load of 12 before, and at 0.1 / 0.3 it failed once
-    in a fresh quick-start run (2026-12-03, evening). The deferred device shifts completions
-    by design, so its run is compressed to save time."""
-    spec = ValidationSpec.small_for_tests()
-    if kind == "eager":
-        return replace(spec, time_scale=0.2, compute_scale=0.6)
-    return replace(spec, time_scale=0.01)
+#: compressed arrivals (time scale 0.01), seconds a run. The wall-clock run's hit
+#: decisions depend on the host keeping to the modelled schedule, which a busy machine
+#: does not (at 0.03 / 0.1 one job in 39 came a step late on a fresh CI run, 2026-12-03;
+#: at 0.1 / 0.3 once in a quick-start run), so they are not asserted here; the lockstep
+#: run's (real.lockstep: real copies on the simulated schedule) are, and do not depend on
+#: load. The deferred device also completes copies later and out of order by design.
+SPEC = replace(ValidationSpec.small_for_tests(), time_scale=0.01)
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def report(request):
     kind = request.param
-    rep = run_validation(default_trace(), spec_for(kind), device=Device("cpu", mode=kind, seed=3))
+    rep = run_validation(default_trace(), SPEC, device=Device("cpu", mode=kind, seed=3))
     return kind, rep
 
 
 def test_hit_decisions_identical_and_every_loaded_byte_intact(report):
-    kind, report = report
+    _kind, report = report
     s = report.summary()
-    assert s["requests"] == 26
-    if kind == "eager":  # completions as the simulation has them
-        assert s["hit_decisions_identical"] and s["first_difference"] is None
+    assert s["requests"] == 26 and s["hit_decisions_same"] > 0  # the first requests agree
+    # given the simulation's schedule the real backend makes its decisions and jobs exactly
+    assert s["lockstep_hit_decisions_identical"] and s["lockstep_first_difference"] is None
+    assert s["lockstep_jobs_identical"] and s["lockstep_mismatched_bytes"] == 0
     assert report.integrity["checked_blocks"] > 50  # later turns really load from the CPU tier
     assert report.integrity["mismatched_blocks"] == 0 and report.integrity["mismatched_bytes"] == 0
     assert s["failed_jobs"] == 0
@@ -52,11 +49,10 @@ def test_hit_decisions_identical_and_every_loaded_byte_intact(report):
 
 
 def test_comparison_covers_every_job_and_request(report):
-    kind, report = report
+    _kind, report = report
     t = report.transfers
     assert t["all"]["n"] == report.runs["real"]["transfer_jobs"] > 0
-    if kind == "eager":
-        assert t["matched_to_simulated_run"]["n"] == t["all"]["n"]  # same jobs in both runs
+    assert 0 < t["matched_to_simulated_run"]["n"] <= t["all"]["n"]
     assert t["store"]["n"] > 0 and t["load"]["n"] > 0
     assert report.ttft["n"] == 26
     bw = report.bandwidth
@@ -64,8 +60,7 @@ def test_comparison_covers_every_job_and_request(report):
     # the real job table adds up to what the engine asked for
     jobs = report.tables["real_jobs"]
     assert jobs["nbytes"].sum() > 0
-    if kind == "eager":
-        assert jobs["nbytes"].sum() == report.tables["simulated_transfers"]["bytes"].sum()
+    assert report.lockstep["real_jobs"] == len(report.tables["simulated_transfers"])
     json.dumps(report.as_dict())  # the report is plain JSON
 
 
