@@ -444,6 +444,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.trace is not None and not os.path.isfile(args.trace):
         why = "is not a file" if os.path.exists(args.trace) else "does not exist"
         raise InputError(f"--trace: {args.trace} {why}")
+    check_trace(args.trace, plan_for(args.small))
     if args.out is None:
         return
     refuse_filling_folder("--out", args.out, _writes, [args.trace])
@@ -453,6 +454,29 @@ def check_args(args: argparse.Namespace) -> None:
             pass
     except OSError as exc:
         raise InputError(f"--out: cannot write in {args.out} ({exc.strerror or exc})") from None
+
+
+def plan_for(small: bool) -> Plan:
+    """The plan a run takes: ``tiny`` with ``--small``, else the device's."""
+    return PLANS["tiny" if small else ("gpu" if cuda_available() else "cpu")]
+
+
+def check_trace(trace: str | None, plan: Plan) -> None:
+    """A ``--trace`` the validation section could not read, or in which it would find no
+    request, is refused now: that section runs last, minutes into a GPU run. Skipped when
+    a module the trace reader needs is missing (main says so)."""
+    if trace is None or missing_modules():
+        return
+    from real.validate import ValidationSpec, selected_trace
+
+    spec = getattr(ValidationSpec, plan.validation)()
+    try:
+        found = next(iter(selected_trace(trace, spec)), None) is not None
+    except InputError as exc:
+        raise InputError(f"--trace: {exc}") from None
+    if not found:
+        kept = "" if spec.select == "all" else f" (its {spec.select} selection kept none)"
+        raise InputError(f"--trace: {trace} has no request for the validation section{kept}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -488,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     device = Device("cuda") if cuda_available() else cpu_stand_in()
     if args.load_path is not None:
         device.set_copy_path(default_copy_path(device, load=args.load_path))
-    plan = PLANS["tiny" if args.small else ("gpu" if device.is_cuda else "cpu")]
+    plan = plan_for(args.small)
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -186,3 +186,32 @@ def test_gpu_check_checks_every_argument_before_any_section(capsys, no_check, tm
     out = tmp_path / "out"
     err = _gpu_check_refuses(capsys, ["--small", "--out", str(out), *argv])
     assert said in err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "text,said",
+    [
+        ("not json\n", "cannot determine trace format"),
+        ("", "no requests in trace file"),
+    ],
+    ids=["not-json", "empty"],
+)
+def test_gpu_check_reads_the_trace_before_any_section(capsys, no_check, tmp_path, text, said):
+    """A trace the validation section could not read was reported by that section, the
+    last but one, minutes into a GPU run; now it is refused before the first."""
+    trace, out = tmp_path / "t.jsonl", tmp_path / "out"
+    trace.write_text(text)
+    err = _gpu_check_refuses(capsys, ["--small", "--out", str(out), "--trace", str(trace)])
+    assert "--trace: " in err and said in err and not out.exists()
+
+
+def test_a_trace_without_conversation_turns_is_refused_for_the_conversation_plans(tmp_path):
+    """The cpu and gpu plans validate on conversation turns: a trace with none would have
+    failed their validation section; the tiny plan runs any request."""
+    trace = tmp_path / "t.jsonl"
+    line = '{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}\n'
+    trace.write_text(line)
+    gpu_check.check_trace(str(trace), gpu_check.PLANS["tiny"])
+    for plan in ("cpu", "gpu"):
+        with pytest.raises(InputError, match="conversations selection kept none"):
+            gpu_check.check_trace(str(trace), gpu_check.PLANS[plan])
