@@ -95,10 +95,11 @@ def run_lockstep(
     sim_tr: pd.DataFrame,
     keep: list[object],
 ) -> dict[str, Any]:
-    """The lockstep run on ``gpu_cache`` and ``host`` (idle: the wall-clock run drained),
+    """The lockstep run on ``gpu_cache`` and ``host`` (once the device is idle),
     compared with the simulated run's tables: hit decisions, the jobs (kind, request,
     chunks, bytes, success, in order) and the bytes loaded. Its backends go into ``keep``
     so that the caller releases memory only once they are idle."""
+    device.run_pending()  # a new backend knows nothing of another's copies in flight
     real = RealTransferBackend(device, gpu_cache, host)
     backend = LockstepBackend(s.link, real)
     keep.append(real)
