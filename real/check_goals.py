@@ -211,7 +211,7 @@ def validation_goals(v: Any) -> list[dict[str, Any]]:
         f"{_fmt(ttft, 3)}% over {v['requests']} requests: median simulated "
         f"{_fmt(v['ttft_predicted_median_s'])} s, measured "
         f"{_fmt(v['ttft_measured_median_s'])} s; hit decisions identical: "
-        f"{v['hit_decisions_identical']} on the wall clock, "
+        f"{v['hit_decisions_identical']} on the wall clock{_batching(v)}, "
         f"{v.get('lockstep_hit_decisions_identical')} in lockstep"
     )
     return [
@@ -219,6 +219,12 @@ def validation_goals(v: Any) -> list[dict[str, Any]]:
         _goal("sim", sim_goal, matched is not None and matched < GOAL_MEDIAN_ERR_PCT, sim_detail),
         _goal("sim", ttft_goal, ttft is not None and ttft < GOAL_MEDIAN_ERR_PCT, ttft_detail),
     ]
+
+
+def _batching(v: dict[str, Any]) -> str:
+    """Where the wall-clock run's steps first took other requests than the simulation's."""
+    first = v.get("first_batching_difference")
+    return "" if first is None else f" (its steps first differ at request {first})"
 
 
 def tests_goal(t: Any) -> dict[str, Any]:

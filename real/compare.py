@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 
 from kvsim.engine.transfer_protocol import STORE
 
@@ -68,6 +69,31 @@ def hit_decisions(sim_rows: Sequence[Row], real_rows: Sequence[Row]) -> dict[str
         "all_identical": same == len(order) and not missing,
         "first_difference": first,
         "requests_in_one_run_only": len(missing),
+    }
+
+
+def first_batching_difference(sim: pd.DataFrame, real: pd.DataFrame) -> object | None:
+    """The first request (in the simulated run's order) first scheduled in a step with
+    other requests in one run than in the other, or None when every request shared its
+    first step with the same requests in both runs. A request's step-mates are the
+    requests with the same ``first_scheduled_s`` (a step's start time). Decisions that
+    differ from this request on follow from the wall clock's batching, not from a policy;
+    decisions that differ before it do not."""
+    mates = [_step_mates(df) for df in (sim, real)]
+    for rid in sim["request"]:
+        if mates[0].get(rid) != mates[1].get(rid):
+            return rid
+    return None
+
+
+def _step_mates(df: pd.DataFrame) -> dict[object, frozenset[object]]:
+    groups: dict[float, set[object]] = defaultdict(set)
+    for rid, t in zip(df["request"], df["first_scheduled_s"]):
+        groups[float(t)].add(rid)
+    return {
+        rid: frozenset(groups[float(t)])
+        for rid, t in zip(df["request"], df["first_scheduled_s"])
+        if t == t  # a request never scheduled (NaN) has no step-mates
     }
 
 

@@ -259,7 +259,10 @@ def run_validation(
         device=device.kind,
         pinned=pinned,
         link=s.link.to_dict(),
-        hits=compare.hit_decisions(sim_rows, real_rows),
+        hits={
+            **compare.hit_decisions(sim_rows, real_rows),
+            "first_batching_difference": compare.first_batching_difference(sim_req, real_req),
+        },
         transfers=compare.transfer_durations(records, s.link, sim_jobs, real_jobs),
         ttft=compare.ttft(sim_rows, real_rows),
         bandwidth=compare.bandwidth(records, s.link),

@@ -87,6 +87,7 @@ class ValidationReport:
             "hit_decisions_identical": self.hits["all_identical"],
             "hit_decisions_same": self.hits["identical"],
             "first_difference": _first_diff(self.hits["first_difference"]),
+            "first_batching_difference": self.hits.get("first_batching_difference"),
             "jobs_measured": t["all"]["n"],
             "store_jobs": t["store"]["n"],
             "load_jobs": t["load"]["n"],

@@ -330,3 +330,20 @@ def test_validate_reports_noise_and_load_jobs_beside_the_error(report):
     rows = report.as_dict()["jobs"]
     matched = [r for r in rows if r["simulated_s"] is not None]
     assert matched and all(r["measured_s"] > 0 for r in rows if r["success"])
+
+
+def test_the_first_batching_difference_names_where_the_runs_stepped_apart():
+    """Requests share a step when their first-scheduled times are equal; the first request
+    whose step-mates differ between the runs is named (None when none does)."""
+    import pandas as pd
+
+    from real.compare import first_batching_difference
+
+    def run(times):
+        return pd.DataFrame({"request": [0, 1, 2, 3], "first_scheduled_s": times})
+
+    sim = run([0.0, 0.1, 0.2, 0.2])
+    assert first_batching_difference(sim, run([5.0, 5.5, 6.0, 6.0])) is None  # other times
+    assert first_batching_difference(sim, run([0.0, 0.2, 0.2, 0.3])) == 1  # 1 joined 2
+    assert first_batching_difference(sim, run([0.0, 0.1, 0.2, float("nan")])) == 2
+    assert first_batching_difference(run([0.0, 0.1, 0.2, float("nan")]), sim) == 2
