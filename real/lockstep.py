@@ -17,26 +17,17 @@ the real backend and the simulated one given the same schedule: a bug, never loa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
-from kvsim.engine.clock import VirtualClock
-from kvsim.engine.engine import Engine
 from kvsim.engine.recorder import TRANSFER_COLUMNS
 from kvsim.engine.sim_backend import SimulatedTransferBackend
 from kvsim.engine.transfer_model import TransferModelParams
 from kvsim.engine.transfer_protocol import TransferJob, TransferResult
 from real import compare
-from real.compute import EmulatedCompute
-from real.device import Device
-from real.host_pool import HostPool
-from real.kv_cache import GpuKVCache
 from real.transfer import RealTransferBackend
 from real.validation_report import request_rows
-
-if TYPE_CHECKING:
-    from real.validate import RunSetup
 
 #: what must be the same, job for job, in the simulated and the lockstep run (its times
 #: too: the same schedule, the same float steps)
@@ -86,38 +77,17 @@ def _failed(r: TransferResult) -> TransferResult:
     )
 
 
-def run_lockstep(
-    s: RunSetup,
-    device: Device,
-    gpu_cache: GpuKVCache,
-    host: HostPool,
+def compared(
     sim_req: pd.DataFrame,
     sim_tr: pd.DataFrame,
-    keep: list[object],
+    lock_req: pd.DataFrame,
+    lock_tr: pd.DataFrame,
+    real: RealTransferBackend,
 ) -> dict[str, Any]:
-    """The lockstep run on ``gpu_cache`` and ``host`` (once the device is idle),
-    compared with the simulated run's tables: hit decisions, the jobs (kind, request,
-    chunks, bytes, success, in order) and the bytes loaded. Its backends go into ``keep``
-    so that the caller releases memory only once they are idle."""
-    device.run_pending()  # a new backend knows nothing of another's copies in flight
-    real = RealTransferBackend(device, gpu_cache, host)
-    backend = LockstepBackend(s.link, real)
-    keep.append(real)
-    compute = EmulatedCompute(s.forward, device, s.spec.compute_scale, enqueue=False)
-    run = Engine(
-        s.config,
-        s.eparams,
-        model=s.model,
-        gpu=s.gpu,
-        transfer=s.link,
-        clock=VirtualClock(),
-        backend=backend,
-        compute=compute,
-    ).run(s.requests)
-    real.drain()
-    device.run_pending()
-    hits = compare.hit_decisions(request_rows(sim_req), request_rows(run.recorder.request_table()))
-    lock_tr = run.recorder.transfer_table()
+    """The lockstep run (its request and transfer tables, its real backend, drained)
+    against the simulated run's tables: hit decisions, the jobs (every column, in order)
+    and the bytes loaded."""
+    hits = compare.hit_decisions(request_rows(sim_req), request_rows(lock_req))
     jobs_same = len(lock_tr) == len(sim_tr) and bool(
         (lock_tr[JOB_COLUMNS].to_numpy() == sim_tr[JOB_COLUMNS].to_numpy()).all()
     )

@@ -57,7 +57,7 @@ from real.device import Device
 from real.host_pool import HostLayout, HostPool, Register, Unregister
 from real.kv_cache import GpuKVCache, KVGeometry
 from real.lifetime import release_when_idle
-from real.lockstep import run_lockstep
+from real.lockstep import LockstepBackend, compared
 from real.machine import check_device_fits, check_fits
 from real.trace_slice import WINDOW_PER_REQUEST, conversation_turns
 from real.transfer import Fault, RealTransferBackend
@@ -162,8 +162,11 @@ def check_memory(s: RunSetup, device: Device) -> None:
     )
 
 
-def simulate(setup: RunSetup, device: Device | None = None) -> tuple[Any, Any, float]:
-    """The simulated run: ``(request table, transfer table, end time)``."""
+def simulate(
+    setup: RunSetup, device: Device | None = None, backend: LockstepBackend | None = None
+) -> tuple[Any, Any, float]:
+    """The simulated run: ``(request table, transfer table, end time)``; with ``backend``
+    the lockstep run (:mod:`real.lockstep`), the same run with real copies."""
     s = setup
     device = device or Device("cpu")
     sim = Engine(
@@ -173,6 +176,7 @@ def simulate(setup: RunSetup, device: Device | None = None) -> tuple[Any, Any, f
         gpu=s.gpu,
         transfer=s.link,
         clock=VirtualClock(),
+        backend=backend,
         compute=EmulatedCompute(s.forward, device, s.spec.compute_scale, enqueue=False),
     ).run(s.requests)
     sim_req, sim_tr = sim.recorder.request_table(), sim.recorder.transfer_table()
@@ -239,7 +243,7 @@ def run_validation(
         wall = clock.now()
         pinned = host.pinned
         noise = _noise(device, gpu_cache, host, backend, s)
-        lock = run_lockstep(s, device, gpu_cache, host, sim_req, sim_tr, keep) if lockstep else {}
+        lock = _lockstep(s, device, gpu_cache, host, sim_req, sim_tr, keep) if lockstep else {}
     finally:
         release_when_idle(device, host, gpu_cache, backend, *keep)
     assert backend is not None and gpu_cache is not None  # the try block completed
@@ -291,6 +295,27 @@ def run_validation(
             "real_jobs": pd.DataFrame([asdict(r) for r in records]),
         },
     )
+
+
+def _lockstep(
+    s: RunSetup,
+    device: Device,
+    gpu_cache: GpuKVCache,
+    host: HostPool,
+    sim_req: pd.DataFrame,
+    sim_tr: pd.DataFrame,
+    keep: list[object],
+) -> dict[str, Any]:
+    """The lockstep run on the same memory once the device is idle (a new backend knows
+    nothing of another's copies in flight), compared with the simulated run; its backend
+    goes into ``keep``, so memory is released only once it is idle too."""
+    device.run_pending()
+    real = RealTransferBackend(device, gpu_cache, host)
+    keep.append(real)
+    lock_req, lock_tr, _ = simulate(s, device, LockstepBackend(s.link, real))
+    real.drain()
+    device.run_pending()
+    return compared(sim_req, sim_tr, lock_req, lock_tr, real)
 
 
 def _noise(
