@@ -455,6 +455,8 @@ def simulate(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     long_prefill_token_threshold: int = 0,
+    max_model_len: int | None = None,
+    refuse_past_max_model_len: bool = False,
     gpu_kv_blocks: int | None = None,
     gpu_blocks: int | None = None,
     gpu_memory_utilization: float = 0.92,
@@ -522,6 +524,12 @@ def simulate(
     - ``max_num_batched_tokens`` and ``max_num_seqs``: default to what ``vllm serve`` picks
       on ``gpu`` (:func:`kvsim.specs.hardware.vllm_batch_defaults`);
     - ``long_prefill_token_threshold``: vLLM's (default 0: off);
+    - ``max_model_len``: vLLM's ``--max-model-len`` (default: the model's positions; not
+      above them): as vLLM 0.33's server, an empty prompt, one of ``max_model_len``
+      tokens or more and an output longer than it are refused, and a longer request's
+      output is cut to what is left;
+      ``refuse_past_max_model_len=True`` refuses it instead, as servers before 0.33
+      (v0.15.1) did;
     - ``gpu_kv_blocks``: GPU KV capacity in ``gpu_block_tokens`` blocks (vLLM
       ``num_gpu_blocks_override``; default from GPU memory); ``gpu_blocks`` is the command
       line's name for it; ``gpu_memory_utilization``: default 0.92;

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
 from kvsim.accuracy.whole_run import stage_weights, weighted_whole_run
 from kvsim.core.errors import InputError, InputWarning
+from kvsim.specs.context import check_unchunked_budget, vllm_max_model_len
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
 from kvsim.specs.models import ModelSpec, get_model
-from kvsim.workloads.prompts import longest_request
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
@@ -91,41 +91,20 @@ class ExperimentResult:
     warnings: tuple[str, ...] = ()  # kvsim's warnings of the run (an overload above all)
 
 
-def _max_model_len(exp: Experiment, model: ModelSpec, longest: int) -> None:
-    """vLLM refuses a ``max_model_len`` past the model's positions, and rejects a request
-    longer than ``max_model_len``: the experiment cannot have run as written."""
-    mml = exp.vllm.max_model_len
-    if mml is None:
-        return
-    if model.max_position_embeddings and mml > model.max_position_embeddings:
-        raise InputError(
-            f"vllm.max_model_len {mml} exceeds {model.name}'s max_position_embeddings "
-            f"({model.max_position_embeddings}): vLLM refuses to start"
-        )
-    if longest > mml:
-        raise InputError(
-            f"a request of {longest} tokens (prompt + output) exceeds vllm.max_model_len {mml}: "
-            "vLLM would reject it"
-        )
-
-
 def _max_num_batched_tokens(exp: Experiment, model: ModelSpec, gpu: GpuSpec) -> int | None:
     """The step token budget vLLM ran with: the file's, or (None) ``vllm serve``'s default,
     which without chunked prefill vLLM raises to at least ``max_model_len``
     (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): a prompt must fit one
-    step. Given below ``max_model_len`` without chunked prefill, vLLM refuses to start."""
+    step. Given below ``max_model_len`` without chunked prefill, vLLM refuses to start; so
+    it does with a ``max_model_len`` past the model's positions."""
     vllm = exp.vllm
+    mml = vllm_max_model_len(model, vllm.max_model_len, "vllm.max_model_len")
     given = vllm.max_num_batched_tokens
     if vllm.enable_chunked_prefill:
         return given
-    mml = vllm.max_model_len or model.max_position_embeddings
     if given is None:
         return vllm_default_batched_tokens(gpu, mml, False, vllm.max_num_seqs)
-    if mml and given < mml:
-        raise InputError(
-            f"vllm.max_num_batched_tokens {given} is below max_model_len {mml} with "
-            "enable_chunked_prefill: false: vLLM refuses to start"
-        )
+    check_unchunked_budget(given, mml, ("vllm.max_num_batched_tokens", "max_model_len"))
     return given
 
 
@@ -247,7 +226,6 @@ def _run(
     model = get_model(model_arg)
     run, measured = shortened(exp, max_stage_s, warmup_s)
     spec = run.workload_spec()
-    _max_model_len(exp, model, longest_request(spec))
     gpu_arg = exp.gpu_arg(base_dir)  # a spec file is read here once, not per use
     gpu = get_gpu(gpu_arg)
     batched_tokens = _max_num_batched_tokens(exp, model, gpu)
@@ -276,6 +254,8 @@ def _run(
             vllm_config=kv,
             max_num_seqs=vllm.max_num_seqs,
             max_num_batched_tokens=batched_tokens,
+            max_model_len=vllm.max_model_len,
+            refuse_past_max_model_len=True,  # v0.15.1's server: the measurements'
             gpu_kv_blocks=vllm.num_gpu_blocks_override,
             gpu_memory_utilization=vllm.gpu_memory_utilization,
             enable_prefix_caching=vllm.enable_prefix_caching,
@@ -286,7 +266,7 @@ def _run(
             async_scheduling=async_scheduling,
             **_fleet(exp),
         )
-    _refusals(result.tables["requests"])
+    _refusals(result.tables["requests"], vllm.max_model_len or model.max_position_embeddings)
     weights = stage_weights(exp, run, measured)
     stages = weighted_whole_run(result.tables["stages"], result.tables["requests"], run, weights)
     simulated = stage_metrics(stages, spec.output_len, overhead_s)
@@ -315,20 +295,18 @@ def _unsent(
         )
 
 
-def _refusals(requests: Any) -> None:
-    """Requests the modelled vLLM refused (longer than its KV or ``max_model_len``) are not
-    in the metrics: all refused is an experiment that cannot be re-created, some a warning
-    (the measurement counted them as failed, or never had them)."""
+def _refusals(requests: Any, max_model_len: int) -> None:
+    """Requests the modelled vLLM refused (longer than its KV, or prompt + output past
+    ``max_model_len``: v0.15.1's server refused those) are not in the metrics: all refused
+    is an experiment that cannot be re-created, some a warning (the measurement counted
+    them as failed, or never had them)."""
     refused = int(requests["rejected"].sum())
+    why = f"longer than the GPU KV holds or than vllm.max_model_len ({max_model_len})"
     if refused and refused == len(requests):
-        raise InputError(
-            f"every request ({refused}) is refused: longer than the GPU KV holds or than "
-            "vllm.max_model_len"
-        )
+        raise InputError(f"every request ({refused}) is refused: {why}")
     if refused:
         warnings.warn(
-            f"{refused} of {len(requests)} requests refused (longer than the GPU KV holds "
-            "or than vllm.max_model_len): the metrics are the others'",
+            f"{refused} of {len(requests)} requests refused ({why}): the metrics are the others'",
             InputWarning,
             stacklevel=2,
         )

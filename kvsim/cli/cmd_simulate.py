@@ -172,6 +172,7 @@ def write_tables(result: Result, out: str, save_steps: bool) -> list[str]:
 @_option("poisson_rate")
 @_option("max_num_batched_tokens")
 @_option("max_num_seqs")
+@_option("max_model_len")
 @_option("gpu_memory_utilization", show_default=True)
 @click.option(
     "--no-prefix-caching",
@@ -187,7 +188,7 @@ def write_tables(result: Result, out: str, save_steps: bool) -> list[str]:
     help=(
         "vLLM without chunked prefill: a prompt waits for a step whose token budget holds "
         "it whole; one longer than --max-num-batched-tokens is refused (default budget: "
-        "the model's positions, as vLLM raises it to max_model_len)."
+        "--max-model-len, as vLLM raises it to max_model_len)."
     ),
 )
 @click.option(
@@ -264,6 +265,7 @@ def simulate_command(
     poisson_rate: float | None,
     max_num_batched_tokens: int | None,
     max_num_seqs: int | None,
+    max_model_len: int | None,
     gpu_memory_utilization: float,
     no_prefix_caching: bool,
     no_chunked_prefill: bool,
@@ -349,6 +351,7 @@ def simulate_command(
                 poisson_rate=poisson_rate,
                 max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
                 gpu_kv_blocks=gpu_blocks,
                 gpu_memory_utilization=gpu_memory_utilization,
                 enable_prefix_caching=not no_prefix_caching,

@@ -58,6 +58,7 @@ from kvsim.engine.transfer_protocol import TransferBackend, TransferResult
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import OffloadManager
 from kvsim.options.config import CacheConfig
+from kvsim.specs.context import served_output
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
 from kvsim.specs.sizing import NULL_GPU_BLOCKS, usable_gpu_blocks
@@ -331,18 +332,17 @@ class Engine:
         self.recorder.requests.append(sr)
         p = self.params
         block = p.gpu_block_tokens
-        # vLLM's default max_model_len is the model's positions (0: a config.json giving
-        # none): its server refuses an empty prompt or one that fills them, and cuts the
-        # output to what is left of them
-        max_len = self.model.max_position_embeddings
-        if max_len and sr.prompt < max_len < sr.prompt + sr.output:
-            sr.output = max_len - sr.prompt
+        # as vLLM's server takes a request under max_model_len (default: the model's
+        # positions): refused, or its output cut to what is left
+        max_len = p.max_model_len or self.model.max_position_embeddings
+        served = served_output(sr.prompt, sr.output, max_len, p.refuse_past_max_model_len)
+        if served is not None:
+            sr.output = served
         length = sr.prompt + sr.output
-        # refused as vLLM refuses a request past max_model_len: the GPU holds it whole, and
+        # refused as vLLM refuses a request longer than its KV: the GPU holds it whole, and
         # without chunked prefill vLLM requires max_model_len <= max_num_batched_tokens
         if (
-            not sr.prompt
-            or 0 < max_len <= sr.prompt
+            served is None
             or -(-length // block) > self.usable_gpu_blocks
             or (not p.enable_chunked_prefill and length > p.max_num_batched_tokens)
         ):

@@ -37,10 +37,10 @@ request's own (vLLM hashes tokens no other request has), hit again only by the r
 itself after a preemption. The GPU block size must divide the trace's unit.
 
 Not modelled from vLLM 0.33's token clamp: the ``max_model_len`` cap (binds only with
-speculative decoding; a request past ``max_model_len`` is refused on arrival, as vLLM's
-server refuses it), the adaptive threshold. As in vLLM, ``long_prefill_token_threshold``
-applies only while more than one request is running or waiting (a lone request has nobody
-to starve).
+speculative decoding; a request past ``max_model_len`` is refused or cut on arrival, as
+vLLM's server does: :mod:`kvsim.specs.context`), the adaptive threshold. As in vLLM,
+``long_prefill_token_threshold`` applies only while more than one request is running or
+waiting (a lone request has nobody to starve).
 """
 
 from __future__ import annotations

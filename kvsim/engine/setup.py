@@ -36,6 +36,7 @@ from kvsim.options.offload import CacheConfig, OffloadOptions
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.vllm import KVConnectorExtraConfig, engine_knobs_from_vllm_config
 from kvsim.report.serve_metrics import BenchSettings
+from kvsim.specs.context import check_unchunked_budget, vllm_max_model_len
 from kvsim.specs.hardware import (
     GpuSpec,
     get_gpu,
@@ -113,14 +114,23 @@ def compose(
     gpu = named("--gpu", get_gpu, timed.gpu)
     knobs = engine_knobs_from_vllm_config(extra) if extra is not None else {}
     _, default_seqs = vllm_batch_defaults(gpu)
-    # vLLM's default max_model_len is the model's positions
+    max_model_len = vllm_max_model_len(model, timed.max_model_len, "--max-model-len")
     default_tokens = vllm_default_batched_tokens(
-        gpu, model.max_position_embeddings, timed.enable_chunked_prefill, timed.max_num_seqs
+        gpu, max_model_len, timed.enable_chunked_prefill, timed.max_num_seqs
     )
+    budget = timed.max_num_batched_tokens or default_tokens
+    if timed.max_model_len and not timed.enable_chunked_prefill:
+        # given alone, a budget below the model's positions stands for both (its longer
+        # requests refused)
+        check_unchunked_budget(
+            budget, max_model_len, ("--max-num-batched-tokens", "--max-model-len")
+        )
     params = EngineParams(
-        max_num_batched_tokens=timed.max_num_batched_tokens or default_tokens,
+        max_num_batched_tokens=budget,
         max_num_seqs=timed.max_num_seqs or default_seqs,
         long_prefill_token_threshold=timed.long_prefill_token_threshold,
+        max_model_len=timed.max_model_len,
+        refuse_past_max_model_len=timed.refuse_past_max_model_len,
         gpu_blocks=timed.gpu_kv_blocks,
         gpu_memory_utilization=timed.gpu_memory_utilization,
         enable_prefix_caching=timed.enable_prefix_caching,

@@ -58,7 +58,27 @@ EnableChunkedPrefill = Annotated[
             "vLLM's chunked prefill (default on). Off: a waiting request whose new tokens "
             "exceed the step's token budget waits, and one longer than "
             "--max-num-batched-tokens is refused (vLLM then requires max_num_batched_tokens "
-            ">= max_model_len; its default budget is raised to the model's positions)."
+            ">= max_model_len; its default budget is raised to max_model_len)."
+        )
+    ),
+]
+MaxModelLen = Annotated[
+    int,
+    Meta(
+        ge=1,
+        description=(
+            "vLLM --max-model-len (default: the model's positions): a prompt this long or "
+            "longer, or an output longer, is refused; a longer request's output is cut to "
+            "what is left (vLLM 0.33's server)."
+        ),
+    ),
+]
+RefusePastMaxModelLen = Annotated[
+    bool,
+    Meta(
+        description=(
+            "The server before vLLM 0.33 (v0.15.1 too): refuse a request whose prompt + "
+            "output exceeds max_model_len instead of cutting its output (default false)."
         )
     ),
 ]
@@ -123,6 +143,8 @@ class EngineParams(Schema, frozen=True):
     max_num_batched_tokens: MaxNumBatchedTokens = 8192
     max_num_seqs: MaxNumSeqs = 256
     long_prefill_token_threshold: LongPrefillTokenThreshold = 0
+    max_model_len: MaxModelLen | None = None  # None: the model's positions
+    refuse_past_max_model_len: RefusePastMaxModelLen = False
     gpu_blocks: GpuKvBlocks | None = None  # None: from GPU memory
     gpu_memory_utilization: GpuMemoryUtilization = 0.92  # vLLM 0.33 CacheConfig default
     activation_reserve_gib: ActivationReserveGib = 2.5

@@ -24,11 +24,13 @@ from kvsim.options.engine import (
     GpuKvBlocks,
     GpuMemoryUtilization,
     LongPrefillTokenThreshold,
+    MaxModelLen,
     MaxNumBatchedTokens,
     MaxNumSeqs,
     OffloadPromptOnly,
     PoissonRate,
     RecordSteps,
+    RefusePastMaxModelLen,
     SyncLoadBudgetBytes,
     TimeScale,
     engine_option_name,
@@ -127,6 +129,8 @@ class SimulateOptions(Schema, frozen=True):
     max_num_batched_tokens: MaxNumBatchedTokens | None = None
     max_num_seqs: MaxNumSeqs | None = None
     long_prefill_token_threshold: LongPrefillTokenThreshold = 0
+    max_model_len: MaxModelLen | None = None
+    refuse_past_max_model_len: RefusePastMaxModelLen = False
     gpu_kv_blocks: GpuKvBlocks | None = None
     gpu_memory_utilization: GpuMemoryUtilization = 0.92
     enable_prefix_caching: EnablePrefixCaching = True

@@ -119,15 +119,6 @@ class RandomPrompts(PromptSource):
         return Prompt(total, self.outputs[i], ids)
 
 
-def longest_request(spec: SharedPrefixWorkload | RandomWorkload) -> int:
-    """The most tokens (prompt + output) a request of ``spec`` can have: what vLLM's
-    ``max_model_len`` must hold for every request of the workload to be served."""
-    if isinstance(spec, SharedPrefixWorkload):
-        return spec.system_prompt_len + spec.question_len + spec.output_len
-    bounds = RandomPrompts(spec, 0, 1)  # the draws' ranges do not depend on the seed
-    return bounds.head + bounds.in_hi + bounds.out_hi
-
-
 def make_prompts(
     spec: SharedPrefixWorkload | RandomWorkload, seed: int, block_tokens: int
 ) -> PromptSource:

@@ -284,7 +284,7 @@ def test_fit_compute_names_the_file_of_an_experiment_it_cannot_run(tmp_path, cap
     args = ["fit-compute", path, "--gpu", "h100", "--out", tmp_path / "p.json"]
     code, _, err = run_main([*args, "--max-evals", "1", "--max-stage-s", "2"], capsys)
     assert code == 2
-    assert err.startswith(f"kvsim: error: {path}: experiment ") and "max_model_len 16" in err
+    assert err.startswith(f"kvsim: error: {path}: experiment ") and "max_model_len (16)" in err
     assert not (tmp_path / "p.json").exists()
 
 
@@ -425,14 +425,19 @@ def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
         load={"type": "concurrency", "stages": [{"concurrency": 4, "num_requests": 12}]},
         measured=[{"stage": "all", "e2e_ms": {"mean": 300.0}}],
     )
-    too_long = experiment(id="too-long", vllm={**experiment()["vllm"], "max_model_len": 256})
+    # 300-token prompts, 20-token outputs: vLLM 0.33 would cut them to 10; v0.15.1's server,
+    # the measurements', refused every one
+    too_long = experiment(id="too-long", vllm={**experiment()["vllm"], "max_model_len": 310})
     past = experiment(id="past", vllm={**experiment()["vllm"], "max_model_len": 8192})
     tp3 = experiment(id="tp3", tp=3)  # Llama-2-7B's 32 heads do not split over 3 GPUs
     report = accuracy(write(tmp_path / "m.yaml", closed, too_long, past, tp3))
     by = {r.experiment: r for r in report.results}
     assert by["closed"].error is None and by["closed"].requests == 12
-    assert "exceeds vllm.max_model_len 256" in (by["too-long"].error or "")
-    assert "max_position_embeddings (4096)" in (by["past"].error or "")
+    assert "every request (" in (by["too-long"].error or "")
+    assert "vllm.max_model_len (310)" in (by["too-long"].error or "")
+    assert "vllm.max_model_len 8192 exceeds llama-2-7b's max_position_embeddings (4096)" in (
+        by["past"].error or ""
+    )
     assert "--tp 3: llama-2-7b's 32 attention heads" in (by["tp3"].error or "")
     assert [f.experiment for f in report.failures] == ["too-long", "past", "tp3"]
 
@@ -459,14 +464,24 @@ def test_what_a_run_refuses_or_never_sends_is_said_not_scored_silently(tmp_path)
         workload={**rand, "prefix_len": 1000, "special_tokens": 1},
         vllm={**vllm, "max_model_len": 1165},  # 1 + 1000 + ceil(99 x 1.5) + 15, exactly
     )
+    # one token shorter: the experiment runs (it was a failure before), its longest
+    # requests refused per request, as v0.15.1's server refused them
+    shy = experiment(
+        id="shy",
+        workload={**rand, "prefix_len": 1000, "special_tokens": 1},
+        vllm={**vllm, "max_model_len": 1150},
+    )
     bs32 = experiment(id="bs32", vllm={**vllm, "block_size": 32, "num_gpu_blocks_override": 3731})
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        report = accuracy(write(tmp_path / "m.yaml", none_fit, silent, edge, bs32), max_stage_s=5)
+        file = write(tmp_path / "m.yaml", none_fit, silent, edge, shy, bs32)
+        report = accuracy(file, max_stage_s=5)
     by = {r.experiment: r for r in report.results}
     assert "every request (" in (by["none-fit"].error or "")
     assert "sends no request" in (by["silent"].error or "")
-    assert by["edge"].error is None and by["bs32"].error is None
+    assert by["edge"].error is None and by["bs32"].error is None and by["shy"].error is None
+    assert not any("refused" in w for w in by["edge"].warnings)
+    assert any("requests refused" in w and "(1150)" in w for w in by["shy"].warnings)
     assert [f.experiment for f in report.failures] == ["none-fit", "silent"]
     few = experiment(
         id="few",
@@ -509,7 +524,7 @@ def test_fit_compute_search_lm_moves_the_parameters_together_and_says_so(tmp_pat
         (None, 4096, True, None),  # chunked: vllm serve's default, the engine's to pick
         (4096, 4096, False, 4096),
         (None, 4096, False, 8192),  # vllm serve's H100 default, already >= max_model_len
-        (None, 16384, False, 16384),  # raised to max_model_len: a prompt fits one step
+        (None, 16384, False, 16384),  # raised to max_model_len (Llama-3.1-8B's 16,384)
         (None, None, False, 8192),  # max_model_len from the model: Llama-2-7B's 4,096
     ],
 )
@@ -528,7 +543,9 @@ def test_without_chunked_prefill_the_budget_holds_a_whole_prompt(
         vllm["max_model_len"] = max_model_len
     vllm = {k: v for k, v in vllm.items() if v is not None}
     exp = read_measurements(write(tmp_path / "m.yaml", experiment(vllm=vllm))).experiments[0]
-    budget = _max_num_batched_tokens(exp, get_model("llama-2-7b"), get_gpu("h100"))
+    # a max_model_len past Llama-2-7B's 4,096 positions: vLLM would not start
+    model = get_model("llama-2-7b" if (max_model_len or 0) <= 4096 else "llama-3.1-8b")
+    budget = _max_num_batched_tokens(exp, model, get_gpu("h100"))
     assert budget == expected
 
 

@@ -1,0 +1,66 @@
+"""vLLM's ``max_model_len`` rules, in one home: what ``vllm serve`` refuses to start with,
+and what its server does with a request longer than it. ``kvsim simulate`` and
+``kvsim accuracy`` both read them, each naming its own option in the one-line errors.
+
+vLLM 0.33's server (``vllm/entrypoints/serve/utils/api_utils.py`` ``get_max_tokens``,
+``vllm/renderers/params.py`` ``_token_len_check``, ``vllm/v1/engine/input_processor.py``
+``_validate_prompt_len``) refuses an empty prompt, one of ``max_model_len`` tokens or
+more (one that fills it leaves ``max_tokens`` 0, below ``SamplingParams``' least of 1),
+and a ``max_tokens`` above ``max_model_len`` (``TokenizeParams.__post_init__``), and cuts
+any other request's ``max_tokens`` to ``max_model_len - prompt``. Earlier
+servers (v0.15.1 among them: vLLM issue #33418, PR #33425; still so in 0.20, issue
+#42474) refused a request whose prompt plus ``max_tokens`` exceeds ``max_model_len``
+instead of cutting it (``refuse_past``).
+"""
+
+from __future__ import annotations
+
+from kvsim.core.errors import InputError
+from kvsim.specs.models import ModelSpec
+
+__all__ = ["check_unchunked_budget", "served_output", "vllm_max_model_len"]
+
+
+def vllm_max_model_len(model: ModelSpec, given: int | None, name: str) -> int:
+    """The engine's ``max_model_len``: ``given``, or (None / 0) the model's positions, as
+    vLLM defaults it (0: a config.json giving none, no limit). vLLM refuses to start with
+    one past the model's positions: one line naming ``name``, the option as the caller
+    spells it."""
+    positions = model.max_position_embeddings
+    if not given:
+        return positions
+    if positions and given > positions:
+        raise InputError(
+            f"{name} {given} exceeds {model.name}'s max_position_embeddings ({positions}): "
+            "vLLM refuses to start"
+        )
+    return given
+
+
+def check_unchunked_budget(budget: int, max_model_len: int, names: tuple[str, str]) -> None:
+    """Without chunked prefill vLLM refuses to start with a step budget below
+    ``max_model_len`` (a prompt must fit one step). ``names``: how the caller spells the
+    budget and the length."""
+    if max_model_len and budget < max_model_len:
+        raise InputError(
+            f"{names[0]} {budget} is below {names[1]} {max_model_len} without chunked "
+            "prefill: vLLM refuses to start"
+        )
+
+
+def served_output(prompt: int, output: int, max_model_len: int, refuse_past: bool) -> int | None:
+    """The output tokens vLLM's server lets a request of ``prompt`` tokens asking for
+    ``output`` (at least 1) generate, or None where it refuses the request.
+
+    Args:
+        max_model_len: the engine's (0: no limit).
+        refuse_past: the server before 0.33's cut: prompt + output past ``max_model_len``
+            is refused, not cut.
+    """
+    if not prompt:
+        return None
+    if not max_model_len or prompt + output <= max_model_len:
+        return output
+    if refuse_past or prompt >= max_model_len or output > max_model_len:
+        return None
+    return max_model_len - prompt
