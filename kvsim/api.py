@@ -527,9 +527,8 @@ def simulate(
     - ``max_model_len``: vLLM's ``--max-model-len`` (default: the model's positions; not
       above them): as vLLM 0.33's server, an empty prompt, one of ``max_model_len``
       tokens or more and an output longer than it are refused, and a longer request's
-      output is cut to what is left;
-      ``refuse_past_max_model_len=True`` refuses it instead, as servers before 0.33
-      (v0.15.1) did;
+      output is cut to what is left; ``refuse_past_max_model_len`` (default False): refuse
+      it instead, as servers before 0.33 (v0.15.1) did;
     - ``gpu_kv_blocks``: GPU KV capacity in ``gpu_block_tokens`` blocks (vLLM
       ``num_gpu_blocks_override``; default from GPU memory); ``gpu_blocks`` is the command
       line's name for it; ``gpu_memory_utilization``: default 0.92;
