@@ -7,21 +7,10 @@ Skipped without vLLM (failed under ``KVSIM_REQUIRE_VLLM=1``)."""
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 from support import need_vllm
 
-need_vllm("vllm.renderers.params")
-
-# vLLM's api_utils imports orjson at the top for its JSON responses, which get_max_tokens
-# does not use; the venv may lack it
-if "orjson" not in sys.modules:
-    try:
-        import orjson  # noqa: F401
-    except ImportError:
-        sys.modules["orjson"] = types.ModuleType("orjson")
+need_vllm("vllm.entrypoints.serve.utils.api_utils")
 
 from vllm import SamplingParams  # noqa: E402
 from vllm.entrypoints.serve.utils.api_utils import get_max_tokens  # noqa: E402
