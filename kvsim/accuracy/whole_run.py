@@ -66,12 +66,15 @@ def weighted_whole_run(
     rows = {str(r["stage"]): r for r in stages.to_dict("records")}
     span = drain = 0.0
     for j, stage in enumerate(run.load.stages):
-        row = rows.get(str(j))
-        if row is None:
+        row = rows.get(str(j))  # None: the stage sent no request (a low rate cut short)
+        if stage.duration is not None:  # its time stands even without a request; its
+            # drain overlaps the next stage but the last's
+            nominal = stage.duration
+            drain = 0.0 if row is None else max(0.0, float(row["duration"]) - nominal)
+        elif row is not None:
+            nominal, drain = float(row["duration"]), 0.0
+        else:
             continue
-        nominal, drain = float(row["duration"]), 0.0
-        if stage.duration is not None:  # its drain overlaps the next stage but the last's
-            nominal, drain = stage.duration, max(0.0, nominal - stage.duration)
         span += weights[j] * nominal
     span += drain
 

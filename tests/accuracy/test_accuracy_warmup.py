@@ -118,3 +118,33 @@ def test_a_cut_runs_whole_run_rate_is_the_real_runs(tmp_path):
     report = accuracy(write(tmp_path / "m.yaml", experiment(load=load_)), max_stage_s=3, warmup_s=4)
     rows = {(row.stage, row.metric): row.predicted for row in report.rows}
     assert rows["all", "requests_per_s"] == pytest.approx(4.0, rel=0.005)
+
+
+def test_a_stage_that_sent_no_request_keeps_its_time_in_the_whole_run():
+    """Two 10-s stages cut to 3 s after 4-s warm-ups; the second's measured part sent no
+    request (a low rate), so the stages table has no row for it: its 2 x 3 s still count
+    in all's span (4 + 6 + 4 + 6 s, the last stage's drain 0), not only the stages that
+    sent requests (which made a slow run's rates look 40% higher)."""
+    import pandas as pd
+
+    from kvsim.accuracy.whole_run import stage_weights, weighted_whole_run
+
+    exp = _exp([{"rate": 1, "duration": 10}, {"rate": 1, "duration": 10}])
+    run, measured = shortened(exp, 3, 4)
+    weights = stage_weights(exp, run, measured)
+    assert weights == [1.0, 2.0, 1.0, 2.0]
+    requests = pd.DataFrame(
+        {
+            "stage": [0, 1, 2],
+            "rejected": [False] * 3,
+            "ttft_s": [0.1, 0.1, 0.1],
+            "e2e_s": [1.0, 1.0, 1.0],
+        }
+    )
+    rows = [
+        {"stage": s, "duration": d, "total_input_tokens": 100, "total_output_tokens": 10}
+        for s, d in ((0, 4.5), (1, 3.5), (2, 4.5), ("all", 18.0))
+    ]
+    whole = weighted_whole_run(pd.DataFrame(rows), requests, run, weights).iloc[-1]
+    assert whole["completed"] == 4
+    assert whole["duration"] == pytest.approx(4 + 2 * 3 + 4 + 2 * 3)
