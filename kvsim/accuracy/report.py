@@ -124,7 +124,7 @@ def _num(x: float) -> str:
 def accuracy(
     file: str,
     *,
-    compute_profile: str | PhaseProfile | None = None,
+    compute_profile: str | os.PathLike[str] | PhaseProfile | None = None,
     max_stage_s: float | None = None,
     experiments: Sequence[str] | None = None,
     seed: int = 0,
@@ -138,7 +138,8 @@ def accuracy(
 
     Args:
         file: a kvsim measurements file (format 1).
-        compute_profile: a profile path or object (default: the GPU's shipped one).
+        compute_profile: a profile path (text or ``os.PathLike``) or object (default: the
+            GPU's shipped one).
         max_stage_s: cut every load stage to this many seconds (a quick run; rates stay).
         experiments: ids to run (default all; an unknown id is an error).
         seed: the workloads' and loads' seed.
@@ -161,7 +162,9 @@ def accuracy(
                 raise InputError(f"--experiment {name!r}: not in {file}{did_you_mean(name, ids)}")
         chosen = [e for e in chosen if e.id in set(experiments)]
     base = os.path.dirname(os.path.abspath(file))
-    if isinstance(compute_profile, (str, os.PathLike)):
+    if isinstance(compute_profile, os.PathLike):  # a pathlib.Path: the path as text
+        compute_profile = os.fspath(compute_profile)
+    if isinstance(compute_profile, str):
         _check_profile(compute_profile, {e.gpu_arg(base) for e in chosen})
     settings = {
         "compute_profile": compute_profile,

@@ -88,3 +88,20 @@ def test_the_cli_takes_workers_and_refuses_zero(tmp_path, capsys):
         assert code == 0
         runs.append(json.loads(stdout))
     assert runs[0] == runs[1]
+
+
+def test_a_compute_profile_path_object_is_a_path(tmp_path):
+    """``compute_profile=pathlib.Path(...)``: read as the path it names (the report names
+    it), as the text path is; it ran every experiment and then failed on ``.gpu``."""
+    import pathlib
+
+    import kvsim
+
+    shipped = pathlib.Path(kvsim.__file__).parent / "data" / "compute_phases_h100.json"
+    path = write(tmp_path / "m.yaml", experiment())
+    as_text = accuracy(path, compute_profile=str(shipped), max_stage_s=5, workers=1)
+    as_path = accuracy(path, compute_profile=shipped, max_stage_s=5, workers=1)
+    assert as_path.rows == as_text.rows and not as_path.failures
+    assert as_path.config["compute_profile"] == str(shipped)
+    with pytest.raises(InputError):
+        accuracy(path, compute_profile=tmp_path / "none.json", workers=1)
