@@ -15,14 +15,15 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from kvsim.accuracy.run import ExperimentResult, run_experiment
+from kvsim.accuracy.run import ExperimentResult, module_of, run_experiment
 from kvsim.core.processes import become_worker
 
 if TYPE_CHECKING:
     from kvsim.accuracy.measurements import Experiment
 
-#: a warning a worker raised, as its driver raises it again: (text, category, file, line)
-_Said = tuple[str, type[Warning], str, int]
+#: a warning a worker raised, as its driver raises it again: (text, category, file, line,
+#: module: the name filters match, :func:`module_of`)
+_Said = tuple[str, type[Warning], str, int, str | None]
 
 
 def run_experiments(
@@ -57,8 +58,8 @@ def run_experiments(
         results = []
         run_one = partial(_run_one, base_dir=base_dir, settings=settings)
         for result, said in pool.imap(run_one, chosen):
-            for text, category, filename, lineno in said:
-                warnings.warn_explicit(text, category, filename, lineno)
+            for text, category, filename, lineno, module in said:
+                warnings.warn_explicit(text, category, filename, lineno, module)
             results.append(result)
             if progress is not None:
                 progress(1)
@@ -76,4 +77,6 @@ def _run_one(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = run_experiment(exp, base_dir, **settings)
-    return result, [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+    return result, [
+        (str(w.message), w.category, w.filename, w.lineno, module_of(w.filename)) for w in caught
+    ]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -178,6 +179,17 @@ def run_experiment(
     )
 
 
+def module_of(filename: str) -> str | None:
+    """The name of the loaded module whose file is ``filename`` (None: none is), so that a
+    caught warning raised again by ``warnings.warn_explicit`` meets the filters that name
+    its module (``-W ignore::Warning:kvsim.accuracy.run``) as it did the first time;
+    without it the module is the file's path."""
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == filename:
+            return name
+    return None
+
+
 @contextmanager
 def _warnings_named(experiment_id: str, said: list[str]) -> Iterator[None]:
     """kvsim's warnings inside the block, each once, prefixed with the experiment's id (in
@@ -191,7 +203,8 @@ def _warnings_named(experiment_id: str, said: list[str]) -> Iterator[None]:
     finally:
         for w in caught:
             if not issubclass(w.category, InputWarning):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                module = module_of(w.filename)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, module)
             elif (text := str(w.message)) not in said:
                 said.append(text)
                 warnings.warn(f"experiment {experiment_id}: {text}", w.category, stacklevel=3)

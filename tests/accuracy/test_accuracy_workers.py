@@ -105,3 +105,18 @@ def test_a_compute_profile_path_object_is_a_path(tmp_path):
     assert as_path.config["compute_profile"] == str(shipped)
     with pytest.raises(InputError):
         accuracy(path, compute_profile=tmp_path / "none.json", workers=1)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_filter_naming_the_module_meets_a_workers_warnings(tmp_path, workers):
+    """``-W ignore::Warning:kvsim.accuracy.run`` (a filter by module) silences the
+    experiments' warnings with any number of workers: the driver raises a worker's warning
+    again under its module's name, not under its file's path, which no such filter names."""
+    path = _file(tmp_path)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", module=r"kvsim\.accuracy\.run")
+        accuracy(path, max_stage_s=5, seed=3, workers=workers)
+    assert not [w for w in said if w.category is OverloadWarning]
+    _, unfiltered = _run(path, workers)
+    assert any(c is OverloadWarning for c, _ in unfiltered)
