@@ -10,13 +10,17 @@ import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from msgspec import Meta
 
 from kvsim.accuracy.measurements import read_measurements
 from kvsim.accuracy.parallel import run_experiments
 from kvsim.accuracy.run import METRICS, ExperimentResult, Row
 from kvsim.core.io import atomic_write
 from kvsim.core.processes import check_workers
+from kvsim.options.offload import option_name
+from kvsim.options.schema import Schema, check_fields
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
@@ -24,6 +28,19 @@ if TYPE_CHECKING:
 __all__ = ["CSV_COLUMNS", "AccuracyReport", "accuracy"]
 
 CSV_COLUMNS = ("experiment", "stage", "metric", "predicted", "measured", "ape_pct")
+
+
+class _RunSettings(Schema, frozen=True):
+    """:func:`accuracy`'s run settings as ``kvsim accuracy`` takes them (its options'
+    ranges): checked once, before any experiment, so that a bad one is one line and not a
+    failure of every experiment (a cap of 0 s: 'sends no request') or no effect (NaN)."""
+
+    max_stage_s: Annotated[float, Meta(ge=1)] | None = None
+    warmup_s: Annotated[float, Meta(ge=0)] = 0.0
+    seed: Annotated[int, Meta(ge=0)] = 0
+
+    def __post_init__(self) -> None:
+        check_fields(self, names=option_name)  # a numpy number counts as the one it holds
 
 
 @dataclass(frozen=True)
@@ -153,6 +170,9 @@ def accuracy(
     from kvsim.core.errors import InputError, did_you_mean
 
     n_workers = check_workers(workers)
+    _RunSettings(max_stage_s=max_stage_s, warmup_s=warmup_s, seed=seed)
+    if isinstance(experiments, str):  # its letters would be the ids
+        raise InputError(f"experiments: a list of ids, got {experiments!r}")
     parsed = read_measurements(file)
     chosen = list(parsed.experiments)
     if experiments:

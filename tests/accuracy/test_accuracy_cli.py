@@ -595,3 +595,37 @@ def test_a_warning_names_the_experiment_it_comes_from(tmp_path, capsys):
     assert said["small-llama-2-7b"] == [] and said["hot"][0].startswith("overloaded")
     code, stdout, _ = run_main(["accuracy", path, "--json"], capsys)
     assert code == 0 and list(json.loads(stdout)["warnings"]) == ["hot"]
+
+
+@pytest.mark.parametrize(
+    ("keywords", "line"),
+    [
+        ({"max_stage_s": 0}, "--max-stage-s: Expected `float` >= 1.0, got 0"),
+        ({"max_stage_s": float("nan")}, "--max-stage-s: must be finite, got nan"),
+        ({"max_stage_s": 5, "warmup_s": -1}, "--warmup-s: Expected `float` >= 0.0, got -1"),
+        ({"seed": -1}, "--seed: Expected `int` >= 0, got -1"),
+        ({"seed": True}, "--seed: Expected `int`, got True"),
+        ({"experiments": "small-llama-2-7b"}, "experiments: a list of ids, got 'small"),
+    ],
+)
+def test_the_apis_run_settings_are_checked_before_any_experiment(tmp_path, keywords, line):
+    """``accuracy()`` takes what ``kvsim accuracy`` takes: a cap of 0 s failed every
+    experiment ('sends no request'), NaN was no cap, a seed of -1 failed each experiment
+    alone and a text id ran its letters."""
+    from kvsim.accuracy import accuracy
+    from kvsim.core.errors import InputError
+
+    path = write(tmp_path / "m.yaml", experiment())
+    with pytest.raises(InputError) as caught:
+        accuracy(path, workers=1, **keywords)
+    assert str(caught.value).startswith(line)
+
+
+def test_the_apis_run_settings_take_numpy_numbers(tmp_path):
+    import numpy as np
+
+    from kvsim.accuracy import accuracy
+
+    path = write(tmp_path / "m.yaml", experiment())
+    report = accuracy(path, max_stage_s=np.float64(5), warmup_s=np.int64(0), seed=np.int64(0))
+    assert report.rows == accuracy(path, max_stage_s=5, workers=1).rows and report.rows
