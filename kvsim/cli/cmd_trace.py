@@ -247,8 +247,9 @@ def gen_command(
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         ]
         if given:
+            verb = "does" if len(given) == 1 else "do"
             raise InputError(
-                f"{kind}: {', '.join(given)} do not apply; --load says when requests are sent"
+                f"{kind}: {', '.join(given)} {verb} not apply; --load says when requests are sent"
             )
         _gen_bench(kind, params, load_text, seed, out, say, wants_progress(show_progress))
         return

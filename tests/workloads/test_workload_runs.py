@@ -114,7 +114,11 @@ def test_simulate_cli_workload_file_with_both_blocks(tmp_path):
             "no fixed arrival times",
         ),
         (["trace", "gen", "shared-prefix", "--set", "num_groups=1"], "needs --load"),
-        (["trace", "gen", "random", "--rate", "3", "--load", "{}"], "--rate do not apply"),
+        (["trace", "gen", "random", "--rate", "3", "--load", "{}"], "--rate does not apply"),
+        (
+            ["trace", "gen", "random", "-n", "3", "--rate", "3", "--load", "{}"],
+            "-n/--requests, --rate do not apply",
+        ),
         (
             [
                 "trace",
