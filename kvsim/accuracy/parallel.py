@@ -9,14 +9,13 @@ runs the file up to 150 times; experiments share nothing, so N cores take about 
 from __future__ import annotations
 
 import multiprocessing
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kvsim.accuracy.run import ExperimentResult, module_of, run_experiment
-from kvsim.core.processes import become_worker
+from kvsim.core.processes import become_worker, driver_pid
 
 if TYPE_CHECKING:
     from kvsim.accuracy.measurements import Experiment
@@ -53,7 +52,7 @@ def run_experiments(
                 progress(1)
         return results
     context = multiprocessing.get_context()
-    pool = context.Pool(min(workers, len(chosen)), become_worker, (os.getpid(),))
+    pool = context.Pool(min(workers, len(chosen)), become_worker, (driver_pid(context),))
     try:
         results = []
         run_one = partial(_run_one, base_dir=base_dir, settings=settings)

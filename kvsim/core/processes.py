@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from multiprocessing.context import BaseContext
 
 from kvsim.core.errors import InputError
 from kvsim.core.numeric import is_whole
@@ -41,6 +42,14 @@ def exit_with_parent(parent_pid: int | None) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="kvsim-parent-watch", daemon=True).start()
+
+
+def driver_pid(context: BaseContext) -> int | None:
+    """The parent a worker that ``context`` starts has, for :func:`become_worker`: this
+    process under fork and spawn; None under forkserver (Python 3.14's default on Linux),
+    whose workers are the server's children: given this pid, each would see another parent
+    and exit at once, and a pool would start them again forever."""
+    return os.getpid() if context.get_start_method() in ("fork", "spawn") else None
 
 
 def become_worker(parent_pid: int | None) -> None:

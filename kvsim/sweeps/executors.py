@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputError
-from kvsim.core.processes import become_worker
+from kvsim.core.processes import become_worker, driver_pid
 from kvsim.sweeps.cells import cell_id, failed_row, run_cell
 
 if TYPE_CHECKING:
@@ -140,9 +140,7 @@ class _Pool:
         self.running: list[_Worker] = []
         self.idle: list[_Worker] = []
         self.crashes: Counter[str] = Counter()
-        # fork and spawn make this process the parent; forkserver's parent is the server
-        forked = self.ctx.get_start_method() in ("fork", "spawn")
-        self.parent_pid = os.getpid() if forked else None
+        self.parent_pid = driver_pid(self.ctx)
 
     def run(self, cells: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         source = iter(cells)

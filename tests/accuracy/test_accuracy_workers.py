@@ -120,3 +120,44 @@ def test_a_filter_naming_the_module_meets_a_workers_warnings(tmp_path, workers):
     assert not [w for w in said if w.category is OverloadWarning]
     _, unfiltered = _run(path, workers)
     assert any(c is OverloadWarning for c, _ in unfiltered)
+
+
+def test_the_workers_parent_is_the_driver_only_where_it_starts_them():
+    """Under forkserver (Python 3.14's default on Linux) a worker is the server's child:
+    told the driver's pid, it saw another parent and exited at once, and the pool started
+    it again forever (``accuracy(workers=2)`` never returned)."""
+    import multiprocessing
+    import os
+
+    from kvsim.core.processes import driver_pid
+
+    assert driver_pid(multiprocessing.get_context("spawn")) == os.getpid()
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        assert driver_pid(multiprocessing.get_context("forkserver")) is None
+
+
+def test_workers_run_under_forkserver(tmp_path):
+    import multiprocessing
+    import os
+    import subprocess
+    import sys
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no forkserver on this platform")
+    path = write(tmp_path / "m.yaml", experiment(), experiment(id="second"))
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import multiprocessing, sys\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.set_start_method('forkserver')\n"
+        "    from kvsim.accuracy import accuracy\n"
+        "    report = accuracy(sys.argv[1], max_stage_s=5, workers=2)\n"
+        "    print(len(report.results), len(report.failures))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, str(script), path], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["2", "0"]
