@@ -161,3 +161,36 @@ def test_workers_run_under_forkserver(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["2", "0"]
+
+
+def test_a_worker_killed_fails_its_experiment_alone(tmp_path, monkeypatch):
+    """A worker killed by a signal (the OOM killer) fails the experiment it ran, with how it
+    died, and the others run: multiprocessing.Pool lost its task and waited for it forever
+    (or wedged on the queue lock a killed idle worker held)."""
+    import multiprocessing
+    import os
+    import signal
+
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("a patch reaches the workers only when they are forked")
+    from kvsim.accuracy import parallel
+
+    run = parallel.run_experiment
+
+    def killed(exp, *args, **kwargs):
+        if exp.id == "second":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run(exp, *args, **kwargs)
+
+    monkeypatch.setattr(parallel, "run_experiment", killed)
+    path = write(tmp_path / "m.yaml", experiment(), experiment(id="second"), experiment(id="x"))
+    report = accuracy(path, max_stage_s=5, workers=2)
+    assert [(r.experiment, r.error) for r in report.results] == [
+        ("small-llama-2-7b", None),
+        ("second", "the process running it died (killed by SIGKILL)"),
+        ("x", None),
+    ]
+    assert (
+        report.rows
+        == accuracy(path, max_stage_s=5, workers=1, experiments=["small-llama-2-7b", "x"]).rows
+    )
