@@ -9,7 +9,6 @@ runs the file up to 150 times; experiments share nothing, so N cores take about 
 from __future__ import annotations
 
 import multiprocessing
-import signal
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -17,7 +16,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from kvsim.accuracy.run import ExperimentResult, module_of, run_experiment
-from kvsim.core.processes import become_worker, driver_pid
+from kvsim.core.processes import become_worker, driver_pid, how_it_died
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -127,7 +126,7 @@ class _Workers:
         except (EOFError, OSError):
             conn.close()
             process.join()
-            error = f"the process running it died ({_death(process.exitcode)})"
+            error = f"the process running it died ({how_it_died(process.exitcode)})"
             return (ExperimentResult(experiment, error=error), []), False
         if kind == "raised":
             raise value
@@ -139,15 +138,6 @@ class _Workers:
         if process.is_alive():
             process.kill()
         process.join()
-
-
-def _death(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit status {exitcode}"
 
 
 def _worker_main(

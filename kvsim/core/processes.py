@@ -75,3 +75,13 @@ def check_workers(workers: int | None) -> int:
     if not is_whole(workers) or workers < 1:
         raise InputError(f"workers must be an integer >= 1, got {short_repr(workers)}")
     return int(workers)
+
+
+def how_it_died(exitcode: int | None) -> str:
+    """A dead worker's exit code in words: ``killed by SIGKILL``, ``exit status 1``."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"

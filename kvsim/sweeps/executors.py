@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import signal
 import sys
 import time
 from collections import Counter, deque
@@ -23,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from kvsim.core.errors import InputError
-from kvsim.core.processes import become_worker, driver_pid
+from kvsim.core.processes import become_worker, driver_pid, how_it_died
 from kvsim.sweeps.cells import cell_id, failed_row, run_cell
 
 if TYPE_CHECKING:
@@ -103,15 +102,6 @@ class _Worker:
     conn: Connection
     cell: dict[str, Any] | None = None  # the cell it is running
     started: float | None = None  # when it started that cell (time.monotonic)
-
-
-def _death(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit status {exitcode}"
 
 
 class _Pool:
@@ -227,7 +217,7 @@ class _Pool:
         if self.crashes[cid] < CRASH_LIMIT:
             queue.append(cell)  # not this cell's fault yet: run it again, last
             return
-        how = _death(worker.process.exitcode)
+        how = how_it_died(worker.process.exitcode)
         yield failed_row(
             cell, f"the process running this cell died ({how}), {self.crashes[cid]} times"
         )
