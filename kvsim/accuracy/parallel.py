@@ -100,6 +100,8 @@ class _Workers:
                     finished[index] = outcome
                     if alive:
                         idle.append((conn, process))
+                    else:
+                        self._stop(conn, process)
                 while following in finished:
                     yield finished.pop(following)
                     following += 1
@@ -130,7 +132,7 @@ class _Workers:
             return (ExperimentResult(experiment, error=error), []), False
         if kind == "raised":
             raise value
-        return value, True
+        return value, process.is_alive()  # one that died after answering takes no more
 
     @staticmethod
     def _stop(conn: Connection, process: BaseProcess) -> None:
