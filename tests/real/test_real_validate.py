@@ -188,6 +188,29 @@ def test_validate_command_prints_and_writes_the_report(tmp_path, capsys):
     assert data["hits"]["requests"] == 6 and data["spec"]["model"] == "llama-3.2-1b"
 
 
+def test_validate_fails_when_the_lockstep_run_differs(capsys, monkeypatch):
+    """A lockstep difference is a bug, never load: exit 1 with one line saying so, as
+    real.gpu_check judges it (the report is still printed)."""
+    from real import lockstep
+
+    real_compared = lockstep.compared
+
+    def differing(*args, **kwargs):
+        return {**real_compared(*args, **kwargs), "hit_decisions_identical": False}
+
+    monkeypatch.setattr(validate_mod, "compared", differing)
+    args = ["validate", default_trace(), "--model", "llama-3.2-1b", "--cpu-chunks", "300"]
+    args += ["--gpu-kv-blocks", "60", "--limit", "6", "--time-scale", "0.01"]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--compute-scale", "0.1", "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert exc.value.code == 1, captured.err
+    assert "lockstep_hit_decisions_identical" in captured.out
+    assert captured.err.strip() == (
+        "kvsim: validate: the lockstep run's hit decisions or jobs differ from the simulation's"
+    )
+
+
 def test_validate_rejects_bad_layout(capsys):
     with pytest.raises(SystemExit) as exc:
         main(
