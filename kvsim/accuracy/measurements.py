@@ -21,7 +21,7 @@ from msgspec import Meta
 from kvsim.core.errors import InputError, did_you_mean
 from kvsim.core.io import read_yaml
 from kvsim.options.fleet import ROUTERS
-from kvsim.options.schema import Schema, load
+from kvsim.options.schema import Schema, load, short_repr
 from kvsim.options.vllm import KVTransferConfig
 from kvsim.workloads import Load, RandomWorkload, SharedPrefixWorkload, load_workload
 from kvsim.workloads.spec import WorkloadSpec
@@ -269,9 +269,11 @@ def _parse_kv_config_text(data: dict[str, Any], source: str) -> None:
         try:
             parsed = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InputError(f"{key}: not a JSON object ({e.msg})", source=source) from None
+            raise InputError(
+                f"{key}: not a JSON object ({e.msg}), got {short_repr(text)}", source=source
+            ) from None
         if not isinstance(parsed, dict):
-            raise InputError(f"{key}: not a JSON object", source=source)
+            raise InputError(f"{key}: not a JSON object, got {short_repr(text)}", source=source)
         vllm["kv_transfer_config"] = parsed
 
 

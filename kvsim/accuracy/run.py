@@ -105,7 +105,8 @@ def _max_num_batched_tokens(exp: Experiment, model: ModelSpec, gpu: GpuSpec) -> 
         return given
     if given is None:
         return vllm_default_batched_tokens(gpu, mml, False, vllm.max_num_seqs)
-    check_unchunked_budget(given, mml, ("vllm.max_num_batched_tokens", "max_model_len"))
+    length = "vllm.max_model_len" if vllm.max_model_len else "max_model_len (the model's positions)"
+    check_unchunked_budget(given, mml, ("vllm.max_num_batched_tokens", length))
     return given
 
 

@@ -112,7 +112,7 @@ def accuracy_command(
 
     if warmup_s is not None and max_stage_s is None:
         raise InputError("--warmup-s leads each stage that --max-stage-s cuts; give --max-stage-s")
-    total = len(read_measurements(file).experiments) if not experiments else len(experiments)
+    total = len(read_measurements(file).experiments) if not experiments else len(set(experiments))
     show = (sys.stderr.isatty() if progress is None else progress) and not as_json
     check_output_folder(out, "--out", _ACCURACY_FILES.__contains__, [file, compute_profile])
     with output_folder(out), Progress(show, total, "experiments", unit="exp") as bar:

@@ -34,7 +34,10 @@ def test_accuracy_end_to_end(tmp_path, capsys):
     out = tmp_path / "acc"
     code, stdout, err = run_main(["accuracy", path, "--out", out, "--no-progress"], capsys)
     assert code == 1  # the unchunked experiment could not run: counted, after the other ran
-    assert "kvsim: experiment unchunked: vllm.max_num_batched_tokens 2048 is below" in err
+    assert (
+        "kvsim: experiment unchunked: vllm.max_num_batched_tokens 2048 is below "
+        "vllm.max_model_len 4096 without chunked prefill" in err
+    )
     with open(out / "accuracy.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["experiment", "stage", "metric", "predicted", "measured", "ape_pct"]

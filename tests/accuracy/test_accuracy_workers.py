@@ -194,3 +194,10 @@ def test_a_worker_killed_fails_its_experiment_alone(tmp_path, monkeypatch):
         report.rows
         == accuracy(path, max_stage_s=5, workers=1, experiments=["small-llama-2-7b", "x"]).rows
     )
+
+
+def test_the_bar_counts_an_experiment_named_twice_once(tmp_path, capsys):
+    path = write(tmp_path / "m.yaml", experiment(), experiment(id="second"))
+    args = ["accuracy", path, "--max-stage-s", "5", "--experiment", "second"]
+    code, _, err = run_main([*args, "--experiment", "second", "--progress"], capsys)
+    assert code == 0 and "1/1" in err and "/2" not in err, err

@@ -110,6 +110,7 @@ def test_kv_transfer_config_may_be_the_command_lines_json_text(tmp_path, capsys)
         code, out, err = run_main(["accuracy", path], capsys)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
         assert "experiments[0].vllm.kv_transfer_config: not a JSON object" in err
+        assert f"got {text!r}" in err  # the value, as every bad value is said
 
 
 def test_ignore_eos_false_fails_its_experiment_alone(tmp_path, capsys):
