@@ -238,6 +238,7 @@ def _run(
         )
     model_arg = exp.model_arg(base_dir)
     model = get_model(model_arg)
+    model.kv_heads_per_worker(exp.tp, "tp")  # a tp vLLM refuses, named as the file names it
     run, measured = shortened(exp, max_stage_s, warmup_s)
     spec = run.workload_spec()
     gpu_arg = exp.gpu_arg(base_dir)  # a spec file is read here once, not per use

@@ -203,18 +203,19 @@ class ModelSpec:
             raise InputError(f"--dtype-bytes must be positive, got {d}")
         return int(d)
 
-    def kv_heads_per_worker(self, tp: int = 1) -> int:
+    def kv_heads_per_worker(self, tp: int = 1, name: str = "--tp") -> int:
         """KV heads one worker holds at tensor-parallel size ``tp`` (1 for MLA).
 
         Raises InputError for a ``tp`` vLLM refuses to start with: its query heads must
         split evenly over the workers, and its KV heads too (or, with fewer KV heads than
-        workers, each replicated on the same number of workers)."""
+        workers, each replicated on the same number of workers); ``name``: the option or
+        key as the caller spells it (a measurements file's ``tp``)."""
         if tp <= 0:
-            raise InputError(f"--tp must be positive, got {tp}")
+            raise InputError(f"{name} must be positive, got {tp}")
         heads, kv = self.num_attention_heads, self.num_kv_heads
         if heads % tp:
             raise InputError(
-                f"--tp {tp}: {self.name}'s {heads} attention heads do not split evenly over "
+                f"{name} {tp}: {self.name}'s {heads} attention heads do not split evenly over "
                 f"{tp} workers (vLLM refuses to start); use a tp that divides {heads}"
             )
         if self.is_mla:
@@ -222,7 +223,7 @@ class ModelSpec:
         uneven = kv > 0 and (tp % kv if tp >= kv else kv % tp) != 0
         if uneven:
             raise InputError(
-                f"--tp {tp}: {self.name}'s {kv} KV heads do not split evenly over (or "
+                f"{name} {tp}: {self.name}'s {kv} KV heads do not split evenly over (or "
                 f"replicate evenly on) {tp} workers (vLLM refuses to start)"
             )
         return max(1, kv // tp)
