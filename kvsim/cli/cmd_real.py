@@ -322,7 +322,9 @@ def validate_command(
         with atomic_write(out) as f:
             f.write(json_text(report.as_dict()))
     summary = report.summary()
-    failed = _validation_failures(summary)
+    from real.check_goals import validation_failures
+
+    failed = "; ".join(validation_failures(summary))
     if as_json:
         click.echo(json_text(summary))
     else:
@@ -333,21 +335,6 @@ def validate_command(
     if failed:
         click.echo(f"kvsim: validate: {failed}", err=True)
         raise click.exceptions.Exit(1)
-
-
-def _validation_failures(summary: dict[str, object]) -> str:
-    """What makes a validation fail (exit 1, as ``real.gpu_check`` judges it): a loaded
-    byte that differs, or a lockstep run whose decisions or jobs are not the simulation's
-    (a bug, never load); "" when none. The wall-clock run's decisions are reported only."""
-    from real.check_goals import lockstep_agrees
-
-    said = []
-    for key in ("integrity_mismatched_bytes", "lockstep_mismatched_bytes"):
-        if summary.get(key):
-            said.append(f"{key} {summary[key]}")
-    if not lockstep_agrees(dict(summary)):
-        said.append("the lockstep run's hit decisions or jobs differ from the simulation's")
-    return "; ".join(said)
 
 
 def _int_list(option: str, text: str | None) -> tuple[int, ...] | None:
