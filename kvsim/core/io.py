@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import signal
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -69,27 +70,54 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     if os.path.isdir(target):
         raise InputError("is a folder, not a file", source=shown)
     folder = os.path.dirname(target)
+    tmp = None
+    # the signals that end a run are held while the file is made, and handled only inside the
+    # try that removes it: one landing between its making and the try would leave it
+    held = _hold_ending_signals()
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder
-        )
-    except OSError as exc:
-        raise _cannot_write(shown, exc) from None
-    os.close(fd)
-    try:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder
+            )
+        finally:
+            _release_signals(held)
+        os.close(fd)
         yield tmp
         raise_if_ending()  # a SIGTERM whose exception Python dropped: never commit
         os.chmod(tmp, _umask_mode())
         os.replace(tmp, target)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        _remove(tmp)
         raise _cannot_write(shown, exc) from None
     except BaseException:
+        _remove(tmp)
+        raise
+
+
+#: the signals the CLI ends on (Ctrl-C, SIGTERM, SIGHUP where there is one)
+_ENDING_SIGNALS = {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)}
+
+
+def _hold_ending_signals() -> set[int | signal.Signals] | None:
+    """Hold the ending signals back in this thread; returns the mask to restore (None
+    where signals cannot be held: the block then runs as is)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING_SIGNALS)
+
+
+def _release_signals(held: set[int | signal.Signals] | None) -> None:
+    """Restore the mask :func:`_hold_ending_signals` returned: a signal held meanwhile is
+    delivered now."""
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _remove(tmp: str | None) -> None:
+    if tmp is not None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager
