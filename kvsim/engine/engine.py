@@ -58,7 +58,7 @@ from kvsim.engine.transfer_protocol import TransferBackend, TransferResult
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import OffloadManager
 from kvsim.options.config import CacheConfig
-from kvsim.specs.context import served_output
+from kvsim.specs.context import kv_shortfall, served_output
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
 from kvsim.specs.sizing import NULL_GPU_BLOCKS, usable_gpu_blocks
@@ -101,6 +101,18 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
         raise InputError(
             f"{model.name} does not fit on {gpu.name} at tp={params.tp} with "
             f"gpu_memory_utilization={params.gpu_memory_utilization}: no memory left for KV"
+        )
+    # from memory, an estimate (the activations' reserve is a labelled assumption): said,
+    # and the run goes on
+    short = kv_shortfall(
+        params.max_model_len or model.max_position_embeddings, block_tokens, usable_gpu_blocks(n)
+    )
+    if short:
+        warnings.warn(
+            f"{model.name} on {gpu.name} at tp={params.tp}: {short}; lower max_model_len or "
+            "give the KV more memory (gpu_memory_utilization, tp); the run goes on as given",
+            InputWarning,
+            stacklevel=2,
         )
     return n
 

@@ -17,8 +17,14 @@ from __future__ import annotations
 
 from kvsim.core.errors import InputError
 from kvsim.specs.models import ModelSpec
+from kvsim.specs.sizing import cdiv
 
-__all__ = ["check_unchunked_budget", "served_output", "vllm_max_model_len"]
+__all__ = [
+    "check_unchunked_budget",
+    "kv_shortfall",
+    "served_output",
+    "vllm_max_model_len",
+]
 
 
 def vllm_max_model_len(model: ModelSpec, given: int | None, name: str) -> int:
@@ -46,6 +52,30 @@ def check_unchunked_budget(budget: int, max_model_len: int, names: tuple[str, st
             f"{names[0]} {budget} is below {names[1]} {max_model_len} without chunked "
             "prefill: vLLM refuses to start"
         )
+
+
+def kv_shortfall(max_model_len: int, block_tokens: int, usable_blocks: int) -> str | None:
+    """Why vLLM 0.33 refuses to start when its GPU KV cannot hold one request of
+    ``max_model_len`` tokens, or None where it can.
+
+    vLLM's capacity check (``kv_cache_planning.get_kv_cache_configs``) needs
+    ``cdiv(max_model_len, block_size)`` blocks of the usable ones (the null block taken
+    out, from memory or ``num_gpu_blocks_override``); the longest it would accept is
+    ``usable_blocks * block_tokens``.
+
+    Args:
+        max_model_len: the engine's (0: no limit, never short).
+        block_tokens: vLLM's block size.
+        usable_blocks: GPU KV blocks a request can get.
+    """
+    needed = cdiv(max_model_len, block_tokens)
+    if not max_model_len or needed <= usable_blocks:
+        return None
+    return (
+        f"max_model_len {max_model_len:,} needs {needed:,} GPU KV blocks of "
+        f"{block_tokens} tokens and {usable_blocks:,} fit: vLLM 0.33 refuses to start "
+        f"(the longest it takes is {usable_blocks * block_tokens:,})"
+    )
 
 
 def served_output(prompt: int, output: int, max_model_len: int, refuse_past: bool) -> int | None:
