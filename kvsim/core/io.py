@@ -14,9 +14,8 @@ import io
 import json
 import math
 import os
-import signal
+import secrets
 import stat
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
@@ -71,18 +70,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
         raise InputError("is a folder, not a file", source=shown)
     folder = os.path.dirname(target)
     tmp = None
-    # the signals that end a run are held while the file is made, and handled only inside the
-    # try that removes it: one landing between its making and the try would leave it
-    held = _hold_ending_signals()
     try:
-        try:
-            os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(
-                prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=folder
-            )
-        finally:
-            _release_signals(held)
-        os.close(fd)
+        os.makedirs(folder, exist_ok=True)
+        while tmp is None:
+            # named before it is made, so a signal landing as it is made (SIGTERM, Ctrl-C)
+            # finds the name here to remove; mkstemp names it only after making it
+            tmp = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(4)}.tmp")
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:  # another writer's: never ours to remove
+                tmp = None
         yield tmp
         raise_if_ending()  # a SIGTERM whose exception Python dropped: never commit
         os.chmod(tmp, _umask_mode())
@@ -93,25 +90,6 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     except BaseException:
         _remove(tmp)
         raise
-
-
-#: the signals the CLI ends on (Ctrl-C, SIGTERM, SIGHUP where there is one)
-_ENDING_SIGNALS = {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", signal.SIGTERM)}
-
-
-def _hold_ending_signals() -> set[int | signal.Signals] | None:
-    """Hold the ending signals back in this thread; returns the mask to restore (None
-    where signals cannot be held: the block then runs as is)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING_SIGNALS)
-
-
-def _release_signals(held: set[int | signal.Signals] | None) -> None:
-    """Restore the mask :func:`_hold_ending_signals` returned: a signal held meanwhile is
-    delivered now."""
-    if held is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _remove(tmp: str | None) -> None:
