@@ -57,11 +57,12 @@ def failed(x: int, failure: Failure) -> str:
 
 
 def test_results_in_order_or_as_they_finish() -> None:
-    items = [3, 0, 2, 1]
-    in_order = run_tasks(square_after, (0.05,), items, workers=4, on_failure=failed, in_order=True)
-    assert list(in_order) == [9, 0, 4, 1]
-    as_done = run_tasks(square_after, (0.05,), items, workers=4, on_failure=failed)
-    assert list(as_done) == [0, 1, 4, 9]
+    # finishes 0.75 s apart: far more than a worker's start-up, even on a loaded machine
+    items = [2, 0, 1]
+    in_order = run_tasks(square_after, (0.75,), items, workers=3, on_failure=failed, in_order=True)
+    assert list(in_order) == [4, 0, 1]
+    as_done = run_tasks(square_after, (0.75,), items, workers=3, on_failure=failed)
+    assert list(as_done) == [0, 1, 4]
 
 
 def test_a_killed_worker_fails_its_task_alone_with_no_retry() -> None:
