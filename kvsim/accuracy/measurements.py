@@ -186,9 +186,9 @@ class Experiment(Schema, frozen=True, kw_only=True):
     def model_arg(self, base_dir: str) -> str:
         """The model as the run takes it: a preset, or a ``config.json`` path relative to
         the file (``base_dir``); neither is one line naming the name as written."""
-        from kvsim.specs.models import MODELS, get_model
+        from kvsim.specs.models import MODELS, get_model, preset_of_hf_id
 
-        return _preset_or_file(self.model, base_dir, MODELS, get_model, "model")
+        return _preset_or_file(self.model, base_dir, MODELS, get_model, "model", preset_of_hf_id)
 
     def gpu_arg(self, base_dir: str) -> str:
         """The GPU as the run takes it: a preset, or a GPU spec JSON path relative to the
@@ -199,13 +199,23 @@ class Experiment(Schema, frozen=True, kw_only=True):
 
 
 def _preset_or_file(
-    name: str, base_dir: str, presets: Mapping[str, Any], read: Callable[[str], Any], noun: str
+    name: str,
+    base_dir: str,
+    presets: Mapping[str, Any],
+    read: Callable[[str], Any],
+    noun: str,
+    alias: Callable[[str], str | None] | None = None,
 ) -> str:
     """``name`` if it is a preset, else the path it names relative to ``base_dir``, read
-    once here (a bad file is its reader's one line)."""
+    once here (a bad file is its reader's one line), else the preset ``alias`` gives it
+    (a model's Hugging Face id: a folder of that name beside the file wins, as ``vllm
+    serve`` reads a local folder first)."""
     if name.strip().lower() in presets:
         return name
     path = name if os.path.isabs(name) else os.path.join(base_dir, name)
+    preset = alias(name) if alias is not None and not os.path.exists(path) else None
+    if preset is not None:
+        return preset
     if not os.path.exists(path):
         raise InputError(
             f"unknown {noun} {name!r}{did_you_mean(name, presets)}; known: "

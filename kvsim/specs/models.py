@@ -36,12 +36,14 @@ from dataclasses import dataclass, replace
 from kvsim.core.errors import InputError, did_you_mean
 
 __all__ = [
+    "HF_IDS",
     "KV_CACHE_DTYPES",
     "MODELS",
     "WEIGHT_DTYPES",
     "ModelSpec",
     "get_model",
     "kv_dtype_bytes",
+    "preset_of_hf_id",
     "resolve_model",
 ]
 
@@ -340,10 +342,50 @@ def _from_hf_configs() -> tuple[ModelSpec, ...]:
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (*_PRESETS, *_from_hf_configs())}
 
+#: the Hugging Face ids ``vllm serve`` is given for each preset: its own repository and
+#: the tuned variants whose config.json gives the same spec (the Qwen2.5 base model's
+#: 131,072 positions differ from the preset's, its Instruct model's 32,768 do not; the
+#: base Mixtral-8x22B has the smaller vocabulary). ``tests/specs`` holds them to SOURCES.
+HF_IDS: dict[str, tuple[str, ...]] = {
+    "llama-3.2-1b": ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
+    "llama-3.1-8b": (
+        "meta-llama/Llama-3.1-8B",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Meta-Llama-3.1-8B",
+        "meta-llama/Meta-Llama-3.1-8B-Instruct",
+    ),
+    "llama-3.1-70b": (
+        "meta-llama/Llama-3.1-70B",
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "meta-llama/Meta-Llama-3.1-70B",
+        "meta-llama/Meta-Llama-3.1-70B-Instruct",
+    ),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct",),
+    "qwen3-8b": ("Qwen/Qwen3-8B",),
+    "deepseek-v3": ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324"),
+    "llama-2-7b": ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf"),
+    "llama-2-70b": ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf"),
+    "codellama-34b": ("codellama/CodeLlama-34b-hf", "codellama/CodeLlama-34b-Instruct-hf"),
+    "qwen3-14b": ("Qwen/Qwen3-14B",),
+    "qwen3-32b": ("Qwen/Qwen3-32B",),
+    "mixtral-8x7b": ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+    "mixtral-8x22b": ("mistralai/Mixtral-8x22B-Instruct-v0.1",),
+    "gpt-oss-120b": ("openai/gpt-oss-120b",),
+}
+_BY_HF_ID = {hf.lower(): MODELS[name] for name, ids in HF_IDS.items() for hf in ids}
+_HF_IDS_LISTED = tuple(hf for ids in HF_IDS.values() for hf in ids)
+
+
+def preset_of_hf_id(name: str) -> str | None:
+    """The preset a Hugging Face id names (case-insensitively), or None."""
+    spec = _BY_HF_ID.get(name.strip().lower())
+    return None if spec is None else spec.name
+
 
 def get_model(name: str | os.PathLike[str]) -> ModelSpec:
-    """A preset by name (case-insensitively), or the model a Hugging Face ``config.json``
-    describes (a path to the file, or to a folder holding one)."""
+    """A preset by name (case-insensitively), the model a Hugging Face ``config.json``
+    describes (a path to the file, or to a folder holding one: a local folder wins, as
+    ``vllm serve`` reads it), or a preset by its Hugging Face id (``HF_IDS``)."""
     text = os.fspath(name)
     key = str(text).strip().lower()
     if key in MODELS:
@@ -352,10 +394,14 @@ def get_model(name: str | os.PathLike[str]) -> ModelSpec:
         from kvsim.specs.hf_config import model_fields_from_hf_config
 
         return ModelSpec(**model_fields_from_hf_config(text))
+    preset = preset_of_hf_id(key)
+    if preset is not None:
+        return MODELS[preset]
     known = ", ".join(sorted(MODELS))
-    hint = did_you_mean(text, MODELS)
+    hint = did_you_mean(text, MODELS) or did_you_mean(text, _HF_IDS_LISTED)
     raise InputError(
-        f"unknown model {name!r}{hint}; known: {known}, or a Hugging Face config.json path"
+        f"unknown model {name!r}{hint}; known: {known} (or their Hugging Face ids, such as "
+        "meta-llama/Llama-3.1-8B-Instruct), or a Hugging Face config.json path"
     )
 
 

@@ -145,3 +145,14 @@ def test_a_32_bit_dtype_fails_its_experiment_alone(tmp_path, dtype):
         f"vllm.dtype {dtype} is not modelled (kvsim's step time is for 16-bit weights and "
         "activations, or the model's own quantization)"
     )
+
+
+def test_a_model_named_by_its_hugging_face_id_runs_as_its_preset(tmp_path):
+    """``model: meta-llama/Llama-2-7b-hf`` (as the server was given it) is the preset; a
+    folder of that name beside the file would be read instead."""
+    path = write(tmp_path / "m.yaml", experiment(model="meta-llama/Llama-2-7b-hf"))
+    exp = read_measurements(path).experiments[0]
+    assert exp.model_arg(str(tmp_path)) == "llama-2-7b"
+    (tmp_path / "meta-llama" / "Llama-2-7b-hf").mkdir(parents=True)
+    with pytest.raises(InputError, match="config.json"):
+        exp.model_arg(str(tmp_path))  # the folder is read: it has no config.json

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -223,6 +225,37 @@ def test_presets():
 def test_unknown_model():
     with pytest.raises(InputError, match=r"unknown model 'gpt-5'; known: .*llama-3.1-8b"):
         get_model("gpt-5")
+
+
+def test_a_presets_hugging_face_ids_name_it(tmp_path, monkeypatch):
+    """What ``vllm serve`` is given (``meta-llama/Llama-3.1-8B-Instruct``) names the preset,
+    case-insensitively; each preset built from a published config.json answers to that
+    file's repository; a local folder of that name wins, as vLLM reads it first."""
+    from kvsim.specs.model_configs import SOURCES
+    from kvsim.specs.models import HF_IDS, MODELS
+
+    assert set(HF_IDS) == set(MODELS)
+    for name, ids in HF_IDS.items():
+        for hf in ids:
+            assert get_model(hf) is MODELS[name] is get_model(hf.upper())
+    for name, url in SOURCES.items():
+        repo = url.removeprefix("huggingface.co/").removesuffix("/blob/main/config.json")
+        assert repo in HF_IDS[name]
+    with pytest.raises(InputError, match=r"did you mean 'meta-llama/Llama-3.1-8B-Instruct'"):
+        get_model("meta-llama/Llama-3.1-8B-Instruc")
+    local = tmp_path / "Qwen" / "Qwen3-14B"
+    local.mkdir(parents=True)
+    config = {
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 1000,
+        "intermediate_size": 1024,
+    }
+    (local / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    assert get_model("Qwen/Qwen3-14B").num_layers == 2
 
 
 @pytest.mark.parametrize(
