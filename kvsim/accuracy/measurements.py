@@ -72,6 +72,43 @@ class Measured(Schema, frozen=True):
     requests_per_s: Annotated[float, Meta(ge=0)] | None = None
 
 
+def _inline(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its ``$ref``s to its own ``$defs`` replaced by their text."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(copy.deepcopy(defs[ref.split("/")[-1]]))
+            return {k: walk(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return dict(walk(schema))
+
+
+#: the one KV connector kvsim re-creates
+MODELLED_CONNECTOR = "OffloadingConnector"
+
+
+def _kv_transfer_schema() -> dict[str, Any]:
+    """KVTransferConfig's schema, any connector named: the file may name another one."""
+    schema = _inline(msgspec.json.schema(KVTransferConfig))
+    schema["properties"]["kv_connector"] = {
+        "anyOf": [{"type": "string"}, {"type": "null"}],
+        "default": None,
+        "description": f"The connector; kvsim models {MODELLED_CONNECTOR} (the other keys "
+        "are its), and an experiment naming another fails alone.",
+    }
+    schema["description"] = "vLLM's --kv-transfer-config (an object, or its JSON text)."
+    return schema
+
+
+_KV_TRANSFER_SCHEMA = _kv_transfer_schema()
+
+
 class VllmArgs(Schema, frozen=True):
     """vLLM's engine arguments, under vLLM's names (unset: vLLM's default)."""
 
@@ -87,7 +124,29 @@ class VllmArgs(Schema, frozen=True):
         Meta(description="vLLM's --dtype; float/float32 is read but not modelled (it fails)."),
     ] = "auto"
     num_gpu_blocks_override: _Pos | None = None
-    kv_transfer_config: KVTransferConfig | None = None
+    # kept as written, read by connector(): another connector than vLLM's
+    # OffloadingConnector (LMCache's, NIXL's) fails its experiment alone, not the file
+    kv_transfer_config: (
+        Annotated[dict[str, Any], Meta(extra_json_schema=_KV_TRANSFER_SCHEMA)] | None
+    ) = None
+
+    def connector(
+        self, source: str | None = None, where: str = "vllm.kv_transfer_config"
+    ) -> KVTransferConfig | None:
+        """``kv_transfer_config`` as the OffloadingConnector's config, or None without one;
+        a bad one, or another connector (which kvsim does not model), is one line naming
+        ``where`` in ``source``."""
+        data = self.kv_transfer_config
+        if data is None:
+            return None
+        name = data.get("kv_connector")
+        if name is not None and name != MODELLED_CONNECTOR:
+            raise InputError(
+                f"{where}.kv_connector: {name!r} is not modelled (kvsim models vLLM's "
+                f"{MODELLED_CONNECTOR})",
+                source=source,
+            )
+        return load(KVTransferConfig, data, source=source, prefix=where)
 
 
 class Router(Schema, frozen=True):
@@ -109,23 +168,6 @@ class Router(Schema, frozen=True):
                 f"unknown router {self.name!r}{did_you_mean(self.name, ROUTERS)}; known: "
                 f"{', '.join(ROUTERS)}, or a plugin module:Class"
             )
-
-
-def _inline(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with its ``$ref``s to its own ``$defs`` replaced by their text."""
-    defs = schema.get("$defs", {})
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                return walk(copy.deepcopy(defs[ref.split("/")[-1]]))
-            return {k: walk(v) for k, v in node.items() if k != "$defs"}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        return node
-
-    return dict(walk(schema))
 
 
 _WORKLOAD_SCHEMA = {
@@ -302,13 +344,17 @@ def _whole_floats_as_ints(data: Any) -> Any:
 
 
 def _check_connector(exp: Experiment, where: str, source: str) -> None:
-    """What the file's connector config must say for vLLM to start: the CPU tier's size,
-    an eviction policy it can load, an offloaded block of whole GPU blocks."""
+    """What the file's OffloadingConnector config must say for vLLM to start: a config
+    of its schema, the CPU tier's size, an eviction policy it can load, an offloaded block
+    of whole GPU blocks."""
     from msgspec import UNSET
 
     from kvsim.policies.registry import eviction_policy_class
 
-    kv = exp.vllm.kv_transfer_config
+    name = (exp.vllm.kv_transfer_config or {}).get("kv_connector")
+    if name not in (None, MODELLED_CONNECTOR):
+        return  # another connector: its experiment fails alone when it runs
+    kv = exp.vllm.connector(source, where)
     if kv is None:
         return
     extra = kv.kv_connector_extra_config

@@ -236,6 +236,7 @@ def _run(
             f"vllm.dtype {exp.vllm.dtype} is not modelled (kvsim's step time is for 16-bit "
             "weights and activations, or the model's own quantization)"
         )
+    connector = exp.vllm.connector()  # another connector than vLLM's offloading one: said
     model_arg = exp.model_arg(base_dir)
     model = get_model(model_arg)
     model.kv_heads_per_worker(exp.tp, "tp")  # a tp vLLM refuses, named as the file names it
@@ -258,7 +259,7 @@ def _run(
             with open(profile_arg, "w", encoding="utf-8") as f:
                 f.write(profile.to_json())
         vllm = exp.vllm
-        kv = vllm.kv_transfer_config.as_dict() if vllm.kv_transfer_config else None
+        kv = connector.as_dict() if connector is not None else None
         result = simulate(
             workload=spec,
             load=run.load,

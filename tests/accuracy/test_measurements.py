@@ -102,8 +102,9 @@ def test_kv_transfer_config_may_be_the_command_lines_json_text(tmp_path, capsys)
     kv = experiment()["vllm"]["kv_transfer_config"]
     vllm = {**experiment()["vllm"], "kv_transfer_config": json.dumps(kv)}
     exp = read_measurements(write(tmp_path / "m.yaml", experiment(vllm=vllm))).experiments[0]
-    assert exp.vllm.kv_transfer_config is not None
-    extra = exp.vllm.kv_transfer_config.kv_connector_extra_config
+    connector = exp.vllm.connector()
+    assert connector is not None
+    extra = connector.kv_connector_extra_config
     assert extra.cpu_bytes_to_use == kv["kv_connector_extra_config"]["cpu_bytes_to_use"]
     for text in ('{"kv_connector": "OffloadingConnector",}', "[1]"):
         path = write(tmp_path / "bad.yaml", experiment(vllm={**vllm, "kv_transfer_config": text}))
@@ -154,5 +155,33 @@ def test_a_model_named_by_its_hugging_face_id_runs_as_its_preset(tmp_path):
     exp = read_measurements(path).experiments[0]
     assert exp.model_arg(str(tmp_path)) == "llama-2-7b"
     (tmp_path / "meta-llama" / "Llama-2-7b-hf").mkdir(parents=True)
-    with pytest.raises(InputError, match="config.json"):
+    with pytest.raises(InputError, match=r"config\.json"):
         exp.model_arg(str(tmp_path))  # the folder is read: it has no config.json
+
+
+def test_another_kv_connector_fails_its_experiment_alone(tmp_path, capsys):
+    """``kv_connector: LMCacheConnectorV1`` (with its own extra keys) is a valid vLLM
+    config kvsim does not re-create: that experiment fails with the reason (exit 1) after
+    the others ran; an OffloadingConnector config is still checked as the file is read."""
+    lmcache = {
+        "kv_connector": "LMCacheConnectorV1",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"lmcache.max_local_cpu_size": 20},
+    }
+    other = experiment(id="lmcache", vllm={**experiment()["vllm"], "kv_transfer_config": lmcache})
+    path = write(tmp_path / "m.yaml", experiment(), other)
+    code, out, err = run_main(["accuracy", path, "--max-stage-s", "2", "--warmup-s", "0"], capsys)
+    assert code == 1 and "small-llama-2-7b" in out
+    assert err.strip() == (
+        "kvsim: experiment lmcache: vllm.kv_transfer_config.kv_connector: "
+        "'LMCacheConnectorV1' is not modelled (kvsim models vLLM's OffloadingConnector)"
+    )
+    offload = experiment()["vllm"]["kv_transfer_config"]
+    typo = {**offload, "kv_connector_extra_config": {"cpu_bytes_to_usee": 8}}
+    bad = write(
+        tmp_path / "bad.yaml", experiment(vllm={**experiment()["vllm"], "kv_transfer_config": typo})
+    )
+    code, _, err = run_main(["accuracy", bad], capsys)
+    assert code == 2
+    assert "experiments[0].vllm.kv_transfer_config.kv_connector_extra_config" in err
+    assert "did you mean 'cpu_bytes_to_use'" in err
