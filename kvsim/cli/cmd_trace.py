@@ -24,7 +24,7 @@ from kvsim.traces.synthetic import (
     ARRIVALS,
     KINDS,
     KNOBS,
-    check_arrival_knobs,
+    check_knobs,
     generate,
     write_mooncake,
 )
@@ -260,7 +260,7 @@ def gen_command(
             if name in params:
                 raise InputError(f"--{name.replace('_', '-')} and --set {name}: give one of them")
             params[name] = value
-    check_arrival_knobs(params, _gen_words)  # before generate, to name the flags
+    check_knobs(kind, params, _gen_words)  # before generate, to name the flags
     requests = generate(kind, n_requests, seed, progress=wants_progress(show_progress), **params)
     block_tokens = int(params.get("block_tokens", MOONCAKE_BLOCK_TOKENS))  # type: ignore[call-overload]
     if block_tokens == MOONCAKE_BLOCK_TOKENS:
@@ -280,7 +280,7 @@ _GEN_FLAGS = ("arrival", "rate", "arrival_trace")
 
 
 def _gen_words(name: str, value: object = None) -> str:
-    """A knob as ``trace gen`` spells it, for the arrival rules' errors: its flag
+    """A knob as ``trace gen`` spells it, for the knob rules' errors: its flag
     (``--arrival replay``), or ``--set on_s`` for a knob without one."""
     flag = f"--{name.replace('_', '-')}" if name in _GEN_FLAGS else f"--set {name}"
     return flag if value is None else f"{flag} {value}"

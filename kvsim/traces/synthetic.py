@@ -350,37 +350,40 @@ _MOST_TOKENS = 100_000_000
 _POSITIVE = frozenset({"rate", "on_s", "off_s", "active_sessions", "docs_per_request"})
 
 
-def _check_knob(name: str, value: Any, default: Any) -> None:
-    """A knob's value has its default's type, and numbers are finite and in range, so a
-    typo fails here in one line instead of deep inside the generator."""
-    if isinstance(default, (int, float)) and not isinstance(default, bool):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            hint = text_number_hint(value)
-            raise InputError(f"knob {name} must be a number, got {value!r}{hint}")
-        if not math.isfinite(value):
-            raise InputError(f"knob {name} must be finite, got {value!r}")
-        if isinstance(default, int) and not float(value).is_integer():
-            raise InputError(f"knob {name} must be a whole number, got {value!r}")
-        low = 1 if name in _AT_LEAST_ONE else 0
-        if value < low or (name in _POSITIVE and value <= 0):
-            bound = "> 0" if name in _POSITIVE else f">= {low}"
-            raise InputError(f"knob {name} must be {bound}, got {value!r}")
-        if name.endswith("_tokens") and value > _MOST_TOKENS:  # a request's block ids are
-            raise InputError(  # built one by one: 10^23 tokens never ended
-                f"knob {name} must be at most {_MOST_TOKENS:,} tokens, got {value!r}"
-            )
-    elif isinstance(default, dict) and not isinstance(value, dict):
-        raise InputError(f"knob {name} must be a mapping like {default!r}, got {value!r}")
-    elif name == "weights":
-        for kind, share in value.items():
-            _check_knob(f"weights.{kind}", share, 1.0)
-    elif isinstance(default, str) and not isinstance(value, str):
-        raise InputError(f"knob {name} must be text, got {value!r}")
-
-
 def _knob_words(name: str, value: Any = None) -> str:
     """How the API's errors write a knob (``knob rate``) or a value (``arrival='replay'``)."""
     return f"knob {name}" if value is None else f"{name}={value!r}"
+
+
+def _check_knob(
+    name: str, value: Any, default: Any, words: Callable[..., str] = _knob_words
+) -> None:
+    """A knob's value has its default's type, and numbers are finite and in range, so a
+    typo fails here in one line instead of deep inside the generator."""
+    said = words(name)
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            hint = text_number_hint(value)
+            raise InputError(f"{said} must be a number, got {value!r}{hint}")
+        if not math.isfinite(value):
+            raise InputError(f"{said} must be finite, got {value!r}")
+        if isinstance(default, int) and not float(value).is_integer():
+            raise InputError(f"{said} must be a whole number, got {value!r}")
+        low = 1 if name in _AT_LEAST_ONE else 0
+        if value < low or (name in _POSITIVE and value <= 0):
+            bound = "> 0" if name in _POSITIVE else f">= {low}"
+            raise InputError(f"{said} must be {bound}, got {value!r}")
+        if name.endswith("_tokens") and value > _MOST_TOKENS:  # a request's block ids are
+            raise InputError(  # built one by one: 10^23 tokens never ended
+                f"{said} must be at most {_MOST_TOKENS:,} tokens, got {value!r}"
+            )
+    elif isinstance(default, dict) and not isinstance(value, dict):
+        raise InputError(f"{said} must be a mapping like {default!r}, got {value!r}")
+    elif name == "weights":
+        for kind, share in value.items():
+            _check_knob(f"weights.{kind}", share, 1.0, words)
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise InputError(f"{said} must be text, got {value!r}")
 
 
 def check_arrival_knobs(knobs: Mapping[str, Any], words: Callable[..., str] = _knob_words) -> None:
@@ -403,7 +406,12 @@ def check_arrival_knobs(knobs: Mapping[str, Any], words: Callable[..., str] = _k
         )
 
 
-def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
+def check_knobs(
+    kind: str, knobs: dict[str, Any], words: Callable[..., str] = _knob_words
+) -> dict[str, Any]:
+    """``kind``'s knobs checked (names, types and ranges, one arrival process) and merged
+    with their defaults. ``words`` as for :func:`check_arrival_knobs`: the CLI checks first
+    with its own, so an error names the option its user typed (``--rate``)."""
     allowed = knob_defaults(kind)
     unknown = sorted(set(knobs) - set(allowed))
     if unknown:
@@ -411,12 +419,12 @@ def _check_knobs(kind: str, knobs: dict[str, Any]) -> dict[str, Any]:
             f"unknown knob(s) for {kind}: {', '.join(unknown)}; known: {', '.join(sorted(allowed))}"
         )
     for name, value in knobs.items():
-        _check_knob(name, value, allowed[name])
-    check_arrival_knobs(knobs)
+        _check_knob(name, value, allowed[name], words)
+    check_arrival_knobs(knobs, words)
     merged = {**allowed, **knobs}
     if "docs_per_request" in merged and merged["docs_per_request"] > merged["n_docs"]:
         raise InputError(  # distinct documents: more than the corpus holds cannot be drawn
-            f"knob docs_per_request ({merged['docs_per_request']}) is more than n_docs "
+            f"{words('docs_per_request')} ({merged['docs_per_request']}) is more than n_docs "
             f"({merged['n_docs']}), and a request's documents are distinct"
         )
     return merged
@@ -460,7 +468,7 @@ def generate(
     if not is_whole(seed):
         raise InputError(f"seed must be an integer, got {seed!r}")
     seed = int(seed)  # a numpy integer seeds as the int it holds
-    k = _check_knobs(kind, knobs)
+    k = check_knobs(kind, knobs)
     rng = random.Random(seed)
     ctx = _Ctx(rng, k)
     times = arrivals_ms(n_requests, random.Random(f"{seed}/arrivals"), k)
@@ -479,7 +487,7 @@ def generate(
         sources: list[_Source] = []
         shared = {c: k[c] for c in KNOBS["common"] if c not in _MIX_WHOLE}
         for i, name in enumerate(names):
-            sub = _check_knobs(name, {**shared, **_component_knobs(name, comp_knobs)})
+            sub = check_knobs(name, {**shared, **_component_knobs(name, comp_knobs)})
             sub_ctx = _Ctx(rng, sub)
             sub_ctx.next_segment = (i + 1) << 40  # segments never collide across components
             sources.append(_SOURCES[name](sub_ctx, name, (i + 1) << 32))
@@ -546,7 +554,7 @@ def generate_from(kind: str, n_requests: int, seed: int, knobs: Mapping[str, Any
     knob, so one named as a keyword of :func:`generate` (``progress``) is refused as an
     unknown knob rather than taken as that keyword."""
     if "progress" in knobs:
-        _check_knobs(kind, dict(knobs))  # raises: not a knob of any kind
+        check_knobs(kind, dict(knobs))  # raises: not a knob of any kind
     return generate(kind, n_requests, seed, **knobs)
 
 

@@ -179,7 +179,7 @@ def test_bad_knobs():
         generate("chat", 10, turnz=3)
     with pytest.raises(InputError, match="unknown workload kind"):
         generate("nope", 10)
-    with pytest.raises(InputError, match="rate must be > 0"):
+    with pytest.raises(InputError, match=r"^knob rate must be > 0"):  # its keyword, not --rate
         generate("chat", 10, rate=0)
 
 
@@ -291,6 +291,8 @@ def test_cli_gen_is_reproducible(tmp_path):
         ),
         (["--set", "on_s=5"], "--set on_s is read by --arrival bursty only"),
         (["--arrival", "replay", "--set", "off_s=5"], "--set off_s is read by --arrival bursty"),
+        (["--rate", "-1"], "--rate must be > 0, got -1"),  # not 'knob rate', the API's word
+        (["--set", "turns=0"], "--set turns must be >= 1, got 0"),
     ],
 )
 def test_gen_refuses_options_it_would_ignore_or_a_name_read_back_wrong(
