@@ -241,6 +241,7 @@ def _run(
     model = get_model(model_arg)
     model.kv_heads_per_worker(exp.tp, "tp")  # a tp vLLM refuses, named as the file names it
     run, measured = shortened(exp, max_stage_s, warmup_s)
+    _cut_to_nothing(exp, run, max_stage_s, warmup_s if None in measured else 0.0, seed)
     spec = run.workload_spec()
     gpu_arg = exp.gpu_arg(base_dir)  # a spec file is read here once, not per use
     gpu = get_gpu(gpu_arg)
@@ -293,6 +294,27 @@ def _run(
     }
     _unsent(exp, run, measured, predicted)
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
+
+
+def _cut_to_nothing(
+    exp: Experiment, run: Experiment, cut_s: float | None, lead_s: float, seed: int
+) -> None:
+    """A load that sends requests whole but none once ``--max-stage-s`` cut its stages (a
+    low rate: 0.01/s for 5 s) fails naming the cut, not as a load that sends nothing."""
+    from kvsim.workloads.timing import plan_stages
+
+    def sends(e: Experiment) -> bool:  # a closed loop by duration (count None) sends
+        return any(plan.count != 0 for plan in plan_stages(e.load, seed))
+
+    if cut_s is None or sends(run) or not sends(exp):
+        return
+    n = len(exp.load.stages)
+    what = "its stage" if n == 1 else f"its {n} stages"
+    lead = f" (after {lead_s:g} s unmeasured)" if lead_s else ""
+    raise InputError(
+        f"the {exp.load.type} load sends no request with {what} cut to {cut_s:g} s by "
+        f"--max-stage-s{lead}: give a longer --max-stage-s"
+    )
 
 
 def _unsent(

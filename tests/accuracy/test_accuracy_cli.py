@@ -281,6 +281,19 @@ def test_a_measured_stage_that_sends_nothing_in_the_run_is_said(tmp_path, capsys
     assert "0" not in stages and stages == {"1", "all"}
 
 
+def test_a_load_that_the_cut_leaves_sending_nothing_names_the_cut(tmp_path, capsys):
+    """It was 'the poisson load sends no request in its 2 stage(s) (a stage at rate R for
+    D seconds sends R x D requests ...)': true of the cut run only, and no word of the cut."""
+    rare = experiment(load={"type": "poisson", "stages": [{"rate": 0.01, "duration": 600}]})
+    path = write(tmp_path / "m.yaml", rare)
+    code, _, err = run_main(["accuracy", path, "--max-stage-s", "5", "--no-progress"], capsys)
+    assert code == 1
+    assert (
+        "the poisson load sends no request with its stage cut to 5 s by --max-stage-s "
+        "(after 30 s unmeasured): give a longer --max-stage-s"
+    ) in err
+
+
 def test_fit_compute_names_the_file_of_an_experiment_it_cannot_run(tmp_path, capsys):
     short = experiment(vllm={**EXPERIMENT["vllm"], "max_model_len": 16})
     path = write(tmp_path / "m.yaml", short)
