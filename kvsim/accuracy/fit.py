@@ -93,7 +93,7 @@ def _log_errors(report: Any, file: str) -> np.ndarray:
     by_stage = {r.experiment for r in measured if r.stage != "all"}
     errors = [  # each experiment's stages; its whole run where it measured only that
         math.log(row.predicted / row.measured)
-        if row.predicted > 0 and math.isfinite(row.predicted)
+        if row.predicted is not None and row.predicted > 0 and math.isfinite(row.predicted)
         else _NO_PREDICTION
         for row in measured
         if (row.stage != "all") == (row.experiment in by_stage)

@@ -93,7 +93,7 @@ class AccuracyReport:
                         row.experiment,
                         row.stage,
                         row.metric,
-                        _num(row.predicted),
+                        "" if row.predicted is None else _num(row.predicted),
                         "" if row.measured is None else _num(row.measured),
                         "" if ape is None else _num(ape),
                     )

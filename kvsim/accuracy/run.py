@@ -65,17 +65,23 @@ METRICS = (
 
 @dataclass(frozen=True)
 class Row:
-    """One predicted value beside its measurement (None: the file has none)."""
+    """One predicted value beside its measurement (None: the file has none; predicted
+    None: the run does not define it, as :func:`stage_metrics` says)."""
 
     experiment: str
     stage: str  # "0", "1", ... or "all"
     metric: str
-    predicted: float
+    predicted: float | None
     measured: float | None
 
     @property
     def ape_pct(self) -> float | None:
-        if self.measured is None or self.measured == 0 or not math.isfinite(self.predicted):
+        if (
+            self.measured is None
+            or self.measured == 0
+            or self.predicted is None
+            or not math.isfinite(self.predicted)
+        ):
             return None
         return abs(self.predicted - self.measured) / abs(self.measured) * 100.0
 
@@ -361,22 +367,26 @@ def _fleet(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def stage_metrics(stages: Any, output_len: int, overhead_s: float) -> dict[str, dict[str, float]]:
+def stage_metrics(
+    stages: Any, output_len: int, overhead_s: float
+) -> dict[str, dict[str, float | None]]:
     """``{stage: {metric: value}}`` from a run's stages table (one row per stage and
     ``all``), as the client sees them: ``overhead_s`` added to every request's TTFT and
     E2E (so to their means and percentiles) and to each span's end; throughputs in the
-    server's tokens."""
+    server's tokens. ``itl_mean`` is None with one output token: no gap between tokens."""
     oh_ms = overhead_s * 1000.0
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, float | None]] = {}
     for row in stages.to_dict("records"):
         if not row["completed"]:
             continue
         span = float(row["duration"]) + overhead_s
-        m = {
-            "ttft_mean": float(row["mean_ttft_ms"]) + oh_ms,
+        ttft_ms = float(row["mean_ttft_ms"]) + oh_ms
+        e2e_ms = float(row["mean_e2el_ms"]) + oh_ms
+        m: dict[str, float | None] = {
+            "ttft_mean": ttft_ms,
             "ttft_p90": float(row["p90_ttft_ms"]) + oh_ms,
             "ttft_p99": float(row["p99_ttft_ms"]) + oh_ms,
-            "e2e_mean": float(row["mean_e2el_ms"]) + oh_ms,
+            "e2e_mean": e2e_ms,
             "e2e_p90": float(row["p90_e2el_ms"]) + oh_ms,
             "e2e_p99": float(row["p99_e2el_ms"]) + oh_ms,
             "output_tokens_per_s": float(row["total_output_tokens"]) / span,
@@ -386,9 +396,7 @@ def stage_metrics(stages: Any, output_len: int, overhead_s: float) -> dict[str, 
             / span,
             "requests_per_s": float(row["completed"]) / span,
         }
-        m["itl_mean"] = (
-            (m["e2e_mean"] - m["ttft_mean"]) / (output_len - 1) if output_len > 1 else math.nan
-        )
+        m["itl_mean"] = (e2e_ms - ttft_ms) / (output_len - 1) if output_len > 1 else None
         out[str(row["stage"])] = m
     return out
 
@@ -410,16 +418,20 @@ def _measured_value(m: Measured | None, metric: str, output_len: int) -> float |
     return value
 
 
-def _compare(exp: Experiment, predicted: dict[str, dict[str, float]], output_len: int) -> list[Row]:
+def _compare(
+    exp: Experiment, predicted: dict[str, dict[str, float | None]], output_len: int
+) -> list[Row]:
     rows = []
     for stage, metrics in predicted.items():
         m = exp.measured_at("all" if stage == "all" else int(stage))
         for metric in METRICS:
             value = metrics[metric]
-            if metric == "output_tokens_per_s" and m is not None and m.output_len_mean:
+            out = metrics["output_tokens_per_s"]
+            if value is None or out is None or m is None or not m.output_len_mean:
+                pass
+            elif metric == "output_tokens_per_s":
                 value *= m.output_len_mean / output_len  # the client's re-tokenised count
-            elif metric == "total_tokens_per_s" and m is not None and m.output_len_mean:
-                out = metrics["output_tokens_per_s"]  # its output part, re-counted likewise
+            elif metric == "total_tokens_per_s":  # its output part, re-counted likewise
                 value += out * (m.output_len_mean / output_len - 1)
             rows.append(Row(exp.id, stage, metric, value, _measured_value(m, metric, output_len)))
     return rows

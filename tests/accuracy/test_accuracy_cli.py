@@ -294,6 +294,24 @@ def test_a_load_that_the_cut_leaves_sending_nothing_names_the_cut(tmp_path, caps
     ) in err
 
 
+def test_one_output_token_has_no_itl_predicted(tmp_path, capsys):
+    """No gap between tokens: the predicted ITL was a NaN, written 'nan' in accuracy.csv."""
+    from kvsim.accuracy import accuracy
+
+    one = experiment(workload={**EXPERIMENT["workload"], "output_len": 1})
+    path = write(tmp_path / "m.yaml", one)
+    args = ["accuracy", path, "--max-stage-s", "2", "--warmup-s", "0", "--no-progress"]
+    code, _, err = run_main([*args, "--out", tmp_path / "acc"], capsys)
+    assert code == 0, err
+    with open(tmp_path / "acc" / "accuracy.csv", newline="") as f:
+        itl = [r for r in csv.DictReader(f) if r["metric"] == "itl_mean"]
+    assert {r["stage"] for r in itl} == {"0", "1", "all"}
+    assert all(r["predicted"] == r["measured"] == r["ape_pct"] == "" for r in itl)
+    report = accuracy(path, max_stage_s=2, workers=1)
+    assert [r.predicted for r in report.rows if r.metric == "itl_mean"] == [None] * 3
+    assert "itl_mean" not in report.summary() and "ttft_mean" in report.summary()
+
+
 def test_fit_compute_names_the_file_of_an_experiment_it_cannot_run(tmp_path, capsys):
     short = experiment(vllm={**EXPERIMENT["vllm"], "max_model_len": 16})
     path = write(tmp_path / "m.yaml", short)
