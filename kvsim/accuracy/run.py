@@ -373,7 +373,8 @@ def stage_metrics(
     """``{stage: {metric: value}}`` from a run's stages table (one row per stage and
     ``all``), as the client sees them: ``overhead_s`` added to every request's TTFT and
     E2E (so to their means and percentiles) and to each span's end; throughputs in the
-    server's tokens. ``itl_mean`` is None with one output token: no gap between tokens."""
+    server's tokens. ``itl_mean`` is None with one output token (no gap between tokens),
+    the throughputs with fewer than 2 requests (no span between them)."""
     oh_ms = overhead_s * 1000.0
     out: dict[str, dict[str, float | None]] = {}
     for row in stages.to_dict("records"):
@@ -389,13 +390,15 @@ def stage_metrics(
             "e2e_mean": e2e_ms,
             "e2e_p90": float(row["p90_e2el_ms"]) + oh_ms,
             "e2e_p99": float(row["p99_e2el_ms"]) + oh_ms,
-            "output_tokens_per_s": float(row["total_output_tokens"]) / span,
-            "total_tokens_per_s": (
-                float(row["total_input_tokens"]) + float(row["total_output_tokens"])
-            )
-            / span,
-            "requests_per_s": float(row["completed"]) / span,
         }
+        out_tokens = float(row["total_output_tokens"])
+        counts = {
+            "output_tokens_per_s": out_tokens,
+            "total_tokens_per_s": float(row["total_input_tokens"]) + out_tokens,
+            "requests_per_s": float(row["completed"]),
+        }
+        alone = row["completed"] < 2  # its span is its own E2E: 1/E2E is no throughput
+        m.update({name: None if alone else n / span for name, n in counts.items()})
         m["itl_mean"] = (e2e_ms - ttft_ms) / (output_len - 1) if output_len > 1 else None
         out[str(row["stage"])] = m
     return out

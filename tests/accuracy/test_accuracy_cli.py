@@ -90,6 +90,38 @@ def test_stage_metrics_by_hand():
     assert m["all"]["total_tokens_per_s"] == pytest.approx(622 / 2.005)
 
 
+def test_a_stage_of_one_request_has_no_throughput_predicted(tmp_path, capsys):
+    """A low rate cut short sent one request: its span is that request's E2E, and
+    requests_per_s was 1/E2E (here 1/0.555 s), set beside a measured stage's real rate."""
+    one = pd.DataFrame(
+        {
+            "stage": [0, 1],
+            "completed": [1, 1],
+            "duration": [0.55, 0.55],
+            "total_output_tokens": [11, 11],
+            "total_input_tokens": [300, 300],
+            **{f"{s}_{k}_ms": [5.0, 5.0] for s in ("mean", "p90", "p99") for k in ("ttft", "e2el")},
+        }
+    )
+    m = stage_metrics(one, 11, overhead_s=0.005)
+    throughputs = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
+    assert all(m["0"][name] is None for name in throughputs)
+    assert m["0"]["ttft_mean"] == pytest.approx(10.0)  # its latencies are predicted
+    rare = experiment(
+        load={
+            "type": "constant",
+            "stages": [{"rate": 0.2, "duration": 60}, {"rate": 8, "duration": 5}],
+        }
+    )
+    path = write(tmp_path / "m.yaml", rare)
+    args = ["accuracy", path, "--max-stage-s", "5", "--warmup-s", "0", "--no-progress", "--json"]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    rows = {(r["stage"], r["metric"]): r["predicted"] for r in json.loads(out)["rows"]}
+    assert [rows[("0", name)] for name in throughputs] == [None] * 3
+    assert rows[("0", "ttft_mean")] > 0 and rows[("1", "requests_per_s")] > 1
+
+
 FLEET = dict(
     id="fleet",
     instances=2,
