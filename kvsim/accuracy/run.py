@@ -42,7 +42,7 @@ from kvsim.accuracy.whole_run import stage_weights, weighted_whole_run
 from kvsim.core.errors import InputError, InputWarning
 from kvsim.specs.context import check_unchunked_budget, vllm_max_model_len
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
-from kvsim.specs.models import ModelSpec, get_model
+from kvsim.specs.models import get_model
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
@@ -98,14 +98,12 @@ class ExperimentResult:
     warnings: tuple[str, ...] = ()  # kvsim's warnings of the run (an overload above all)
 
 
-def _max_num_batched_tokens(exp: Experiment, model: ModelSpec, gpu: GpuSpec) -> int | None:
+def _max_num_batched_tokens(exp: Experiment, mml: int, gpu: GpuSpec) -> int | None:
     """The step token budget vLLM ran with: the file's, or (None) ``vllm serve``'s default,
-    which without chunked prefill vLLM raises to at least ``max_model_len``
+    which without chunked prefill vLLM raises to at least ``max_model_len`` (``mml``)
     (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): a prompt must fit one
-    step. Given below ``max_model_len`` without chunked prefill, vLLM refuses to start; so
-    it does with a ``max_model_len`` past the model's positions."""
+    step. Given below ``max_model_len`` without chunked prefill, vLLM refuses to start."""
     vllm = exp.vllm
-    mml = vllm_max_model_len(model, vllm.max_model_len, "vllm.max_model_len")
     given = vllm.max_num_batched_tokens
     if vllm.enable_chunked_prefill:
         return given
@@ -251,7 +249,8 @@ def _run(
     spec = run.workload_spec()
     gpu_arg = exp.gpu_arg(base_dir)  # a spec file is read here once, not per use
     gpu = get_gpu(gpu_arg)
-    batched_tokens = _max_num_batched_tokens(exp, model, gpu)
+    mml = vllm_max_model_len(model, exp.vllm.max_model_len, "vllm.max_model_len")
+    batched_tokens = _max_num_batched_tokens(exp, mml, gpu)
     if isinstance(compute_profile, PhaseProfile):
         profile: Any = compute_profile
     elif compute_profile is not None:
@@ -289,7 +288,7 @@ def _run(
             async_scheduling=async_scheduling,
             **_fleet(exp),
         )
-    _refusals(result.tables["requests"], vllm.max_model_len or model.max_position_embeddings)
+    _refusals(result.tables["requests"], mml)
     weights = stage_weights(exp, run, measured)
     stages = weighted_whole_run(result.tables["stages"], result.tables["requests"], run, weights)
     simulated = stage_metrics(stages, spec.output_len, overhead_s)

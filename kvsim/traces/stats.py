@@ -112,10 +112,9 @@ def trace_stats(
     sized at ``tp`` with ``kv_cache_dtype`` as :func:`kvsim.replay` sizes it, also the LRU
     size that keeps each reuse in GiB).
     """
-    if model is None:
-        from kvsim.specs.sizing import refuse_sizing_without_model
+    from kvsim.specs.sizing import refuse_sizing_without_model
 
-        refuse_sizing_without_model(model, tp, kv_cache_dtype, gpu_block_tokens)
+    refuse_sizing_without_model(model, tp, kv_cache_dtype, gpu_block_tokens)
     tr = as_trace(trace, block_tokens=block_tokens, limit=limit)
     bt = block_tokens or tr.block_tokens
     row = _block_row_bytes(bt, model, tp, kv_cache_dtype, gpu_block_tokens)

@@ -601,6 +601,7 @@ def test_without_chunked_prefill_the_budget_holds_a_whole_prompt(
     max_model_len; a budget given below it makes vLLM refuse to start."""
     from kvsim.accuracy.measurements import read_measurements
     from kvsim.accuracy.run import _max_num_batched_tokens
+    from kvsim.specs.context import vllm_max_model_len
     from kvsim.specs.hardware import get_gpu
     from kvsim.specs.models import get_model
 
@@ -611,7 +612,8 @@ def test_without_chunked_prefill_the_budget_holds_a_whole_prompt(
     exp = read_measurements(write(tmp_path / "m.yaml", experiment(vllm=vllm))).experiments[0]
     # a max_model_len past Llama-2-7B's 4,096 positions: vLLM would not start
     model = get_model("llama-2-7b" if (max_model_len or 0) <= 4096 else "llama-3.1-8b")
-    budget = _max_num_batched_tokens(exp, model, get_gpu("h100"))
+    mml = vllm_max_model_len(model, exp.vllm.max_model_len, "vllm.max_model_len")
+    budget = _max_num_batched_tokens(exp, mml, get_gpu("h100"))
     assert budget == expected
 
 
