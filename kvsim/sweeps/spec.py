@@ -267,6 +267,8 @@ def _check_rules(
         for i, value in enumerate(grid.get(TIERS, [])):
             tier_set(value, f"grid.{TIERS}[{i}]")
         _check_names(options, grid)
+        if mode == "timed":
+            _check_max_model_len(options, grid)
     except InputError as e:
         raise InputError(str(e), source=source) from None
 
@@ -287,12 +289,36 @@ def _check_names(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
         "gpu": get_gpu,
     }
     for name, lookup in lookups.items():
-        values = [options[name]] if name in options else grid.get(name, [])
-        for i, value in enumerate(values):
+        for where, value in _cell_values(options, grid, name):
             if not isinstance(value, str):
                 continue  # the structure check names a value of the wrong type
-            where = f"options.{name}" if name in options else f"grid.{name}[{i}]"
             try:
                 lookup(value)
             except InputError as e:
                 raise InputError(f"{where}: {str(e).removeprefix(f'--{name}: ')}") from None
+
+
+def _check_max_model_len(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
+    """Each ``max_model_len`` against each model a timed cell may run it with (the rule is
+    :func:`~kvsim.specs.context.vllm_max_model_len`'s), so one past a model's positions is
+    one error before any cell runs, not a failed cell."""
+    from kvsim.options.offload import DEFAULT_MODEL
+    from kvsim.specs.context import vllm_max_model_len
+    from kvsim.specs.models import get_model
+
+    lengths = _cell_values(options, grid, "max_model_len")
+    models = [model for _, model in _cell_values(options, grid, "model")] or [None]
+    for model in models if lengths else []:
+        spec = get_model(model or DEFAULT_MODEL)  # a bad name: _check_names said so
+        for where, value in lengths:
+            vllm_max_model_len(spec, value, where)
+
+
+def _cell_values(
+    options: dict[str, Any], grid: dict[str, list[Any]], name: str
+) -> list[tuple[str, Any]]:
+    """``(where, value)`` for each value of option ``name`` the cells take: fixed
+    (``options.NAME``) or swept (``grid.NAME[i]``); none when neither gives it."""
+    if name in options:
+        return [(f"options.{name}", options[name])]
+    return [(f"grid.{name}[{i}]", v) for i, v in enumerate(grid.get(name, []))]

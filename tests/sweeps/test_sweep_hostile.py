@@ -263,6 +263,32 @@ def test_what_no_cell_could_run_is_refused_before_any_runs(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "grid", "named"),
+    [
+        (
+            {"model": "llama-2-7b"},
+            {"max_model_len": [2048, 100000]},
+            "grid.max_model_len[1] 100000",
+        ),
+        ({"max_model_len": 8192}, {"model": ["llama-3.1-8b", "llama-2-7b"]}, "llama-2-7b's max"),
+        ({"max_model_len": 200000}, {"tp": [1]}, "llama-3.1-8b's"),  # the default model's
+    ],
+)
+def test_a_timed_max_model_len_past_a_models_positions_is_refused_up_front(
+    tmp_path, capsys, options, grid, named
+):
+    """vLLM does not start with it: it was a failed cell (exit 1, a results folder)."""
+    spec = tmp_path / "spec.json"
+    data = {"traces": [SAMPLE], "mode": "timed", "limit": 5}
+    spec.write_text(json.dumps({**data, "options": {"cpu_chunks": 10, **options}, "grid": grid}))
+    out = tmp_path / "o"
+    code, _, err = run_main(["sweep", spec, "--executor", "serial", "--out", out], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{spec}: " in err and named in err and "vLLM refuses to start" in err
+    assert not out.exists()
+
+
 # --------------------------------------------------------------------------- 14: cell timeout
 
 HANGS = """
