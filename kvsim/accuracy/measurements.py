@@ -182,7 +182,11 @@ class Experiment(Schema, frozen=True, kw_only=True):
     id: Annotated[str, Meta(min_length=1)]
     source: str
     model: Annotated[
-        str, Meta(min_length=1, description="A preset, or a config.json path (from the file).")
+        str,
+        Meta(
+            min_length=1,
+            description="A preset, its Hugging Face id, or a config.json path (from the file).",
+        ),
     ]
     gpu: Annotated[str, Meta(min_length=1, description="A preset, or a GPU spec JSON path.")]
     tp: _Pos = 1

@@ -91,8 +91,9 @@ class OffloadOptions(Schema, frozen=True):
             Text,
             Meta(
                 description=(
-                    "Model preset (see `kvsim models`) or a Hugging Face config.json path, for "
-                    "the KV bytes per token."
+                    "Model preset (see `kvsim models`), its Hugging Face id "
+                    "(meta-llama/Llama-3.1-8B-Instruct), or a Hugging Face config.json path, "
+                    "for the KV bytes per token."
                 ),
                 extra={"metavar": "NAME|CONFIG.JSON"},
             ),
