@@ -448,6 +448,16 @@ def _component_knobs(name: str, comp_knobs: Mapping[str, Any]) -> dict[str, Any]
     return own
 
 
+def _component_words(name: str) -> Callable[..., str]:
+    """How a mix component's knob errors write a knob: by its path in the mix's knobs
+    (``knob component_knobs.chat.turns``), where the user set it."""
+
+    def words(knob: str, value: Any = None) -> str:
+        return _knob_words(f"component_knobs.{name}.{knob}", value)
+
+    return words
+
+
 def generate(
     kind: str,
     n_requests: int = 1000,
@@ -487,7 +497,9 @@ def generate(
         sources: list[_Source] = []
         shared = {c: k[c] for c in KNOBS["common"] if c not in _MIX_WHOLE}
         for i, name in enumerate(names):
-            sub = check_knobs(name, {**shared, **_component_knobs(name, comp_knobs)})
+            sub = check_knobs(
+                name, {**shared, **_component_knobs(name, comp_knobs)}, _component_words(name)
+            )
             sub_ctx = _Ctx(rng, sub)
             sub_ctx.next_segment = (i + 1) << 40  # segments never collide across components
             sources.append(_SOURCES[name](sub_ctx, name, (i + 1) << 32))

@@ -351,6 +351,9 @@ def test_a_mix_replays_and_refuses_whole_mix_knobs_in_one_component():
             generate("mix", 5, component_knobs={"chat": {name: value}})
     with pytest.raises(InputError, match=r"component_knobs\.rag must be a mapping"):
         generate("mix", 5, component_knobs={"rag": 3})
+    # a component's bad value is named by its path, where it was set
+    with pytest.raises(InputError, match=r"^knob component_knobs\.chat\.turns must be >= 1, got 0"):
+        generate("mix", 5, component_knobs={"chat": {"turns": 0}})
 
 
 def test_generate_counts_its_requests_in_batches():
