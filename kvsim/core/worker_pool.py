@@ -291,14 +291,19 @@ class _Pool(Generic[T, R]):
 
     @staticmethod
     def _receive(worker: _Worker) -> tuple[str, Any] | None:
-        """The worker's answer, or None when it died without one."""
+        """The worker's answer, or None when it died without one; an answer that came whole
+        but does not unpickle here (an exception whose ``__init__`` takes other arguments
+        than its ``args``) is raised as an error, not charged as a death."""
         try:
             while worker.conn.poll():
                 message: tuple[str, Any] | str = worker.conn.recv()
                 if not isinstance(message, str):
                     return message
-        except Exception:  # EOF, or a message cut short by the death
+        except (EOFError, OSError):  # EOF, or a message cut short by the death
             return None
+        except Exception as exc:  # read whole (the length came first), but not unpickled
+            error = f"a worker's answer cannot be read: {type(exc).__name__}: {exc}"
+            return _RAISED, RuntimeError(error)
         return None
 
     @staticmethod

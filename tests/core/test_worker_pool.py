@@ -50,6 +50,19 @@ def raises_on(x: int, victim: int) -> int:
     return x
 
 
+class _TwoArgs(Exception):
+    """An exception that pickles but does not unpickle (its args are not its __init__'s)."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"{a}/{b}")
+
+
+def raises_unpicklable_on(x: int, victim: int) -> int:
+    if x == victim:
+        raise _TwoArgs(x, x)
+    return x
+
+
 def failed(x: int, failure: Failure) -> str:
     if failure.timeout is not None:
         return f"{x} timed out after {failure.timeout:g} s ({failure.how})"
@@ -98,6 +111,14 @@ def test_a_task_past_its_timeout_is_killed_and_failed() -> None:
 def test_a_task_that_raises_raises_in_the_driver() -> None:
     with pytest.raises(ValueError, match="bad item 1"):
         list(run_tasks(raises_on, (1,), range(3), workers=2, on_failure=failed))
+
+
+def test_an_answer_that_does_not_unpickle_raises_and_is_no_death() -> None:
+    # it was charged as its worker's death: the live worker waited for, then SIGKILLed
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="answer cannot be read: TypeError"):
+        list(run_tasks(raises_unpicklable_on, (1,), range(3), workers=2, on_failure=failed))
+    assert time.monotonic() - start < 4
 
 
 def test_items_are_taken_only_as_workers_free_up() -> None:
