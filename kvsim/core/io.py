@@ -30,6 +30,15 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+def _mode_of(target: str) -> int:
+    """The mode a plain ``open(target, "w")`` leaves: an existing file's own (a results file
+    made private with ``chmod 600`` stays so), else :func:`_umask_mode`'s."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        return _umask_mode()
+
+
 def _is_special(path: str) -> bool:
     """An existing target that is neither a regular file nor a folder: a device, a FIFO."""
     try:
@@ -82,7 +91,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
                 tmp = None
         yield tmp
         raise_if_ending()  # a SIGTERM whose exception Python dropped: never commit
-        os.chmod(tmp, _umask_mode())
+        os.chmod(tmp, _mode_of(target))
         os.replace(tmp, target)
     except OSError as exc:
         _remove(tmp)
