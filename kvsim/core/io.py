@@ -84,7 +84,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
         while tmp is None:
             # named before it is made, so a signal landing as it is made (SIGTERM, Ctrl-C)
             # finds the name here to remove; mkstemp names it only after making it
-            tmp = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(4)}.tmp")
+            # (its name's first 48 characters: a target named near the 255-byte limit a
+            # plain open() takes would make a temporary name past it)
+            name = os.path.basename(target)[:48]
+            tmp = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
             try:
                 os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             except FileExistsError:  # another writer's: never ours to remove

@@ -1,5 +1,5 @@
 """kvsim/core/io.py atomic_path: the file it writes has the mode a plain open() would give
-it: a new file the umask's, an existing file its own."""
+it (a new file the umask's, an existing file its own), and any name a plain open() takes."""
 
 from __future__ import annotations
 
@@ -61,3 +61,12 @@ def test_a_symlinked_file_keeps_the_mode_of_the_file_it_points_to(tmp_path: Path
     _write(link)
     assert link.is_symlink()
     assert _mode(real) == 0o600
+
+
+@pytest.mark.parametrize("stem", ["x" * 250, "é" * 125])
+def test_a_name_near_the_length_limit_is_written(tmp_path: Path, stem: str) -> None:
+    # 254 bytes, which a plain open() takes: its temporary name, 14 bytes longer, was not
+    target = tmp_path / f"{stem}.csv"[-254:]
+    _write(target)
+    assert target.read_text(encoding="utf-8") == "new"
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
