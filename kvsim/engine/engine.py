@@ -104,8 +104,15 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
         )
     # from memory, an estimate (the activations' reserve is a labelled assumption): said,
     # and the run goes on
+    window = None
+    if model.sliding_window and model.full_attention_layers == 0:  # every layer slides
+        batches = 2 if params.async_scheduling else 1  # vLLM's max_concurrent_batches
+        window = model.sliding_window - 1 + batches * params.max_num_batched_tokens
     short = kv_shortfall(
-        params.max_model_len or model.max_position_embeddings, block_tokens, usable_gpu_blocks(n)
+        params.max_model_len or model.max_position_embeddings,
+        block_tokens,
+        usable_gpu_blocks(n),
+        window,
     )
     if short:
         warnings.warn(

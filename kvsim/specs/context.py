@@ -54,22 +54,41 @@ def check_unchunked_budget(budget: int, max_model_len: int, names: tuple[str, st
         )
 
 
-def kv_shortfall(max_model_len: int, block_tokens: int, usable_blocks: int) -> str | None:
+def kv_shortfall(
+    max_model_len: int, block_tokens: int, usable_blocks: int, window_tokens: int | None = None
+) -> str | None:
     """Why vLLM 0.33 refuses to start when its GPU KV cannot hold one request of
     ``max_model_len`` tokens, or None where it can.
 
     vLLM's capacity check (``kv_cache_planning.get_kv_cache_configs``) needs
     ``cdiv(max_model_len, block_size)`` blocks of the usable ones (the null block taken
     out, from memory or ``num_gpu_blocks_override``); the longest it would accept is
-    ``usable_blocks * block_tokens``.
+    ``usable_blocks * block_tokens``. A model whose every layer slides needs only its
+    window's blocks (``SlidingWindowSpec.max_admission_blocks_per_request``): those of
+    ``min(window_tokens, max_model_len)`` tokens, and one more (a window starts mid-block).
 
     Args:
         max_model_len: the engine's (0: no limit, never short).
         block_tokens: vLLM's block size.
         usable_blocks: GPU KV blocks a request can get.
+        window_tokens: every layer sliding, the tokens a request keeps at most: the window
+            less one plus those in flight (a step's budget, twice with async scheduling);
+            None: full attention.
     """
+    if not max_model_len:
+        return None
+    if window_tokens is not None:
+        kept = min(window_tokens, max_model_len)
+        needed = cdiv(kept, block_tokens) + 1
+        if needed <= usable_blocks:
+            return None
+        return (
+            f"a request keeps up to {kept:,} tokens of KV (every layer slides; max_model_len "
+            f"{max_model_len:,}), which need {needed:,} GPU KV blocks of {block_tokens} tokens "
+            f"and {usable_blocks:,} fit: vLLM 0.33 refuses to start"
+        )
     needed = cdiv(max_model_len, block_tokens)
-    if not max_model_len or needed <= usable_blocks:
+    if needed <= usable_blocks:
         return None
     return (
         f"max_model_len {max_model_len:,} needs {needed:,} GPU KV blocks of "

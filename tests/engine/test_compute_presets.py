@@ -158,6 +158,25 @@ def test_a_kv_from_memory_too_small_for_max_model_len_is_said_and_the_run_goes_o
         gpu_kv_blocks(qwen, h100, EngineParams(tp=1, gpu_blocks=100))
 
 
+def test_a_model_whose_every_layer_slides_is_short_only_of_its_windows_blocks():
+    """Every layer sliding (Mistral-7B's config.json), vLLM 0.33 reserves a request's window
+    less one plus the tokens in flight (twice the step budget with async scheduling: 4,095 +
+    16,384), not max_model_len's 8,192 blocks (tests/vllm/test_vllm_kv_capacity.py drives
+    its check): kvsim warned that vLLM refuses to start where it starts."""
+    import dataclasses
+    import warnings
+
+    slides = dataclasses.replace(
+        get_model("llama-3.1-8b"), sliding_window=4096, sliding_window_layers=None
+    )
+    h100 = get_gpu("h100")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert gpu_kv_blocks(slides, h100, EngineParams(gpu_memory_utilization=0.26)) == 1664
+    with pytest.warns(InputWarning, match=r"keeps up to 20,479 tokens .* 1,281 .* 1,255 fit"):
+        gpu_kv_blocks(slides, h100, EngineParams(gpu_memory_utilization=0.25))
+
+
 def test_sliding_window_layers_bound_their_attention_span():
     oss = compute("gpt-oss-120b")
     full = compute("gpt-oss-120b", sliding_window=None, sliding_window_layers=None)

@@ -16,7 +16,11 @@ need_vllm("vllm.v1.core.kv_cache_planning")
 
 import torch  # noqa: E402
 from vllm.v1.core.kv_cache_planning import get_kv_cache_configs  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
 
 from kvsim.integrations.vllm_engine_setup import build_vllm_config, quiet_vllm  # noqa: E402
 from kvsim.specs.context import kv_shortfall  # noqa: E402
@@ -28,9 +32,14 @@ BLOCK = 16
 PAGE = 64  # bytes of one block of the one layer: any size, the check counts blocks
 
 
-def vllm_refusal(max_model_len: int, num_gpu_blocks: int) -> int | None:
-    """None where vLLM 0.33 starts with this KV; else the longest ``max_model_len`` its
-    error names."""
+def vllm_refusal(
+    max_model_len: int,
+    num_gpu_blocks: int,
+    sliding_window: int | None = None,
+    budget: int | None = None,
+) -> int | None:
+    """None where vLLM 0.33 starts with this KV (of one full-attention layer, or one sliding
+    over ``sliding_window`` tokens); else the longest ``max_model_len`` its error names."""
     with quiet_vllm():
         config = build_vllm_config(
             max_model_len=max_model_len,
@@ -40,16 +49,25 @@ def vllm_refusal(max_model_len: int, num_gpu_blocks: int) -> int | None:
             page_bytes=PAGE,
             policy="lru",
             store_threshold=0,
-            max_num_batched_tokens=max(2048, max_model_len),
+            max_num_batched_tokens=budget or max(2048, max_model_len),
             max_num_seqs=8,
             long_prefill_token_threshold=0,
             async_scheduling=False,
         )
     config.cache_config.num_gpu_blocks_override = num_gpu_blocks
     config.cache_config.kv_cache_layout = "LBNHC"  # the engine core's choice, made here
-    spec = FullAttentionSpec(
+    spec: FullAttentionSpec | SlidingWindowSpec = FullAttentionSpec(
         block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.int8, page_size_padded=PAGE
     )
+    if sliding_window is not None:
+        spec = SlidingWindowSpec(
+            block_size=BLOCK,
+            num_kv_heads=1,
+            head_size=1,
+            dtype=torch.int8,
+            page_size_padded=PAGE,
+            sliding_window=sliding_window,
+        )
     groups = [KVCacheGroupSpec(["layer.0"], spec)]
     try:
         get_kv_cache_configs(config, [{"layer.0": spec}], [1 << 40], groups)
@@ -83,3 +101,20 @@ def test_kvsims_capacity_rule_is_vllms(num_gpu_blocks, max_model_len):
     assert kvsims_refusal(max_model_len, num_gpu_blocks) == vllm_refusal(
         max_model_len, num_gpu_blocks
     )
+
+
+@pytest.mark.parametrize("sliding_window", [64, 1024])
+@pytest.mark.parametrize("num_gpu_blocks", [3, 17, 130, 257, 1100])
+@pytest.mark.parametrize("max_model_len", [100, 4096, 16384])
+def test_a_model_whose_every_layer_slides_needs_only_its_windows_blocks(
+    sliding_window, num_gpu_blocks, max_model_len
+):
+    """Every layer sliding (Mistral-7B's config.json), a request keeps at most its window
+    less one plus the step's tokens in flight (one step of 512 here, no async scheduling):
+    kvsim warned by max_model_len's blocks (16,384 tokens: 1,024), where vLLM starts."""
+    budget = 512
+    said = kv_shortfall(
+        max_model_len, BLOCK, usable_gpu_blocks(num_gpu_blocks), sliding_window - 1 + budget
+    )
+    refused = vllm_refusal(max_model_len, num_gpu_blocks, sliding_window, budget)
+    assert (said is None) == (refused is None), (said, refused)
