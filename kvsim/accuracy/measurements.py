@@ -232,9 +232,12 @@ class Experiment(Schema, frozen=True, kw_only=True):
     def model_arg(self, base_dir: str) -> str:
         """The model as the run takes it: a preset, or a ``config.json`` path relative to
         the file (``base_dir``); neither is one line naming the name as written."""
-        from kvsim.specs.models import MODELS, get_model, preset_of_hf_id
+        from kvsim.specs.models import HF_IDS, MODELS, get_model, preset_of_hf_id
 
-        return _preset_or_file(self.model, base_dir, MODELS, get_model, "model", preset_of_hf_id)
+        ids = tuple(hf for names in HF_IDS.values() for hf in names)
+        return _preset_or_file(
+            self.model, base_dir, MODELS, get_model, "model", preset_of_hf_id, ids
+        )
 
     def gpu_arg(self, base_dir: str) -> str:
         """The GPU as the run takes it: a preset, or a GPU spec JSON path relative to the
@@ -251,11 +254,13 @@ def _preset_or_file(
     read: Callable[[str], Any],
     noun: str,
     alias: Callable[[str], str | None] | None = None,
+    aliases: tuple[str, ...] = (),
 ) -> str:
     """``name`` if it is a preset, else the path it names relative to ``base_dir``, read
     once here (a bad file is its reader's one line), else the preset ``alias`` gives it
     (a model's Hugging Face id: a folder of that name beside the file wins, as ``vllm
-    serve`` reads a local folder first)."""
+    serve`` reads a local folder first); ``aliases``: the names ``alias`` knows, for the
+    closest one to a misspelt name."""
     if name.strip().lower() in presets:
         return name
     path = name if os.path.isabs(name) else os.path.join(base_dir, name)
@@ -263,9 +268,15 @@ def _preset_or_file(
     if preset is not None:
         return preset
     if not os.path.exists(path):
+        hint = did_you_mean(name, presets) or did_you_mean(name, aliases)
+        ids = (
+            " (or their Hugging Face ids, such as meta-llama/Llama-3.1-8B-Instruct)"
+            if aliases
+            else ""
+        )
         raise InputError(
-            f"unknown {noun} {name!r}{did_you_mean(name, presets)}; known: "
-            f"{', '.join(sorted(presets))}, or a file path (relative to the measurements file)"
+            f"unknown {noun} {name!r}{hint}; known: {', '.join(sorted(presets))}{ids}, or a "
+            "file path (relative to the measurements file)"
         )
     read(path)
     return path
