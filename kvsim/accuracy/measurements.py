@@ -94,16 +94,29 @@ MODELLED_CONNECTOR = "OffloadingConnector"
 
 
 def _kv_transfer_schema() -> dict[str, Any]:
-    """KVTransferConfig's schema, any connector named: the file may name another one."""
+    """What the file may give as ``kv_transfer_config``, as the reader takes it: the
+    OffloadingConnector's config (KVTransferConfig's schema, its keys checked), or another
+    connector's with keys of its own (its experiment fails alone). (Its JSON text, which
+    the reader takes too, is not said: msgspec puts the field's ``"type": "object"`` over
+    any other.)"""
     schema = _inline(msgspec.json.schema(KVTransferConfig))
     schema["properties"]["kv_connector"] = {
-        "anyOf": [{"type": "string"}, {"type": "null"}],
+        "anyOf": [{"const": MODELLED_CONNECTOR}, {"type": "null"}],
         "default": None,
         "description": f"The connector; kvsim models {MODELLED_CONNECTOR} (the other keys "
         "are its), and an experiment naming another fails alone.",
     }
-    schema["description"] = "vLLM's --kv-transfer-config (an object, or its JSON text)."
-    return schema
+    other = {
+        "type": "object",
+        "description": "Another connector's config (LMCache's, NIXL's): read, not checked; "
+        "its experiment fails alone.",
+        "properties": {"kv_connector": {"type": "string", "not": {"const": MODELLED_CONNECTOR}}},
+        "required": ["kv_connector"],
+    }
+    return {
+        "anyOf": [schema, other],
+        "description": "vLLM's --kv-transfer-config (an object, or its JSON text).",
+    }
 
 
 _KV_TRANSFER_SCHEMA = _kv_transfer_schema()

@@ -36,6 +36,40 @@ def test_the_schema_is_registered_and_describes_the_workloads():
     assert schema["$defs"]["VllmArgs"]["additionalProperties"] is False
 
 
+def test_the_schema_takes_the_kv_transfer_configs_the_reader_takes(tmp_path):
+    """Another connector's config with keys of its own is read (its experiment fails
+    alone): the schema refused it, and so a file the reader takes; an OffloadingConnector
+    config with a misspelt key it still refuses."""
+    import jsonschema
+    import yaml
+
+    validator = jsonschema.Draft202012Validator(json_schema(schema_named("measurements")))
+    offload = experiment()["vllm"]["kv_transfer_config"]
+    lmcache = {
+        "kv_connector": "LMCacheConnectorV1",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"lmcache.max_local_cpu_size": 20},
+    }
+    typo = {**offload, "kv_connector_extra_config": {"cpu_bytes_to_usee": 8}}
+    for config, valid in (
+        (offload, True),
+        (lmcache, True),
+        (typo, False),
+    ):
+        path = write(
+            tmp_path / "m.yaml",
+            experiment(vllm={**experiment()["vllm"], "kv_transfer_config": config}),
+        )
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+        assert validator.is_valid(data) is valid, config
+        if valid:
+            read_measurements(path)
+        else:
+            with pytest.raises(InputError, match="cpu_bytes_to_usee"):
+                read_measurements(path)
+
+
 @pytest.mark.parametrize(
     ("changes", "needle"),
     [
