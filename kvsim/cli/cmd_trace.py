@@ -296,9 +296,14 @@ def _gen_target(out: str) -> tuple[str, Callable[[str], None]]:
             f"--out {out}: trace gen writes JSONL, and a .csv file is read as an Azure "
             "trace: name it .jsonl (or .jsonl.gz)"
         )
-    if out == "-":
+    if out == "-" or _is_stdout(out):  # -o /dev/stdout too: the report is no trace line
         return "/dev/stdout", lambda text: click.echo(text, err=True)
     return out, click.echo
+
+
+def _is_stdout(path: str) -> bool:
+    """Whether ``path`` is a name of this process's standard output."""
+    return os.path.normpath(path) in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
 
 
 def _gen_bench(

@@ -310,6 +310,9 @@ def test_gen_to_standard_output_pipes_into_stats(tmp_path):
     assert piped.stderr.startswith(b"wrote 4 chat requests")
     subprocess.run([*gen, "-o", tmp_path / "t.jsonl"], capture_output=True, check=True, cwd=ROOT)
     assert piped.stdout == (tmp_path / "t.jsonl").read_bytes()
+    # -o /dev/stdout is standard output too: the report went into the trace as a last line
+    named = subprocess.run([*gen, "-o", "/dev/stdout"], capture_output=True, check=True, cwd=ROOT)
+    assert (named.stdout, named.stderr) == (piped.stdout, piped.stderr)
     stats = subprocess.run(
         [sys.executable, "-m", "kvsim", "trace", "stats", "-", "--json"],
         input=piped.stdout,
