@@ -158,7 +158,7 @@ def calibrate_command(
     "--model",
     default="llama-3.1-8b",
     show_default=True,
-    help="Model preset (KV geometry and compute).",
+    help="Model preset, its Hugging Face id or a config.json (KV geometry and compute).",
 )
 @click.option(
     "--cpu-gib",
@@ -361,7 +361,7 @@ def _int_list(option: str, text: str | None) -> tuple[int, ...] | None:
     "--model",
     default="llama-3.1-8b",
     show_default=True,
-    help="Model preset or config.json whose shapes are timed.",
+    help="Model preset, its Hugging Face id or a config.json whose shapes are timed.",
 )
 @click.option(
     "--tp",

@@ -252,3 +252,23 @@ def test_models_lists_each_preset_with_its_weights_as_stored():
     assert (
         lines["llama-3.1-8b"].endswith("16.1 GB 16-bit") and "active" not in lines["llama-3.1-8b"]
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["replay"],
+        ["simulate"],
+        ["mrc"],
+        ["sweep"],
+        ["trace", "stats"],
+        ["validate"],
+        ["calibrate-compute"],
+    ],
+)
+def test_every_model_option_says_it_takes_a_hugging_face_id(command):
+    """Each --model takes a preset's Hugging Face id (get_model): each help says so
+    (validate's and calibrate-compute's named a preset or config.json only)."""
+    res = CliRunner().invoke(cli, [*command, "--help"], terminal_width=200)
+    assert res.exit_code == 0
+    assert "Hugging Face id" in " ".join(res.output.split())
