@@ -188,7 +188,7 @@ class _Pool(Generic[T, R]):
                 taken = next(source, None) or (again.popleft() if again else None)
                 if taken is None:
                     break
-                self._hand(self.idle.pop() if self.idle else self._spawn(), *taken)
+                self._hand(self._idle_or_new(), *taken)
             if not self.running:
                 break
             for index, result in [*self._collect(again), *self._overdue()]:
@@ -209,6 +209,16 @@ class _Pool(Generic[T, R]):
         process.start()
         theirs.close()
         return _Worker(process, ours)
+
+    def _idle_or_new(self) -> _Worker:
+        """An idle worker still alive, or a new one: one that died idle (the OOM killer
+        picks a large process, busy or not) is not handed an item its death would fail."""
+        while self.idle:
+            worker = self.idle.pop()
+            if worker.process.is_alive():
+                return worker
+            self._discard(worker)
+        return self._spawn()
 
     def _hand(self, worker: _Worker, index: int, item: T) -> None:
         worker.index, worker.item = index, item

@@ -121,6 +121,29 @@ def test_an_answer_that_does_not_unpickle_raises_and_is_no_death() -> None:
     assert time.monotonic() - start < 4
 
 
+def own_pid(x: int) -> int:
+    return os.getpid()
+
+
+def _children() -> set[int]:
+    """The pids of this process's live workers (reaping the dead, as the pool would)."""
+    return {p.pid for p in multiprocessing.active_children() if p.pid is not None}
+
+
+def test_a_worker_that_died_idle_is_not_handed_the_next_item() -> None:
+    # its death was charged to the next item, which it never ran: with one death to fail,
+    # that item failed
+    results = run_tasks(own_pid, (), range(2), workers=1, on_failure=failed, in_order=True)
+    first = next(results)  # its worker is idle now, until the generator goes on
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and first in _children():
+        time.sleep(0.05)
+    second = next(results)
+    assert isinstance(second, int) and second != first
+    assert list(results) == []
+
+
 def test_items_are_taken_only_as_workers_free_up() -> None:
     taken: list[int] = []
 
