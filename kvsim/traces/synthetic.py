@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from kvsim.core.errors import InputError
+from kvsim.core.errors import InputError, did_you_mean
 from kvsim.core.io import atomic_text
 from kvsim.core.numeric import is_whole, text_number_hint
 from kvsim.report.progress import Progress, ProgressArg, counted
@@ -490,6 +490,12 @@ def generate(
         if unknown:
             raise InputError(
                 f"mix weights name {unknown[0]!r}, not a kind among {', '.join(_SOURCES)}"
+            )
+        stray = [n for n in comp_knobs if n not in weights]
+        if stray:  # a misspelt kind (chatt), or one the mix does not weigh: never read
+            raise InputError(
+                f"knob component_knobs.{stray[0]}: not a kind of this mix's weights "
+                f"({', '.join(weights)}){did_you_mean(str(stray[0]), weights)}"
             )
         names = [n for n in weights if weights[n] > 0]
         if not names:

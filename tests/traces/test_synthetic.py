@@ -357,6 +357,12 @@ def test_a_mix_replays_and_refuses_whole_mix_knobs_in_one_component():
     # a component's bad value is named by its path, where it was set
     with pytest.raises(InputError, match=r"^knob component_knobs\.chat\.turns must be >= 1, got 0"):
         generate("mix", 5, component_knobs={"chat": {"turns": 0}})
+    # knobs for a kind the mix does not weigh were never read: a misspelt kind went unsaid
+    with pytest.raises(InputError, match=r"component_knobs\.chatt: .*did you mean 'chat'"):
+        generate("mix", 5, component_knobs={"chatt": {"turns": 3}})
+    with pytest.raises(InputError, match=r"component_knobs\.rag: not a kind of this mix's"):
+        generate("mix", 5, weights={"chat": 1}, component_knobs={"rag": {"n_docs": 3}})
+    assert generate("mix", 5, weights={"chat": 1, "rag": 0}, component_knobs={"rag": {}})
 
 
 def test_generate_counts_its_requests_in_batches():
