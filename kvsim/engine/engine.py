@@ -58,7 +58,7 @@ from kvsim.engine.transfer_protocol import TransferBackend, TransferResult
 from kvsim.manager.gpu_cache import GpuBlockPool
 from kvsim.manager.offload import OffloadManager
 from kvsim.options.config import CacheConfig
-from kvsim.specs.context import kv_shortfall, served_output
+from kvsim.specs.context import engine_max_model_len, kv_shortfall, served_output
 from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec
 from kvsim.specs.sizing import NULL_GPU_BLOCKS, usable_gpu_blocks
@@ -106,10 +106,10 @@ def gpu_kv_blocks(model: ModelSpec, gpu: GpuSpec, params: EngineParams) -> int:
     # and the run goes on
     window = None
     if model.sliding_window and model.full_attention_layers == 0:  # every layer slides
-        batches = 2 if params.async_scheduling else 1  # vLLM's max_concurrent_batches
+        batches = BATCH_QUEUE_DEPTH if params.async_scheduling else 1
         window = model.sliding_window - 1 + batches * params.max_num_batched_tokens
     short = kv_shortfall(
-        params.max_model_len or model.max_position_embeddings,
+        engine_max_model_len(model, params.max_model_len),
         block_tokens,
         usable_gpu_blocks(n),
         window,
@@ -353,7 +353,7 @@ class Engine:
         block = p.gpu_block_tokens
         # as vLLM's server takes a request under max_model_len (default: the model's
         # positions): refused, or its output cut to what is left
-        max_len = p.max_model_len or self.model.max_position_embeddings
+        max_len = engine_max_model_len(self.model, p.max_model_len)
         served = served_output(sr.prompt, sr.output, max_len, p.refuse_past_max_model_len)
         if served is not None:
             sr.output = served

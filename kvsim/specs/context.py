@@ -21,20 +21,26 @@ from kvsim.specs.sizing import cdiv
 
 __all__ = [
     "check_unchunked_budget",
+    "engine_max_model_len",
     "kv_shortfall",
     "served_output",
     "vllm_max_model_len",
 ]
 
 
-def vllm_max_model_len(model: ModelSpec, given: int | None, name: str) -> int:
+def engine_max_model_len(model: ModelSpec, given: int | None) -> int:
     """The engine's ``max_model_len``: ``given``, or (None / 0) the model's positions, as
-    vLLM defaults it (0: a config.json giving none, no limit). vLLM refuses to start with
-    one past the model's positions: one line naming ``name``, the option as the caller
-    spells it."""
+    vLLM defaults it (0: a config.json giving none, no limit); unchecked (see
+    :func:`vllm_max_model_len`)."""
+    return given or model.max_position_embeddings
+
+
+def vllm_max_model_len(model: ModelSpec, given: int | None, name: str) -> int:
+    """:func:`engine_max_model_len`, checked: vLLM refuses to start with one past the
+    model's positions: one line naming ``name``, the option as the caller spells it."""
     positions = model.max_position_embeddings
     if not given:
-        return positions
+        return engine_max_model_len(model, given)
     if positions and given > positions:
         raise InputError(
             f"{name} {given} exceeds {model.name}'s max_position_embeddings ({positions}): "
