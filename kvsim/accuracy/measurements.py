@@ -143,6 +143,12 @@ class VllmArgs(Schema, frozen=True):
         Annotated[dict[str, Any], Meta(extra_json_schema=_KV_TRANSFER_SCHEMA)] | None
     ) = None
 
+    def other_connector(self) -> Any:
+        """The connector ``kv_transfer_config`` names where it is not the one kvsim models
+        (its experiment fails alone), else None."""
+        name = (self.kv_transfer_config or {}).get("kv_connector")
+        return None if name in (None, MODELLED_CONNECTOR) else name
+
     def connector(
         self, source: str | None = None, where: str = "vllm.kv_transfer_config"
     ) -> KVTransferConfig | None:
@@ -152,8 +158,8 @@ class VllmArgs(Schema, frozen=True):
         data = self.kv_transfer_config
         if data is None:
             return None
-        name = data.get("kv_connector")
-        if name is not None and name != MODELLED_CONNECTOR:
+        name = self.other_connector()
+        if name is not None:
             raise InputError(
                 f"{where}.kv_connector: {name!r} is not modelled (kvsim models vLLM's "
                 f"{MODELLED_CONNECTOR})",
@@ -245,11 +251,10 @@ class Experiment(Schema, frozen=True, kw_only=True):
     def model_arg(self, base_dir: str) -> str:
         """The model as the run takes it: a preset, or a ``config.json`` path relative to
         the file (``base_dir``); neither is one line naming the name as written."""
-        from kvsim.specs.models import HF_IDS, MODELS, get_model, preset_of_hf_id
+        from kvsim.specs.models import HF_ID_NAMES, MODELS, get_model, preset_of_hf_id
 
-        ids = tuple(hf for names in HF_IDS.values() for hf in names)
         return _preset_or_file(
-            self.model, base_dir, MODELS, get_model, "model", preset_of_hf_id, ids
+            self.model, base_dir, MODELS, get_model, "model", preset_of_hf_id, HF_ID_NAMES
         )
 
     def gpu_arg(self, base_dir: str) -> str:
@@ -281,12 +286,10 @@ def _preset_or_file(
     if preset is not None:
         return preset
     if not os.path.exists(path):
+        from kvsim.specs.models import HF_IDS_SAID
+
         hint = did_you_mean(name, presets) or did_you_mean(name, aliases)
-        ids = (
-            " (or their Hugging Face ids, such as meta-llama/Llama-3.1-8B-Instruct)"
-            if aliases
-            else ""
-        )
+        ids = HF_IDS_SAID if aliases else ""
         raise InputError(
             f"unknown {noun} {name!r}{hint}; known: {', '.join(sorted(presets))}{ids}, or a "
             "file path (relative to the measurements file)"
@@ -379,9 +382,8 @@ def _check_connector(exp: Experiment, where: str, source: str) -> None:
 
     from kvsim.policies.registry import eviction_policy_class
 
-    name = (exp.vllm.kv_transfer_config or {}).get("kv_connector")
-    if name not in (None, MODELLED_CONNECTOR):
-        return  # another connector: its experiment fails alone when it runs
+    if exp.vllm.other_connector() is not None:
+        return  # its experiment fails alone when it runs
     kv = exp.vllm.connector(source, where)
     if kv is None:
         return

@@ -37,6 +37,8 @@ from kvsim.core.errors import InputError, did_you_mean
 
 __all__ = [
     "HF_IDS",
+    "HF_IDS_SAID",
+    "HF_ID_NAMES",
     "KV_CACHE_DTYPES",
     "MODELS",
     "WEIGHT_DTYPES",
@@ -345,7 +347,8 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (*_PRESETS, *_from_hf_configs
 #: the Hugging Face ids ``vllm serve`` is given for each preset: its own repository and
 #: the tuned variants whose config.json gives the same spec (the Qwen2.5 base model's
 #: 131,072 positions differ from the preset's, its Instruct model's 32,768 do not; the
-#: base Mixtral-8x22B has the smaller vocabulary). ``tests/specs`` holds them to SOURCES.
+#: base Mixtral-8x22B has the smaller vocabulary). ``tests/options/test_sizing.py`` holds
+#: them to SOURCES.
 HF_IDS: dict[str, tuple[str, ...]] = {
     "llama-3.2-1b": ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
     "llama-3.1-8b": (
@@ -372,14 +375,16 @@ HF_IDS: dict[str, tuple[str, ...]] = {
     "mixtral-8x22b": ("mistralai/Mixtral-8x22B-Instruct-v0.1",),
     "gpt-oss-120b": ("openai/gpt-oss-120b",),
 }
-_BY_HF_ID = {hf.lower(): MODELS[name] for name, ids in HF_IDS.items() for hf in ids}
-_HF_IDS_LISTED = tuple(hf for ids in HF_IDS.values() for hf in ids)
+_PRESET_OF_HF_ID = {hf.lower(): name for name, ids in HF_IDS.items() for hf in ids}
+#: every id, as written (for the closest one to a misspelt name)
+HF_ID_NAMES = tuple(hf for ids in HF_IDS.values() for hf in ids)
+#: how an unknown model's error says that ids are taken
+HF_IDS_SAID = " (or their Hugging Face ids, such as meta-llama/Llama-3.1-8B-Instruct)"
 
 
 def preset_of_hf_id(name: str) -> str | None:
     """The preset a Hugging Face id names (case-insensitively), or None."""
-    spec = _BY_HF_ID.get(name.strip().lower())
-    return None if spec is None else spec.name
+    return _PRESET_OF_HF_ID.get(name.strip().lower())
 
 
 def get_model(name: str | os.PathLike[str]) -> ModelSpec:
@@ -398,10 +403,10 @@ def get_model(name: str | os.PathLike[str]) -> ModelSpec:
     if preset is not None:
         return MODELS[preset]
     known = ", ".join(sorted(MODELS))
-    hint = did_you_mean(text, MODELS) or did_you_mean(text, _HF_IDS_LISTED)
+    hint = did_you_mean(text, MODELS) or did_you_mean(text, HF_ID_NAMES)
     raise InputError(
-        f"unknown model {name!r}{hint}; known: {known} (or their Hugging Face ids, such as "
-        "meta-llama/Llama-3.1-8B-Instruct), or a Hugging Face config.json path"
+        f"unknown model {name!r}{hint}; known: {known}{HF_IDS_SAID}, or a Hugging Face "
+        "config.json path"
     )
 
 
