@@ -398,9 +398,15 @@ def stage_metrics(
         }
         alone = row["completed"] < 2  # its span is its own E2E: 1/E2E is no throughput
         m.update({name: None if alone else n / span for name, n in counts.items()})
-        m["itl_mean"] = (e2e_ms - ttft_ms) / (output_len - 1) if output_len > 1 else None
+        m["itl_mean"] = _itl_ms(e2e_ms, ttft_ms, output_len)
         out[str(row["stage"])] = m
     return out
+
+
+def _itl_ms(e2e_ms: float, ttft_ms: float, output_len: int) -> float | None:
+    """Mean ITL as the measurements format defines it, predicted or measured alike:
+    (E2E mean - TTFT mean) / (output tokens - 1); None with one output token (no gap)."""
+    return (e2e_ms - ttft_ms) / (output_len - 1) if output_len > 1 else None
 
 
 def _measured_value(m: Measured | None, metric: str, output_len: int) -> float | None:
@@ -414,7 +420,7 @@ def _measured_value(m: Measured | None, metric: str, output_len: int) -> float |
         if m.itl_ms is not None and m.itl_ms.mean is not None:
             return m.itl_ms.mean
         if m.e2e_ms and m.ttft_ms and m.e2e_ms.mean is not None and m.ttft_ms.mean is not None:
-            return (m.e2e_ms.mean - m.ttft_ms.mean) / (output_len - 1) if output_len > 1 else None
+            return _itl_ms(m.e2e_ms.mean, m.ttft_ms.mean, output_len)
         return None
     value: float | None = getattr(m, metric)
     return value
@@ -426,14 +432,15 @@ def _compare(
     rows = []
     for stage, metrics in predicted.items():
         m = exp.measured_at("all" if stage == "all" else int(stage))
+        # the client's re-tokenised output count, against the server's tokens
+        recount = m.output_len_mean / output_len if m is not None and m.output_len_mean else None
+        out = metrics["output_tokens_per_s"]  # None with its siblings (under 2 requests)
         for metric in METRICS:
             value = metrics[metric]
-            out = metrics["output_tokens_per_s"]
-            if value is None or out is None or m is None or not m.output_len_mean:
-                pass
-            elif metric == "output_tokens_per_s":
-                value *= m.output_len_mean / output_len  # the client's re-tokenised count
-            elif metric == "total_tokens_per_s":  # its output part, re-counted likewise
-                value += out * (m.output_len_mean / output_len - 1)
+            if recount is not None and value is not None and out is not None:
+                if metric == "output_tokens_per_s":
+                    value *= recount
+                elif metric == "total_tokens_per_s":  # its output part, re-counted likewise
+                    value += out * (recount - 1)
             rows.append(Row(exp.id, stage, metric, value, _measured_value(m, metric, output_len)))
     return rows
