@@ -16,6 +16,7 @@ the real backend and the simulated one given the same schedule: a bug, never loa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,9 +73,7 @@ class LockstepBackend(SimulatedTransferBackend):
 
 
 def _failed(r: TransferResult) -> TransferResult:
-    return TransferResult(
-        r.job_id, r.direction, False, r.nbytes, r.start_time, r.end_time, r.submit_time
-    )
+    return dataclasses.replace(r, success=False)
 
 
 def compared(
