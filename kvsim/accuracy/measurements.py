@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
@@ -289,6 +290,12 @@ def _preset_or_file(
         from kvsim.specs.models import HF_IDS_SAID
 
         hint = did_you_mean(name, presets) or did_you_mean(name, aliases)
+        if aliases and names_a_hub_model(name, base_dir):
+            raise InputError(
+                f"kvsim has no spec for the Hugging Face model {name!r}{hint}; save its "
+                "config.json beside the measurements file and give its path as the model "
+                f"(presets: {', '.join(sorted(presets))}{HF_IDS_SAID})"
+            )
         ids = HF_IDS_SAID if aliases else ""
         raise InputError(
             f"unknown {noun} {name!r}{hint}; known: {', '.join(sorted(presets))}{ids}, or a "
@@ -296,6 +303,25 @@ def _preset_or_file(
         )
     read(path)
     return path
+
+
+#: a Hugging Face repository id as ``vllm serve`` takes it: ``org/name``, of the characters
+#: the Hub allows
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def names_a_hub_model(name: str, base_dir: str) -> bool:
+    """Whether ``name`` reads as a Hugging Face model id (``org/name``, not a ``.json``
+    file, nothing of that name beside the measurements file): a real model, which kvsim
+    may lack a spec for, so that its experiment fails alone (exit 1 after the others ran,
+    as another KV connector does) where a name of kvsim's own vocabulary that no preset
+    has (a misspelt preset or GPU, a missing spec file) is a bad file (exit 2)."""
+    path = name if os.path.isabs(name) else os.path.join(base_dir, name)
+    return (
+        _HUB_ID.fullmatch(name.strip()) is not None
+        and not name.strip().lower().endswith(".json")
+        and not os.path.exists(path)
+    )
 
 
 class MeasurementsFile(Schema, frozen=True):
@@ -331,6 +357,8 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
             try:
                 resolve(base_dir)
             except InputError as e:
+                if key == "model" and names_a_hub_model(exp.model, base_dir):
+                    continue  # a real model kvsim has no spec for: its experiment fails alone
                 raise InputError(f"experiments[{i}].{key}: {e}", source=source) from None
         _check_connector(exp, f"experiments[{i}].vllm.kv_transfer_config", source)
     return parsed
