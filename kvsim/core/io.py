@@ -24,10 +24,24 @@ from kvsim.core.errors import InputError
 
 
 def _umask_mode() -> int:
-    """The mode a plain ``open()`` would give a new file (mkstemp makes 0600 files)."""
-    mask = os.umask(0)
+    """The mode a plain ``open()`` would give a new file (the temporary file is made 0600).
+    The umask is read from ``/proc/self/status`` where Linux gives it: setting it to read
+    it back is process-wide, and a file another thread (a notebook's) made in between
+    would get mode 0666."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open("/proc/self/status", encoding="ascii") as f,
+    ):
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0)  # no /proc (macOS) or a kernel before 4.7: the only way there
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
 
 
 def _mode_of(target: str) -> int:

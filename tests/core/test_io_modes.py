@@ -70,3 +70,16 @@ def test_a_name_near_the_length_limit_is_written(tmp_path: Path, stem: str) -> N
     _write(target)
     assert target.read_text(encoding="utf-8") == "new"
     assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux's /proc only")
+@pytest.mark.usefixtures("umask_027")
+def test_the_umask_is_read_without_being_set(tmp_path: Path, monkeypatch) -> None:
+    """Setting the umask to read it is process-wide: a file another thread made in that
+    moment got mode 0666. Where /proc gives it, it is only read."""
+    calls: list[int] = []
+    real_umask = os.umask
+    monkeypatch.setattr(os, "umask", lambda m: calls.append(m) or real_umask(m))
+    target = tmp_path / "new.csv"
+    _write(target)
+    assert _mode(target) == 0o640 and calls == []
