@@ -186,11 +186,6 @@ def test_a_bad_router_in_a_measurements_file_is_one_line(tmp_path, capsys):
     ("change", "args", "named"),
     [
         ({"model": "llama-2-7bb"}, [], "experiments[0].model: unknown model 'llama-2-7bb' (did"),
-        (  # a misspelt Hugging Face id: its closest id, as --model says it (there: no hint)
-            {"model": "meta-llama/Llama-2-7b-hff"},
-            [],
-            "(did you mean 'meta-llama/Llama-2-7b-hf'?); known: codellama-34b",
-        ),
         ({"gpu": "h100x"}, [], "experiments[0].gpu: unknown GPU 'h100x'"),
         ({"gpu": "gpus/mine.json"}, [], "relative to the measurements file"),
         (
