@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import click
 import yaml
@@ -255,12 +255,13 @@ def gen_command(
         return
     if load_text is not None:
         raise InputError(f"--load is for shared-prefix and random, not {kind}")
+    words = _gen_words(by_set=set(params))  # before the flags join them
     for name, value in zip(_GEN_FLAGS, (arrival, rate, arrival_trace), strict=True):
         if value is not None:
             if name in params:
                 raise InputError(f"--{name.replace('_', '-')} and --set {name}: give one of them")
             params[name] = value
-    check_knobs(kind, params, _gen_words)  # before generate, to name the flags
+    check_knobs(kind, params, words)  # before generate, to name the options as given
     requests = generate(kind, n_requests, seed, progress=wants_progress(show_progress), **params)
     block_tokens = int(params.get("block_tokens", MOONCAKE_BLOCK_TOKENS))  # type: ignore[call-overload]
     if block_tokens == MOONCAKE_BLOCK_TOKENS:
@@ -279,11 +280,18 @@ COMMANDS = [trace_group]
 _GEN_FLAGS = ("arrival", "rate", "arrival_trace")
 
 
-def _gen_words(name: str, value: object = None) -> str:
-    """A knob as ``trace gen`` spells it, for the knob rules' errors: its flag
+def _gen_words(by_set: Collection[str]) -> Callable[..., str]:
+    """How ``trace gen``'s knob errors write a knob: as its user gave it, ``--set rate``
+    (``--set arrival=replay``) for one given through ``--set`` (``by_set``), else its flag
     (``--arrival replay``), or ``--set on_s`` for a knob without one."""
-    flag = f"--{name.replace('_', '-')}" if name in _GEN_FLAGS else f"--set {name}"
-    return flag if value is None else f"{flag} {value}"
+
+    def words(name: str, value: object = None) -> str:
+        if name in _GEN_FLAGS and name not in by_set:
+            flag = f"--{name.replace('_', '-')}"
+            return flag if value is None else f"{flag} {value}"
+        return f"--set {name}" if value is None else f"--set {name}={value}"
+
+    return words
 
 
 def _gen_target(out: str) -> tuple[str, Callable[[str], None]]:

@@ -285,10 +285,12 @@ def test_cli_gen_is_reproducible(tmp_path):
             ["--arrival", "replay", "--arrival-trace", SAMPLE, "--rate", "3"],
             "--rate does not apply to --arrival replay",
         ),
-        (  # the knobs as --set: the rule is generate's, the words the CLI's
+        (  # the knobs as --set: the rule is generate's, the words the user's
             ["--set", "arrival=replay", "--set", f"arrival_trace={SAMPLE}", "--set", "rate=2"],
-            "--rate does not apply to --arrival replay",
+            "--set rate does not apply to --set arrival=replay",
         ),
+        (["--set", "rate=0"], "--set rate must be > 0, got 0"),  # not --rate, never typed
+        (["--set", "arrival_trace=t.jsonl"], "--set arrival_trace is read by --arrival replay"),
         (["--set", "on_s=5"], "--set on_s is read by --arrival bursty only"),
         (["--arrival", "replay", "--set", "off_s=5"], "--set off_s is read by --arrival bursty"),
         (["--rate", "-1"], "--rate must be > 0, got -1"),  # not 'knob rate', the API's word
