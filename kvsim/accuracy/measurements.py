@@ -21,6 +21,7 @@ from msgspec import Meta
 
 from kvsim.core.errors import InputError, did_you_mean
 from kvsim.core.io import read_yaml
+from kvsim.core.numeric import whole_floats_as_ints
 from kvsim.options.fleet import ROUTERS
 from kvsim.options.schema import Schema, load, short_repr
 from kvsim.options.vllm import KVTransferConfig
@@ -345,7 +346,7 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
             source=source,
         )
     _parse_kv_config_text(data, source)
-    parsed = load(MeasurementsFile, _whole_floats_as_ints(data), source=source)
+    parsed = load(MeasurementsFile, whole_floats_as_ints(data), source=source)
     ids: set[str] = set()
     for i, exp in enumerate(parsed.experiments):
         if exp.id in ids:
@@ -386,20 +387,6 @@ def _parse_kv_config_text(data: dict[str, Any], source: str) -> None:
         if not isinstance(parsed, dict):
             raise InputError(f"{key}: not a JSON object, got {short_repr(text)}", source=source)
         vllm["kv_transfer_config"] = parsed
-
-
-def _whole_floats_as_ints(data: Any) -> Any:
-    """``data`` with every whole float (``4800.0``, ``8e9``) as its int: a transcription of
-    published numbers often writes counts so (a spreadsheet's or JSON tool's ``4800.0``),
-    and ``tp: 2.0`` means 2. A float field takes an int as it is; ``2.5`` stays a float, so
-    an int field still refuses it."""
-    if isinstance(data, float) and data.is_integer():
-        return int(data)
-    if isinstance(data, dict):
-        return {k: _whole_floats_as_ints(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_whole_floats_as_ints(v) for v in data]
-    return data
 
 
 def _check_connector(exp: Experiment, where: str, source: str) -> None:

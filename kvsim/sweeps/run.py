@@ -185,20 +185,13 @@ def _check_size(s: SweepSpec, max_cells: int | None, source: str | None = None) 
             "shrink the grid or raise the limit (kvsim sweep --max-cells N)"
         )
     for name, values in [("traces", s.traces), *((f"grid.{k}", v) for k, v in s.grid.items())]:
-        texts = [trace_text(_as_number(v)) for v in values]
+        texts = [trace_text(v) for v in values]  # 1.0 was read as 1
         if len(set(texts)) != len(texts):
             repeated = next(v for v, t in zip(values, texts) if texts.count(t) > 1)
             raise InputError(
                 f"the sweep has duplicate cells: {name} repeats {short_repr(repeated)}",
                 source=source,
             )
-
-
-def _as_number(value: Any) -> Any:
-    """A whole float as the integer it equals (``1.0`` is the cell ``1`` is), else as is."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 @dataclass

@@ -5,7 +5,9 @@ described once, in :mod:`kvsim.sweeps.spec_schema`; this module reads a spec fil
 the rules between keys.
 
 A cell holds the values as the spec wrote them (``cpu_gib: 64`` stays an integer), so its id
-and its row do not depend on how a check converts them.
+and its row do not depend on how a check converts them; only a whole float is read as its int
+everywhere (``max_num_seqs: 256.0``, a spreadsheet's transcription, is 256; ``1.0`` is the
+cell ``1`` is), as a measurements file reads one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import msgspec
 
 from kvsim.core.errors import InputError
 from kvsim.core.io import read_yaml
-from kvsim.core.numeric import text_number_hint
+from kvsim.core.numeric import text_number_hint, whole_floats_as_ints
 from kvsim.options.schema import Schema, load, short_repr
 from kvsim.sweeps.cells import count_cells, expand
 from kvsim.sweeps.spec_schema import (
@@ -80,7 +82,7 @@ class SweepSpec:
         """
         if not isinstance(data, Mapping):
             raise InputError(f"a sweep spec is a mapping, got {short_repr(data)}", source=source)
-        data = _plain(data)
+        data = whole_floats_as_ints(_plain(data))
         mode = data.get("mode", "cache")
         struct = spec_struct(mode if mode in MODES else "cache")
         _check_option_keys(data, str(mode), source)

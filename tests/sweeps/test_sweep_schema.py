@@ -33,6 +33,7 @@ GOOD = [
         "options": {"gpu": "h100", "gpu_memory_utilization": 0.9},
         "grid": {"max_num_seqs": [8, 16], "tiers": ["none", "fs:capacity=1TiB"]},
     },
+    {"traces": [SAMPLE], "limit": 5.0, "grid": {"cpu_chunks": [10.0, 20]}},  # whole floats
 ]
 BAD = [
     {"grid": {"cpu_chunks": [10]}},  # no traces
@@ -45,6 +46,7 @@ BAD = [
     {"traces": [SAMPLE], "limit": 0, "grid": {"cpu_chunks": [10]}},
     {"traces": [{"n_requests": 10}], "grid": {"cpu_chunks": [10]}},  # a generator needs kind
     {"traces": [SAMPLE], "gird": {"cpu_chunks": [10]}},
+    {"traces": [SAMPLE], "grid": {"cpu_chunks": [2.5]}},  # not a whole number
 ]
 
 
@@ -142,6 +144,28 @@ def test_cells_hold_the_values_as_written():
     assert spec.n_cells == len(cells) == 2
     assert type(cells[0]["cpu_gib"]) is int and cells[0]["cpu_gib"] == 64  # not 64.0
     assert cells[0]["trace"] == SAMPLE and [c["seed"] for c in cells] == [1, 2]
+
+
+def test_a_whole_float_is_read_as_its_int_as_a_measurements_file_reads_it(tmp_path):
+    """``max_num_seqs: 256.0`` (a spreadsheet's transcription) is 256, in options, grid,
+    limit and a generated trace alike; ``2.5`` is still refused where an int is expected."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        f"traces: [{SAMPLE}, {{kind: chat, n_requests: 10.0}}]\nmode: timed\nlimit: 2000.0\n"
+        "options: {max_num_seqs: 256.0, cpu_gib: 64.0}\ngrid: {gpu_blocks: [1000.0, 2000]}\n"
+    )
+    spec = SweepSpec.load(path)
+    cell = spec.cells()[0]
+    assert spec.limit == 2000 and spec.traces[1]["n_requests"] == 10
+    assert [type(cell[k]) for k in ("max_num_seqs", "cpu_gib", "gpu_blocks")] == [int] * 3
+    assert (cell["max_num_seqs"], cell["cpu_gib"], spec.grid["gpu_blocks"]) == (
+        256,
+        64,
+        [1000, 2000],
+    )
+    path.write_text(f"traces: [{SAMPLE}]\nmode: timed\noptions: {{max_num_seqs: 2.5}}\n")
+    with pytest.raises(InputError, match=r"options.max_num_seqs: Expected `int.*got 2.5"):
+        SweepSpec.load(path)
 
 
 def test_an_empty_section_is_no_section():
