@@ -103,11 +103,12 @@ def _kv_transfer_schema() -> dict[str, Any]:
     any other.)"""
     schema = _inline(msgspec.json.schema(KVTransferConfig))
     schema["properties"]["kv_connector"] = {
-        "anyOf": [{"const": MODELLED_CONNECTOR}, {"type": "null"}],
-        "default": None,
+        "const": MODELLED_CONNECTOR,
         "description": f"The connector; kvsim models {MODELLED_CONNECTOR} (the other keys "
-        "are its), and an experiment naming another fails alone.",
+        "are its), and an experiment naming another fails alone. Required: vLLM does not "
+        "start with a kv_transfer_config that names none.",
     }
+    schema["required"] = sorted({*schema.get("required", []), "kv_connector"})
     other = {
         "type": "object",
         "description": "Another connector's config (LMCache's, NIXL's): read, not checked; "
@@ -155,11 +156,20 @@ class VllmArgs(Schema, frozen=True):
         self, source: str | None = None, where: str = "vllm.kv_transfer_config"
     ) -> KVTransferConfig | None:
         """``kv_transfer_config`` as the OffloadingConnector's config, or None without one;
-        a bad one, or another connector (which kvsim does not model), is one line naming
-        ``where`` in ``source``."""
+        a bad one (one naming no connector, as vLLM refuses it), or another connector
+        (which kvsim does not model), is one line naming ``where`` in ``source``."""
         data = self.kv_transfer_config
         if data is None:
             return None
+        if data.get("kv_connector") is None:  # vLLM's scheduler refuses to start
+            got = "null" if "kv_connector" in data else "no kv_connector"
+            raise InputError(
+                f"{where}.kv_connector: vLLM 0.33 does not start with a kv_transfer_config "
+                "that names no connector (its scheduler builds one from every "
+                f"kv_transfer_config); write {MODELLED_CONNECTOR} for a CPU tier, or leave "
+                f"kv_transfer_config out for none, got {got}",
+                source=source,
+            )
         name = self.other_connector()
         if name is not None:
             raise InputError(

@@ -193,10 +193,11 @@ def test_a_bad_router_in_a_measurements_file_is_one_line(tmp_path, capsys):
                 "vllm": {
                     **EXPERIMENT["vllm"],
                     "kv_transfer_config": {
+                        "kv_connector": "OffloadingConnector",
                         "kv_connector_extra_config": {
                             "cpu_bytes_to_use": 2**33,
                             "eviction_policy": "fifo2",
-                        }
+                        },
                     },
                 }
             },
@@ -218,7 +219,8 @@ def test_a_bad_router_in_a_measurements_file_is_one_line(tmp_path, capsys):
                 "vllm": {
                     **EXPERIMENT["vllm"],
                     "kv_transfer_config": {
-                        "kv_connector_extra_config": {"cpu_bytes_to_use": 2**33, "block_size": 24}
+                        "kv_connector": "OffloadingConnector",
+                        "kv_connector_extra_config": {"cpu_bytes_to_use": 2**33, "block_size": 24},
                     },
                 }
             },

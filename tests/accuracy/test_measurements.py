@@ -39,7 +39,7 @@ def test_the_schema_is_registered_and_describes_the_workloads():
 def test_the_schema_takes_the_kv_transfer_configs_the_reader_takes(tmp_path):
     """Another connector's config with keys of its own is read (its experiment fails
     alone): the schema refused it, and so a file the reader takes; an OffloadingConnector
-    config with a misspelt key it still refuses."""
+    config with a misspelt key it still refuses, and so one naming no connector."""
     import jsonschema
     import yaml
 
@@ -51,10 +51,13 @@ def test_the_schema_takes_the_kv_transfer_configs_the_reader_takes(tmp_path):
         "kv_connector_extra_config": {"lmcache.max_local_cpu_size": 20},
     }
     typo = {**offload, "kv_connector_extra_config": {"cpu_bytes_to_usee": 8}}
-    for config, valid in (
-        (offload, True),
-        (lmcache, True),
-        (typo, False),
+    nameless = {k: v for k, v in offload.items() if k != "kv_connector"}
+    for config, refused in (
+        (offload, None),
+        (lmcache, None),
+        (typo, "cpu_bytes_to_usee"),
+        ({**offload, "kv_connector": None}, "got null"),  # vLLM does not start
+        (nameless, "got no kv_connector"),
     ):
         path = write(
             tmp_path / "m.yaml",
@@ -62,11 +65,11 @@ def test_the_schema_takes_the_kv_transfer_configs_the_reader_takes(tmp_path):
         )
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
-        assert validator.is_valid(data) is valid, config
-        if valid:
+        assert validator.is_valid(data) is (refused is None), config
+        if refused is None:
             read_measurements(path)
         else:
-            with pytest.raises(InputError, match="cpu_bytes_to_usee"):
+            with pytest.raises(InputError, match=refused):
                 read_measurements(path)
 
 
@@ -219,3 +222,16 @@ def test_another_kv_connector_fails_its_experiment_alone(tmp_path, capsys):
     assert code == 2
     assert "experiments[0].vllm.kv_transfer_config.kv_connector_extra_config" in err
     assert "did you mean 'cpu_bytes_to_use'" in err
+
+
+def test_a_kv_transfer_config_naming_no_connector_is_refused_not_run(tmp_path, capsys):
+    """``kv_connector: null`` beside a CPU tier's size: vLLM 0.33 does not start with it
+    (tests/vllm/test_vllm_kv_transfer_config.py), so kvsim neither runs it with offloading,
+    as it did, nor without: one line naming the key, exit 2, before anything runs."""
+    offload = experiment()["vllm"]["kv_transfer_config"]
+    vllm = {**experiment()["vllm"], "kv_transfer_config": {**offload, "kv_connector": None}}
+    path = write(tmp_path / "m.yaml", experiment(), experiment(id="nameless", vllm=vllm))
+    code, out, err = run_main(["accuracy", path, "--max-stage-s", "2", "--warmup-s", "0"], capsys)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert "experiments[1].vllm.kv_transfer_config.kv_connector: vLLM 0.33 does not start" in err
+    assert err.strip().endswith("got null") and str(path) in err
