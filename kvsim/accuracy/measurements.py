@@ -96,11 +96,10 @@ MODELLED_CONNECTOR = "OffloadingConnector"
 
 
 def _kv_transfer_schema() -> dict[str, Any]:
-    """What the file may give as ``kv_transfer_config``, as the reader takes it: the
-    OffloadingConnector's config (KVTransferConfig's schema, its keys checked), or another
-    connector's with keys of its own (its experiment fails alone). (Its JSON text, which
-    the reader takes too, is not said: msgspec puts the field's ``"type": "object"`` over
-    any other.)"""
+    """What the file may give as ``kv_transfer_config`` as an object, as the reader takes
+    it: the OffloadingConnector's config (KVTransferConfig's schema, its keys checked), or
+    another connector's with keys of its own (its experiment fails alone). Its JSON text is
+    the field's other type (:data:`_KV_TRANSFER_TEXT`)."""
     schema = _inline(msgspec.json.schema(KVTransferConfig))
     schema["properties"]["kv_connector"] = {
         "const": MODELLED_CONNECTOR,
@@ -118,11 +117,35 @@ def _kv_transfer_schema() -> dict[str, Any]:
     }
     return {
         "anyOf": [schema, other],
-        "description": "vLLM's --kv-transfer-config (an object, or its JSON text).",
+        "description": "vLLM's --kv-transfer-config as an object (or as its JSON text).",
     }
 
 
 _KV_TRANSFER_SCHEMA = _kv_transfer_schema()
+#: the other way to write it, as copied from a command line
+_KV_TRANSFER_TEXT = (
+    "vLLM's --kv-transfer-config as the JSON text vllm serve --kv-transfer-config takes: a "
+    'string holding the same JSON object (e.g. \'{"kv_connector": "OffloadingConnector", '
+    '"kv_role": "kv_both", "kv_connector_extra_config": {"cpu_bytes_to_use": 8589934592}}\'), '
+    "read and checked as the object."
+)
+
+
+def _kv_config_object(text: str, key: str, source: str | None = None) -> dict[str, Any]:
+    """``text``, a ``kv_transfer_config`` written as ``vllm serve --kv-transfer-config``
+    takes it (a JSON object in a string, as copied from a command line), as that object;
+    text that is not one is one line naming ``key``."""
+    import json
+
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{key}: not a JSON object ({e.msg}), got {short_repr(text)}", source=source
+        ) from None
+    if not isinstance(parsed, dict):
+        raise InputError(f"{key}: not a JSON object, got {short_repr(text)}", source=source)
+    return parsed
 
 
 class VllmArgs(Schema, frozen=True):
@@ -143,13 +166,29 @@ class VllmArgs(Schema, frozen=True):
     # kept as written, read by connector(): another connector than vLLM's
     # OffloadingConnector (LMCache's, NIXL's) fails its experiment alone, not the file
     kv_transfer_config: (
-        Annotated[dict[str, Any], Meta(extra_json_schema=_KV_TRANSFER_SCHEMA)] | None
+        Annotated[dict[str, Any], Meta(extra_json_schema=_KV_TRANSFER_SCHEMA)]
+        | Annotated[
+            str,
+            Meta(
+                description=_KV_TRANSFER_TEXT,
+                extra_json_schema={"contentMediaType": "application/json"},
+            ),
+        ]
+        | None
     ) = None
+
+    def transfer_config(
+        self, source: str | None = None, where: str = "vllm.kv_transfer_config"
+    ) -> dict[str, Any] | None:
+        """``kv_transfer_config`` as its object, its JSON text read (the reader has read a
+        file's already, naming the experiment)."""
+        data = self.kv_transfer_config
+        return _kv_config_object(data, where, source) if isinstance(data, str) else data
 
     def other_connector(self) -> Any:
         """The connector ``kv_transfer_config`` names where it is not the one kvsim models
         (its experiment fails alone), else None."""
-        name = (self.kv_transfer_config or {}).get("kv_connector")
+        name = (self.transfer_config() or {}).get("kv_connector")
         return None if name in (None, MODELLED_CONNECTOR) else name
 
     def connector(
@@ -158,7 +197,7 @@ class VllmArgs(Schema, frozen=True):
         """``kv_transfer_config`` as the OffloadingConnector's config, or None without one;
         a bad one (one naming no connector, as vLLM refuses it), or another connector
         (which kvsim does not model), is one line naming ``where`` in ``source``."""
-        data = self.kv_transfer_config
+        data = self.transfer_config(source, where)
         if data is None:
             return None
         if data.get("kv_connector") is None:  # vLLM's scheduler refuses to start
@@ -379,24 +418,13 @@ def _parse_kv_config_text(data: dict[str, Any], source: str) -> None:
     """Each ``vllm.kv_transfer_config`` written as the text ``vllm serve
     --kv-transfer-config`` takes (a JSON object in a string, as copied from a command
     line) replaced, in place, by that object; text that is not one is one line naming it."""
-    import json
-
     experiments = data.get("experiments")
     for i, exp in enumerate(experiments if isinstance(experiments, list) else []):
         vllm = exp.get("vllm") if isinstance(exp, dict) else None
         if not isinstance(vllm, dict) or not isinstance(vllm.get("kv_transfer_config"), str):
             continue
-        text = vllm["kv_transfer_config"]
         key = f"experiments[{i}].vllm.kv_transfer_config"
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(
-                f"{key}: not a JSON object ({e.msg}), got {short_repr(text)}", source=source
-            ) from None
-        if not isinstance(parsed, dict):
-            raise InputError(f"{key}: not a JSON object, got {short_repr(text)}", source=source)
-        vllm["kv_transfer_config"] = parsed
+        vllm["kv_transfer_config"] = _kv_config_object(vllm["kv_transfer_config"], key, source)
 
 
 def _check_connector(exp: Experiment, where: str, source: str) -> None:

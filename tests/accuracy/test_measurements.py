@@ -9,7 +9,7 @@ import pytest
 from measurements_small import experiment, write
 from support import run_main
 
-from kvsim.accuracy.measurements import read_measurements
+from kvsim.accuracy.measurements import VllmArgs, read_measurements
 from kvsim.core.errors import InputError
 from kvsim.options.registry import schema_named
 from kvsim.options.schema import json_schema
@@ -143,12 +143,34 @@ def test_kv_transfer_config_may_be_the_command_lines_json_text(tmp_path, capsys)
     assert connector is not None
     extra = connector.kv_connector_extra_config
     assert extra.cpu_bytes_to_use == kv["kv_connector_extra_config"]["cpu_bytes_to_use"]
+    assert VllmArgs(kv_transfer_config=json.dumps(kv)).connector() == connector  # built in code
     for text in ('{"kv_connector": "OffloadingConnector",}', "[1]"):
         path = write(tmp_path / "bad.yaml", experiment(vllm={**vllm, "kv_transfer_config": text}))
         code, out, err = run_main(["accuracy", path], capsys)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
         assert "experiments[0].vllm.kv_transfer_config: not a JSON object" in err
         assert f"got {text!r}" in err  # the value, as every bad value is said
+
+
+def test_the_schema_says_kv_transfer_config_may_be_the_command_lines_json_text(tmp_path):
+    """``kvsim schema measurements`` shows the text the reader takes: a string, described
+    as ``vllm serve --kv-transfer-config``'s JSON; a file holding one validates."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    schema = json_schema(schema_named("measurements"))
+    field = schema["$defs"]["VllmArgs"]["properties"]["kv_transfer_config"]
+    (text,) = [s for s in field["anyOf"] if s.get("type") == "string"]
+    assert "vllm serve --kv-transfer-config" in text["description"]
+    assert text["contentMediaType"] == "application/json"
+    kv = json.dumps(experiment()["vllm"]["kv_transfer_config"])
+    path = write(
+        tmp_path / "m.yaml", experiment(vllm={**experiment()["vllm"], "kv_transfer_config": kv})
+    )
+    with open(path, encoding="utf-8") as f:
+        jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(f))
 
 
 def test_ignore_eos_false_fails_its_experiment_alone(tmp_path, capsys):
