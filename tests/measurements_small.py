@@ -55,6 +55,15 @@ EXPERIMENT: dict[str, Any] = {
     ],
 }
 
+#: vLLM without chunked prefill refuses a step budget below max_model_len: an experiment
+#: that cannot have run as written
+UNSTARTABLE = {
+    **EXPERIMENT["vllm"],
+    "enable_chunked_prefill": False,
+    "max_num_batched_tokens": 2048,
+    "max_model_len": 4096,
+}
+
 
 def experiment(**changes: Any) -> dict[str, Any]:
     out = copy.deepcopy(EXPERIMENT)
