@@ -4,7 +4,7 @@ predicts beside what was measured: one row per (experiment, stage, metric).
 What is compared (``METRICS``), per load stage (requests by the stage they were sent in)
 and for the whole run (``all``):
 
-- ``ttft_*`` and ``e2e_*``: mean, p90, p99 of each request's time to first token and end
+- ``ttft_*`` and ``e2e_*``: mean, p50, p90, p99 of each request's time to first token and end
   to end latency, in ms, as the client sees them: the engine's plus the compute profile's
   ``request_overhead_s`` (HTTP, tokenizer: the client's path outside the engine);
 - ``itl_mean``: ``(e2e mean - ttft mean) / (output tokens - 1)``, the file's definition,
@@ -51,9 +51,11 @@ __all__ = ["METRICS", "ExperimentResult", "Row", "run_experiment", "stage_metric
 
 METRICS = (
     "ttft_mean",
+    "ttft_p50",
     "ttft_p90",
     "ttft_p99",
     "e2e_mean",
+    "e2e_p50",
     "e2e_p90",
     "e2e_p99",
     "itl_mean",
@@ -384,9 +386,11 @@ def stage_metrics(
         e2e_ms = float(row["mean_e2el_ms"]) + oh_ms
         m: dict[str, float | None] = {
             "ttft_mean": ttft_ms,
+            "ttft_p50": float(row["p50_ttft_ms"]) + oh_ms,
             "ttft_p90": float(row["p90_ttft_ms"]) + oh_ms,
             "ttft_p99": float(row["p99_ttft_ms"]) + oh_ms,
             "e2e_mean": e2e_ms,
+            "e2e_p50": float(row["p50_e2el_ms"]) + oh_ms,
             "e2e_p90": float(row["p90_e2el_ms"]) + oh_ms,
             "e2e_p99": float(row["p99_e2el_ms"]) + oh_ms,
         }
@@ -413,7 +417,7 @@ def _measured_value(m: Measured | None, metric: str, output_len: int) -> float |
     if m is None:
         return None
     kind, _, stat = metric.partition("_")
-    if kind in ("ttft", "e2e") and stat in ("mean", "p90", "p99"):
+    if kind in ("ttft", "e2e") and stat in ("mean", "p50", "p90", "p99"):
         stats: Stats | None = getattr(m, f"{kind}_ms")
         return None if stats is None else getattr(stats, stat)
     if metric == "itl_mean":

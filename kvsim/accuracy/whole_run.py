@@ -94,6 +94,6 @@ def weighted_whole_run(
         ms = done[column].to_numpy(dtype=np.float64) * 1000.0
         ok = len(ms) > 0
         row_all[f"mean_{name}_ms"] = float(np.average(ms, weights=per_request)) if ok else 0.0
-        for q in (90, 99):
+        for q in (50, 90, 99):
             row_all[f"p{q}_{name}_ms"] = _percentile(ms, per_request, q) if ok else 0.0
     return pd.concat([stages[stages["stage"].astype(str) != "all"], pd.DataFrame([row_all])])

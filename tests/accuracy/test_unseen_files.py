@@ -1,0 +1,72 @@
+"""``kvsim accuracy`` on measurements files written by others: what such a file may say
+(any subset of each latency's mean, p50, p90, p99) is compared, or said not to be, never
+dropped without a word."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pandas as pd
+import pytest
+from measurements_small import experiment, write
+from support import run_main
+
+from kvsim.accuracy.run import stage_metrics
+
+#: a one-stage run short enough for a test
+SHORT = {"type": "constant", "stages": [{"rate": 4, "duration": 3}]}
+FAST = ["--max-stage-s", "3", "--warmup-s", "0", "--no-progress", "--workers", "1"]
+
+
+def test_stage_metrics_by_hand():
+    stages = pd.DataFrame(
+        {
+            "stage": [0, 1, "all"],
+            "completed": [2, 0, 2],
+            "duration": [1.6, 0.0, 2.0],
+            "total_output_tokens": [22, 0, 22],
+            "total_input_tokens": [600, 0, 600],
+            "mean_ttft_ms": [15.0, 0.0, 15.0],
+            "p50_ttft_ms": [14.0, 0.0, 14.0],
+            "p90_ttft_ms": [19.0, 0.0, 19.0],
+            "p99_ttft_ms": [19.9, 0.0, 19.9],
+            "mean_e2el_ms": [550.0, 0.0, 550.0],
+            "p50_e2el_ms": [540.0, 0.0, 540.0],
+            "p90_e2el_ms": [590.0, 0.0, 590.0],
+            "p99_e2el_ms": [599.0, 0.0, 599.0],
+        }
+    )
+    m = stage_metrics(stages, 11, overhead_s=0.005)
+    assert set(m) == {"0", "all"}  # a stage that completed nothing has no metrics
+    assert m["0"]["ttft_mean"] == pytest.approx(20.0)  # the client's 5 ms added
+    assert m["0"]["ttft_p50"] == pytest.approx(19.0)
+    assert m["all"]["e2e_p50"] == pytest.approx(545.0)
+    assert m["0"]["e2e_p99"] == pytest.approx(604.0)
+    assert m["0"]["itl_mean"] == pytest.approx((555.0 - 20.0) / 10)  # overhead cancels
+    assert m["0"]["requests_per_s"] == pytest.approx(2 / 1.605)  # span ends later too
+    assert m["all"]["output_tokens_per_s"] == pytest.approx(22 / 2.005)
+    assert m["all"]["total_tokens_per_s"] == pytest.approx(622 / 2.005)
+
+
+@pytest.mark.parametrize("cut", [[], FAST[:4]], ids=["whole", "cut"])
+def test_a_measured_p50_is_compared(tmp_path, capsys, cut):
+    """A file that gives only medians (``p50``) gets rows for them, in the whole run of a
+    cut run (weighted) as of an uncut one, not an experiment with nothing compared."""
+    medians = experiment(
+        load={"type": "constant", "stages": [{"rate": 4, "duration": 8 if cut else 3}]},
+        measured=[{"stage": "all", "ttft_ms": {"p50": 20.0}, "e2e_ms": {"p50": 200.0}}],
+    )
+    out = tmp_path / "acc"
+    path = write(tmp_path / "m.yaml", medians)
+    code, _, err = run_main(["accuracy", path, "--out", out, *FAST[4:], *cut], capsys)
+    assert code == 0, err
+    with open(out / "accuracy.csv", newline="") as f:
+        rows = {(r["stage"], r["metric"]): r for r in csv.DictReader(f)}
+    for metric, measured in (("ttft_p50", 20.0), ("e2e_p50", 200.0)):
+        row = rows[("all", metric)]
+        assert float(row["measured"]) == measured
+        assert 0 < float(row["predicted"]) < float(rows[("all", metric[:-3] + "p99")]["predicted"])
+        assert row["ape_pct"] != ""
+    summary = json.loads((out / "metadata.json").read_text())["config"]["summary"]
+    assert set(summary) == {"ttft_p50", "e2e_p50"}
