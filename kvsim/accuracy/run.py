@@ -300,6 +300,7 @@ def _run(
         if key == "all" or measured[int(key)] is not None
     }
     _unsent(exp, run, measured, predicted)
+    _uncompared(exp)
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
 
 
@@ -335,6 +336,24 @@ def _unsent(
         sent = f"{stage.rate:g}/s for {stage.duration:g} s" if stage.rate else "its load"
         warnings.warn(
             f"stage {index} sent no request in the run ({sent}), so it is not compared",
+            InputWarning,
+            stacklevel=3,
+        )
+
+
+def _uncompared(exp: Experiment) -> None:
+    """Measured values that no metric compares, ITL's percentiles (kvsim predicts the mean
+    ITL, as the file defines it), are said once, not dropped silently."""
+    unread = [
+        f"itl_ms.{stat} of stage {m.stage}"
+        for m in exp.measured
+        if m.itl_ms is not None
+        for stat in ("p50", "p90", "p99")
+        if getattr(m.itl_ms, stat) is not None
+    ]
+    if unread:
+        warnings.warn(
+            f"measured {', '.join(unread)} not compared (kvsim predicts the mean ITL only)",
             InputWarning,
             stacklevel=3,
         )

@@ -70,3 +70,20 @@ def test_a_measured_p50_is_compared(tmp_path, capsys, cut):
         assert row["ape_pct"] != ""
     summary = json.loads((out / "metadata.json").read_text())["config"]["summary"]
     assert set(summary) == {"ttft_p50", "e2e_p50"}
+
+
+def test_a_measured_itl_percentile_is_said_not_compared(tmp_path, capsys):
+    """kvsim predicts the mean ITL only: a file's ITL percentiles are a warning naming
+    them (stderr, --json's warnings), not dropped without a word."""
+    itl = experiment(
+        load=SHORT,
+        measured=[{"stage": "all", "itl_ms": {"mean": 9.0, "p50": 8.0, "p99": 30.0}}],
+    )
+    path = write(tmp_path / "m.yaml", itl)
+    code, stdout, err = run_main(["accuracy", path, "--json", *FAST], capsys)
+    assert code == 0, err
+    said = "measured itl_ms.p50 of stage all, itl_ms.p99 of stage all not compared"
+    assert said in err
+    assert any(said in w for w in json.loads(stdout)["warnings"]["small-llama-2-7b"])
+    rows = {r["metric"]: r for r in json.loads(stdout)["rows"] if r["stage"] == "all"}
+    assert rows["itl_mean"]["measured"] == 9.0  # the mean is compared
