@@ -395,6 +395,7 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
             source=source,
         )
     _parse_kv_config_text(data, source)
+    _stage_texts(data, source)
     parsed = load(MeasurementsFile, whole_floats_as_ints(data), source=source)
     ids: set[str] = set()
     for i, exp in enumerate(parsed.experiments):
@@ -425,6 +426,27 @@ def _parse_kv_config_text(data: dict[str, Any], source: str) -> None:
             continue
         key = f"experiments[{i}].vllm.kv_transfer_config"
         vllm["kv_transfer_config"] = _kv_config_object(vllm["kv_transfer_config"], key, source)
+
+
+def _stage_texts(data: dict[str, Any], source: str) -> None:
+    """Each ``measured[j].stage`` written as the text of its index (``stage: "0"``, as a
+    file that quotes ``"all"`` quotes its neighbours) replaced, in place, by the index; other
+    text but ``all`` is one line naming it and what a stage is."""
+    experiments = data.get("experiments")
+    for i, exp in enumerate(experiments if isinstance(experiments, list) else []):
+        measured = exp.get("measured") if isinstance(exp, dict) else None
+        for j, m in enumerate(measured if isinstance(measured, list) else []):
+            stage = m.get("stage") if isinstance(m, dict) else None
+            if not isinstance(stage, str) or stage == "all":
+                continue
+            if stage.isascii() and stage.isdigit():
+                m["stage"] = int(stage)
+                continue
+            raise InputError(
+                f"experiments[{i}].measured[{j}].stage: a load stage's index from 0, or all "
+                f"(the whole run), got {short_repr(stage)}",
+                source=source,
+            )
 
 
 def _check_connector(exp: Experiment, where: str, source: str) -> None:

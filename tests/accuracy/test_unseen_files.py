@@ -87,3 +87,28 @@ def test_a_measured_itl_percentile_is_said_not_compared(tmp_path, capsys):
     assert any(said in w for w in json.loads(stdout)["warnings"]["small-llama-2-7b"])
     rows = {r["metric"]: r for r in json.loads(stdout)["rows"] if r["stage"] == "all"}
     assert rows["itl_mean"]["measured"] == 9.0  # the mean is compared
+
+
+def test_a_stage_index_written_as_text_is_the_index(tmp_path):
+    """``stage: "0"`` (a file quoting its stages as it quotes ``"all"``) is stage 0."""
+    from kvsim.accuracy.measurements import read_measurements
+
+    quoted = experiment(
+        measured=[{"stage": "1", "ttft_ms": {"mean": 20.0}}, {"stage": "all", "requests": 6}]
+    )
+    read = read_measurements(write(tmp_path / "m.yaml", quoted))
+    assert [m.stage for m in read.experiments[0].measured] == [1, "all"]
+
+
+@pytest.mark.parametrize("stage", ["ALL", "first", "-1", "1.5"])
+def test_a_stage_that_is_neither_says_what_a_stage_is(tmp_path, capsys, stage):
+    """Not a stage: one line naming the key path and both kinds of stage, exit 2 (the
+    schema's own message listed only ``all``)."""
+    bad = experiment(measured=[{"stage": 0}, {"stage": stage, "ttft_ms": {"mean": 20.0}}])
+    path, out = write(tmp_path / "m.yaml", bad), tmp_path / "acc"
+    code, stdout, err = run_main(["accuracy", path, "--out", out], capsys)
+    assert code == 2 and not stdout and not out.exists()
+    assert err == (
+        f"kvsim: error: {path}: experiments[0].measured[1].stage: a load "
+        f"stage's index from 0, or all (the whole run), got '{stage}'\n"
+    )
