@@ -42,7 +42,7 @@ from kvsim.accuracy.whole_run import stage_weights, weighted_whole_run
 from kvsim.core.errors import InputError, InputWarning
 from kvsim.specs.context import check_unchunked_budget, vllm_max_model_len
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
-from kvsim.specs.models import get_model
+from kvsim.specs.models import ModelSpec, get_model
 
 if TYPE_CHECKING:
     from kvsim.engine.phase_compute import PhaseProfile
@@ -251,6 +251,7 @@ def _run(
     spec = run.workload_spec()
     gpu_arg = exp.gpu_arg(base_dir)  # a spec file is read here once, not per use
     gpu = get_gpu(gpu_arg)
+    _check_override(exp, model, gpu)
     mml = vllm_max_model_len(model, exp.vllm.max_model_len, "vllm.max_model_len")
     batched_tokens = _max_num_batched_tokens(exp, mml, gpu)
     if isinstance(compute_profile, PhaseProfile):
@@ -302,6 +303,27 @@ def _run(
     _unsent(exp, run, measured, predicted)
     _uncompared(exp)
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
+
+
+def _check_override(exp: Experiment, model: ModelSpec, gpu: GpuSpec) -> None:
+    """A ``num_gpu_blocks_override`` whose KV and the weights do not fit in the GPU's whole
+    memory is a run vLLM could not have started (it allocates the blocks given at start-up),
+    most likely the KV cache's size in tokens, which vLLM's log states, written as blocks."""
+    from kvsim.core.units import GIB
+
+    blocks = exp.vllm.num_gpu_blocks_override
+    if blocks is None:
+        return
+    kv = blocks * exp.vllm.block_size * model.gpu_kv_bytes_per_token(tp=exp.tp)
+    weights = model.weight_bytes() / exp.tp
+    if kv + weights > gpu.memory_bytes:
+        raise InputError(
+            f"vllm.num_gpu_blocks_override {blocks}: {blocks:,} blocks of "
+            f"{exp.vllm.block_size} tokens are {kv / GIB:,.1f} GiB of KV per GPU at "
+            f"tp={exp.tp}, more than {gpu.name}'s {gpu.memory_bytes / GIB:,.1f} GiB less "
+            f"{model.name}'s weights ({weights / GIB:,.1f} GiB): vLLM could not have "
+            "allocated them (the KV cache's size in tokens, not blocks?)"
+        )
 
 
 def _cut_to_nothing(

@@ -9,7 +9,7 @@ import json
 
 import pandas as pd
 import pytest
-from measurements_small import experiment, write
+from measurements_small import EXPERIMENT, experiment, write
 from support import run_main
 
 from kvsim.accuracy.run import stage_metrics
@@ -112,3 +112,23 @@ def test_a_stage_that_is_neither_says_what_a_stage_is(tmp_path, capsys, stage):
         f"kvsim: error: {path}: experiments[0].measured[1].stage: a load "
         f"stage's index from 0, or all (the whole run), got '{stage}'\n"
     )
+
+
+def test_a_gpu_block_count_past_the_gpus_memory_fails_its_experiment_alone(tmp_path, capsys):
+    """vLLM's log gives the KV cache's size in tokens (7463 blocks: 119,408 tokens): written
+    as num_gpu_blocks_override it is 16 times the KV an H100 holds, a run vLLM could not have
+    started. It fails alone, saying so, instead of running a KV of 930 GiB (and 1e9 blocks,
+    rather than fail, had the process killed for its memory)."""
+    tokens = experiment(
+        id="tokens", load=SHORT, vllm={**EXPERIMENT["vllm"], "num_gpu_blocks_override": 119408}
+    )
+    path = write(tmp_path / "m.yaml", tokens, experiment(load=SHORT))
+    code, stdout, err = run_main(["accuracy", path, "--json", *FAST], capsys)
+    assert code == 1
+    failures = json.loads(stdout)["failures"]
+    assert set(failures) == {"tokens"}  # the other ran
+    assert failures["tokens"].startswith(
+        "vllm.num_gpu_blocks_override 119408: 119,408 blocks of 16 tokens are 932.9 GiB of KV "
+        "per GPU at tp=1, more than h100's 79.6 GiB less llama-2-7b's weights"
+    )
+    assert "kvsim: experiment tokens: vllm.num_gpu_blocks_override 119408" in err
