@@ -222,7 +222,7 @@ def size_cpu_tier(
     num_chunks = cpu_bytes_to_use // row_bytes
     if require_one_chunk and num_chunks == 0:
         raise InputError(
-            f"--cpu-gib ({cpu_bytes_to_use} bytes): capacity too small for one chunk "
+            f"{cpu_bytes_to_use} bytes: capacity too small for one chunk "
             f"(needs {row_bytes} bytes per chunk)"
         )
     tokens_per_chunk = gpu_block_tokens * blocks_per_chunk

@@ -132,3 +132,18 @@ def test_a_gpu_block_count_past_the_gpus_memory_fails_its_experiment_alone(tmp_p
         "per GPU at tp=1, more than h100's 79.6 GiB less llama-2-7b's weights"
     )
     assert "kvsim: experiment tokens: vllm.num_gpu_blocks_override 119408" in err
+
+
+def test_a_cpu_tier_too_small_is_named_as_the_file_names_it(tmp_path, capsys):
+    """cpu_bytes_to_use written in GiB (8) is 8 bytes: its experiment fails naming
+    cpu_bytes_to_use, not ``--cpu-gib``, an option of ``kvsim simulate`` the file never
+    wrote."""
+    kv = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}
+    kv["kv_connector_extra_config"] = {"cpu_bytes_to_use": 8}
+    gib = experiment(load=SHORT, vllm={**EXPERIMENT["vllm"], "kv_transfer_config": kv})
+    code, _, err = run_main(["accuracy", write(tmp_path / "m.yaml", gib), *FAST], capsys)
+    assert code == 1
+    assert (
+        "kvsim: experiment small-llama-2-7b: cpu_bytes_to_use: 8 bytes: capacity too small "
+        "for one chunk (needs 8388608 bytes per chunk)\n"
+    ) in err

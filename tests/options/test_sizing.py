@@ -276,7 +276,9 @@ def test_bad_options(kwargs, option):
 def test_negative_bytes_and_too_small():
     with pytest.raises(InputError, match="--cpu-gib"):
         size_cpu_tier(-1, worker_kv_bytes_per_block=16)
-    with pytest.raises(InputError, match=r"--cpu-gib .*too small for one chunk \(needs 2097152"):
+    with pytest.raises(
+        InputError, match=r"^1048576 bytes: capacity too small for one chunk \(needs 2097152"
+    ):
         size_for_model(get_model("llama-3.1-8b"), MiB)
     s = size_for_model(get_model("llama-3.1-8b"), MiB, require_one_chunk=False)
     assert s.num_chunks == 0 and s.cpu_kv_cache_size_bytes == 0
