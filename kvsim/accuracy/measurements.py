@@ -240,8 +240,15 @@ class Router(Schema, frozen=True):
             )
 
 
+def _workload_schema(kind: type[SharedPrefixWorkload] | type[RandomWorkload]) -> dict[str, Any]:
+    """``kind``'s schema as the reader takes it: ``type`` required (it picks the kind)."""
+    schema = _inline(msgspec.json.schema(kind))
+    schema["required"] = ["type", *schema.get("required", [])]
+    return schema
+
+
 _WORKLOAD_SCHEMA = {
-    "anyOf": [_inline(msgspec.json.schema(t)) for t in (SharedPrefixWorkload, RandomWorkload)],
+    "anyOf": [_workload_schema(t) for t in (SharedPrefixWorkload, RandomWorkload)],
     "description": "The benchmark client's data: type shared_prefix or random, with its keys.",
 }
 

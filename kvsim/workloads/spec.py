@@ -204,6 +204,10 @@ def load_workload(
     if schema is None:
         hint = did_you_mean(str(kind), WORKLOAD_TYPES) if isinstance(kind, str) else ""
         key = f"{prefix}.type" if prefix else "type"
+        if isinstance(data, dict) and "type" not in data:
+            raise InputError(
+                f"{key}: missing (a required key: {', '.join(WORKLOAD_TYPES)})", source=source
+            )
         raise InputError(
             f"{key}: expected one of {', '.join(WORKLOAD_TYPES)}, got {kind!r}{hint}",
             source=source,

@@ -147,3 +147,30 @@ def test_a_cpu_tier_too_small_is_named_as_the_file_names_it(tmp_path, capsys):
         "kvsim: experiment small-llama-2-7b: cpu_bytes_to_use: 8 bytes: capacity too small "
         "for one chunk (needs 8388608 bytes per chunk)\n"
     ) in err
+
+
+def test_a_workload_without_its_type_is_said_missing_and_the_schema_requires_it(tmp_path):
+    """The reader needs ``type`` to know the workload's kind: its absence is 'missing', not
+    'got None', and the printed schema (which a file's writer checks against) requires it,
+    as the reader does, instead of giving it a default the reader does not apply."""
+    import jsonschema
+
+    from kvsim.accuracy.measurements import read_measurements
+    from kvsim.core.errors import InputError
+    from kvsim.options.registry import schema_named
+    from kvsim.options.schema import json_schema
+
+    untyped = experiment(workload={"input_len": 100, "output_len": 10})
+    path = write(tmp_path / "m.yaml", untyped)
+    with pytest.raises(InputError) as exc:
+        read_measurements(path)
+    assert str(exc.value) == (
+        f"{path}: experiments[0].workload.type: missing (a required key: shared_prefix, random)"
+    )
+    data = {"kvsim_measurements": 1, "experiments": [untyped]}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, json_schema(schema_named("measurements")))
+    jsonschema.validate(
+        {"kvsim_measurements": 1, "experiments": [experiment()]},
+        json_schema(schema_named("measurements")),
+    )
