@@ -59,16 +59,25 @@ class AccuracyReport:
     def failures(self) -> list[ExperimentResult]:
         return [r for r in self.results if r.error is not None]
 
+    def whole_run_rows(self) -> list[Row]:
+        """Each experiment's whole-run rows: its ``all`` rows, or a one-stage load's stage 0
+        rows where the file measured only that stage (the same requests: its whole run)."""
+        out: list[Row] = []
+        for r in self.results:
+            stages = {row.stage for row in r.rows}
+            measured_all = any(row.stage == "all" and row.measured is not None for row in r.rows)
+            whole = "0" if stages == {"0", "all"} and not measured_all else "all"
+            out.extend(row for row in r.rows if row.stage == whole)
+        return out
+
     def summary(self) -> dict[str, dict[str, float]]:
-        """``{metric: {median, mean, n}}`` of the APE over the experiments' whole runs."""
+        """``{metric: {median, mean, n}}`` of the APE over the experiments' whole runs
+        (:meth:`whole_run_rows`)."""
         out: dict[str, dict[str, float]] = {}
+        whole = self.whole_run_rows()
         for metric in METRICS:
             apes = [
-                a
-                for row in self.rows
-                if row.stage == "all" and row.metric == metric
-                for a in [row.ape_pct]
-                if a is not None
+                a for row in whole if row.metric == metric for a in [row.ape_pct] if a is not None
             ]
             if apes:
                 out[metric] = {

@@ -155,7 +155,7 @@ def _print(report: object) -> None:
         )
     summary = report.summary()
     ok = len(report.results) - len(report.failures)
-    click.echo(f"\nAPE over {ok} experiment(s), whole runs (stage all):")
+    click.echo(f"\nAPE over {ok} experiment(s), whole runs (stage all, or a one-stage load's 0):")
     click.echo(f"{'metric':<20} {'median %':>9} {'mean %':>8}")
     for metric, s in summary.items():
         click.echo(f"{metric:<20} {_fmt(s['median']):>9} {_fmt(s['mean']):>8}")

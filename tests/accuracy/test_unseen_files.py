@@ -174,3 +174,23 @@ def test_a_workload_without_its_type_is_said_missing_and_the_schema_requires_it(
         {"kvsim_measurements": 1, "experiments": [experiment()]},
         json_schema(schema_named("measurements")),
     )
+
+
+def test_a_one_stage_load_measured_as_stage_0_counts_in_the_summary(tmp_path, capsys):
+    """A one-stage load's stage 0 is its whole run: a file that measured it so (and not
+    ``all``) is in the summary, not left out while the table counts it."""
+    stage0 = experiment(id="stage0", load=SHORT, measured=[{"stage": 0, "ttft_ms": {"mean": 20.0}}])
+    whole = experiment(load=SHORT, measured=[{"stage": "all", "ttft_ms": {"mean": 20.0}}])
+    two = experiment(id="two", measured=[{"stage": 0, "ttft_ms": {"mean": 20.0}}])
+    path = write(tmp_path / "m.yaml", stage0, whole, two)
+    code, stdout, err = run_main(["accuracy", path, "--json", *FAST], capsys)
+    assert code == 0, err
+    data = json.loads(stdout)
+    assert data["summary"]["ttft_mean"]["n"] == 2  # not two's: stage 0 of two is not its run
+    ttft = {
+        (r["experiment"], r["stage"]): r["ape_pct"]
+        for r in data["rows"]
+        if r["metric"] == "ttft_mean"
+    }
+    apes = [ttft[("stage0", "0")], ttft[("small-llama-2-7b", "all")]]
+    assert data["summary"]["ttft_mean"]["mean"] == pytest.approx(sum(apes) / 2)
