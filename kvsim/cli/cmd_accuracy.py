@@ -144,13 +144,15 @@ def _print(report: object) -> None:
     from kvsim.accuracy.report import AccuracyReport
 
     assert isinstance(report, AccuracyReport)
+    # as wide as the longest id: two ids alike in their first 44 characters stay apart
+    wide = max([44, *(len(r.experiment) for r in report.results)])
     click.echo(
-        f"{'experiment':<44} {'stage':>5} {'metric':<20} "
+        f"{'experiment':<{wide}} {'stage':>5} {'metric':<20} "
         f"{'predicted':>10} {'measured':>10} {'APE %':>7}"
     )
     for row in report.rows:
         click.echo(
-            f"{row.experiment[:44]:<44} {row.stage:>5} {row.metric:<20} "
+            f"{row.experiment:<{wide}} {row.stage:>5} {row.metric:<20} "
             f"{_fmt(row.predicted):>10} {_fmt(row.measured):>10} {_fmt(row.ape_pct):>7}"
         )
     summary = report.summary()

@@ -194,3 +194,17 @@ def test_a_one_stage_load_measured_as_stage_0_counts_in_the_summary(tmp_path, ca
     }
     apes = [ttft[("stage0", "0")], ttft[("small-llama-2-7b", "all")]]
     assert data["summary"]["ttft_mean"]["mean"] == pytest.approx(sum(apes) / 2)
+
+
+def test_the_table_keeps_ids_whole(tmp_path, capsys):
+    """Two ids alike in their first 44 characters (the table's column) are told apart in
+    the printed table, as in accuracy.csv."""
+    stem = "llm-d-qwen3-32b-sys30k-offload-concurrency-"
+    ids = [stem + "045", stem + "090"]
+    path = write(tmp_path / "m.yaml", *(experiment(id=i, load=SHORT) for i in ids))
+    code, stdout, err = run_main(["accuracy", path, *FAST], capsys)
+    assert code == 0, err
+    lines = stdout.splitlines()
+    for i in ids:
+        assert sum(line.startswith(i + " ") for line in lines) == 24  # 12 metrics, 2 stages
+    assert lines[0].index(" metric") == lines[1].index(" ttft_mean")  # the columns line up
