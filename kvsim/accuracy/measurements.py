@@ -401,6 +401,7 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
             "kvsim reads (1)",
             source=source,
         )
+    _vllm_nulls_unset(data)
     _parse_kv_config_text(data, source)
     _stage_texts(data, source)
     parsed = load(MeasurementsFile, whole_floats_as_ints(data), source=source)
@@ -420,6 +421,22 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
                 raise InputError(f"experiments[{i}].{key}: {e}", source=source) from None
         _check_connector(exp, f"experiments[{i}].vllm.kv_transfer_config", source)
     return parsed
+
+
+def _vllm_nulls_unset(data: dict[str, Any]) -> None:
+    """Each experiment's ``vllm`` keys given as null (vLLM's own default of ``block_size``,
+    ``enable_prefix_caching``, ``enable_chunked_prefill``: None, as a dump of its engine
+    arguments writes them), and an empty ``vllm:``, taken as unset, in place: vLLM's
+    default, as every key already is where it is absent."""
+    experiments = data.get("experiments")
+    for exp in experiments if isinstance(experiments, list) else []:
+        if not isinstance(exp, dict) or "vllm" not in exp:
+            continue
+        vllm = exp["vllm"]
+        if vllm is None:
+            del exp["vllm"]
+        elif isinstance(vllm, dict):
+            exp["vllm"] = {k: v for k, v in vllm.items() if v is not None}
 
 
 def _parse_kv_config_text(data: dict[str, Any], source: str) -> None:

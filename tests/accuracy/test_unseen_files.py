@@ -208,3 +208,17 @@ def test_the_table_keeps_ids_whole(tmp_path, capsys):
     for i in ids:
         assert sum(line.startswith(i + " ") for line in lines) == 24  # 12 metrics, 2 stages
     assert lines[0].index(" metric") == lines[1].index(" ttft_mean")  # the columns line up
+
+
+def test_a_null_vllm_argument_is_vllms_default(tmp_path):
+    """vLLM's own defaults of block_size, enable_prefix_caching and enable_chunked_prefill
+    are None: a file that writes its engine arguments as vLLM holds them (null), or an
+    empty ``vllm:``, reads as those keys left out, as max_num_seqs: null always did."""
+    from kvsim.accuracy.measurements import VllmArgs, read_measurements
+
+    keys = ("block_size", "gpu_memory_utilization", "enable_prefix_caching", "dtype")
+    nulls = experiment(id="nulls", vllm={**dict.fromkeys(keys), "max_num_seqs": 64})
+    empty = experiment(id="empty", vllm=None)
+    read = read_measurements(write(tmp_path / "m.yaml", nulls, empty))
+    assert read.experiments[0].vllm == VllmArgs(max_num_seqs=64)
+    assert read.experiments[1].vllm == VllmArgs()
