@@ -22,7 +22,7 @@ from kvsim.sweeps.baselines import sharing_baselines
 from kvsim.sweeps.cell_tables import CELLS, drop_requests, has_requests
 from kvsim.sweeps.cells import STATUS_COLUMNS, cell_id
 from kvsim.sweeps.executors import EXECUTORS, check_timeout, executor, import_ray
-from kvsim.sweeps.inputs import check_traces, trace_text
+from kvsim.sweeps.inputs import check_traces
 from kvsim.sweeps.journal import (
     JOURNAL,
     LOCK,
@@ -93,7 +93,7 @@ def sweep(
     if s.keep_requests and out is None:
         raise InputError("keep_requests needs an output folder (out=..., kvsim sweep --out)")
     workers = _check_run(executor, workers)
-    _check_size(s, max_cells, _spec_path(spec))
+    _check_size(s, max_cells)
     check_timeout(cell_timeout, executor)
     base_dir = os.getcwd()
     if out is not None:
@@ -175,23 +175,15 @@ def _spec_path(spec: Any) -> str | None:
     return os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else None
 
 
-def _check_size(s: SweepSpec, max_cells: int | None, source: str | None = None) -> None:
-    """Refuse a grid larger than ``max_cells`` before building any cell, and one that has
-    the same cell twice (a repeated trace or grid value: ``1`` and ``1.0`` are one value)."""
+def _check_size(s: SweepSpec, max_cells: int | None) -> None:
+    """Refuse a grid larger than ``max_cells`` before building any cell (a repeated trace
+    or grid value was refused when the spec was read, naming its file)."""
     n = s.n_cells
     if max_cells is not None and n > max_cells:
         raise InputError(
             f"the sweep has {n:,} cells, more than the limit of {max_cells:,}; "
             "shrink the grid or raise the limit (kvsim sweep --max-cells N)"
         )
-    for name, values in [("traces", s.traces), *((f"grid.{k}", v) for k, v in s.grid.items())]:
-        texts = [trace_text(v) for v in values]  # 1.0 was read as 1
-        if len(set(texts)) != len(texts):
-            repeated = next(v for v, t in zip(values, texts) if texts.count(t) > 1)
-            raise InputError(
-                f"the sweep has duplicate cells: {name} repeats {short_repr(repeated)}",
-                source=source,
-            )
 
 
 @dataclass

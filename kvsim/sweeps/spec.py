@@ -27,6 +27,7 @@ from kvsim.core.io import read_yaml
 from kvsim.core.numeric import text_number_hint, whole_floats_as_ints
 from kvsim.options.schema import Schema, load, short_repr
 from kvsim.sweeps.cells import count_cells, expand
+from kvsim.sweeps.inputs import trace_text
 from kvsim.sweeps.spec_schema import (
     MODES,
     GeneratedTrace,
@@ -104,6 +105,7 @@ class SweepSpec:
             options[TIERS] = canonical_tier_set(options[TIERS])
         if TIERS in grid:
             grid[TIERS] = [canonical_tier_set(v) for v in grid[TIERS]]
+        _check_repeats(traces, grid, source)
         return cls(
             traces=list(traces),
             mode=mode,
@@ -127,6 +129,19 @@ class SweepSpec:
     def cells(self) -> list[dict[str, Any]]:
         """:meth:`iter_cells` as a list."""
         return list(self.iter_cells())
+
+
+def _check_repeats(traces: list[Any], grid: dict[str, list[Any]], source: str) -> None:
+    """Refuse a spec that has the same cell twice: a repeated trace or grid value (``1``
+    and ``1.0`` are one value, as are two spellings of one tier set), named with its file."""
+    for name, values in [("traces", traces), *((f"grid.{k}", v) for k, v in grid.items())]:
+        texts = [trace_text(v) for v in values]  # 1.0 was read as 1
+        if len(set(texts)) != len(texts):
+            repeated = next(v for v, t in zip(values, texts) if texts.count(t) > 1)
+            raise InputError(
+                f"the sweep has duplicate cells: {name} repeats {short_repr(repeated)}",
+                source=source,
+            )
 
 
 def check_value(name: str, value: Any, where: str) -> None:

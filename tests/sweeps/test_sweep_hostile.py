@@ -187,6 +187,22 @@ def test_a_whole_float_repeats_its_integer(tmp_path):
         sweep(spec, executor="serial")
 
 
+def test_a_repeated_value_names_the_spec_file(tmp_path, capsys):
+    """As every other bad spec: one line naming the file, the key and the value (the
+    command hands the sweep a spec it read, so the file was lost and the line began with
+    the key), and from Python the mapping (``sweep spec``)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"traces: [{SAMPLE}]\ngrid: {{cpu_chunks: [1e3, 1000.0]}}\n")
+    code, _, err = run_main(["sweep", spec, "--out", tmp_path / "o"], capsys)
+    assert code == 2, err
+    assert err.strip() == (
+        f"kvsim: error: {spec}: the sweep has duplicate cells: grid.cpu_chunks repeats 1000"
+    )
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(InputError, match=r"^sweep spec: the sweep has duplicate cells: traces"):
+        sweep({"traces": [SAMPLE, SAMPLE], "options": {"cpu_chunks": 10}}, executor="serial")
+
+
 def test_a_spec_name_is_a_name_not_a_path(tmp_path, capsys, monkeypatch):
     """The default folder is sweep-NAME, here: ``../../escape`` would write elsewhere."""
     monkeypatch.chdir(tmp_path)
