@@ -262,7 +262,7 @@ def replay(
     if extra is not None:
         refuse_engine_knobs_in_cache_mode(extra)
     config = make_options(extra, **_pick(given, OFFLOAD_FIELDS)).resolve(tr.block_tokens)
-    fleet = fleet_options(given)
+    fleet = fleet_options(given, timed=False)
     with Progress(progress, request_total(tr) if progress is True else None, "replaying") as bar:
         if fleet is not None:
             from kvsim.fleet.cache_fleet import replay_fleet
@@ -280,13 +280,14 @@ def replay(
         return replay_trace(tr, config, run, bar.callback)
 
 
-def fleet_options(given: Mapping[str, Any]) -> FleetOptions | None:
-    """The fleet a job's keywords ask for, or None (no fleet keyword given: one engine)."""
+def fleet_options(given: Mapping[str, Any], *, timed: bool) -> FleetOptions | None:
+    """The fleet a job's keywords ask for, or None (no fleet keyword given: one engine);
+    options the run in this mode never reads are named in one warning."""
     picked = {k: v for k, v in _pick(given, FLEET_FIELDS).items() if v is not None}
     if not picked:
         return None
     fleet = FleetOptions(**picked)
-    unread = fleet.unread()
+    unread = fleet.unread(timed)
     if unread:
         warnings.warn(
             "given, but the run never reads them, so they change nothing: " + "; ".join(unread),
@@ -592,7 +593,7 @@ def simulate(
     offload.update(model=model or DEFAULT_MODEL, cpu_chunks=cpu_chunks if sized else 1)
     setup = compose(make_options(extra, **offload), timed, extra, tr.block_tokens, sized)
 
-    fleet = fleet_options(given)
+    fleet = fleet_options(given, timed=True)
     run: Callable[..., tuple[dict[str, Any], dict[str, Any]]] = run_engine
     if fleet is not None:
         from kvsim.fleet.timed_fleet import fleet_runner

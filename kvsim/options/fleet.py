@@ -126,13 +126,29 @@ class FleetOptions(Schema, frozen=True):
     def __post_init__(self) -> None:
         check_fields(self, names=fleet_option_name)
 
-    def unread(self) -> list[str]:
+    def unread(self, timed: bool | None = None) -> list[str]:
         """The options given (away from their defaults) that this fleet never reads, each
         with why: a user who set them expects them to change the run, and they do not.
+
+        Args:
+            timed: the mode the fleet runs in, when known: cache mode (False) never reads
+                the shared tier's link (it has no time), timed mode (True) never reads
+                ``--router-window-s`` (its load is the scheduler's queues).
 
         Returns one clause per option (``--router-kv-weight (only the prefix-aware router
         reads the weights)``); empty when every option given is read."""
         out = []
+        if timed is False and self.shared_tier is not None and self.shared_tier_link is not None:
+            out.append("--shared-tier-link (cache mode has no time for a link to take)")
+        if (
+            timed is True
+            and self.instances > 1
+            and self.router_window_s != FLEET_DEFAULTS["router_window_s"]
+        ):
+            out.append(
+                "--router-window-s (cache mode's stand-in for queues; timed mode routes on "
+                "the scheduler's)"
+            )
         if self.instances == 1:
             out += [
                 f"{fleet_option_name(name)} (one instance has no router)"

@@ -13,6 +13,7 @@ import pytest
 from support import ROOT, SAMPLE, run_main
 
 import kvsim
+from kvsim import InputWarning
 from kvsim.traces import Request, as_trace
 
 OPTS = dict(cpu_chunks=40, gpu_blocks=30)
@@ -236,6 +237,38 @@ def test_options_a_fleet_never_reads_are_named(options, unread) -> None:
 
     said = FleetOptions(**options).unread()
     assert [clause.split(" (")[0] for clause in said] == unread
+
+
+@pytest.mark.parametrize(
+    ("options", "timed", "unread"),
+    [
+        ({**_POOL, "shared_tier_link": "nic-100g"}, False, ["--shared-tier-link"]),
+        ({**_POOL, "shared_tier_link": "nic-100g"}, True, []),
+        ({"instances": 3, "router_window_s": 2.0}, True, ["--router-window-s"]),
+        ({"instances": 3, "router_window_s": 2.0}, False, []),
+        ({"router_window_s": 2.0}, True, ["--router-window-s"]),  # named once: one instance
+    ],
+)
+def test_options_one_mode_never_reads_are_named(options, timed, unread) -> None:
+    """Cache mode has no time, so no link to time; timed mode routes on the scheduler's
+    queues, not on cache mode's window of routed requests."""
+    from kvsim.options.fleet import FleetOptions
+
+    said = FleetOptions(**options).unread(timed)
+    assert [clause.split(" (")[0] for clause in said] == unread
+
+
+def test_a_mode_s_unread_option_warns_and_changes_nothing() -> None:
+    pool = {"cpu_chunks": 40, "instances": 2, "shared_tier": "pool"}
+    plain = kvsim.replay(SAMPLE, **pool).summary
+    with pytest.warns(InputWarning, match=r"--shared-tier-link \(cache mode has no time"):
+        linked = kvsim.replay(SAMPLE, **pool, shared_tier_link="nic-100g").summary
+    assert linked == plain
+    fleet = {"cpu_gib": 2, "limit": 60, "instances": 3, "router": "prefix-aware"}
+    plain = kvsim.simulate(SAMPLE, **fleet, record_steps=False).summary
+    with pytest.warns(InputWarning, match=r"--router-window-s \(cache mode's stand-in"):
+        windowed = kvsim.simulate(SAMPLE, **fleet, router_window_s=1.0, record_steps=False)
+    assert windowed.summary == plain
 
 
 def test_unread_fleet_options_warn_once_and_change_nothing(capsys) -> None:
