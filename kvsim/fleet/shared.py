@@ -21,6 +21,7 @@ from kvsim.core.errors import InputError
 from kvsim.options.config import CacheConfig
 from kvsim.options.fleet import FLEET_DEFAULTS, FleetOptions, fleet_option_name
 from kvsim.options.tiers import TierSpec, parse_byte_size
+from kvsim.policies.registry import eviction_policy_class
 from kvsim.tiering.build import tier_store
 from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Request
@@ -60,6 +61,8 @@ def shared_tier_spec(fleet: FleetOptions) -> TierSpec | None:
     if capacity_chunks == 0:  # holds nothing, so no instance asks it: no shared tier
         return None
     bounded = capacity_bytes is not None or capacity_chunks is not None
+    if bounded:  # named as the user gave it, not as the tier it becomes
+        eviction_policy_class(fleet.shared_tier_eviction, option="--shared-tier-eviction")
     return TierSpec(
         kind,
         capacity_bytes=capacity_bytes,

@@ -271,6 +271,18 @@ def test_a_mode_s_unread_option_warns_and_changes_nothing() -> None:
     assert windowed.summary == plain
 
 
+@pytest.mark.parametrize("command", [["replay"], ["simulate", "--limit", "5"]])
+def test_a_bad_shared_tier_policy_names_the_option(command, capsys) -> None:
+    """One line naming the option given, not the secondary tier it becomes."""
+    args = [*command, SAMPLE, "--cpu-chunks", "40", "--instances", "2", "--shared-tier", "pool"]
+    code, _, err = run_main(
+        [*args, "--shared-tier-capacity", "9chunks", "--shared-tier-eviction", "nope"], capsys
+    )
+    assert code == 2, err
+    assert err.startswith("kvsim: error: --shared-tier-eviction: unknown eviction policy 'nope'")
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_unread_fleet_options_warn_once_and_change_nothing(capsys) -> None:
     code, out, err = run_main(
         ["replay", SAMPLE, "--cpu-chunks", "40", "--instances", "2", "--json"], capsys
