@@ -163,6 +163,15 @@ class VllmArgs(Schema, frozen=True):
         Meta(description="vLLM's --dtype; float/float32 is read but not modelled (it fails)."),
     ] = "auto"
     num_gpu_blocks_override: _Pos | None = None
+    kv_cache_dtype: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            description="vLLM's --kv-cache-dtype: auto (the model's dtype), float16, "
+            "bfloat16, fp8, fp8_e4m3, fp8_e5m2, fp8_inc; a packed layout vLLM has "
+            "(int8_per_token_head, fp8_ds_mla, ...) is read, not modelled (it fails).",
+        ),
+    ] = "auto"
     # kept as written, read by connector(): another connector than vLLM's
     # OffloadingConnector (LMCache's, NIXL's) fails its experiment alone, not the file
     kv_transfer_config: (
@@ -420,7 +429,23 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
                     continue  # a real model kvsim has no spec for: its experiment fails alone
                 raise InputError(f"experiments[{i}].{key}: {e}", source=source) from None
         _check_connector(exp, f"experiments[{i}].vllm.kv_transfer_config", source)
+        _check_kv_cache_dtype(exp.vllm.kv_cache_dtype, f"experiments[{i}].vllm", source)
     return parsed
+
+
+def _check_kv_cache_dtype(dtype: str, where: str, source: str) -> None:
+    """A ``kv_cache_dtype`` vLLM does not have is a bad file; one it has in a packed layout
+    kvsim does not size (``int8_per_token_head``) is read, and its experiment fails alone
+    when it runs, as vLLM could have run it."""
+    from kvsim.specs.models import KV_CACHE_DTYPES, packed_kv_dtype
+
+    if dtype.strip().lower() in KV_CACHE_DTYPES or packed_kv_dtype(dtype):
+        return
+    raise InputError(
+        f"{where}.kv_cache_dtype: unknown value {dtype!r}"
+        f"{did_you_mean(dtype, KV_CACHE_DTYPES)}; known: {', '.join(KV_CACHE_DTYPES)}",
+        source=source,
+    )
 
 
 def _vllm_nulls_unset(data: dict[str, Any]) -> None:

@@ -244,7 +244,7 @@ def _run(
         )
     connector = exp.vllm.connector()  # another connector than vLLM's offloading one: said
     model_arg = exp.model_arg(base_dir)
-    model = get_model(model_arg)
+    model = _kv_stored_as(get_model(model_arg), exp.vllm.kv_cache_dtype)
     model.kv_heads_per_worker(exp.tp, "tp")  # a tp vLLM refuses, named as the file names it
     run, measured = shortened(exp, max_stage_s, warmup_s)
     _cut_to_nothing(exp, run, max_stage_s, warmup_s if None in measured else 0.0, seed)
@@ -275,6 +275,7 @@ def _run(
             gpu=gpu_arg,
             model=model_arg,
             tp=exp.tp,
+            kv_cache_dtype=vllm.kv_cache_dtype,
             gpu_block_tokens=vllm.block_size,
             vllm_config=kv,
             max_num_seqs=vllm.max_num_seqs,
@@ -303,6 +304,20 @@ def _run(
     _unsent(exp, run, measured, predicted)
     _uncompared(exp)
     return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
+
+
+def _kv_stored_as(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
+    """``model`` with its KV stored as the file's ``kv_cache_dtype`` (fp8: half the bytes
+    of 16-bit KV, so twice the blocks a GPU holds); a packed layout vLLM has but kvsim
+    does not size fails the experiment, named as the file names it."""
+    from kvsim.specs.models import packed_kv_dtype
+
+    if packed_kv_dtype(kv_cache_dtype):
+        raise InputError(
+            f"vllm.kv_cache_dtype {kv_cache_dtype!r} is not modelled (a packed vLLM layout "
+            "whose bytes per token kvsim does not size)"
+        )
+    return model.with_kv_cache_dtype(kv_cache_dtype)
 
 
 def _check_override(exp: Experiment, model: ModelSpec, gpu: GpuSpec) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "ModelSpec",
     "get_model",
     "kv_dtype_bytes",
+    "packed_kv_dtype",
     "preset_of_hf_id",
     "resolve_model",
 ]
@@ -78,6 +79,12 @@ _UNMODELLED_KV_DTYPES = (
 )
 
 
+def packed_kv_dtype(kv_cache_dtype: str) -> bool:
+    """Whether ``kv_cache_dtype`` is a vLLM value whose packed layout kvsim does not size."""
+    key = kv_cache_dtype.strip().lower()
+    return key in _UNMODELLED_KV_DTYPES or key.startswith(("turboquant", "octave"))
+
+
 def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
     """Bytes per KV element of a vLLM ``--kv-cache-dtype`` (None for ``auto``: the model's)."""
     if not isinstance(kv_cache_dtype, str):
@@ -86,7 +93,7 @@ def kv_dtype_bytes(kv_cache_dtype: str) -> int | None:
     if key in KV_CACHE_DTYPES:
         return KV_CACHE_DTYPES[key]
     known = ", ".join(KV_CACHE_DTYPES)
-    if key in _UNMODELLED_KV_DTYPES or key.startswith(("turboquant", "octave")):
+    if packed_kv_dtype(key):
         raise InputError(
             f"--kv-cache-dtype {kv_cache_dtype!r}: a packed vLLM layout kvsim does not size; "
             f"use one of {known}"

@@ -222,3 +222,38 @@ def test_a_null_vllm_argument_is_vllms_default(tmp_path):
     read = read_measurements(write(tmp_path / "m.yaml", nulls, empty))
     assert read.experiments[0].vllm == VllmArgs(max_num_seqs=64)
     assert read.experiments[1].vllm == VllmArgs()
+
+
+def test_an_fp8_kv_cache_runs_with_its_bytes(tmp_path, capsys):
+    """``kv_cache_dtype: fp8`` (vLLM's --kv-cache-dtype, under its own name) runs with half
+    the KV bytes (less decode attention time), where it was an unknown key that refused the
+    whole file; a value vLLM does not have is a bad file naming the key, a packed layout
+    kvsim does not size fails its experiment alone."""
+    long = {**EXPERIMENT["workload"], "system_prompt_len": 1000, "question_len": 2000}
+    fp8 = {**EXPERIMENT["vllm"], "kv_cache_dtype": "fp8"}
+    packed = {**EXPERIMENT["vllm"], "kv_cache_dtype": "int8_per_token_head"}
+    path = write(
+        tmp_path / "m.yaml",
+        experiment(id="auto", load=SHORT, workload=long),
+        experiment(id="fp8", load=SHORT, workload=long, vllm=fp8),
+        experiment(id="packed", load=SHORT, vllm=packed),
+    )
+    code, stdout, err = run_main(["accuracy", path, "--json", *FAST], capsys)
+    assert code == 1
+    data = json.loads(stdout)
+    assert set(data["failures"]) == {"packed"}
+    assert "vllm.kv_cache_dtype 'int8_per_token_head' is not modelled" in data["failures"]["packed"]
+    itl = {
+        r["experiment"]: r["predicted"]
+        for r in data["rows"]
+        if r["stage"] == "all" and r["metric"] == "itl_mean"
+    }
+    assert itl["fp8"] < itl["auto"]
+    bad = write(tmp_path / "bad.yaml", experiment(vllm={**fp8, "kv_cache_dtype": "fp8e4m3"}))
+    code, stdout, err = run_main(["accuracy", bad], capsys)
+    assert code == 2 and not stdout
+    assert err.startswith(
+        f"kvsim: error: {bad}: experiments[0].vllm.kv_cache_dtype: unknown value 'fp8e4m3' "
+        "(did you mean 'fp8_e4m3'?); known: auto,"
+    )
+    assert err.count("\n") == 1
