@@ -308,7 +308,7 @@ class Experiment(Schema, frozen=True, kw_only=True):
         not a bad file, so that experiment fails alone when it runs (:meth:`workload_spec`
         says why) and the file's others still run."""
         data = self.workload
-        if data.get("type") == "shared_prefix" and data.get("ignore_eos") is False:
+        if data.get("ignore_eos") is False:
             data = {**data, "ignore_eos": True}
         load_workload(data, source=source, prefix=f"experiments[{index}].workload")
 

@@ -101,6 +101,20 @@ class RandomWorkload(Schema, frozen=True, kw_only=True):
         Tokens,
         Meta(description="Tokens the tokenizer adds to a prompt (Llama's BOS: 1; default 0)."),
     ] = 0
+    ignore_eos: Annotated[
+        bool,
+        Meta(
+            description="--ignore-eos: generate exactly each drawn output length (the only "
+            "mode kvsim models)."
+        ),
+    ] = True
+
+    def __post_init__(self) -> None:
+        if not self.ignore_eos:
+            raise ValueError(
+                "ignore_eos: false is not modelled (the output length would depend on the "
+                "model's text); use ignore_eos: true, as vllm bench serve --ignore-eos runs"
+            )
 
 
 WorkloadSpec = SharedPrefixWorkload | RandomWorkload

@@ -257,3 +257,20 @@ def test_an_fp8_kv_cache_runs_with_its_bytes(tmp_path, capsys):
         "(did you mean 'fp8_e4m3'?); known: auto,"
     )
     assert err.count("\n") == 1
+
+
+def test_a_random_workload_says_ignore_eos_as_vllm_bench_does(tmp_path, capsys):
+    """``vllm bench serve --ignore-eos`` written on a random workload (``ignore_eos: true``)
+    runs, where it was an unknown key that refused the whole file; ``false`` (outputs of
+    the model's text) fails its experiment alone, as on a shared_prefix workload."""
+    random = {"type": "random", "input_len": 300, "output_len": 20, "range_ratio": 0.5}
+    path = write(
+        tmp_path / "m.yaml",
+        experiment(id="eos", load=SHORT, workload={**random, "ignore_eos": True}),
+        experiment(id="text", load=SHORT, workload={**random, "ignore_eos": False}),
+    )
+    code, stdout, _ = run_main(["accuracy", path, "--json", *FAST], capsys)
+    assert code == 1
+    data = json.loads(stdout)
+    assert data["failures"]["text"].startswith("workload: ignore_eos: false is not modelled")
+    assert {r["experiment"] for r in data["rows"]} == {"eos"}
