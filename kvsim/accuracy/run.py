@@ -303,7 +303,9 @@ def _run(
     }
     _unsent(exp, run, measured, predicted)
     _uncompared(exp)
-    return _compare(exp, predicted, spec.output_len), len(result.tables["requests"])
+    rows = _compare(exp, predicted, spec.output_len)
+    _measured_zero(rows)
+    return rows, len(result.tables["requests"])
 
 
 def _kv_stored_as(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
@@ -391,6 +393,24 @@ def _uncompared(exp: Experiment) -> None:
     if unread:
         warnings.warn(
             f"measured {', '.join(unread)} not compared (kvsim predicts the mean ITL only)",
+            InputWarning,
+            stacklevel=3,
+        )
+
+
+def _measured_zero(rows: list[Row]) -> None:
+    """A metric measured as 0 (a placeholder, or a slip of the transcription) has no
+    relative error, so no APE and no place in the summary: said once, not left out
+    silently."""
+
+    def key(metric: str) -> str:  # as the file writes it: ttft_ms.mean
+        kind, _, stat = metric.partition("_")
+        return f"{kind}_ms.{stat}" if kind in ("ttft", "e2e", "itl") else metric
+
+    zero = [f"{key(r.metric)} of stage {r.stage}" for r in rows if r.measured == 0]
+    if zero:
+        warnings.warn(
+            f"measured {', '.join(zero)} is 0, not compared (no relative error to 0)",
             InputWarning,
             stacklevel=3,
         )

@@ -274,3 +274,20 @@ def test_a_random_workload_says_ignore_eos_as_vllm_bench_does(tmp_path, capsys):
     data = json.loads(stdout)
     assert data["failures"]["text"].startswith("workload: ignore_eos: false is not modelled")
     assert {r["experiment"] for r in data["rows"]} == {"eos"}
+
+
+def test_a_metric_measured_as_zero_is_said_not_compared(tmp_path, capsys):
+    """A measured 0 (a placeholder for a number not published) has no relative error: a
+    warning naming it as the file does, where it was left out of the rows' APE and the
+    summary without a word."""
+    zero = experiment(
+        load=SHORT,
+        measured=[{"stage": "all", "ttft_ms": {"mean": 0.0, "p90": 30.0}, "requests_per_s": 0}],
+    )
+    code, stdout, err = run_main(
+        ["accuracy", write(tmp_path / "m.yaml", zero), "--json", *FAST], capsys
+    )
+    assert code == 0, err
+    said = "measured ttft_ms.mean of stage all, requests_per_s of stage all is 0, not compared"
+    assert said in err
+    assert set(json.loads(stdout)["summary"]) == {"ttft_p90"}
