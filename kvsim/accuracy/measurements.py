@@ -325,11 +325,11 @@ class Experiment(Schema, frozen=True, kw_only=True):
         )
 
     def gpu_arg(self, base_dir: str) -> str:
-        """The GPU as the run takes it: a preset, or a GPU spec JSON path relative to the
-        file (``base_dir``)."""
-        from kvsim.specs.hardware import GPUS, get_gpu
+        """The GPU as the run takes it: a preset (named so, or by its product name, "NVIDIA
+        H100 80GB HBM3"), or a GPU spec JSON path relative to the file (``base_dir``)."""
+        from kvsim.specs.hardware import GPUS, get_gpu, preset_of_gpu_name
 
-        return _preset_or_file(self.gpu, base_dir, GPUS, get_gpu, "GPU")
+        return _preset_or_file(self.gpu, base_dir, GPUS, get_gpu, "GPU", preset_of_gpu_name)
 
 
 def _preset_or_file(

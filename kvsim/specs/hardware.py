@@ -100,14 +100,47 @@ def vllm_default_batched_tokens(
     return min((max_num_seqs or seqs) * max_model_len, max(max_model_len, tokens))
 
 
+#: words that may follow a preset's name in the GPU's product name (``nvidia-smi``'s "NVIDIA
+#: H100 80GB HBM3", "NVIDIA A100-SXM4-80GB") and still name the part the preset's figures are;
+#: any other ("PCIe", "NVL", "40GB") is a part whose bandwidth or memory differs
+_PRESET_PARTS: dict[str, frozenset[str]] = {
+    "h100": frozenset({"sxm", "sxm5", "80gb", "hbm3"}),
+    "h200": frozenset({"sxm", "sxm5", "141gb", "hbm3e"}),
+    "a100": frozenset({"sxm", "sxm4", "80gb"}),
+    "l40s": frozenset({"48gb"}),
+    "gh200": frozenset({"96gb", "480gb", "hbm3"}),
+    "b200": frozenset({"sxm", "180gb", "192gb", "hbm3e"}),
+}
+
+
+def preset_of_gpu_name(name: str) -> str | None:
+    """The preset a GPU's product name written out names ("NVIDIA H100 80GB HBM3",
+    "H100-80GB", "A100-SXM4-80GB"), or None: a measurements file transcribed from a
+    benchmark's report names the GPU so, and another variant (PCIe, NVL, 40GB) is not
+    taken for the preset, whose figures it does not have."""
+    import re
+
+    text = re.sub(r"(\d+)\s*gb\b", r"\1gb", name.strip().lower())
+    words = [w for w in re.split(r"[\s_/-]+", text) if w]
+    if words[:1] == ["nvidia"]:
+        words = words[1:]
+    if not words or words[0] not in _PRESET_PARTS:
+        return None
+    return words[0] if set(words[1:]) <= _PRESET_PARTS[words[0]] else None
+
+
 def get_gpu(name: str | os.PathLike[str]) -> GpuSpec:
-    """A preset by name, or a GPU spec JSON file (:func:`load_gpu_spec`) by path."""
+    """A preset by name (or by the product name it stands for, :func:`preset_of_gpu_name`),
+    or a GPU spec JSON file (:func:`load_gpu_spec`) by path."""
     text = os.fspath(name)
     key = str(text).strip().lower()
     if key in GPUS:
         return GPUS[key]
     if os.path.exists(text):
         return load_gpu_spec(text)
+    preset = preset_of_gpu_name(str(text))
+    if preset is not None:
+        return GPUS[preset]
     raise InputError(
         f"unknown GPU {name!r}{did_you_mean(text, GPUS)}; known: {', '.join(GPUS)}, "
         "or a GPU spec JSON path"

@@ -291,3 +291,27 @@ def test_a_metric_measured_as_zero_is_said_not_compared(tmp_path, capsys):
     said = "measured ttft_ms.mean of stage all, requests_per_s of stage all is 0, not compared"
     assert said in err
     assert set(json.loads(stdout)["summary"]) == {"ttft_p90"}
+
+
+@pytest.mark.parametrize(
+    ("name", "preset"),
+    [("NVIDIA H100 80GB HBM3", "h100"), ("H100-80GB", "h100"), ("NVIDIA A100-SXM4-80GB", "a100")],
+)
+def test_a_gpu_named_by_its_product_name_is_its_preset(tmp_path, name, preset):
+    """The GPU as nvidia-smi or a benchmark's report names it is the preset of that part,
+    where it was an unknown GPU that refused the whole file."""
+    from kvsim.accuracy.measurements import read_measurements
+
+    read = read_measurements(write(tmp_path / "m.yaml", experiment(gpu=name)))
+    assert read.experiments[0].gpu_arg(str(tmp_path)) == preset
+
+
+@pytest.mark.parametrize("name", ["H100 PCIe", "NVIDIA H100 NVL", "A100-40GB"])
+def test_another_part_of_a_presets_family_is_not_the_preset(tmp_path, name):
+    """A part whose bandwidth or memory differs from the preset's (PCIe, NVL, 40 GB) is
+    not taken for it: one line naming the key, as any unknown GPU."""
+    from kvsim.accuracy.measurements import read_measurements
+    from kvsim.core.errors import InputError
+
+    with pytest.raises(InputError, match=rf"experiments\[0\]\.gpu: unknown GPU '{name}'"):
+        read_measurements(write(tmp_path / "m.yaml", experiment(gpu=name)))
