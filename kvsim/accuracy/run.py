@@ -303,6 +303,7 @@ def _run(
     }
     _unsent(exp, run, measured, predicted)
     _uncompared(exp)
+    _requests_unlike(exp, seed)
     rows = _compare(exp, predicted, spec.output_len)
     _measured_zero(rows)
     return rows, len(result.tables["requests"])
@@ -393,6 +394,34 @@ def _uncompared(exp: Experiment) -> None:
     if unread:
         warnings.warn(
             f"measured {', '.join(unread)} not compared (kvsim predicts the mean ITL only)",
+            InputWarning,
+            stacklevel=3,
+        )
+
+
+def _requests_unlike(exp: Experiment, seed: int) -> None:
+    """A measured ``requests`` far from what the load as written sends (a duration in
+    minutes, a rate per minute, a stage's count for the run's) says the load is not the one
+    that ran, and every metric is compared against another run: said, not compared
+    silently. Poisson counts vary, so only a gap past three standard deviations counts."""
+    from kvsim.workloads.timing import plan_stages
+
+    try:
+        counts = [plan.count for plan in plan_stages(exp.load, seed)]
+    except InputError:  # a load too large to plan fails where it runs
+        return
+    whole = None if None in counts else sum(c for c in counts if c is not None)
+    unlike = []
+    for m in exp.measured:
+        sent = whole if m.stage == "all" else counts[int(m.stage)]
+        if m.requests is None or sent is None:
+            continue
+        if abs(sent - m.requests) > max(2.0, 3.0 * math.sqrt(sent)):
+            unlike.append(f"stage {m.stage} measured {m.requests} requests, the load sends {sent}")
+    if unlike:
+        warnings.warn(
+            f"{'; '.join(unlike)}: is the load as written the one that ran? (its rates, "
+            "durations, num_requests)",
             InputWarning,
             stacklevel=3,
         )

@@ -315,3 +315,25 @@ def test_another_part_of_a_presets_family_is_not_the_preset(tmp_path, name):
 
     with pytest.raises(InputError, match=rf"experiments\[0\]\.gpu: unknown GPU '{name}'"):
         read_measurements(write(tmp_path / "m.yaml", experiment(gpu=name)))
+
+
+def test_measured_requests_unlike_the_load_are_said(tmp_path, capsys):
+    """A load that cannot have sent the requests measured (a duration written in minutes:
+    10 for 600 s) is a warning naming both counts, where every metric was compared
+    against a run of another length without a word; a Poisson count near its mean is not."""
+    minutes = experiment(
+        id="minutes",
+        load={"type": "constant", "stages": [{"rate": 4, "duration": 10}]},
+        measured=[{"stage": 0, "requests": 2400, "ttft_ms": {"mean": 20.0}}],
+    )
+    poisson = experiment(
+        id="poisson",
+        load={"type": "poisson", "stages": [{"rate": 4, "duration": 600}]},
+        measured=[{"stage": "all", "requests": 2450, "ttft_ms": {"mean": 20.0}}],
+    )
+    path = write(tmp_path / "m.yaml", minutes, poisson)
+    code, stdout, err = run_main(["accuracy", path, "--json", *FAST], capsys)
+    assert code == 0, err
+    said = json.loads(stdout)["warnings"]
+    assert any("stage 0 measured 2400 requests, the load sends 40" in w for w in said["minutes"])
+    assert not said.get("poisson")
