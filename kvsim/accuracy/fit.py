@@ -155,8 +155,13 @@ def fit_compute(
     kept = [i for i in ids if i not in held]
     if not kept:
         raise InputError(f"--hold-out leaves no experiment of {file} to fit on")
-    others = sorted(
-        {e.gpu for e in parsed.experiments if e.id not in held and e.gpu.strip().lower() != gpu}
+    base_dir = os.path.dirname(os.path.abspath(file))
+    others = sorted(  # a preset named by its product name ("NVIDIA H100 80GB HBM3") is it
+        {
+            e.gpu
+            for e in parsed.experiments
+            if e.id not in held and e.gpu_arg(base_dir).strip().lower() != gpu
+        }
     )
     if others:
         raise InputError(f"{file}: experiments on {', '.join(others)}, not --gpu {gpu}")

@@ -185,3 +185,17 @@ def test_fit_compute_search_lm_moves_the_parameters_together_and_says_so(tmp_pat
     assert loaded.provenance is not None and loaded.provenance["search"] == "lm"
     code, _, err = run_main([*argv, "--search", "simplex"], capsys)
     assert code == 2 and "--search" in err
+
+
+def test_fit_compute_takes_a_gpu_named_by_its_product_name_for_its_preset(tmp_path, capsys):
+    """An experiment on "NVIDIA H100 80GB HBM3" (nvidia-smi's name) is on --gpu h100, where
+    fit-compute refused it as 'experiments on NVIDIA H100 80GB HBM3, not --gpu h100'."""
+    named = experiment(
+        gpu="NVIDIA H100 80GB HBM3",
+        load={"type": "constant", "stages": [{"rate": 4, "duration": 5}]},
+        measured=[{"stage": "all", "ttft_ms": {"mean": 22.0}, "e2e_ms": {"mean": 210.0}}],
+    )
+    args = ["fit-compute", write(tmp_path / "m.yaml", named), "--gpu", "h100"]
+    args += ["--out", tmp_path / "p.json", "--max-evals", "1", "--max-stage-s", "3"]
+    code, stdout, err = run_main(args, capsys)
+    assert code == 0 and "training error" in stdout, err
