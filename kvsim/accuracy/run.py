@@ -416,7 +416,8 @@ def _requests_unlike(exp: Experiment, seed: int) -> None:
         sent = whole if m.stage == "all" else counts[int(m.stage)]
         if m.requests is None or sent is None:
             continue
-        if abs(sent - m.requests) > max(2.0, 3.0 * math.sqrt(sent)):
+        counted = {m.requests, m.requests + (m.failed or 0)}  # failed ones counted or not
+        if all(abs(sent - n) > max(2.0, 3.0 * math.sqrt(sent)) for n in counted):
             unlike.append(f"stage {m.stage} measured {m.requests} requests, the load sends {sent}")
     if unlike:
         warnings.warn(

@@ -331,9 +331,15 @@ def test_measured_requests_unlike_the_load_are_said(tmp_path, capsys):
         load={"type": "poisson", "stages": [{"rate": 4, "duration": 600}]},
         measured=[{"stage": "all", "requests": 2450, "ttft_ms": {"mean": 20.0}}],
     )
-    path = write(tmp_path / "m.yaml", minutes, poisson)
+    failed = experiment(  # a count of the requests served, the failed ones beside it
+        id="failed",
+        load={"type": "constant", "stages": [{"rate": 4, "duration": 600}]},
+        measured=[{"stage": 0, "requests": 1400, "failed": 1000, "ttft_ms": {"mean": 20.0}}],
+    )
+    path = write(tmp_path / "m.yaml", minutes, poisson, failed)
     code, stdout, err = run_main(["accuracy", path, "--json", *FAST], capsys)
     assert code == 0, err
     said = json.loads(stdout)["warnings"]
     assert any("stage 0 measured 2400 requests, the load sends 40" in w for w in said["minutes"])
-    assert not said.get("poisson")
+    assert not said.get("poisson") and not said.get("failed")
+
