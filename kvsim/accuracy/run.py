@@ -303,7 +303,7 @@ def _run(
     }
     _unsent(exp, run, measured, predicted)
     _uncompared(exp)
-    _requests_unlike(exp, seed)
+    _requests_unlike(exp)
     rows = _compare(exp, predicted, spec.output_len)
     _measured_zero(rows)
     return rows, len(result.tables["requests"])
@@ -399,17 +399,18 @@ def _uncompared(exp: Experiment) -> None:
         )
 
 
-def _requests_unlike(exp: Experiment, seed: int) -> None:
+def _requests_unlike(exp: Experiment) -> None:
     """A measured ``requests`` far from what the load as written sends (a duration in
     minutes, a rate per minute, a stage's count for the run's) says the load is not the one
     that ran, and every metric is compared against another run: said, not compared
-    silently. Poisson counts vary, so only a gap past three standard deviations counts."""
-    from kvsim.workloads.timing import plan_stages
-
-    try:
-        counts = [plan.count for plan in plan_stages(exp.load, seed)]
-    except InputError:  # a load too large to plan fails where it runs
-        return
+    silently. The count is the load's expected one (``rate x duration``, ``num_requests``),
+    not planned: Poisson counts vary, so only a gap past three standard deviations counts."""
+    counts: list[float | None] = [
+        st.num_requests
+        if st.num_requests is not None
+        else (st.rate * st.duration if st.rate is not None and st.duration is not None else None)
+        for st in exp.load.stages
+    ]
     whole = None if None in counts else sum(c for c in counts if c is not None)
     unlike = []
     for m in exp.measured:
@@ -418,7 +419,9 @@ def _requests_unlike(exp: Experiment, seed: int) -> None:
             continue
         counted = {m.requests, m.requests + (m.failed or 0)}  # failed ones counted or not
         if all(abs(sent - n) > max(2.0, 3.0 * math.sqrt(sent)) for n in counted):
-            unlike.append(f"stage {m.stage} measured {m.requests} requests, the load sends {sent}")
+            unlike.append(
+                f"stage {m.stage} measured {m.requests} requests, the load sends {sent:,.0f}"
+            )
     if unlike:
         warnings.warn(
             f"{'; '.join(unlike)}: is the load as written the one that ran? (its rates, "
