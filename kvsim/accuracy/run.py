@@ -332,6 +332,11 @@ def _check_override(exp: Experiment, model: ModelSpec, gpu: GpuSpec) -> None:
     blocks = exp.vllm.num_gpu_blocks_override
     if blocks is None:
         return
+    if blocks < 2:  # as the file names it, not as simulate's --gpu-blocks refuses it
+        raise InputError(
+            f"vllm.num_gpu_blocks_override {blocks}: vLLM keeps one GPU block as its null "
+            "block, so none is left for a request"
+        )
     kv = blocks * exp.vllm.block_size * model.gpu_kv_bytes_per_token(tp=exp.tp)
     weights = model.weight_bytes() / exp.tp
     if kv + weights > gpu.memory_bytes:

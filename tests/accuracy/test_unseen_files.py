@@ -343,3 +343,15 @@ def test_measured_requests_unlike_the_load_are_said(tmp_path, capsys):
     assert any("stage 0 measured 2400 requests, the load sends 40" in w for w in said["minutes"])
     assert not said.get("poisson") and not said.get("failed")
 
+
+
+def test_a_single_gpu_block_is_named_as_the_file_names_it(tmp_path, capsys):
+    """``num_gpu_blocks_override: 1`` fails its experiment naming that key, where it said
+    ``--gpu-blocks: Expected int >= 2``, an option of kvsim simulate the file never wrote."""
+    one = experiment(vllm={**EXPERIMENT["vllm"], "num_gpu_blocks_override": 1})
+    code, stdout, _ = run_main(
+        ["accuracy", write(tmp_path / "m.yaml", one), "--json", *FAST], capsys
+    )
+    assert code == 1
+    failure = json.loads(stdout)["failures"]["small-llama-2-7b"]
+    assert failure.startswith("vllm.num_gpu_blocks_override 1: vLLM keeps one GPU block")
