@@ -116,6 +116,28 @@ def _max_num_batched_tokens(exp: Experiment, mml: int, gpu: GpuSpec) -> int | No
     return given
 
 
+def _max_num_seqs(exp: Experiment, batched_tokens: int | None, gpu: GpuSpec) -> int | None:
+    """The sequences a step may hold as vLLM ran them: the file's, or (given a step budget
+    below ``vllm serve``'s default) the default cut to that budget, as ``EngineArgs`` cuts
+    it. Given above the budget, vLLM refuses to start (every scheduled sequence takes a
+    token of the budget)."""
+    from kvsim.specs.hardware import vllm_batch_defaults
+
+    given = exp.vllm.max_num_seqs
+    if batched_tokens is None:
+        return given
+    if given is None:
+        default = vllm_batch_defaults(gpu)[1]
+        return batched_tokens if batched_tokens < default else None
+    if batched_tokens < given:
+        raise InputError(
+            f"vllm.max_num_batched_tokens ({batched_tokens}) is below vllm.max_num_seqs "
+            f"({given}): vLLM refuses to start (every scheduled sequence takes a token of the "
+            "step's budget)"
+        )
+    return given
+
+
 def shortened(
     exp: Experiment, max_stage_s: float | None, warmup_s: float = 0.0
 ) -> tuple[Experiment, list[int | None]]:
@@ -254,6 +276,7 @@ def _run(
     _check_override(exp, model, gpu)
     mml = vllm_max_model_len(model, exp.vllm.max_model_len, "vllm.max_model_len")
     batched_tokens = _max_num_batched_tokens(exp, mml, gpu)
+    max_num_seqs = _max_num_seqs(exp, batched_tokens, gpu)
     if isinstance(compute_profile, PhaseProfile):
         profile: Any = compute_profile
     elif compute_profile is not None:
@@ -278,7 +301,7 @@ def _run(
             kv_cache_dtype=vllm.kv_cache_dtype,
             gpu_block_tokens=vllm.block_size,
             vllm_config=kv,
-            max_num_seqs=vllm.max_num_seqs,
+            max_num_seqs=max_num_seqs,
             max_num_batched_tokens=batched_tokens,
             max_model_len=vllm.max_model_len,
             refuse_past_max_model_len=True,  # v0.15.1's server: the measurements'
