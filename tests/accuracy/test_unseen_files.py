@@ -344,7 +344,6 @@ def test_measured_requests_unlike_the_load_are_said(tmp_path, capsys):
     assert not said.get("poisson") and not said.get("failed")
 
 
-
 def test_a_single_gpu_block_is_named_as_the_file_names_it(tmp_path, capsys):
     """``num_gpu_blocks_override: 1`` fails its experiment naming that key, where it said
     ``--gpu-blocks: Expected int >= 2``, an option of kvsim simulate the file never wrote."""
