@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
 from kvsim.accuracy.whole_run import stage_weights, weighted_whole_run
 from kvsim.core.errors import InputError, InputWarning
-from kvsim.specs.context import check_unchunked_budget, vllm_max_model_len
+from kvsim.specs.context import batch_max_num_seqs, check_unchunked_budget, vllm_max_model_len
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
 from kvsim.specs.models import ModelSpec, get_model
 
@@ -116,26 +116,25 @@ def _max_num_batched_tokens(exp: Experiment, mml: int, gpu: GpuSpec) -> int | No
     return given
 
 
-def _max_num_seqs(exp: Experiment, batched_tokens: int | None, gpu: GpuSpec) -> int | None:
-    """The sequences a step may hold as vLLM ran them: the file's, or (given a step budget
-    below ``vllm serve``'s default) the default cut to that budget, as ``EngineArgs`` cuts
-    it. Given above the budget, vLLM refuses to start (every scheduled sequence takes a
-    token of the budget)."""
+def _check_max_num_seqs(
+    exp: Experiment, batched_tokens: int | None, mml: int, gpu: GpuSpec
+) -> None:
+    """A ``max_num_seqs`` above the step's token budget (the file's, or ``vllm serve``'s
+    default) is a run vLLM refused to start: named as the file names them, before the run
+    (whose options would name ``kvsim simulate``'s flags). Given none, the run cuts vLLM's
+    default to the budget, as ``EngineArgs`` does."""
     from kvsim.specs.hardware import vllm_batch_defaults
 
     given = exp.vllm.max_num_seqs
-    if batched_tokens is None:
-        return given
     if given is None:
-        default = vllm_batch_defaults(gpu)[1]
-        return batched_tokens if batched_tokens < default else None
-    if batched_tokens < given:
-        raise InputError(
-            f"vllm.max_num_batched_tokens ({batched_tokens}) is below vllm.max_num_seqs "
-            f"({given}): vLLM refuses to start (every scheduled sequence takes a token of the "
-            "step's budget)"
-        )
-    return given
+        return
+    budget = batched_tokens or vllm_default_batched_tokens(
+        gpu, mml, exp.vllm.enable_chunked_prefill, given
+    )
+    name = "vllm.max_num_batched_tokens"
+    if exp.vllm.max_num_batched_tokens is None:
+        name = f"vllm serve's default max_num_batched_tokens on {gpu.name}"
+    batch_max_num_seqs(budget, given, vllm_batch_defaults(gpu)[1], (name, "vllm.max_num_seqs"))
 
 
 def shortened(
@@ -276,7 +275,7 @@ def _run(
     _check_override(exp, model, gpu)
     mml = vllm_max_model_len(model, exp.vllm.max_model_len, "vllm.max_model_len")
     batched_tokens = _max_num_batched_tokens(exp, mml, gpu)
-    max_num_seqs = _max_num_seqs(exp, batched_tokens, gpu)
+    _check_max_num_seqs(exp, batched_tokens, mml, gpu)
     if isinstance(compute_profile, PhaseProfile):
         profile: Any = compute_profile
     elif compute_profile is not None:
@@ -301,7 +300,7 @@ def _run(
             kv_cache_dtype=vllm.kv_cache_dtype,
             gpu_block_tokens=vllm.block_size,
             vllm_config=kv,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=vllm.max_num_seqs,
             max_num_batched_tokens=batched_tokens,
             max_model_len=vllm.max_model_len,
             refuse_past_max_model_len=True,  # v0.15.1's server: the measurements'

@@ -36,7 +36,11 @@ from kvsim.options.offload import CacheConfig, OffloadOptions
 from kvsim.options.runs import SimulateOptions
 from kvsim.options.vllm import KVConnectorExtraConfig, engine_knobs_from_vllm_config
 from kvsim.report.serve_metrics import BenchSettings
-from kvsim.specs.context import check_unchunked_budget, vllm_max_model_len
+from kvsim.specs.context import (
+    batch_max_num_seqs,
+    check_unchunked_budget,
+    vllm_max_model_len,
+)
 from kvsim.specs.hardware import (
     GpuSpec,
     get_gpu,
@@ -127,7 +131,15 @@ def compose(
         )
     params = EngineParams(
         max_num_batched_tokens=budget,
-        max_num_seqs=timed.max_num_seqs or default_seqs,
+        max_num_seqs=batch_max_num_seqs(
+            budget,
+            timed.max_num_seqs,
+            default_seqs,
+            (
+                _or_default("--max-num-batched-tokens", timed.max_num_batched_tokens),
+                "--max-num-seqs",
+            ),
+        ),
         long_prefill_token_threshold=timed.long_prefill_token_threshold,
         max_model_len=timed.max_model_len,
         refuse_past_max_model_len=timed.refuse_past_max_model_len,
@@ -312,3 +324,8 @@ def timed_tiers(config: CacheConfig, rule: str | None, sized: bool) -> CacheConf
     value = None if rule == "off" else rule
     tiers = tuple(dataclasses.replace(t, load_rule=value) for t in config.secondary_tiers)
     return dataclasses.replace(config, secondary_tiers=tiers)
+
+
+def _or_default(option: str, given: object) -> str:
+    """``option`` as an error names it: itself where the user gave it, else its default."""
+    return option if given is not None else f"the default {option}"

@@ -20,6 +20,7 @@ from kvsim.specs.models import ModelSpec
 from kvsim.specs.sizing import cdiv
 
 __all__ = [
+    "batch_max_num_seqs",
     "check_unchunked_budget",
     "engine_max_model_len",
     "kv_shortfall",
@@ -58,6 +59,21 @@ def check_unchunked_budget(budget: int, max_model_len: int, names: tuple[str, st
             f"{names[0]} {budget} is below {names[1]} {max_model_len} without chunked "
             "prefill: vLLM refuses to start"
         )
+
+
+def batch_max_num_seqs(budget: int, given: int | None, default: int, names: tuple[str, str]) -> int:
+    """The requests a step may hold as vLLM 0.33 starts with them: ``given``, which must
+    not exceed the step's token ``budget`` (``SchedulerConfig`` refuses it: every request a
+    step schedules takes a token), or, given none, the GPU's ``default`` cut to the budget
+    (``EngineArgs`` cuts it so). ``names``: how the caller spells the budget and the count."""
+    if given is None:
+        return min(default, budget)
+    if budget < given:
+        raise InputError(
+            f"{names[0]} {budget} is below {names[1]} {given}: vLLM refuses to start (every "
+            "request a step schedules takes a token of its budget)"
+        )
+    return given
 
 
 def kv_shortfall(

@@ -78,6 +78,25 @@ def test_batch_defaults_follow_vllm_serve_per_gpu() -> None:
     assert (res.config["max_num_batched_tokens"], res.config["max_num_seqs"]) == (2048, 256)
 
 
+@expect_overload
+def test_max_num_seqs_is_cut_to_the_budget_or_refused_above_it(capsys) -> None:
+    """With no ``--max-num-seqs``, a budget below the GPU's default count cuts it, as vLLM's
+    ``EngineArgs`` does; a count given above the budget is refused before the run, as vLLM
+    refuses to start (tests/vllm/test_vllm_batch_limits.py drives both)."""
+    from support import run_main
+
+    res = kvsim.simulate(SAMPLE, limit=5, gpu="h100", max_num_batched_tokens=512)
+    assert res.config["max_num_seqs"] == 512
+    res = kvsim.simulate(SAMPLE, limit=5, gpu="h100", max_num_batched_tokens=512, max_num_seqs=64)
+    assert res.config["max_num_seqs"] == 64
+    argv = ["simulate", SAMPLE, "--limit", "5", "--gpu", "h100", "--max-num-seqs", "600"]
+    code, stdout, err = run_main([*argv, "--max-num-batched-tokens", "512"], capsys)
+    assert code == 2 and stdout == "" and len(err.strip().splitlines()) == 1
+    assert "--max-num-batched-tokens 512 is below --max-num-seqs 600: vLLM refuses" in err
+    code, _, err = run_main([*argv[:-1], "9000"], capsys)
+    assert code == 2 and "the default --max-num-batched-tokens 8192 is below" in err
+
+
 @pytest.mark.parametrize(
     ("gpu", "max_model_len", "chunked", "max_num_seqs", "expected"),
     [
