@@ -524,7 +524,7 @@ def simulate(
       GPU spec JSON (:func:`kvsim.specs.hardware.load_gpu_spec`);
     - ``max_num_batched_tokens`` and ``max_num_seqs``: default to what ``vllm serve`` picks
       on ``gpu`` (:func:`kvsim.specs.hardware.vllm_batch_defaults`);
-    - ``long_prefill_token_threshold``: vLLM's (default 0: off);
+    - ``long_prefill_token_threshold``: vLLM's (default 0: off; not above ``max_model_len``);
     - ``max_model_len``: vLLM's ``--max-model-len`` (default: the model's positions; not
       above them): as vLLM 0.33's server, an empty prompt, one of ``max_model_len``
       tokens or more and an output longer than it are refused, and a longer request's

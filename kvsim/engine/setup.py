@@ -38,6 +38,7 @@ from kvsim.options.vllm import KVConnectorExtraConfig, engine_knobs_from_vllm_co
 from kvsim.report.serve_metrics import BenchSettings
 from kvsim.specs.context import (
     batch_max_num_seqs,
+    check_long_prefill_threshold,
     check_unchunked_budget,
     vllm_max_model_len,
 )
@@ -129,6 +130,11 @@ def compose(
         check_unchunked_budget(
             budget, max_model_len, ("--max-num-batched-tokens", "--max-model-len")
         )
+    check_long_prefill_threshold(
+        timed.long_prefill_token_threshold,
+        max_model_len,
+        ("--long-prefill-token-threshold", _or_default("--max-model-len", timed.max_model_len)),
+    )
     params = EngineParams(
         max_num_batched_tokens=budget,
         max_num_seqs=batch_max_num_seqs(

@@ -21,6 +21,7 @@ from kvsim.specs.sizing import cdiv
 
 __all__ = [
     "batch_max_num_seqs",
+    "check_long_prefill_threshold",
     "check_unchunked_budget",
     "engine_max_model_len",
     "kv_shortfall",
@@ -58,6 +59,19 @@ def check_unchunked_budget(budget: int, max_model_len: int, names: tuple[str, st
         raise InputError(
             f"{names[0]} {budget} is below {names[1]} {max_model_len} without chunked "
             "prefill: vLLM refuses to start"
+        )
+
+
+def check_long_prefill_threshold(
+    threshold: int, max_model_len: int, names: tuple[str, str]
+) -> None:
+    """vLLM 0.33 refuses to start with a ``long_prefill_token_threshold`` above
+    ``max_model_len`` (``SchedulerConfig.verify_max_model_len``; 0, off, always starts), so a
+    cap no prompt could reach is an error, not a run. ``names``: how the caller spells the
+    threshold and the length."""
+    if max_model_len and threshold > max_model_len:
+        raise InputError(
+            f"{names[0]} {threshold} exceeds {names[1]} {max_model_len}: vLLM refuses to start"
         )
 
 

@@ -1,0 +1,131 @@
+"""vLLM 0.33's start-up checks on the engine options ``kvsim simulate`` takes, against kvsim's
+own, by driving vLLM's config classes on CPU across both sides of each boundary: a value
+kvsim refuses is one vLLM will not start with, and one it takes vLLM takes; each default is
+vLLM's. The rules: the option schema's bounds (``kvsim.options.engine``) and
+``kvsim.specs.context``. Skipped without vLLM (failed under ``KVSIM_REQUIRE_VLLM=1``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support import SAMPLE, need_vllm
+
+need_vllm("vllm.engine.arg_utils")
+
+from vllm.config import CacheConfig, SchedulerConfig  # noqa: E402
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+
+import kvsim  # noqa: E402
+from kvsim.core.errors import InputError  # noqa: E402
+from kvsim.options.offload import OffloadOptions  # noqa: E402
+from kvsim.options.runs import SimulateOptions  # noqa: E402
+from kvsim.specs.context import check_long_prefill_threshold  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+NAMES = ("--long-prefill-token-threshold", "--max-model-len")
+
+
+def scheduler_starts(**given: Any) -> bool:
+    """Whether vLLM 0.33's ``SchedulerConfig`` takes ``given`` (a 4096-token model, chunked
+    prefill on, 8192 tokens and 128 requests a step unless given)."""
+    kwargs: dict[str, Any] = {
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 8192,
+        "max_model_len": 4096,
+        "is_encoder_decoder": False,
+        "enable_chunked_prefill": True,
+        **given,
+    }
+    try:
+        SchedulerConfig(**kwargs)
+    except ValueError:  # pydantic's ValidationError is one
+        return False
+    return True
+
+
+def cache_starts(**given: Any) -> bool:
+    """Whether vLLM 0.33's ``CacheConfig`` takes ``given``."""
+    try:
+        CacheConfig(**given)
+    except ValueError:
+        return False
+    return True
+
+
+def kvsim_takes(options: type, **given: Any) -> bool:
+    """Whether kvsim's option schema takes ``given`` (its one-line error otherwise)."""
+    try:
+        options(**given)
+    except InputError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 4095, 4096, 4097, 131072, 131073])
+@pytest.mark.parametrize("max_model_len", [1, 4096, 131072])
+def test_a_threshold_past_max_model_len_is_refused_as_vllm_refuses_it(threshold, max_model_len):
+    budget = max(8192, max_model_len)  # chunked prefill on: the budget is not the question
+    try:
+        check_long_prefill_threshold(threshold, max_model_len, NAMES)
+        ours = True
+    except InputError as e:
+        assert str(e) == (
+            f"--long-prefill-token-threshold {threshold} exceeds --max-model-len "
+            f"{max_model_len}: vLLM refuses to start"
+        )
+        ours = False
+    theirs = scheduler_starts(
+        long_prefill_token_threshold=threshold,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=budget,
+        max_num_seqs=1,
+    )
+    assert ours == theirs
+
+
+def test_simulate_refuses_it_before_it_runs_naming_the_default_length():
+    with pytest.raises(InputError) as e:
+        kvsim.simulate(SAMPLE, model="llama-3.1-8b", long_prefill_token_threshold=131073)
+    assert str(e.value) == (
+        "--long-prefill-token-threshold 131073 exceeds the default --max-model-len 131072: "
+        "vLLM refuses to start"
+    )
+    assert not scheduler_starts(long_prefill_token_threshold=131073, max_model_len=131072)
+
+
+@pytest.mark.parametrize(
+    ("field", "values"),
+    [
+        ("max_num_seqs", [-1, 0, 1, 2]),
+        ("max_num_batched_tokens", [-1, 0, 128, 129]),
+        ("long_prefill_token_threshold", [-1, 0, 1]),
+    ],
+)
+def test_the_schedulers_bounds_are_vllms(field, values):
+    for value in values:
+        assert kvsim_takes(SimulateOptions, **{field: value}) == scheduler_starts(**{field: value})
+
+
+@pytest.mark.parametrize("value", [-0.5, 0.0, 1e-9, 0.5, 0.92, 1.0, 1.0000001, 2.0])
+def test_gpu_memory_utilization_bounds_are_vllms(value):
+    ours = kvsim_takes(SimulateOptions, gpu_memory_utilization=value)
+    assert ours == cache_starts(gpu_memory_utilization=value)
+
+
+@pytest.mark.parametrize("value", [-16, 0, 1, 16, 32])
+def test_block_size_bounds_are_vllms(value):
+    ours = kvsim_takes(OffloadOptions, gpu_block_tokens=value)
+    assert ours == cache_starts(block_size=value)
+
+
+def test_the_defaults_are_vllms():
+    timed, offload = SimulateOptions(), OffloadOptions()
+    assert timed.gpu_memory_utilization == CacheConfig.gpu_memory_utilization
+    assert timed.gpu_memory_utilization == EngineArgs.gpu_memory_utilization
+    assert offload.gpu_block_tokens == CacheConfig.DEFAULT_BLOCK_SIZE
+    assert timed.long_prefill_token_threshold == EngineArgs.long_prefill_token_threshold
+    assert timed.gpu_kv_blocks is EngineArgs.num_gpu_blocks_override is None
+    assert offload.tp == EngineArgs.tensor_parallel_size
+    assert timed.enable_prefix_caching and timed.enable_chunked_prefill
