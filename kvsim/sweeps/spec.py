@@ -316,19 +316,23 @@ def _check_names(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
 
 
 def _check_max_model_len(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
-    """Each ``max_model_len`` against each model a timed cell may run it with (the rule is
-    :func:`~kvsim.specs.context.vllm_max_model_len`'s), so one past a model's positions is
-    one error before any cell runs, not a failed cell."""
+    """Each ``max_model_len`` against each model a timed cell may run it with, and each
+    ``long_prefill_token_threshold`` against each length (the rules are
+    :mod:`kvsim.specs.context`'s; every combination is a cell), so one vLLM would not start
+    with is one error before any cell runs, not a failed cell."""
     from kvsim.options.offload import DEFAULT_MODEL
-    from kvsim.specs.context import vllm_max_model_len
+    from kvsim.specs.context import check_long_prefill_threshold, vllm_max_model_len
     from kvsim.specs.models import get_model
 
     lengths = _cell_values(options, grid, "max_model_len")
+    thresholds = _cell_values(options, grid, "long_prefill_token_threshold")
     models = [model for _, model in _cell_values(options, grid, "model")] or [None]
-    for model in models if lengths else []:
+    for model in models if lengths or thresholds else []:
         spec = get_model(model or DEFAULT_MODEL)  # a bad name: _check_names said so
-        for where, value in lengths:
-            vllm_max_model_len(spec, value, where)
+        for where, value in lengths or [(f"{spec.name}'s max_position_embeddings", None)]:
+            length = vllm_max_model_len(spec, value, where)
+            for at, threshold in thresholds:
+                check_long_prefill_threshold(threshold, length, (at, where))
 
 
 def _cell_values(

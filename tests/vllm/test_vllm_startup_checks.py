@@ -6,10 +6,12 @@ vLLM's. The rules: the option schema's bounds (``kvsim.options.engine``) and
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from support import SAMPLE, need_vllm
+from support import run_main as support_run_main
 
 need_vllm("vllm.engine.arg_utils")
 
@@ -129,3 +131,19 @@ def test_the_defaults_are_vllms():
     assert timed.gpu_kv_blocks is EngineArgs.num_gpu_blocks_override is None
     assert offload.tp == EngineArgs.tensor_parallel_size
     assert timed.enable_prefix_caching and timed.enable_chunked_prefill
+
+
+def test_sweep_refuses_it_before_any_cell_runs(tmp_path: Path, capsys):
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(
+        f"traces: [{SAMPLE}]\nmode: timed\nlimit: 5\n"
+        "options: {model: llama-3.1-8b, long_prefill_token_threshold: 5000}\n"
+        "grid: {cpu_chunks: [100], max_model_len: [8192, 4096]}\n"
+    )
+    code, out, err = support_run_main(["sweep", str(spec), "--out", tmp_path / "out"], capsys)
+    assert code == 2 and not out
+    assert err.strip().splitlines() == [
+        f"kvsim: error: {spec}: options.long_prefill_token_threshold 5000 exceeds "
+        "grid.max_model_len[1] 4096: vLLM refuses to start"
+    ]
+    assert not (tmp_path / "out" / "results.csv").exists()
