@@ -1,12 +1,14 @@
 """vLLM 0.33's start-up checks on the engine options ``kvsim simulate`` takes, against kvsim's
 own, by driving vLLM's config classes on CPU across both sides of each boundary: a value
 kvsim refuses is one vLLM will not start with, and one it takes vLLM takes; each default is
-vLLM's. The rules: the option schema's bounds (``kvsim.options.engine``) and
-``kvsim.specs.context``. Skipped without vLLM (failed under ``KVSIM_REQUIRE_VLLM=1``)."""
+vLLM's. The rules: the option schema's bounds (``kvsim.options.engine``),
+``kvsim.specs.context`` and the tensor-parallel split (``ModelSpec.kv_heads_per_worker``).
+Skipped without vLLM (failed under ``KVSIM_REQUIRE_VLLM=1``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,7 +17,8 @@ from support import run_main as support_run_main
 
 need_vllm("vllm.engine.arg_utils")
 
-from vllm.config import CacheConfig, SchedulerConfig  # noqa: E402
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from vllm.distributed.utils import divide  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
 import kvsim  # noqa: E402
@@ -23,6 +26,7 @@ from kvsim.core.errors import InputError  # noqa: E402
 from kvsim.options.offload import OffloadOptions  # noqa: E402
 from kvsim.options.runs import SimulateOptions  # noqa: E402
 from kvsim.specs.context import check_long_prefill_threshold  # noqa: E402
+from kvsim.specs.models import MODELS, get_model  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -147,3 +151,45 @@ def test_sweep_refuses_it_before_any_cell_runs(tmp_path: Path, capsys):
         "grid.max_model_len[1] 4096: vLLM refuses to start"
     ]
     assert not (tmp_path / "out" / "results.csv").exists()
+
+
+def vllm_kv_heads_per_worker(heads: int, kv_heads: int, tp: int) -> int | None:
+    """The KV heads one of ``tp`` workers holds as vLLM 0.33 starts, or None where it will
+    not: ``ModelConfig.verify_with_parallel_config`` (query heads over ``tp``), then
+    ``QKVParallelLinear``'s split (its ``divide`` asserts an even one; KV heads fewer than
+    the workers are replicated, evenly)."""
+    par = SimpleNamespace(
+        enable_hc_sp=False,
+        tensor_parallel_size=tp,
+        enable_expert_parallel=False,
+        pipeline_parallel_size=1,
+        decode_context_parallel_size=1,
+        world_size_across_dp=tp,
+    )
+    model = SimpleNamespace(
+        model_arch_config=SimpleNamespace(total_num_attention_heads=heads),
+        multimodal_config=None,
+    )
+    try:
+        ModelConfig.verify_with_parallel_config(model, par)  # type: ignore[arg-type]
+        divide(heads, tp)
+        if tp >= kv_heads:
+            divide(tp, kv_heads)
+            return 1
+        return divide(kv_heads, tp)
+    except (ValueError, AssertionError):
+        return None
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if not get_model(n).is_mla])
+def test_a_tp_is_refused_as_vllm_refuses_it(name):
+    model = get_model(name)
+    for tp in [*range(1, 17), 20, 24, 32, 48, 64, 96]:
+        try:
+            ours: int | None = model.kv_heads_per_worker(tp)
+        except InputError as e:
+            assert str(e).startswith(f"--tp {tp}: ") and "vLLM refuses to start" in str(e)
+            ours = None
+        assert ours == vllm_kv_heads_per_worker(
+            model.num_attention_heads, model.num_kv_heads, tp
+        ), tp
