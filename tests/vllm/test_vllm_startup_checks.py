@@ -26,7 +26,7 @@ from kvsim.core.errors import InputError  # noqa: E402
 from kvsim.options.offload import OffloadOptions  # noqa: E402
 from kvsim.options.runs import SimulateOptions  # noqa: E402
 from kvsim.specs.context import check_long_prefill_threshold  # noqa: E402
-from kvsim.specs.models import MODELS, get_model  # noqa: E402
+from kvsim.specs.models import KV_CACHE_DTYPES, MODELS, get_model, kv_dtype_bytes  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -193,3 +193,16 @@ def test_a_tp_is_refused_as_vllm_refuses_it(name):
         assert ours == vllm_kv_heads_per_worker(
             model.num_attention_heads, model.num_kv_heads, tp
         ), tp
+
+
+@pytest.mark.parametrize("dtype", [*KV_CACHE_DTYPES, "float32", "int8", "fp4", "fp16"])
+def test_a_kv_cache_dtype_kvsim_models_is_one_vllm_starts_with(dtype):
+    """kvsim models a subset of vLLM's KV cache dtypes (a packed layout it reads but does
+    not size is its own refusal); one neither knows is refused by both."""
+    try:
+        kv_dtype_bytes(dtype)
+        ours = True
+    except InputError as e:
+        assert str(e).startswith(f"--kv-cache-dtype: unknown value {dtype!r}")
+        ours = False
+    assert ours == cache_starts(cache_dtype=dtype)
