@@ -85,9 +85,8 @@ def vllm_default_batched_tokens(
     """``max_num_batched_tokens`` when none is given, as ``vllm serve`` 0.33 sets it
     (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): the GPU's default
     (:func:`vllm_batch_defaults`); without chunked prefill raised to ``max_model_len`` (a
-    prompt must fit one step) and then at most ``max_num_seqs x max_model_len``. (vLLM
-    caps a chunked default so too; with any real ``max_model_len`` it is far above, and
-    ``kvsim simulate`` does not hold requests to the model's positions, so it is left out.)
+    prompt must fit one step); then, chunked or not, at most ``max_num_seqs x
+    max_model_len`` (no step can hold more; it binds only with a short ``max_model_len``).
 
     Args:
         max_model_len: the engine's (None: unknown, the GPU's default stands).
@@ -95,9 +94,11 @@ def vllm_default_batched_tokens(
         max_num_seqs: the engine's (None: the GPU's default).
     """
     tokens, seqs = vllm_batch_defaults(gpu)
-    if chunked or not max_model_len:
+    if not max_model_len:
         return tokens
-    return min((max_num_seqs or seqs) * max_model_len, max(max_model_len, tokens))
+    if not chunked:
+        tokens = max(max_model_len, tokens)
+    return min((max_num_seqs or seqs) * max_model_len, tokens)
 
 
 #: words that may follow a preset's name in the GPU's product name (``nvidia-smi``'s "NVIDIA

@@ -106,6 +106,8 @@ def test_max_num_seqs_is_cut_to_the_budget_or_refused_above_it(capsys) -> None:
         ("h100", None, False, None, 8192),  # length unknown: the GPU's default
         ("a100", 4096, False, 1, 4096),  # capped at max_num_seqs x max_model_len
         ("a100", 4096, False, None, 4096),
+        ("h100", 64, True, 16, 1024),  # chunked too: capped at max_num_seqs x max_model_len
+        ("h100", 4, True, None, 4096),
     ],
 )
 def test_the_default_budget_without_chunked_prefill_holds_a_whole_prompt(

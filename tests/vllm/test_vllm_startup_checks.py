@@ -20,17 +20,20 @@ need_vllm("vllm.engine.arg_utils")
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from vllm.distributed.utils import divide  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.usage.usage_lib import UsageContext  # noqa: E402
 
 import kvsim  # noqa: E402
 from kvsim.core.errors import InputError  # noqa: E402
 from kvsim.options.offload import OffloadOptions  # noqa: E402
 from kvsim.options.runs import SimulateOptions  # noqa: E402
-from kvsim.specs.context import check_long_prefill_threshold  # noqa: E402
+from kvsim.specs.context import batch_max_num_seqs, check_long_prefill_threshold  # noqa: E402
+from kvsim.specs.hardware import GPUS, vllm_batch_defaults, vllm_default_batched_tokens  # noqa: E402
 from kvsim.specs.models import KV_CACHE_DTYPES, MODELS, get_model, kv_dtype_bytes  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 NAMES = ("--long-prefill-token-threshold", "--max-model-len")
+SERVE = UsageContext.OPENAI_API_SERVER
 
 
 def scheduler_starts(**given: Any) -> bool:
@@ -206,3 +209,28 @@ def test_a_kv_cache_dtype_kvsim_models_is_one_vllm_starts_with(dtype):
         assert str(e).startswith(f"--kv-cache-dtype: unknown value {dtype!r}")
         ours = False
     assert ours == cache_starts(cache_dtype=dtype)
+
+
+def vllm_defaults(max_model_len: int, chunked: bool, seqs: int | None) -> tuple[int, int]:
+    """The step budget and request count ``vllm serve`` starts with on an H100 given no
+    budget: ``EngineArgs``' own defaulting, its GPU lookup replaced by the H100's."""
+    tokens, default_seqs = vllm_batch_defaults(GPUS["h100"])
+    args = EngineArgs(max_num_seqs=seqs, enable_chunked_prefill=chunked)
+    args.get_batch_defaults = lambda world_size: ({SERVE: tokens}, {SERVE: default_seqs})
+    model = SimpleNamespace(
+        max_model_len=max_model_len, is_multimodal_model=False, is_mm_prefix_lm=False
+    )
+    parallel = SimpleNamespace(use_batched_dp_moe=False)
+    args._set_default_max_num_seqs_and_batched_tokens_args(SERVE, model, parallel)
+    assert args.max_num_batched_tokens is not None and args.max_num_seqs is not None
+    return args.max_num_batched_tokens, args.max_num_seqs
+
+
+@pytest.mark.parametrize("max_model_len", [1, 4, 7, 8, 9, 64, 4096, 8192, 131072])
+@pytest.mark.parametrize("chunked", [True, False])
+@pytest.mark.parametrize("seqs", [None, 1, 16, 2048])
+def test_the_default_budget_is_vllms(max_model_len, chunked, seqs):
+    gpu = GPUS["h100"]
+    budget = vllm_default_batched_tokens(gpu, max_model_len, chunked, seqs)
+    count = batch_max_num_seqs(budget, seqs, vllm_batch_defaults(gpu)[1], ("b", "s"))
+    assert (budget, count) == vllm_defaults(max_model_len, chunked, seqs)
