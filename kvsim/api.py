@@ -523,7 +523,8 @@ def simulate(
     - ``gpu``: GPU preset, h100, h200 (default), a100, l40s, gh200, b200, or the path of a
       GPU spec JSON (:func:`kvsim.specs.hardware.load_gpu_spec`);
     - ``max_num_batched_tokens`` and ``max_num_seqs``: default to what ``vllm serve`` picks
-      on ``gpu`` (:func:`kvsim.specs.hardware.vllm_batch_defaults`);
+      on ``gpu`` (:func:`kvsim.specs.hardware.vllm_batch_defaults`), the count cut to the
+      budget; a count above the budget is refused, as vLLM refuses to start;
     - ``long_prefill_token_threshold``: vLLM's (default 0: off; not above ``max_model_len``);
     - ``max_model_len``: vLLM's ``--max-model-len`` (default: the model's positions; not
       above them): as vLLM 0.33's server, an empty prompt, one of ``max_model_len``

@@ -26,7 +26,8 @@ MaxNumSeqs = Annotated[
     Meta(
         ge=1,
         description=(
-            "Running requests per step (default: vllm serve's for the GPU; H100/H200: 1024)."
+            "Running requests per step (default: vllm serve's for the GPU, H100/H200: 1024, "
+            "cut to --max-num-batched-tokens; not above it: vLLM would not start)."
         ),
     ),
 ]
