@@ -37,17 +37,11 @@ from kvsim.options.runs import SimulateOptions
 from kvsim.options.vllm import KVConnectorExtraConfig, engine_knobs_from_vllm_config
 from kvsim.report.serve_metrics import BenchSettings
 from kvsim.specs.context import (
-    batch_max_num_seqs,
     check_long_prefill_threshold,
-    check_unchunked_budget,
     vllm_max_model_len,
+    vllm_step_limits,
 )
-from kvsim.specs.hardware import (
-    GpuSpec,
-    get_gpu,
-    vllm_batch_defaults,
-    vllm_default_batched_tokens,
-)
+from kvsim.specs.hardware import GpuSpec, get_gpu
 from kvsim.specs.models import ModelSpec
 from kvsim.tiering.store import TierStore
 from kvsim.traces.model import Request, Trace, late_arrivals
@@ -118,18 +112,19 @@ def compose(
         raise InputError("simulate needs --model: the engine sizes KV blocks and compute by it")
     gpu = named("--gpu", get_gpu, timed.gpu)
     knobs = engine_knobs_from_vllm_config(extra) if extra is not None else {}
-    _, default_seqs = vllm_batch_defaults(gpu)
     max_model_len = vllm_max_model_len(model, timed.max_model_len, "--max-model-len")
-    default_tokens = vllm_default_batched_tokens(
-        gpu, max_model_len, timed.enable_chunked_prefill, timed.max_num_seqs
+    budget, max_num_seqs = vllm_step_limits(
+        gpu,
+        max_model_len,
+        bool(timed.max_model_len),
+        timed.enable_chunked_prefill,
+        (timed.max_num_batched_tokens, timed.max_num_seqs),
+        (
+            _or_default("--max-num-batched-tokens", timed.max_num_batched_tokens),
+            "--max-num-seqs",
+            "--max-model-len",
+        ),
     )
-    budget = timed.max_num_batched_tokens or default_tokens
-    if timed.max_model_len and not timed.enable_chunked_prefill:
-        # given alone, a budget below the model's positions stands for both (its longer
-        # requests refused)
-        check_unchunked_budget(
-            budget, max_model_len, ("--max-num-batched-tokens", "--max-model-len")
-        )
     check_long_prefill_threshold(
         timed.long_prefill_token_threshold,
         max_model_len,
@@ -137,15 +132,7 @@ def compose(
     )
     params = EngineParams(
         max_num_batched_tokens=budget,
-        max_num_seqs=batch_max_num_seqs(
-            budget,
-            timed.max_num_seqs,
-            default_seqs,
-            (
-                _or_default("--max-num-batched-tokens", timed.max_num_batched_tokens),
-                "--max-num-seqs",
-            ),
-        ),
+        max_num_seqs=max_num_seqs,
         long_prefill_token_threshold=timed.long_prefill_token_threshold,
         max_model_len=timed.max_model_len,
         refuse_past_max_model_len=timed.refuse_past_max_model_len,

@@ -16,6 +16,7 @@ instead of cutting it (``refuse_past``).
 from __future__ import annotations
 
 from kvsim.core.errors import InputError
+from kvsim.specs.hardware import GpuSpec, vllm_batch_defaults, vllm_default_batched_tokens
 from kvsim.specs.models import ModelSpec
 from kvsim.specs.sizing import cdiv
 
@@ -27,6 +28,7 @@ __all__ = [
     "kv_shortfall",
     "served_output",
     "vllm_max_model_len",
+    "vllm_step_limits",
 ]
 
 
@@ -88,6 +90,35 @@ def batch_max_num_seqs(budget: int, given: int | None, default: int, names: tupl
             "request a step schedules takes a token of its budget)"
         )
     return given
+
+
+def vllm_step_limits(
+    gpu: GpuSpec,
+    max_model_len: int,
+    length_given: bool,
+    chunked: bool,
+    given: tuple[int | None, int | None],
+    names: tuple[str, str, str],
+) -> tuple[int, int]:
+    """A step's ``(max_num_batched_tokens, max_num_seqs)`` as vLLM 0.33 starts with them on
+    ``gpu``, so a run and a sweep's up-front check refuse the same engines.
+
+    Args:
+        max_model_len: the engine's, resolved (:func:`vllm_max_model_len`).
+        length_given: whether the user gave it: without chunked prefill, a budget given
+            alone and below the model's positions stands for both (its longer requests
+            refused), so only a given length can make :func:`check_unchunked_budget` refuse.
+        chunked: ``enable_chunked_prefill``.
+        given: the budget and the count the user gave (None: vLLM's default).
+        names: how the caller spells the budget (given, or its default), the count and
+            the length.
+    """
+    budget, seqs = given
+    tokens = budget or vllm_default_batched_tokens(gpu, max_model_len, chunked, seqs)
+    if length_given and not chunked:
+        check_unchunked_budget(tokens, max_model_len, (names[0], names[2]))
+    default_seqs = vllm_batch_defaults(gpu)[1]
+    return tokens, batch_max_num_seqs(tokens, seqs, default_seqs, (names[0], names[1]))
 
 
 def kv_shortfall(
