@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -285,7 +286,7 @@ def _check_rules(
             tier_set(value, f"grid.{TIERS}[{i}]")
         _check_names(options, grid)
         if mode == "timed":
-            _check_max_model_len(options, grid)
+            _check_engine(options, grid)
     except InputError as e:
         raise InputError(str(e), source=source) from None
 
@@ -315,24 +316,92 @@ def _check_names(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
                 raise InputError(f"{where}: {str(e).removeprefix(f'--{name}: ')}") from None
 
 
-def _check_max_model_len(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
-    """Each ``max_model_len`` against each model a timed cell may run it with, and each
-    ``long_prefill_token_threshold`` against each length (the rules are
-    :mod:`kvsim.specs.context`'s; every combination is a cell), so one vLLM would not start
-    with is one error before any cell runs, not a failed cell."""
+def _check_engine(options: dict[str, Any], grid: dict[str, list[Any]]) -> None:
+    """Each engine a timed cell may start, against vLLM's startup rules (they are
+    :mod:`kvsim.specs.context`'s, applied as a run applies them), so one vLLM would not
+    start with is one error before any cell runs, not a failed cell."""
+    from kvsim.specs.context import check_long_prefill_threshold
+
+    lengths = _checked_lengths(options, grid)
+    for (_, length), where in lengths.items():
+        for at, threshold in _cell_values(options, grid, "long_prefill_token_threshold"):
+            check_long_prefill_threshold(threshold, length, (at, where))
+    _check_step_limits(options, grid, lengths)
+
+
+def _checked_lengths(
+    options: dict[str, Any], grid: dict[str, list[Any]]
+) -> dict[tuple[int | None, int], str]:
+    """Each distinct ``(given, resolved)`` ``max_model_len`` of a timed cell, with where the
+    spec names it, each given one checked against each model it runs with."""
     from kvsim.options.offload import DEFAULT_MODEL
-    from kvsim.specs.context import check_long_prefill_threshold, vllm_max_model_len
+    from kvsim.specs.context import vllm_max_model_len
     from kvsim.specs.models import get_model
 
-    lengths = _cell_values(options, grid, "max_model_len")
-    thresholds = _cell_values(options, grid, "long_prefill_token_threshold")
+    lengths: dict[tuple[int | None, int], str] = {}
     models = [model for _, model in _cell_values(options, grid, "model")] or [None]
-    for model in models if lengths or thresholds else []:
+    for model in models:
         spec = get_model(model or DEFAULT_MODEL)  # a bad name: _check_names said so
-        for where, value in lengths or [(f"{spec.name}'s max_position_embeddings", None)]:
+        given = _cell_values(options, grid, "max_model_len")
+        for where, value in given or [(f"{spec.name}'s max_position_embeddings", None)]:
             length = vllm_max_model_len(spec, value, where)
-            for at, threshold in thresholds:
-                check_long_prefill_threshold(threshold, length, (at, where))
+            lengths.setdefault((value or None, length), where)
+    return lengths
+
+
+def _check_step_limits(
+    options: dict[str, Any],
+    grid: dict[str, list[Any]],
+    lengths: dict[tuple[int | None, int], str],
+) -> None:
+    """Each step budget and request count a timed cell may start with, over the distinct
+    values of the keys they depend on (GPU, length, chunked prefill, budget, count), not
+    over the cells."""
+    from kvsim.specs.context import vllm_step_limits
+    from kvsim.specs.hardware import get_gpu
+
+    gpus = [(f"{w} {v}", get_gpu(v)) for w, v in _or_timed_default(options, grid, "gpu")]
+    chunked = _or_timed_default(options, grid, "enable_chunked_prefill")
+    budgets = _cell_values(options, grid, "max_num_batched_tokens") or [("", None)]
+    counts = _cell_values(options, grid, "max_num_seqs") or [("", None)]  # None: never refused
+    axes = itertools.product(lengths.items(), chunked, gpus, budgets, counts)
+    for ((given, length), at), (cw, chunks), (on, gpu), (bw, budget), (sw, count) in axes:
+        if budget is None:  # vLLM's, which depends on the GPU
+            bw = f"the default max_num_batched_tokens ({on})"
+        step = functools.partial(vllm_step_limits, gpu, length, given is not None)
+        _check_step(step, (cw, chunks), (budget, count), (bw, sw, at))
+
+
+def _check_step(
+    step: Callable[[bool, tuple[int | None, int | None], tuple[str, str, str]], object],
+    chunked: tuple[str, bool],
+    given: tuple[int | None, int | None],
+    names: tuple[str, str, str],
+) -> None:
+    """``step`` (:func:`~kvsim.specs.context.vllm_step_limits`, for one GPU and length) with
+    ``chunked`` (where, value); a refusal for want of chunked prefill (the same engine
+    chunked starts) is led by that key, ``where false: ...``."""
+    where, value = chunked
+    try:
+        step(value, given, names)
+    except InputError as e:
+        if value:
+            raise
+        try:
+            step(True, given, names)
+        except InputError:
+            raise e from None
+        raise InputError(f"{where} false: {e}") from None
+
+
+def _or_timed_default(
+    options: dict[str, Any], grid: dict[str, list[Any]], name: str
+) -> list[tuple[str, Any]]:
+    """:func:`_cell_values`, or the timed run's default for ``name``, named as such."""
+    from kvsim.options.runs import SimulateOptions
+
+    default = next(f.default for f in msgspec.structs.fields(SimulateOptions) if f.name == name)
+    return _cell_values(options, grid, name) or [(f"the default {name}", default)]
 
 
 def _cell_values(
