@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
 from kvsim.accuracy.whole_run import stage_weights, weighted_whole_run
 from kvsim.core.errors import InputError, InputWarning
-from kvsim.specs.context import batch_max_num_seqs, check_unchunked_budget, vllm_max_model_len
+from kvsim.specs.context import check_unchunked_budget, vllm_max_model_len, vllm_step_limits
 from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
 from kvsim.specs.models import ModelSpec, get_model
 
@@ -121,20 +121,15 @@ def _check_max_num_seqs(
 ) -> None:
     """A ``max_num_seqs`` above the step's token budget (the file's, or ``vllm serve``'s
     default) is a run vLLM refused to start: named as the file names them, before the run
-    (whose options would name ``kvsim simulate``'s flags). Given none, the run cuts vLLM's
-    default to the budget, as ``EngineArgs`` does."""
-    from kvsim.specs.hardware import vllm_batch_defaults
-
-    given = exp.vllm.max_num_seqs
-    if given is None:
-        return
-    budget = batched_tokens or vllm_default_batched_tokens(
-        gpu, mml, exp.vllm.enable_chunked_prefill, given
-    )
+    (whose options would name ``kvsim simulate``'s flags), by the run's own rule
+    (:func:`~kvsim.specs.context.vllm_step_limits`; the budget's length check was
+    :func:`_max_num_batched_tokens`'s)."""
     name = "vllm.max_num_batched_tokens"
     if exp.vllm.max_num_batched_tokens is None:
         name = f"vllm serve's default max_num_batched_tokens on {gpu.name}"
-    batch_max_num_seqs(budget, given, vllm_batch_defaults(gpu)[1], (name, "vllm.max_num_seqs"))
+    names = (name, "vllm.max_num_seqs", "vllm.max_model_len")
+    given = (batched_tokens, exp.vllm.max_num_seqs)
+    vllm_step_limits(gpu, mml, False, exp.vllm.enable_chunked_prefill, given, names)
 
 
 def shortened(
