@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -448,14 +448,23 @@ def _check_kv_cache_dtype(dtype: str, where: str, source: str) -> None:
     )
 
 
+def _raw_experiments(data: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(index, experiment)`` of each experiment of the file as read, before its schema
+    is checked: the passes that rewrite what a writer may spell otherwise skip what is not
+    a mapping, which the schema then names."""
+    experiments = data.get("experiments")
+    for i, exp in enumerate(experiments if isinstance(experiments, list) else []):
+        if isinstance(exp, dict):
+            yield i, exp
+
+
 def _vllm_nulls_unset(data: dict[str, Any]) -> None:
     """Each experiment's ``vllm`` keys given as null (vLLM's own default of ``block_size``,
     ``enable_prefix_caching``, ``enable_chunked_prefill``: None, as a dump of its engine
     arguments writes them), and an empty ``vllm:``, taken as unset, in place: vLLM's
     default, as every key already is where it is absent."""
-    experiments = data.get("experiments")
-    for exp in experiments if isinstance(experiments, list) else []:
-        if not isinstance(exp, dict) or "vllm" not in exp:
+    for _, exp in _raw_experiments(data):
+        if "vllm" not in exp:
             continue
         vllm = exp["vllm"]
         if vllm is None:
@@ -468,9 +477,8 @@ def _parse_kv_config_text(data: dict[str, Any], source: str) -> None:
     """Each ``vllm.kv_transfer_config`` written as the text ``vllm serve
     --kv-transfer-config`` takes (a JSON object in a string, as copied from a command
     line) replaced, in place, by that object; text that is not one is one line naming it."""
-    experiments = data.get("experiments")
-    for i, exp in enumerate(experiments if isinstance(experiments, list) else []):
-        vllm = exp.get("vllm") if isinstance(exp, dict) else None
+    for i, exp in _raw_experiments(data):
+        vllm = exp.get("vllm")
         if not isinstance(vllm, dict) or not isinstance(vllm.get("kv_transfer_config"), str):
             continue
         key = f"experiments[{i}].vllm.kv_transfer_config"
@@ -481,9 +489,8 @@ def _stage_texts(data: dict[str, Any], source: str) -> None:
     """Each ``measured[j].stage`` written as the text of its index (``stage: "0"``, as a
     file that quotes ``"all"`` quotes its neighbours) replaced, in place, by the index; other
     text but ``all`` is one line naming it and what a stage is."""
-    experiments = data.get("experiments")
-    for i, exp in enumerate(experiments if isinstance(experiments, list) else []):
-        measured = exp.get("measured") if isinstance(exp, dict) else None
+    for i, exp in _raw_experiments(data):
+        measured = exp.get("measured")
         for j, m in enumerate(measured if isinstance(measured, list) else []):
             stage = m.get("stage") if isinstance(m, dict) else None
             if not isinstance(stage, str) or stage == "all":
