@@ -340,9 +340,9 @@ def _checked_lengths(
 
     lengths: dict[tuple[int | None, int], str] = {}
     models = [model for _, model in _cell_values(options, grid, "model")] or [None]
+    given = _cell_values(options, grid, "max_model_len")
     for model in models:
         spec = get_model(model or DEFAULT_MODEL)  # a bad name: _check_names said so
-        given = _cell_values(options, grid, "max_model_len")
         for where, value in given or [(f"{spec.name}'s max_position_embeddings", None)]:
             length = vllm_max_model_len(spec, value, where)
             lengths.setdefault((value or None, length), where)
