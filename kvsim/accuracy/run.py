@@ -111,7 +111,11 @@ def _max_num_batched_tokens(exp: Experiment, mml: int, gpu: GpuSpec) -> int | No
         return given
     if given is None:
         return vllm_default_batched_tokens(gpu, mml, False, vllm.max_num_seqs)
-    length = "vllm.max_model_len" if vllm.max_model_len else "max_model_len (the model's positions)"
+    length = (
+        "vllm.max_model_len"
+        if vllm.max_model_len
+        else "max_model_len (the model's, from its config)"
+    )
     check_unchunked_budget(given, mml, ("vllm.max_num_batched_tokens", length))
     return given
 

@@ -68,7 +68,8 @@ MaxModelLen = Annotated[
     Meta(
         ge=1,
         description=(
-            "vLLM --max-model-len (default: the model's positions): a prompt this long or "
+            "vLLM --max-model-len (default: the length vLLM derives from the model's config): "
+            "a prompt this long or "
             "longer, or an output longer, is refused; a longer request's output is cut to "
             "what is left (vLLM 0.33's server)."
         ),
@@ -144,7 +145,7 @@ class EngineParams(Schema, frozen=True):
     max_num_batched_tokens: MaxNumBatchedTokens = 8192
     max_num_seqs: MaxNumSeqs = 256
     long_prefill_token_threshold: LongPrefillTokenThreshold = 0
-    max_model_len: MaxModelLen | None = None  # None: the model's positions
+    max_model_len: MaxModelLen | None = None  # None: vLLM's, from the model's config
     refuse_past_max_model_len: RefusePastMaxModelLen = False
     gpu_blocks: GpuKvBlocks | None = None  # None: from GPU memory
     gpu_memory_utilization: GpuMemoryUtilization = 0.92  # vLLM 0.33 CacheConfig default

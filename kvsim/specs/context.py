@@ -33,22 +33,23 @@ __all__ = [
 
 
 def engine_max_model_len(model: ModelSpec, given: int | None) -> int:
-    """The engine's ``max_model_len``: ``given``, or (None / 0) the model's positions, as
-    vLLM defaults it (0: a config.json giving none, no limit); unchecked (see
-    :func:`vllm_max_model_len`)."""
-    return given or model.max_position_embeddings
+    """The engine's ``max_model_len``: ``given``, or (None / 0) the one vLLM takes for the
+    model (its config's length, or a long-RoPE model's original one; 0: unknown, no
+    limit); unchecked (see :func:`vllm_max_model_len`)."""
+    return given or model.default_max_model_len or model.derived_max_model_len
 
 
 def vllm_max_model_len(model: ModelSpec, given: int | None, name: str) -> int:
     """:func:`engine_max_model_len`, checked: vLLM refuses to start with one past the
-    model's positions: one line naming ``name``, the option as the caller spells it."""
-    positions = model.max_position_embeddings
+    length it derives from the model's config: one line naming ``name``, the option as the
+    caller spells it."""
+    longest = model.derived_max_model_len
     if not given:
         return engine_max_model_len(model, given)
-    if positions and given > positions:
+    if longest and given > longest:
         raise InputError(
-            f"{name} {given} exceeds {model.name}'s max_position_embeddings ({positions}): "
-            "vLLM refuses to start"
+            f"{name} {given} exceeds {model.name}'s max_model_len from its config "
+            f"({longest}): vLLM refuses to start"
         )
     return given
 

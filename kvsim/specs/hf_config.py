@@ -20,8 +20,9 @@ low-rank ones), gated MLPs, and MoE experts (routed, shared, router; DeepSeek's
 Also read: ``quantization_config.quant_method`` ``fp8`` or ``mxfp4`` (the weights' storage;
 another method is an error rather than a silent 16-bit sizing), ``sliding_window`` (unless
 ``use_sliding_window`` is false, as Qwen's configs say) over the layers ``layer_types``
-marks ``sliding_attention`` (no ``layer_types``: all layers), and
-``max_position_embeddings``. The CPU tier still stores every layer per token.
+marks ``sliding_attention`` (no ``layer_types``: all layers), and the model's length as
+vLLM 0.33 derives its ``max_model_len`` (:func:`max_model_lens`). The CPU tier still stores
+every layer per token.
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ from typing import Any
 from kvsim.core.errors import InputError
 from kvsim.core.io import read_json
 
-__all__ = ["model_fields_from_hf_config", "model_fields_from_mapping", "read_hf_config"]
+__all__ = [
+    "max_model_lens",
+    "model_fields_from_hf_config",
+    "model_fields_from_mapping",
+    "read_hf_config",
+]
 
 #: quantization_config.quant_method -> kvsim's weight dtype (kvsim.specs.models.WEIGHT_DTYPES)
 _QUANT_METHODS = {"fp8": "fp8", "mxfp4": "mxfp4"}
@@ -93,6 +99,79 @@ class _Fields:
             known = ", ".join(sorted(_DTYPE_BYTES))
             raise InputError(f"{key}: unknown dtype {value!r}; known: {known}", source=self.source)
         return _DTYPE_BYTES[value.strip().lower()]
+
+
+#: the keys vLLM 0.33 reads a model's length from (``derive_max_model_len_and_key``): the
+#: smallest one given
+_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+#: RoPE types whose ``factor`` vLLM does not apply to that length (their length is already
+#: the scaled one, or they do not stretch it: ``_get_and_verify_max_len``)
+_UNSCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+#: the length vLLM assumes for a config that gives none (with a warning)
+VLLM_ASSUMED_MAX_MODEL_LEN = 2048
+
+
+def _rope_parameters(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The config's RoPE parameter sets (one per layer type where nested), as transformers
+    5 standardizes them for vLLM: ``rope_parameters``, else the older ``rope_scaling``
+    (its ``type`` read as ``rope_type``); none: plain RoPE."""
+    rope = data.get("rope_parameters") or data.get("rope_scaling")
+    if not isinstance(rope, Mapping):
+        return []
+    if rope and all(isinstance(v, Mapping) for v in rope.values()):  # by layer type
+        return [v for v in rope.values() if v]
+    return [rope]
+
+
+def _rope_type(rope: Mapping[str, Any]) -> Any:
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
+def max_model_lens(data: Mapping[str, Any], source: str) -> tuple[int, int]:
+    """``(longest, default)``: the ``max_model_len`` vLLM 0.33 starts with at most, and the
+    one it takes when none is given, from a config (``_get_and_verify_max_len``; driven in
+    ``tests/vllm/test_vllm_config_max_model_len.py``). The longest is the smallest of the
+    length keys (``model_max_length`` overrides them; none: 0, no limit, and the default
+    2,048, vLLM's assumption), times the
+    RoPE ``factor`` of a scaling that stretches it (``linear``, ``dynamic``; not Gemma 3,
+    whose length is already scaled); the default is that, or a long-RoPE model's
+    ``original_max_position_embeddings``. ``data``: the text model's fields; errors name
+    ``source``."""
+    f = _Fields(data, source)
+    lengths = [f.integer(k) for k in _LENGTH_KEYS if data.get(k) is not None]
+    if data.get("model_max_length"):
+        lengths = [f.integer("model_max_length")]
+    if not lengths:  # vLLM then starts with any length given, and assumes 2048 otherwise
+        return 0, VLLM_ASSUMED_MAX_MODEL_LEN
+    longest: float = min(lengths)
+    ropes = _rope_parameters(data)
+    model_type = data.get("model_type")
+    if ropes and "gemma3" not in (model_type if isinstance(model_type, str) else ""):
+        factor: Any = 1.0
+        for rope in ropes:  # the last stretching one's factor, as vLLM's loop leaves it
+            if _rope_type(rope) not in _UNSCALED_ROPE:
+                factor = rope.get("factor", factor)
+        if factor is None:
+            factor = 1.0
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+            raise InputError(
+                f"rope factor must be a positive number, got {factor!r}", source=f.source
+            )
+        longest *= factor
+    default = int(longest)
+    if any(_rope_type(rope) == "longrope" for rope in ropes):
+        default = f.integer("original_max_position_embeddings", default)
+    return int(longest), default
 
 
 def _language_model(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -206,6 +285,7 @@ def model_fields_from_mapping(raw: dict[str, Any], name: str, source: str) -> di
     attention = _attention_params(f, hidden, heads, kv_heads, head_dim)
     mlp_total, mlp_active, routed, experts, top_k = _mlp_params(f, hidden, layers)
     window, sliding_layers = _sliding(f, layers)
+    longest, default = max_model_lens(f.data, file)
     embeddings = vocab * hidden * (1 if tied else 2)
     total = embeddings + layers * attention + mlp_total
     active = embeddings + layers * attention + mlp_active
@@ -232,5 +312,6 @@ def model_fields_from_mapping(raw: dict[str, Any], name: str, source: str) -> di
         expert_params=float(routed),
         sliding_window=window,
         sliding_window_layers=sliding_layers,
-        max_position_embeddings=f.integer("max_position_embeddings", 0, low=0),
+        derived_max_model_len=longest,
+        default_max_model_len=default,
     )

@@ -129,7 +129,10 @@ class ModelSpec:
     weight_dtype: str = "auto"  # WEIGHT_DTYPES: how the weights are stored
     expert_params: float = 0.0  # routed-expert weights of all layers (0: derived from k/N)
     sliding_window_layers: int | None = None  # layers using sliding_window (None: all)
-    max_position_embeddings: int = 0  # the longest context the model takes (0: unknown)
+    # vLLM's max_model_len from the config (kvsim.specs.hf_config): the longest it starts
+    # with, and the one it takes when none is given (0: the longest; both 0: unknown)
+    derived_max_model_len: int = 0
+    default_max_model_len: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in WEIGHT_DTYPES:
@@ -266,7 +269,7 @@ _PRESETS = (
         hidden_size=2048,
         vocab_size=128256,
         tie_word_embeddings=True,
-        max_position_embeddings=131072,
+        derived_max_model_len=131072,
     ),
     ModelSpec(
         name="llama-3.1-8b",
@@ -278,7 +281,7 @@ _PRESETS = (
         active_params=8.03e9,
         hidden_size=4096,
         vocab_size=128256,
-        max_position_embeddings=131072,
+        derived_max_model_len=131072,
     ),
     ModelSpec(
         name="llama-3.1-70b",
@@ -290,7 +293,7 @@ _PRESETS = (
         active_params=70.6e9,
         hidden_size=8192,
         vocab_size=128256,
-        max_position_embeddings=131072,
+        derived_max_model_len=131072,
     ),
     ModelSpec(
         name="qwen2.5-7b",
@@ -302,7 +305,7 @@ _PRESETS = (
         active_params=7.6e9,
         hidden_size=3584,
         vocab_size=152064,
-        max_position_embeddings=32768,
+        derived_max_model_len=32768,
     ),
     ModelSpec(
         name="qwen3-8b",
@@ -314,7 +317,7 @@ _PRESETS = (
         active_params=8.2e9,
         hidden_size=4096,
         vocab_size=151936,
-        max_position_embeddings=40960,
+        derived_max_model_len=40960,
     ),
     ModelSpec(
         name="deepseek-v3",
@@ -331,7 +334,7 @@ _PRESETS = (
         vocab_size=129280,
         num_experts=256,
         experts_per_token=8,
-        max_position_embeddings=163840,
+        derived_max_model_len=163840,
         # the published checkpoint is FP8 (config.json's quantization_config, 128x128
         # blocks): 84 GB a GPU at TP 8, which fits an H200 node and not an H100 one
         weight_dtype="fp8",

@@ -343,7 +343,7 @@ def _checked_lengths(
     given = _cell_values(options, grid, "max_model_len")
     for model in models:
         spec = get_model(model or DEFAULT_MODEL)  # a bad name: _check_names said so
-        for where, value in given or [(f"{spec.name}'s max_position_embeddings", None)]:
+        for where, value in given or [(f"{spec.name}'s max_model_len", None)]:
             length = vllm_max_model_len(spec, value, where)
             lengths.setdefault((value or None, length), where)
     return lengths

@@ -318,7 +318,7 @@ def test_closed_loops_run_and_impossible_settings_fail_with_a_reason(tmp_path):
     assert by["closed"].error is None and by["closed"].requests == 12
     assert "every request (" in (by["too-long"].error or "")
     assert "vllm.max_model_len (310)" in (by["too-long"].error or "")
-    assert "vllm.max_model_len 8192 exceeds llama-2-7b's max_position_embeddings (4096)" in (
+    assert "vllm.max_model_len 8192 exceeds llama-2-7b's max_model_len from its config (4096)" in (
         by["past"].error or ""
     )
     assert (by["tp3"].error or "").startswith("tp 3: llama-2-7b's 32 attention heads")

@@ -227,7 +227,7 @@ def test_the_benchmarked_presets_carry_their_config_json_fields(name):
         m.tie_word_embeddings,
         m.num_experts,
         m.experts_per_token,
-        m.max_position_embeddings,
+        m.derived_max_model_len,
         m.weight_dtype,
         m.sliding_window,
         m.sliding_window_layers,

@@ -178,7 +178,7 @@ def test_a_request_past_the_models_positions_is_refused_or_cut_as_vllm_serves_it
     left; the GPU (57,195 blocks of 16 tokens on an H200) would have held all three."""
     from kvsim.engine.bench import TwinKnobs, twin_engine
 
-    positions = get_model("llama-3.1-8b").max_position_embeddings
+    positions = get_model("llama-3.1-8b").derived_max_model_len
     assert positions == 131072
     engine = twin_engine(TwinKnobs(block_tokens=16, gpu_blocks=60_000))
     trace = [
