@@ -527,10 +527,10 @@ def simulate(
       budget; a count above the budget is refused, as vLLM refuses to start;
     - ``long_prefill_token_threshold``: vLLM's (default 0: off; not above ``max_model_len``);
     - ``max_model_len``: vLLM's ``--max-model-len`` (default: the length vLLM derives from
-      the model's config; not above it): as vLLM 0.33's server, an empty prompt, one of ``max_model_len``
-      tokens or more and an output longer than it are refused, and a longer request's
-      output is cut to what is left; ``refuse_past_max_model_len`` (default False): refuse
-      it instead, as servers before 0.33 (v0.15.1) did;
+      the model's config; not above it): as vLLM 0.33's server, an empty prompt, one of
+      ``max_model_len`` tokens or more and an output longer than it are refused, and a
+      longer request's output is cut to what is left; ``refuse_past_max_model_len``
+      (default False): refuse it instead, as servers before 0.33 (v0.15.1) did;
     - ``gpu_kv_blocks``: GPU KV capacity in ``gpu_block_tokens`` blocks (vLLM
       ``num_gpu_blocks_override``; default from GPU memory); ``gpu_blocks`` is the command
       line's name for it; ``gpu_memory_utilization``: default 0.92;
