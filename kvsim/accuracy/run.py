@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 from kvsim.accuracy.measurements import Experiment, Measured, Stats
 from kvsim.accuracy.whole_run import stage_weights, weighted_whole_run
 from kvsim.core.errors import InputError, InputWarning
-from kvsim.specs.context import check_unchunked_budget, vllm_max_model_len, vllm_step_limits
-from kvsim.specs.hardware import GpuSpec, vllm_default_batched_tokens
+from kvsim.specs.context import vllm_max_model_len, vllm_step_limits
+from kvsim.specs.hardware import GpuSpec
 from kvsim.specs.models import ModelSpec, get_model
 
 if TYPE_CHECKING:
@@ -101,39 +101,30 @@ class ExperimentResult:
 
 
 def _max_num_batched_tokens(exp: Experiment, mml: int, gpu: GpuSpec) -> int | None:
-    """The step token budget vLLM ran with: the file's, or (None) ``vllm serve``'s default,
-    which without chunked prefill vLLM raises to at least ``max_model_len`` (``mml``)
-    (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): a prompt must fit one
-    step. Given below ``max_model_len`` without chunked prefill, vLLM refuses to start."""
+    """The step token budget vLLM ran with: the file's, or ``vllm serve``'s default on
+    ``gpu`` (None with chunked prefill: the run picks it; without, raised to
+    ``max_model_len``, ``mml``, which the run must be given), by the run's own
+    rule (:func:`~kvsim.specs.context.vllm_step_limits`), checked before the run and named
+    as the file names the keys (the run's errors would name ``kvsim simulate``'s flags).
+    vLLM ran with the model's length where the file gives none, so without chunked prefill
+    a budget below it is refused whether or not ``vllm.max_model_len`` is written; so is a
+    ``max_num_seqs`` above the budget."""
     vllm = exp.vllm
-    given = vllm.max_num_batched_tokens
-    if vllm.enable_chunked_prefill:
-        return given
-    if given is None:
-        return vllm_default_batched_tokens(gpu, mml, False, vllm.max_num_seqs)
-    length = (
-        "vllm.max_model_len"
-        if vllm.max_model_len
-        else "max_model_len (the model's, from its config)"
+    budget = "vllm.max_num_batched_tokens"
+    if vllm.max_num_batched_tokens is None:
+        budget = f"vllm serve's default max_num_batched_tokens on {gpu.name}"
+    length = "vllm.max_model_len"
+    if not vllm.max_model_len:
+        length = "max_model_len (the model's, from its config)"
+    tokens, _ = vllm_step_limits(
+        gpu,
+        mml,
+        True,
+        vllm.enable_chunked_prefill,
+        (vllm.max_num_batched_tokens, vllm.max_num_seqs),
+        (budget, "vllm.max_num_seqs", length),
     )
-    check_unchunked_budget(given, mml, ("vllm.max_num_batched_tokens", length))
-    return given
-
-
-def _check_max_num_seqs(
-    exp: Experiment, batched_tokens: int | None, mml: int, gpu: GpuSpec
-) -> None:
-    """A ``max_num_seqs`` above the step's token budget (the file's, or ``vllm serve``'s
-    default) is a run vLLM refused to start: named as the file names them, before the run
-    (whose options would name ``kvsim simulate``'s flags), by the run's own rule
-    (:func:`~kvsim.specs.context.vllm_step_limits`; the budget's length check was
-    :func:`_max_num_batched_tokens`'s)."""
-    name = "vllm.max_num_batched_tokens"
-    if exp.vllm.max_num_batched_tokens is None:
-        name = f"vllm serve's default max_num_batched_tokens on {gpu.name}"
-    names = (name, "vllm.max_num_seqs", "vllm.max_model_len")
-    given = (batched_tokens, exp.vllm.max_num_seqs)
-    vllm_step_limits(gpu, mml, False, exp.vllm.enable_chunked_prefill, given, names)
+    return vllm.max_num_batched_tokens if vllm.enable_chunked_prefill else tokens
 
 
 def shortened(
@@ -274,7 +265,6 @@ def _run(
     _check_override(exp, model, gpu)
     mml = vllm_max_model_len(model, exp.vllm.max_model_len, "vllm.max_model_len")
     batched_tokens = _max_num_batched_tokens(exp, mml, gpu)
-    _check_max_num_seqs(exp, batched_tokens, mml, gpu)
     if isinstance(compute_profile, PhaseProfile):
         profile: Any = compute_profile
     elif compute_profile is not None:

@@ -107,7 +107,7 @@ def vllm_step_limits(
     Args:
         max_model_len: the engine's, resolved (:func:`vllm_max_model_len`).
         length_given: whether the user gave it: without chunked prefill, a budget given
-            alone and below the model's positions stands for both (its longer requests
+            alone and below the model's length stands for both (its longer requests
             refused), so only a given length can make :func:`check_unchunked_budget` refuse.
         chunked: ``enable_chunked_prefill``.
         given: the budget and the count the user gave (None: vLLM's default).
