@@ -339,10 +339,11 @@ def write_requests_csv(
 ) -> dict[str, Any]:
     """Replay ``requests`` and write their rows to a CSV at ``path`` (header
     :data:`REQUEST_COLUMNS`), formatted a batch at a time by Arrow's CSV writer
-    (:mod:`kvsim.cachemode.row_writer`); the file is written whole or not at all. Returns
-    the summary."""
+    (:mod:`kvsim.cachemode.row_writer`), gzipped where ``path`` ends in ``.gz``, as a
+    trace's is; the file is written whole or not at all. Returns the summary."""
+    gzip = os.fspath(path).endswith(".gz")
     with (
         atomic_path(path) as tmp,
-        csv_rows(tmp, list(zip(REQUEST_COLUMNS, _CSV_TYPES))) as write,
+        csv_rows(tmp, list(zip(REQUEST_COLUMNS, _CSV_TYPES)), gzip=gzip) as write,
     ):
         return replay.run(requests, batch_sink=write, progress=progress)

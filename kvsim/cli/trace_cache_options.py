@@ -35,7 +35,8 @@ def trace_cache_options(f: FC) -> FC:
         metavar="DIR",
         help=(
             "Folder of the trace cache: parsed traces, found again by content (default "
-            "$KVSIM_CACHE_DIR, else ~/.cache/kvsim/traces)."
+            "$KVSIM_CACHE_DIR, else $XDG_CACHE_HOME/kvsim/traces, else "
+            "~/.cache/kvsim/traces)."
         ),
     )(run)
     return run  # type: ignore[return-value]

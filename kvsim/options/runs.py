@@ -89,7 +89,15 @@ class ReplayOptions(Schema, frozen=True):
         bool, Meta(description="Keep the requests table, one row per request (default true).")
     ] = True
     requests_csv: (
-        Annotated[Text, Meta(description="Stream one row per request (trace order) to this CSV.")]
+        Annotated[
+            Text,
+            Meta(
+                description=(
+                    "Stream one row per request (trace order) to this CSV (gzipped if it "
+                    "ends in .gz)."
+                )
+            ),
+        ]
         | None
     ) = None
 

@@ -60,16 +60,18 @@ def write_table(
 
 def _write_csv(safe: pd.DataFrame, path: str) -> None:
     """``safe`` (a :func:`parquet_safe` table) as CSV at ``path`` (overwritten; no index
-    column) by Arrow's writer: unquoted unless some text value holds a comma, quote or line
-    break, then every text value is quoted. A column Arrow cannot write (lists, mappings)
-    is written as its values' text."""
+    column) by Arrow's writer: header and values unquoted unless some column name or text
+    value holds a comma, quote or line break, then every name and text value is quoted
+    (Arrow quotes all or none). A column Arrow cannot write (lists, mappings) is written as
+    its values' text."""
     import pyarrow as pa
     import pyarrow.csv as pa_csv
 
     table = _arrow_table(safe)
     try:
-        pa_csv.write_csv(table, path, pa_csv.WriteOptions(quoting_style="none"))
-    except pa.ArrowInvalid:  # a text value needs quotes
+        plain = pa_csv.WriteOptions(quoting_style="none", quoting_header="none")
+        pa_csv.write_csv(table, path, plain)
+    except pa.ArrowInvalid:  # a name or text value needs quotes
         pa_csv.write_csv(table, path, pa_csv.WriteOptions(quoting_style="needed"))
 
 

@@ -4,6 +4,7 @@ alone for no rows, and the file whole or absent when the replay or a value fails
 from __future__ import annotations
 
 import csv
+import gzip
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,21 @@ def test_rows_read_back_as_written_in_order(tmp_path):
     back = [(int(a), float(b), c == "true") for a, b, c in lines[1:]]
     assert back == [r for batch in batches for r in batch]
     text = (tmp_path / "rows.csv").read_bytes()
-    assert text.startswith(b"a,b,c\r\n0,0,true\r\n1,0.14285714285714285,false\r\n")
-    assert text.count(b"\r\n") == 1 + 3000 + 5 + 1 + 1
+    assert text.startswith(b"a,b,c\n0,0,true\n1,0.14285714285714285,false\n")
+    assert text.count(b"\n") == 1 + 3000 + 5 + 1 + 1 and b"\r" not in text
+
+
+def test_gzipped_rows_read_back_as_the_plain_file(tmp_path):
+    """``gzip``: the same bytes, gzipped (the temporary name does not end in .gz)."""
+    batches = [_rows(2500), _rows(3, 2500)]
+    _write(tmp_path / "rows.csv", batches)
+    with atomic_path(tmp_path / "rows.csv.gz") as tmp, csv_rows(tmp, COLUMNS, gzip=True) as w:
+        assert not tmp.endswith(".gz")
+        for batch in batches:
+            w(batch)
+    packed = (tmp_path / "rows.csv.gz").read_bytes()
+    assert packed[:2] == b"\x1f\x8b"
+    assert gzip.decompress(packed) == (tmp_path / "rows.csv").read_bytes()
 
 
 def test_no_rows_is_the_header_alone(tmp_path):

@@ -30,7 +30,8 @@ def test_a_mixed_column_is_text_in_parquet_and_as_written_in_csv(tmp_path):
     assert back["value"].tolist()[:2] == ["1", "lru"] and pd.isna(back["value"][2])
     assert back["flag"].tolist()[::2] == [True, False] and pd.isna(back["flag"][1])  # kept
     assert back["n"].tolist() == [1, 2, 3] and back["name"].tolist() == ["a", "b", "c"]
-    assert (tmp_path / "t.csv").read_text().splitlines()[1:] == [
+    assert (tmp_path / "t.csv").read_text().splitlines() == [
+        "n,value,flag,name",  # nothing needs quotes, the names neither
         "1,1,true,a",
         "2,lru,,b",
         "3,,false,c",
@@ -91,6 +92,11 @@ def test_the_csv_reads_back_as_the_same_values(tmp_path):
     ]
     back = pd.read_csv(tmp_path / "text.csv")
     assert back["name"].tolist() == text["name"].tolist()
+
+    named = pd.DataFrame({"a,b": [1, 2], "c": [0.5, 1.0]})  # a name that needs quotes
+    write_table(named, tmp_path, "named")
+    assert (tmp_path / "named.csv").read_text().splitlines() == ['"a,b","c"', "1,0.5", "2,1"]
+    assert pd.read_csv(tmp_path / "named.csv").columns.tolist() == ["a,b", "c"]
 
 
 def test_a_table_needing_nothing_is_not_copied():

@@ -5,6 +5,7 @@ share one parse (and one timed baseline per engine configuration) of their trace
 from __future__ import annotations
 
 import csv
+import gzip
 import os
 from pathlib import Path
 
@@ -50,8 +51,8 @@ def test_requests_csv_holds_the_replays_rows(tmp_path, cfg):
     rows, lines = _rows_and_file(list(open_trace(SAMPLE)), cfg, path)
     assert lines[0] == list(REQUEST_COLUMNS)
     assert [_parsed(line) for line in lines[1:]] == rows and len(rows) == 200
-    assert path.read_bytes().startswith(",".join(REQUEST_COLUMNS).encode() + b"\r\n0,0,")
-    assert any(r[-1] for r in rows) == (b",true\r\n" in path.read_bytes())
+    assert path.read_bytes().startswith(",".join(REQUEST_COLUMNS).encode() + b"\n0,0,")
+    assert any(r[-1] for r in rows) == (b",true\n" in path.read_bytes())
 
 
 def test_requests_csv_from_a_list_trace_matches_too(tmp_path):
@@ -97,6 +98,19 @@ def test_replay_out_writes_parquet_with_the_csv_rows(tmp_path, capsys):
         capsys,
     )
     assert code == 2 and "--out" in err and err.count("\n") == 1
+
+
+def test_requests_csv_ending_in_gz_is_gzipped(tmp_path, capsys):
+    """``--requests-csv rows.csv.gz`` is gzipped, as a trace named so is: the plain file's
+    bytes."""
+    for name in ("r.csv", "r.csv.gz"):
+        args = ["replay", SAMPLE, "--cpu-chunks", "40", "--requests-csv", tmp_path / name]
+        code, _, err = run_main(args, capsys)
+        assert code == 0, err
+    packed = (tmp_path / "r.csv.gz").read_bytes()
+    assert packed[:2] == b"\x1f\x8b"
+    assert gzip.decompress(packed) == (tmp_path / "r.csv").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "r.csv.gz"]
 
 
 # --------------------------------------------------------------------------- sweeps
