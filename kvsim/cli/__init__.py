@@ -175,6 +175,12 @@ def _show_warning(
 _default_showwarning = warnings.showwarning
 
 
+#: click 8.2+ raises this for a group called without a command (8.1 printed the help itself)
+_NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
+)
+
+
 def _usage_line(exc: click.UsageError) -> str:
     """click's usage error as one line, naming the command and where to look."""
     cmd = exc.ctx.command_path if exc.ctx is not None else "kvsim"
@@ -232,6 +238,9 @@ def _main(argv: list[str] | None) -> None:
     except click.exceptions.Abort:
         click.echo("kvsim: aborted", err=True)
         sys.exit(130)
+    except _NO_ARGS_IS_HELP as exc:  # `kvsim`, `kvsim trace`: the help as it reads, not one line
+        click.echo(exc.format_message(), err=True)
+        sys.exit(2)
     except click.UsageError as exc:
         click.echo(one_line(_usage_line(exc)), err=True)
         sys.exit(2)

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 _ACCURACY_FILES = frozenset({"accuracy.csv", "metadata.json"})
 
 
+def _receives_folds(name: str) -> bool:
+    """The files ``cross-validate --out`` writes: the report's and each fold's profile."""
+    return name in _ACCURACY_FILES or (name.startswith("fold-") and name.endswith(".json"))
+
+
 def _workers(command: Callable[..., None]) -> Callable[..., None]:
     """``--workers``: the processes experiments run on (the results are the same with any
     number; each experiment is a function of its inputs and seed)."""
@@ -350,7 +355,11 @@ def cross_validate_command(
     gpu = gpu.strip().lower()
     prior = _start_profile(start)
     show = sys.stderr.isatty() if progress is None else progress
-    with Progress(show, len(folds(file, fold_by)), "folds", unit="fold") as bar:
+    check_output_folder(out, "--out", _receives_folds, [file, start])
+    with (
+        output_folder(out),  # made before the folds: one that cannot be is said first
+        Progress(show, len(folds(file, fold_by)), "folds", unit="fold") as bar,
+    ):
         report, profiles = cross_validate(
             file,
             gpu,
@@ -363,13 +372,13 @@ def cross_validate_command(
             progress=bar.callback,
             workers=workers,
         )
-    if out is not None:
-        import os
+        if out is not None:
+            import os
 
-        report.write(out, command="kvsim cross-validate " + " ".join(sys.argv[2:]))
-        for i, profile in enumerate(profiles.values()):
-            with atomic_write(os.path.join(out, f"fold-{i}.json")) as f:
-                f.write(profile.to_json())
+            report.write(out, command="kvsim cross-validate " + " ".join(sys.argv[2:]))
+            for i, profile in enumerate(profiles.values()):
+                with atomic_write(os.path.join(out, f"fold-{i}.json")) as f:
+                    f.write(profile.to_json())
     for failed in report.failures:
         click.echo(f"kvsim: experiment {failed.experiment}: {failed.error}", err=True)
     _print(report)

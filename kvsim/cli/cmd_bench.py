@@ -11,6 +11,7 @@ from kvsim.cachemode.bench import bench_replay
 from kvsim.cli.common import FiniteFloatRange, check_output_path, wants_progress
 from kvsim.core.errors import InputError
 from kvsim.core.io import atomic_write
+from kvsim.options.engine import MAX_GPU_BLOCKS
 from kvsim.traces import as_trace
 
 DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl")
@@ -64,7 +65,7 @@ DEFAULT_TRACE = os.path.join("traces", "mooncake_fast25_conversation_trace.jsonl
 )
 @click.option(
     "--gpu-blocks",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=2, max=MAX_GPU_BLOCKS),  # one is vLLM's null block
     default=8192,
     show_default=True,
     help="With --timed: GPU KV capacity in 16-token blocks.",

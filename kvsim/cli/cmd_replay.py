@@ -25,6 +25,7 @@ from kvsim.cli.common import (
 from kvsim.cli.trace_cache_options import trace_cache_options
 from kvsim.core.errors import InputError
 from kvsim.core.input_files import referenced_files
+from kvsim.core.io import output_folder
 from kvsim.options.offload import OffloadOptions
 from kvsim.options.runs import ReplayOptions
 from kvsim.options.tiers import tier_from_shorthand
@@ -120,24 +121,25 @@ def replay_command(
             raise InputError("--tier is for --protocol prefix (vLLM's connector)")
         options["secondary_tiers"] = [tier_from_shorthand(text) for text in tiers]
     info = as_trace(trace, fmt=fmt, block_tokens=options.get("block_tokens")).info
-    # other policies than kvsim's lru and arc always run the protocol, so --fused is a
-    # default, not a demand
-    with plugin_output_to_stderr():
-        result = replay(
-            trace,
-            fmt=fmt,
-            limit=limit,
-            per_request=out_dir is not None,
-            requests_csv=requests_csv,
-            vllm_config=vllm_config,
-            protocol=protocol,
-            fused=None if fused else False,
-            progress=wants_progress(show_progress),
-            **options,
-        )
-    if out_dir is not None:
-        result.save(out_dir)
-        save_fleet_figure(result, out_dir)
+    with output_folder(out_dir):  # made (or refused) before the run, removed if it fails
+        # other policies than kvsim's lru and arc always run the protocol, so --fused is a
+        # default, not a demand
+        with plugin_output_to_stderr():
+            result = replay(
+                trace,
+                fmt=fmt,
+                limit=limit,
+                per_request=out_dir is not None,
+                requests_csv=requests_csv,
+                vllm_config=vllm_config,
+                protocol=protocol,
+                fused=None if fused else False,
+                progress=wants_progress(show_progress),
+                **options,
+            )
+        if out_dir is not None:
+            result.save(out_dir)
+            save_fleet_figure(result, out_dir)
     title = (
         "kvsim replay (cache mode)" if protocol == "prefix" else "kvsim replay (object protocol)"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -118,6 +119,20 @@ def format_stages(result: Result) -> str | None:
 def _option(name: str, *flags: str, **overrides: Any) -> Callable[[FC], FC]:
     """A ``simulate`` option from :class:`SimulateOptions`' description of ``name``."""
     return schema_option(SimulateOptions, name, *flags, **overrides)
+
+
+def _refuse_run_file(chrome_trace: str | None, out_dir: str | None) -> None:
+    """``--chrome-trace`` inside ``--out`` under the name of a file the run writes there
+    (``summary.json``) would be overwritten by it, or overwrite it: refused before the run."""
+    if not chrome_trace or not out_dir:
+        return
+    folder = os.path.dirname(os.path.realpath(chrome_trace))
+    name = os.path.basename(chrome_trace)
+    if os.path.samefile(folder, out_dir) and run_folder_receives(out_dir)(name):
+        raise InputError(
+            f"--chrome-trace {chrome_trace}: --out {out_dir} writes {name} itself; "
+            "give the trace another name"
+        )
 
 
 def _simulate(out_dir: str | None, save_steps: bool, trace: Any, **kwargs: Any) -> Result:
@@ -329,6 +344,7 @@ def simulate_command(
     # made first (--chrome-trace may go inside it); removed again if the run fails
     with output_folder(out_dir):
         check_output_path(chrome_trace, "--chrome-trace", *referenced_files(inputs))
+        _refuse_run_file(chrome_trace, out_dir)
         if save_detailed and not out_dir:
             raise InputError("--save-detailed writes into --out; give --out DIR")
         if save_steps and not out_dir:

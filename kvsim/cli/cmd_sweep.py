@@ -36,6 +36,7 @@ from kvsim.sweeps import (
     sweep,
     tier_set,
 )
+from kvsim.sweeps.cell_tables import CELLS
 
 if TYPE_CHECKING:
     from kvsim.cli.common import FC
@@ -251,7 +252,7 @@ def sweep_command(
         raise InputError("--address is for --executor ray")
     out = out or f"sweep-{s.name}"
     inputs = [spec, s.traces, s.options, s.grid]
-    check_output_folder(out, "--out", FOLDER_FILES.__contains__, inputs)
+    check_output_folder(out, "--out", FOLDER_FILES.__contains__, inputs, {CELLS})
     failed: list[str] = []
     warned: list[str] = []
 

@@ -6,7 +6,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -179,15 +179,20 @@ def check_output_path(
 
 
 def check_output_folder(
-    path: str | None, option: str, receives: Callable[[str], bool], values: Iterable[Any]
+    path: str | None,
+    option: str,
+    receives: Callable[[str], bool],
+    values: Iterable[Any],
+    folders: Collection[str] = (),
 ) -> None:
     """Fail before the run when output folder ``path`` is a file, or when a file it will
-    receive (``receives(name)``: see :func:`kvsim.core.io.refuse_filling_folder`) is one
-    the run reads: any file the option ``values`` name (the trace, a config file, a plugin
-    module; see :func:`kvsim.core.input_files.referenced_files`)."""
+    receive (``receives(name)``: see :func:`kvsim.core.io.refuse_filling_folder`, whose
+    ``folders`` this passes on) is a folder or one the run reads: any file the option
+    ``values`` name (the trace, a config file, a plugin module; see
+    :func:`kvsim.core.input_files.referenced_files`)."""
     if path is None:
         return
-    refuse_filling_folder(option, path, receives, referenced_files(values))
+    refuse_filling_folder(option, path, receives, referenced_files(values), folders)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import math
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import IO, Any
 
 from kvsim.core.ending import raise_if_ending
@@ -217,18 +217,23 @@ def refuse_filling_folder(
     folder: str | os.PathLike[str],
     receives: Callable[[str], bool],
     inputs: Iterable[str | os.PathLike[str] | None],
+    folders: Collection[str] = (),
 ) -> None:
     """Exit 2 before any work when the output ``folder`` is a file, or when a file it will
     receive (replace, append to or remove: every name in it for which ``receives(name)``
-    holds) is one of the run's ``inputs``, directly or through a link.
+    holds) is one of the run's ``inputs``, directly or through a link, or is a folder
+    (writing it would fail after the run, with the other files written).
 
     Args:
         option: the folder's option, named in the error (``--out``).
         folder: the output folder; nothing to check while it does not exist.
         receives: whether a file name in the folder is one the run writes or removes.
         inputs: the run's input files (None entries are skipped).
+        folders: the names the run makes as folders (a sweep's ``cells``).
     """
     where = os.fspath(folder)
+    if not where:
+        raise InputError(f"{option}: an empty path; name a folder")
     if os.path.exists(where) and not os.path.isdir(where):
         raise InputError(f"{option}: {where} is not a directory")
     try:
@@ -238,6 +243,11 @@ def refuse_filling_folder(
     given = [os.fspath(i) for i in inputs if i is not None]
     for name in sorted(names):
         path = os.path.join(where, name)
+        if name not in folders and os.path.isdir(path):
+            raise InputError(
+                f"{option} {where}: {name} there is a folder, where this run writes a file; "
+                "move it or use another folder"
+            )
         for inp in given:
             if same_file(path, inp):
                 raise InputError(

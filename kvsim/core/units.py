@@ -14,8 +14,12 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 def human_bytes(n: float) -> str:
     """``n`` bytes in the largest binary unit that keeps the number >= 1: ``64.0 MiB``,
-    ``1.50 GiB``, ``512 B`` (three significant digits)."""
-    value = float(n)
+    ``1.50 GiB``, ``512 B`` (three significant digits); a count past any float (a tier
+    of 1e300 GiB asked for) by its number of digits: ``~10^309 B``."""
+    try:
+        value = float(n)
+    except OverflowError:
+        return f"~10^{len(str(abs(int(n)))) - 1} B"
     unit = 0
     while abs(value) >= 1024 and unit < len(_UNITS) - 1:
         value /= 1024

@@ -34,10 +34,15 @@ MaxNumSeqs = Annotated[
 LongPrefillTokenThreshold = Annotated[
     int, Meta(ge=0, description="vLLM's cap on one request's prefill chunk (default 0: off).")
 ]
+#: more GPU blocks than any GPU holds (a billion tokens at vLLM's 16 a block), and a
+#: block pool of them fills gigabytes of host memory: a larger count is a typo
+MAX_GPU_BLOCKS = 1 << 26
+
 GpuKvBlocks = Annotated[
     int,
     Meta(
         ge=2,
+        le=MAX_GPU_BLOCKS,
         description=(
             "GPU KV capacity in --gpu-block-tokens blocks (vLLM num_gpu_blocks_override, "
             "its null block included: one fewer hold KV; default: from GPU memory)."

@@ -9,6 +9,7 @@ vLLM's ``kv_connector_extra_config`` is translated into these options by
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
@@ -18,6 +19,7 @@ from kvsim.core.errors import InputError
 from kvsim.core.keys import KeyLayout
 from kvsim.core.units import GIB
 from kvsim.options.config import CacheConfig, resolve_admission
+from kvsim.options.engine import MAX_GPU_BLOCKS
 from kvsim.options.schema import Schema, check_fields
 from kvsim.options.tiers import TierSpec, as_tier_specs
 
@@ -135,13 +137,15 @@ class OffloadOptions(Schema, frozen=True):
         ),
     ] = 1
     gpu_blocks: Annotated[
-        NonNegative,
+        int,
         Meta(
+            ge=0,
+            le=MAX_GPU_BLOCKS,
             description=(
                 "replay: GPU prefix-cache size in key-unit blocks, 0 (default) disables it; "
                 "simulate: GPU KV capacity in --gpu-block-tokens blocks (vLLM "
                 "num_gpu_blocks_override), default from GPU memory."
-            )
+            ),
         ),
     ] = 0
     policy: Annotated[
@@ -291,7 +295,10 @@ class OffloadOptions(Schema, frozen=True):
             cpu_bytes, option = self.cpu_bytes, "cpu_bytes_to_use"
         else:
             assert self.cpu_gib is not None  # _check_one_size saw one size
-            cpu_bytes, option = int(self.cpu_gib * GIB), "--cpu-gib"
+            as_float = self.cpu_gib * GIB  # past any trace is fine (the ceiling), but a
+            # size near 1e300 GiB is no float of bytes: then counted exactly
+            cpu_bytes = int(as_float) if math.isfinite(as_float) else int(self.cpu_gib) * GIB
+            option = "--cpu-gib"
         return self._sizing(spec, chunk_tokens, cpu_bytes, option).num_chunks
 
     def _sizing(

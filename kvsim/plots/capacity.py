@@ -128,11 +128,12 @@ def series_value(v: Any) -> str:
 
 
 def numeric_rows(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    """``df`` with ``columns`` as numbers, rows where any is not a number dropped (a failed
-    sweep cell leaves them empty)."""
-    return df.assign(**{c: pd.to_numeric(df[c], errors="coerce") for c in columns}).dropna(
-        subset=list(columns)
-    )
+    """``df`` with ``columns`` as numbers, rows where any is not a finite number dropped (a
+    failed sweep cell leaves them empty; an infinite value has no place on an axis)."""
+    as_numbers = {
+        c: pd.to_numeric(df[c], errors="coerce").replace([np.inf, -np.inf], np.nan) for c in columns
+    }
+    return df.assign(**as_numbers).dropna(subset=list(columns))
 
 
 def draw_curves(
@@ -327,10 +328,11 @@ def mrc(
         xcol = pick_column(curve, None, CHUNK_COLUMNS, "mrc", "capacity")
     else:
         raise InputError(f"mrc: x must be cpu_gib or chunks, and the table must have it; got {x}")
+    need_columns(curve, [y], "mrc")  # a sweep's table, a --y it does not have
     df = numeric_rows(curve, [xcol, y])
     df = df[df[xcol] > 0]
     if df.empty:
-        raise InputError("mrc: the curve has no rows with a positive capacity")
+        raise InputError(f"mrc: no row of the curve has a positive capacity and a finite {y}")
     with styled(preset) as p:
         (a,) = panels(ax, p, 1)
         _mrc_lines(a, df, xcol, y, points)

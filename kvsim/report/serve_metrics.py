@@ -224,11 +224,18 @@ def peak_rates(
     starts: np.ndarray, ends: np.ndarray, token_times: Iterable[np.ndarray]
 ) -> tuple[float, int]:
     """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: output tokens and
-    requests in flight per whole second since the first start, at their busiest second."""
+    requests in flight per whole second since the first start, at their busiest second.
+
+    A run shorter than :data:`_DENSE_SECONDS` counts into one slot per second; a longer one
+    (arrivals years apart: a huge ``--time-scale``, a trace's far timestamp) only at the
+    seconds where something happens, so memory follows the tokens, not the span."""
     if len(starts) == 0:
         return 0.0, 0
     first = float(starts.min())
-    seconds = int(np.ceil(float(ends.max()) - first)) + 1
+    span = float(ends.max()) - first
+    if span >= _DENSE_SECONDS:
+        return _sparse_peaks(starts - first, ends - first, token_times, first)
+    seconds = int(np.ceil(span)) + 1
     tokens = np.zeros(seconds, dtype=np.int64)
     batch: list[np.ndarray] = []
     held = 0
@@ -248,6 +255,56 @@ def peak_rates(
 
 #: output-token times counted per bincount in :func:`peak_rates`
 _PEAK_BATCH = 1 << 20
+#: runs spanning this many seconds or more count sparsely (a dense count: 8 bytes a second)
+_DENSE_SECONDS = 1 << 22
+
+
+def _sparse_peaks(
+    begin: np.ndarray, end: np.ndarray, token_times: Iterable[np.ndarray], first: float
+) -> tuple[float, int]:
+    """:func:`peak_rates` over the seconds something happens in: ``begin`` and ``end`` are
+    the requests' times since ``first``, in float seconds (floors of huge times stay exact
+    as floats, where an int64 would overflow)."""
+    seconds: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    batch: list[np.ndarray] = []
+    held = 0
+    for t in token_times:
+        batch.append(t)
+        held += len(t)
+        if held >= _PEAK_BATCH:
+            _count_seconds(batch, first, seconds, counts)
+            batch, held = [], 0
+    if batch:
+        _count_seconds(batch, first, seconds, counts)
+    top_tokens = 0.0
+    if seconds:
+        top_tokens = float(_sums_by_key(np.concatenate(seconds), np.concatenate(counts))[1].max())
+    ones = np.ones(len(begin), dtype=np.int64)
+    keys, changes = _sums_by_key(
+        np.concatenate([np.floor(begin), np.floor(end) + 1]), np.concatenate([ones, -ones])
+    )
+    last = np.floor(float(end.max()))  # the dense count's last second
+    running = np.cumsum(changes)[keys <= last]
+    return top_tokens, int(running.max())
+
+
+def _count_seconds(
+    times: list[np.ndarray], first: float, seconds: list[np.ndarray], counts: list[np.ndarray]
+) -> None:
+    """Append the whole seconds since ``first`` that ``times`` fall in, and how many fall in
+    each."""
+    s, c = np.unique(np.floor(np.concatenate(times) - first), return_counts=True)
+    seconds.append(s)
+    counts.append(c)
+
+
+def _sums_by_key(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``keys`` in ascending order and the sum of ``values`` at each."""
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], values[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return keys[starts], np.add.reduceat(values, starts)
 
 
 def _per_second(times: list[np.ndarray], first: float, seconds: int) -> np.ndarray:

@@ -98,7 +98,7 @@ def sweep(
     base_dir = os.getcwd()
     if out is not None:
         inputs = referenced_files([s.traces, s.options, s.grid, _spec_path(spec)], base_dir)
-        refuse_filling_folder("out", out, FOLDER_FILES.__contains__, inputs)
+        refuse_filling_folder("out", out, FOLDER_FILES.__contains__, inputs, {CELLS})
     if "block_tokens" in s.options:
         block_tokens = [s.options["block_tokens"]]
     else:

@@ -575,16 +575,30 @@ def vllm_peaks(starts: list[float], ends: list[float], times: list[list[float]])
 
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("batch", [1 << 20, 7])
-def test_peaks_match_vllms_loops(seed, batch, monkeypatch) -> None:
+@pytest.mark.parametrize("dense", [1 << 22, 0])
+def test_peaks_match_vllms_loops(seed, batch, dense, monkeypatch) -> None:
     """Token times are counted a batch at a time (``batch``: a small one crosses batches
-    mid-run); the peaks are vLLM's either way."""
+    mid-run), per second of the run or (``dense`` 0) only at the seconds something
+    happens in; the peaks are vLLM's every way."""
     monkeypatch.setattr(serve_metrics, "_PEAK_BATCH", batch)
+    monkeypatch.setattr(serve_metrics, "_DENSE_SECONDS", dense)
     rng = np.random.default_rng(seed)
     starts = np.sort(rng.uniform(0, 20, 30))
     times = [s + np.cumsum(rng.exponential(0.3, rng.integers(1, 40))) for s in starts]
     ends = np.array([t[-1] for t in times])
     want = vllm_peaks(list(starts), list(ends), [list(t) for t in times])
     assert peak_rates(starts, ends, iter(times)) == want
+
+
+def test_peaks_of_requests_ages_apart_take_memory_by_tokens_not_span() -> None:
+    """Three requests, the last 10^15 s (and then 10^300 s) after the others: a count per
+    second of that span would need petabytes (it ran out of memory, or overflowed int64)."""
+    for far in (1e15, 1e300):
+        starts = np.array([0.0, 0.5, far])
+        times = [np.array([0.1, 0.2, 0.9]), np.array([0.6, 0.7]), far + np.array([1.0, 1.5])]
+        ends = np.array([t[-1] for t in times])
+        # second 0 holds 0.1, 0.2, 0.9, 0.6, 0.7; two requests in flight there
+        assert peak_rates(starts, ends, iter(times)) == (5.0, 2)
 
 
 def test_itls_pool_every_requests_gaps() -> None:
