@@ -11,6 +11,7 @@ index past the load's stages is one line naming the file and the key path.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -49,6 +50,13 @@ class Stats(Schema, frozen=True):
     p90: _Ms | None = None
     p99: _Ms | None = None
 
+    def __post_init__(self) -> None:
+        ranks = (("p50", self.p50), ("p90", self.p90), ("p99", self.p99))
+        known = [(k, v) for k, v in ranks if v is not None]
+        for (low, a), (high, b) in itertools.pairwise(known):
+            if a > b:  # a percentile never falls as its rank rises: a typo or swapped keys
+                raise ValueError(f"{low} {a:g} is above {high} {b:g}")
+
 
 class Measured(Schema, frozen=True):
     """What one stage (by send time; ``all``: the whole run) measured."""
@@ -72,6 +80,14 @@ class Measured(Schema, frozen=True):
     output_tokens_per_s: Annotated[float, Meta(ge=0)] | None = None
     total_tokens_per_s: Annotated[float, Meta(ge=0)] | None = None
     requests_per_s: Annotated[float, Meta(ge=0)] | None = None
+
+    def __post_init__(self) -> None:
+        ttft = self.ttft_ms.mean if self.ttft_ms is not None else None
+        e2e = self.e2e_ms.mean if self.e2e_ms is not None else None
+        if ttft is not None and e2e is not None and e2e < ttft:
+            # a request's E2E holds its TTFT, so the means do too (the ITL derived from
+            # them would be negative)
+            raise ValueError(f"e2e_ms.mean {e2e:g} is below ttft_ms.mean {ttft:g}")
 
 
 def _inline(schema: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +153,15 @@ def _kv_config_object(text: str, key: str, source: str | None = None) -> dict[st
     text that is not one is one line naming ``key``."""
     import json
 
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [k for k, _ in pairs]
+        twice = sorted({k for k in names if names.count(k) > 1})
+        if twice:  # json keeps the last silently, where the file's YAML keys are refused
+            raise InputError(f"{key}: {', '.join(twice)} given twice", source=source)
+        return dict(pairs)
+
     try:
-        parsed = json.loads(text)
+        parsed = json.loads(text, object_pairs_hook=no_repeats)
     except json.JSONDecodeError as e:
         raise InputError(
             f"{key}: not a JSON object ({e.msg}), got {short_repr(text)}", source=source
@@ -428,6 +451,13 @@ def read_measurements(path: str | os.PathLike[str]) -> MeasurementsFile:
                 if key == "model" and names_a_hub_model(exp.model, base_dir):
                     continue  # a real model kvsim has no spec for: its experiment fails alone
                 raise InputError(f"experiments[{i}].{key}: {e}", source=source) from None
+        if exp.router is not None and ":" in exp.router.name:  # a plugin: loaded now
+            from kvsim.fleet.routers import router_plugin_class
+
+            try:
+                router_plugin_class(exp.router.name, "router.name")
+            except InputError as e:
+                raise InputError(f"experiments[{i}].{e}", source=source) from None
         _check_connector(exp, f"experiments[{i}].vllm.kv_transfer_config", source)
         _check_kv_cache_dtype(exp.vllm.kv_cache_dtype, f"experiments[{i}].vllm", source)
     return parsed
@@ -513,6 +543,9 @@ def _check_connector(exp: Experiment, where: str, source: str) -> None:
 
     from kvsim.policies.registry import eviction_policy_class
 
+    name = (exp.vllm.transfer_config(source, where) or {}).get("kv_connector")
+    if name is not None and not isinstance(name, str):
+        raise InputError(f"{where}.kv_connector: a connector's name, got {name!r}", source=source)
     if exp.vllm.other_connector() is not None:
         return  # its experiment fails alone when it runs
     kv = exp.vllm.connector(source, where)

@@ -9,6 +9,9 @@ from typing import Any
 __all__ = ["GIB", "bytes_and_human", "human_bytes", "is_byte_count", "with_human_bytes"]
 
 GIB = 1 << 30
+#: the longest prompt or output length a generator takes: past any model's context (1M
+#: tokens), short of a hang or a MemoryError (a prompt's block ids are built one by one)
+MOST_TOKENS = 100_000_000
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 

@@ -351,8 +351,8 @@ class Engine:
         self.recorder.requests.append(sr)
         p = self.params
         block = p.gpu_block_tokens
-        # as vLLM's server takes a request under max_model_len (default: the model's
-        # positions): refused, or its output cut to what is left
+        # as vLLM's server takes a request under max_model_len (default: the length vLLM
+        # derives from the model's config): refused, or its output cut to what is left
         max_len = engine_max_model_len(self.model, p.max_model_len)
         served = served_output(sr.prompt, sr.output, max_len, p.refuse_past_max_model_len)
         if served is not None:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvsim.core.errors import InputWarning
 from kvsim.engine.transfer_protocol import STORE
 from kvsim.report.serve_metrics import (
     RUN_WITH_OFFLOAD,
@@ -17,6 +18,8 @@ from kvsim.report.serve_metrics import (
     bench_fields,
     inter_token_latencies,
 )
+from kvsim.specs.context import engine_max_model_len
+from kvsim.specs.sizing import usable_gpu_blocks
 
 
 def busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -33,6 +36,25 @@ def busy_time(starts: np.ndarray, ends: np.ndarray) -> float:
         elif e > cur_e:
             cur_e = e
     return float(total + cur_e - cur_s)
+
+
+def _refused_words(engine: Any, refused: int, total: int) -> str:
+    """Why ``refused`` of ``total`` requests never ran, with the engine's limits: the
+    summary's latencies are the others' (with every request refused, all zero), which a
+    user who set ``--max-model-len`` too short would otherwise read as a result."""
+    p = engine.params
+    limits = [
+        f"max_model_len {engine_max_model_len(engine.model, p.max_model_len):,}",
+        f"what the GPU KV holds ({usable_gpu_blocks(engine.num_gpu_blocks) * p.gpu_block_tokens:,}"
+        " tokens)",
+    ]
+    if not p.enable_chunked_prefill:
+        limits.append(f"max_num_batched_tokens {p.max_num_batched_tokens:,} (no chunked prefill)")
+    return (
+        f"{refused:,} of {total:,} requests refused, as vLLM refuses a request longer than "
+        f"{', or than '.join(limits)}: its server answers each with an error, and the "
+        f"latencies are the {total - refused:,} others'"
+    )
 
 
 def summarize(
@@ -66,6 +88,9 @@ def summarize(
     said = load.warning(RUN_WITH_OFFLOAD if engine.offload else RUN_WITHOUT_OFFLOAD)
     if said is not None and not closed_loop:
         warnings.warn(said[0], said[1], stacklevel=2)
+    refused = len(requests) - len(done)
+    if refused:
+        warnings.warn(_refused_words(engine, refused, len(requests)), InputWarning, stacklevel=2)
     out["kv_wait_total_s"] = float(done["kv_wait_s"].sum())
     out["gpu_hit_tokens"] = int(done["gpu_hit_tokens"].sum())
     out["cpu_hit_tokens"] = int(done["cpu_hit_tokens"].sum())

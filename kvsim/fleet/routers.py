@@ -27,6 +27,7 @@ line naming it (:func:`checked_route`).
 from __future__ import annotations
 
 import importlib
+import inspect
 import operator
 import random
 from collections.abc import Sequence
@@ -253,6 +254,20 @@ BUILTIN: dict[str, type] = {
 assert tuple(BUILTIN) == ROUTERS
 
 
+def router_plugin_class(name: str, option: str = "--router") -> type:
+    """The class a plugin router ``module:Class`` names, loaded (a measurements file's
+    router is checked so before anything runs); one that does not load, or is not a class
+    (``os:system``), is one line naming ``option``."""
+    module, _, attr = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise InputError(f"{option} {name}: cannot load the plugin ({exc})") from None
+    if not inspect.isclass(cls):
+        raise InputError(f"{option} {name}: not a class, got a {type(cls).__name__}")
+    return cls
+
+
 def make_router(name: str, instances: int, seed: int = 0, **weights: float) -> Router:
     """The router ``name`` (a built-in or ``module:Class``) for ``instances`` instances;
     ``weights``: prefix-aware's (``prefix_weight``, ``queue_weight``, ``kv_weight``)."""
@@ -266,11 +281,8 @@ def make_router(name: str, instances: int, seed: int = 0, **weights: float) -> R
             f"--router: unknown router {name!r}{did_you_mean(name, ROUTERS)}; "
             f"known: {', '.join(ROUTERS)}, or a plugin module:Class"
         )
-    module, _, attr = name.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise InputError(f"--router {name}: cannot load the plugin ({exc})") from None
+    cls = router_plugin_class(name)
+    attr = name.partition(":")[2]
     try:
         plugin = cls(instances, seed)
     except Exception as exc:  # a plugin's fault, reported as bad input

@@ -547,6 +547,7 @@ class _Fleet:
     def __init__(self, engines: list[Engine], recorders: _Recorders | None = None) -> None:
         first = engines[0]
         self.params = first.params
+        self.model = first.model
         self.offload = first.offload
         self.config = first.config
         self.layout = first.layout

@@ -35,7 +35,8 @@ class GpuSpec(Schema, frozen=True, kw_only=False):
     peak_flops: Annotated[_Rate, Meta(description="Dense BF16 tensor FLOP/s.")]
     hbm_bytes_per_s: Annotated[_Rate, Meta(description="HBM bandwidth, bytes/s.")]
     memory_bytes: Annotated[
-        int | _Rate, Meta(description="GPU memory in bytes (what nvidia-smi reports).")
+        Annotated[int, Meta(gt=0)] | _Rate,
+        Meta(description="GPU memory in bytes (what nvidia-smi reports)."),
     ]
     link: Annotated[
         Literal["pcie5", "pcie4", "gh200"],

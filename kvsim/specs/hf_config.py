@@ -277,9 +277,19 @@ def model_fields_from_mapping(raw: dict[str, Any], name: str, source: str) -> di
     kv_heads = f.integer("num_key_value_heads", heads)
     hidden = f.integer("hidden_size")
     head_dim = f.integer("head_dim", hidden // heads)
+    if head_dim < 1:  # derived: an explicit head_dim below 1 is refused by f.integer
+        raise InputError(
+            f"hidden_size {hidden} // num_attention_heads {heads} gives head_dim 0; give head_dim",
+            source=file,
+        )
     vocab = f.integer("vocab_size")
     tied = f.flag("tie_word_embeddings", False)
     mla = f.has("kv_lora_rank")
+    if not mla and heads % kv_heads:  # each KV head serves a whole group of query heads
+        raise InputError(
+            f"num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}",
+            source=file,
+        )
     kv_rank = f.integer("kv_lora_rank") if mla else 0
     rope = f.integer("qk_rope_head_dim") if mla else 0
     attention = _attention_params(f, hidden, heads, kv_heads, head_dim)

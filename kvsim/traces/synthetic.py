@@ -36,6 +36,7 @@ import pandas as pd
 from kvsim.core.errors import InputError, did_you_mean
 from kvsim.core.io import atomic_text
 from kvsim.core.numeric import is_whole, text_number_hint
+from kvsim.core.units import MOST_TOKENS
 from kvsim.report.progress import Progress, ProgressArg, counted
 
 from .model import Request
@@ -345,8 +346,8 @@ def arrivals_ms(n: int, rng: random.Random, knobs: dict[str, Any]) -> list[int]:
 
 #: numeric knobs that must be at least 1 (the others must be >= 0)
 _AT_LEAST_ONE = frozenset({"block_tokens", "turns", "steps", "n_prompts", "n_docs"})
-#: the longest length knob: past any model's context (1M tokens), short of a hang
-_MOST_TOKENS = 100_000_000
+#: the longest length knob (one home: kvsim.core.units)
+_MOST_TOKENS = MOST_TOKENS
 _POSITIVE = frozenset({"rate", "on_s", "off_s", "active_sessions", "docs_per_request"})
 
 

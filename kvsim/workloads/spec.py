@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta
 
 from kvsim.core.errors import InputError, did_you_mean
+from kvsim.core.units import MOST_TOKENS
 from kvsim.options.schema import Schema, load
 
 __all__ = [
@@ -30,8 +31,9 @@ __all__ = [
     "read_workload_and_load",
 ]
 
-Tokens = Annotated[int, Meta(ge=0)]
+Tokens = Annotated[int, Meta(ge=0, le=MOST_TOKENS)]
 Positive = Annotated[int, Meta(gt=0)]
+Length = Annotated[int, Meta(gt=0, le=MOST_TOKENS)]
 
 
 class SharedPrefixWorkload(Schema, frozen=True, kw_only=True):
@@ -46,7 +48,7 @@ class SharedPrefixWorkload(Schema, frozen=True, kw_only=True):
     ]
     system_prompt_len: Annotated[Tokens, Meta(description="System prompt tokens (per group).")]
     question_len: Annotated[Tokens, Meta(description="Question tokens (per prompt).")]
-    output_len: Annotated[Positive, Meta(description="Output tokens per request.")]
+    output_len: Annotated[Length, Meta(description="Output tokens per request.")]
     ignore_eos: Annotated[
         bool,
         Meta(description="Generate exactly output_len tokens (the only mode kvsim models)."),
@@ -76,11 +78,11 @@ class RandomWorkload(Schema, frozen=True, kw_only=True):
 
     type: Literal["random"] = "random"
     input_len: Annotated[
-        Positive, Meta(description="--random-input-len: mean input tokens, after the prefix.")
+        Length, Meta(description="--random-input-len: mean input tokens, after the prefix.")
     ] = 1024
-    output_len: Annotated[
-        Positive, Meta(description="--random-output-len: mean output tokens.")
-    ] = 128
+    output_len: Annotated[Length, Meta(description="--random-output-len: mean output tokens.")] = (
+        128
+    )
     range_ratio: Annotated[
         float, Meta(ge=0, lt=1, description="--random-range-ratio: lengths within +-ratio.")
     ] = 0.0

@@ -85,6 +85,31 @@ def test_the_schema_takes_the_kv_transfer_configs_the_reader_takes(tmp_path):
         ({"measured": [{"stage": "al"}]}, "stage"),
         ({"measured": [{"stage": 0, "ttft_ms": {"median": 3}}]}, "median"),
         ({"tp": "two"}, "tp"),
+        # below: taken until 2026-12-07 (a fit then failed on the log of a negative ITL)
+        (
+            {"measured": [{"stage": 0, "ttft_ms": {"mean": 30.0}, "e2e_ms": {"mean": 10.0}}]},
+            r"measured\[0\]: e2e_ms.mean 10 is below ttft_ms.mean 30",
+        ),
+        (
+            {"measured": [{"stage": 0, "ttft_ms": {"p50": 50, "p90": 20, "p99": 60}}]},
+            r"measured\[0\].ttft_ms: p50 50 is above p90 20",
+        ),
+        (
+            {"vllm": {"kv_transfer_config": {"kv_connector": 5}}},
+            "kv_transfer_config.kv_connector: a connector's name, got 5",
+        ),
+        (
+            {"vllm": {"kv_transfer_config": '{"kv_connector": "A", "kv_connector": "B"}'}},
+            "kv_transfer_config: kv_connector given twice",
+        ),
+        (  # a plugin router is loaded as the file is read (it failed when its turn came)
+            {"instances": 2, "router": {"name": "nosuchmodule:Router"}},
+            r"experiments\[0\].router.name nosuchmodule:Router: cannot load the plugin",
+        ),
+        (
+            {"instances": 2, "router": {"name": "os:system"}},
+            r"experiments\[0\].router.name os:system: not a class",
+        ),
     ],
 )
 def test_a_bad_experiment_is_one_line_naming_the_key(tmp_path, capsys, changes, needle):

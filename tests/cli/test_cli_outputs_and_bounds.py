@@ -152,3 +152,15 @@ def test_an_mrc_figure_of_a_table_it_cannot_draw_is_one_line(tmp_path, capsys, t
     code, _, err = run_main(["plot", csv, "--kind", "mrc", *args, "--out", png], capsys)
     assert code == 2 and one_line(err) and "mrc" in err and "Traceback" not in err
     assert not png.exists()
+
+
+def test_refused_requests_are_said_with_the_limits(capsys):
+    """A --max-model-len shorter than every prompt refused every request in silence: exit 0
+    and latencies of 0.00 that read as a result."""
+    args = ["simulate", SAMPLE, "--cpu-chunks", "40", "--limit", "20", "--json"]
+    code, out, err = run_main([*args, "--max-model-len", "1"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["failed"] == 20
+    assert "20 of 20 requests refused" in err and "max_model_len 1," in err and one_line(err)
+    code, out, err = run_main(args, capsys)
+    assert code == 0 and json.loads(out)["failed"] == 0 and "refused" not in err

@@ -490,6 +490,8 @@ def test_gpu_spec_file_equals_the_preset(tmp_path, capsys):
     [
         ({"peak_flops": -1}, "peak_flops: Expected `float` > 0.0, got -1"),
         ({"memory_bytes": "80GB"}, "memory_bytes: Expected `int | float`, got '80GB'"),
+        ({"memory_bytes": 0}, "memory_bytes: Expected `int` >= 1, got 0"),  # was accepted
+        ({"memory_bytes": -4}, "memory_bytes: Expected `int` >= 1, got -4"),
         ({"hbm_bytes_per_s": math.inf}, "hbm_bytes_per_s: must be finite, got inf"),
         ({"link": "pcie7"}, "link: must be one of gh200, pcie4, pcie5, got 'pcie7'"),
         ({"name": ""}, "name: Expected `str` of length >= 1, got ''"),

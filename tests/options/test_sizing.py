@@ -259,6 +259,33 @@ def test_a_presets_hugging_face_ids_name_it(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"num_attention_heads": 8192}, "num_attention_heads 8192 gives head_dim 0"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide"),
+        ({"num_key_value_heads": 8}, "num_key_value_heads 8 does not divide"),  # more than heads
+    ],
+)
+def test_a_config_with_impossible_heads_is_refused(tmp_path, change, words):
+    """A derived head_dim of 0 and KV heads that do not group the query heads were taken
+    (the run then failed naming --cpu-gib, or ran silently)."""
+    config = {
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "intermediate_size": 1024,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert get_model(str(path)).num_kv_heads == 2
+    path.write_text(json.dumps({**config, **change}))
+    with pytest.raises(InputError, match=words):
+        get_model(str(path))
+
+
+@pytest.mark.parametrize(
     ("kwargs", "option"),
     [
         (dict(blocks_per_chunk=0), "--blocks-per-chunk"),

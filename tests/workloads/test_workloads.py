@@ -255,6 +255,11 @@ def test_open_trace_of_a_closed_load_is_refused():
         ({**SP, "type": "shared"}, None, "did you mean 'shared_prefix'"),
         ({**SP, "num_groups": 0}, None, "num_groups"),
         ({**SP, "ignore_eos": False}, None, "ignore_eos"),
+        # a length past any model's context: it was an OverflowError or a MemoryError
+        ({**SP, "system_prompt_len": 10**30}, None, "system_prompt_len: Expected `int` <= 1000"),
+        ({**SP, "question_len": 10**11}, None, "question_len: Expected `int` <= 100000000"),
+        ({"type": "random", "input_len": 10**12}, None, "input_len: Expected `int` <= 1000"),
+        ({"type": "random", "prefix_len": 10**12}, None, "prefix_len: Expected `int` <= 1000"),
         (SP, {"type": "constant", "stages": [{"concurrency": 2, "duration": 1}]}, "stages"),
         (SP, {"type": "concurrency", "stages": [{"concurrency": 2}]}, "duration or num_requests"),
         (SP, {"type": "poisson", "stages": [{"rate": 1, "duraton": 1}]}, "duraton: unknown key"),
