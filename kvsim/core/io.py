@@ -70,8 +70,10 @@ def check_file_name(path: str | os.PathLike[str], option: str | None = None) -> 
     """A file to write is not named as a folder: ``x.csv/`` (a trailing slash) would
     otherwise be written as ``x.csv``."""
     shown = os.fspath(path)
+    where = f"{option}: " if option else ""
+    if not shown:
+        raise InputError(f"{where}an empty path; name a file")
     if shown.endswith(tuple(filter(None, (os.sep, os.altsep)))):
-        where = f"{option}: " if option else ""
         raise InputError(f"{where}{shown} ends in a slash: that names a folder, not a file")
 
 

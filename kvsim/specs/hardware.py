@@ -143,6 +143,8 @@ def get_gpu(name: str | os.PathLike[str]) -> GpuSpec:
     preset = preset_of_gpu_name(str(text))
     if preset is not None:
         return GPUS[preset]
+    if key.endswith(".json"):  # a file meant, not a name: say it is missing
+        raise InputError(f"{text}: no such file (a GPU spec JSON path)")
     raise InputError(
         f"unknown GPU {name!r}{did_you_mean(text, GPUS)}; known: {', '.join(GPUS)}, "
         "or a GPU spec JSON path"

@@ -412,6 +412,8 @@ def get_model(name: str | os.PathLike[str]) -> ModelSpec:
     preset = preset_of_hf_id(key)
     if preset is not None:
         return MODELS[preset]
+    if key.endswith(".json"):  # a file meant, not a name: say it is missing
+        raise InputError(f"{text}: no such file (a Hugging Face config.json path)")
     known = ", ".join(sorted(MODELS))
     hint = did_you_mean(text, MODELS) or did_you_mean(text, HF_ID_NAMES)
     raise InputError(

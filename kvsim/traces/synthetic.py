@@ -187,6 +187,11 @@ def _zipf_cdf(n: int, s: float) -> list[float]:
     return out
 
 
+#: draws of an already chosen document a request takes before it takes the next most
+#: popular ones instead
+_MOST_REPEATS = 1000
+
+
 def _pick(rng: random.Random, cdf: list[float]) -> int:
     import bisect
 
@@ -273,10 +278,17 @@ class _RagSource:
         ctx, k = self.ctx, self.ctx.knobs
         want = min(int(k["docs_per_request"]), len(self.docs))
         chosen: list[int] = []
+        repeats = 0
         while len(chosen) < want:
             d = _pick(ctx.rng, self.cdf)
             if d not in chosen:
                 chosen.append(d)
+            elif (repeats := repeats + 1) > _MOST_REPEATS:
+                # a Zipf exponent so steep that the first documents hold all the mass (the
+                # others' share rounds to 0): the next most popular ones, where the draws
+                # never ended
+                rest = [i for i in range(len(self.docs)) if i not in chosen]
+                chosen += rest[: want - len(chosen)]
         segs = ([self.system] if self.system else []) + [self.docs[d] for d in chosen]
         segs.append(ctx.segment(ctx.length(k["user_tokens"])))
         return segs, ctx.length(k["output_tokens"]), None
@@ -349,6 +361,19 @@ _AT_LEAST_ONE = frozenset({"block_tokens", "turns", "steps", "n_prompts", "n_doc
 #: the longest length knob (one home: kvsim.core.units)
 _MOST_TOKENS = MOST_TOKENS
 _POSITIVE = frozenset({"rate", "on_s", "off_s", "active_sessions", "docs_per_request"})
+#: the most a knob takes, short of an overflow (a geometric mean of 1e300 turns, a Zipf
+#: exponent or a length spread whose powers are no float) or a hang (1e12 documents, each
+#: a weight; 1e300 sessions opened at once)
+_AT_MOST: dict[str, float] = {
+    "turns": 1e6,
+    "steps": 1e6,
+    "length_cv": 100.0,
+    "zipf_s": 100.0,
+    "active_sessions": 10_000_000,
+    "n_docs": 10_000_000,
+    "n_prompts": 10_000_000,
+    "docs_per_request": 10_000_000,
+}
 
 
 def _knob_words(name: str, value: Any = None) -> str:
@@ -378,6 +403,9 @@ def _check_knob(
             raise InputError(  # built one by one: 10^23 tokens never ended
                 f"{said} must be at most {_MOST_TOKENS:,} tokens, got {value!r}"
             )
+        most = _AT_MOST.get(name.rpartition(".")[2])
+        if most is not None and value > most:
+            raise InputError(f"{said} must be at most {most:,.0f}, got {value:g}")
     elif isinstance(default, dict) and not isinstance(value, dict):
         raise InputError(f"{said} must be a mapping like {default!r}, got {value!r}")
     elif name == "weights":

@@ -293,6 +293,8 @@ def _read_block(text: str, option: str) -> tuple[Any, str]:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise InputError(f"bad YAML ({problem})", source=source, line=line) from None
     if not isinstance(data, dict):
+        if isinstance(data, str) and source == option and text.endswith((".yaml", ".yml", ".json")):
+            raise InputError(f"{text}: no such file", source=source)  # a path meant, not YAML
         raise InputError(
             f"expected a mapping (a file path or YAML such as '{{type: ...}}'), got {text!r}",
             source=source,

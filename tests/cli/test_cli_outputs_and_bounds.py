@@ -164,3 +164,27 @@ def test_refused_requests_are_said_with_the_limits(capsys):
     assert "20 of 20 requests refused" in err and "max_model_len 1," in err and one_line(err)
     code, out, err = run_main(args, capsys)
     assert code == 0 and json.loads(out)["failed"] == 0 and "refused" not in err
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [  # each said 'unknown model/GPU' with the presets, or 'expected a mapping'
+        (["replay", SAMPLE, "--cpu-gib", "4", "--model", "/no/such/config.json"], "no such file"),
+        (["simulate", SAMPLE, "--cpu-gib", "4", "--gpu", "/no/such/gpu.json"], "no such file"),
+        (
+            [
+                "simulate",
+                "--workload",
+                "/no/such/w.yaml",
+                "--load",
+                "{type: concurrency, stages: [{concurrency: 2, num_requests: 8}]}",
+            ],
+            "--workload: /no/such/w.yaml: no such file",
+        ),
+        (["trace", "gen", "chat", "-n", "5", "-o", ""], "an empty path"),
+        (["replay", SAMPLE, "--cpu-chunks", "9", "--requests-csv", ""], "--requests-csv: an empty"),
+    ],
+)
+def test_a_missing_file_or_an_empty_path_is_said_so(capsys, args, said):
+    code, out, err = run_main(args, capsys)
+    assert code == 2 and out == "" and one_line(err) and said in err

@@ -204,6 +204,24 @@ def test_knob_values_are_checked_before_generating(knobs, phrase):
         generate("chat", 10, **knobs)
 
 
+@pytest.mark.parametrize(
+    ("kind", "knobs", "phrase"),
+    [  # each was a ZeroDivisionError, a NaN, an OverflowError or a run that never ended
+        ("chat", {"turns": 1e300}, "turns must be at most 1,000,000, got 1e[+]300"),
+        ("chat", {"length_cv": 1e300}, "length_cv must be at most 100,"),
+        ("chat", {"active_sessions": 10**300}, "active_sessions must be at most 10,000,000,"),
+        ("agent", {"steps": 1e300}, "steps must be at most 1,000,000,"),
+        ("rag", {"zipf_s": 1e300}, "zipf_s must be at most 100,"),
+        ("rag", {"n_docs": 10**12}, "n_docs must be at most 10,000,000,"),
+    ],
+)
+def test_knobs_past_what_a_generator_can_draw_are_refused(kind, knobs, phrase):
+    with pytest.raises(InputError, match=phrase):
+        generate(kind, 10, **knobs)
+    at_most = {k: 1_000_000 if k in ("turns", "steps") else 100 for k in knobs}
+    assert len(generate(kind, 3, **at_most)) == 3  # the bound itself is taken
+
+
 def test_mix_weights_must_be_a_mapping_of_numbers():
     with pytest.raises(InputError, match="weights must be a mapping"):
         generate("mix", 10, weights=[1, 2])
