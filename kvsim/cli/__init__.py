@@ -293,8 +293,10 @@ def _plugin_failed(exc: Exception) -> None:
 def _plugin_frame(exc: BaseException) -> str | None:
     """Where the innermost frame of ``exc``'s traceback that is a user's code ran (a policy
     or router plugin's hook, however kvsim called it): ``file.py:LINE in NAME``; None when
-    every frame is kvsim's, the repository's ``real`` package's, or installed code (the
-    standard library, site-packages), whose failures are kvsim's to show whole."""
+    every frame is kvsim's, the repository's ``real`` package's, installed code (the
+    standard library, site-packages), or compiled code whose source is no file here
+    (``pyarrow/error.pxi``, a relative name: an int64 overflow in Arrow was blamed on a
+    plugin), whose failures are kvsim's to show whole."""
     import traceback
 
     ours = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the kvsim package
@@ -304,8 +306,10 @@ def _plugin_frame(exc: BaseException) -> str | None:
     installed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         path = os.path.abspath(frame.filename)
-        if frame.filename.startswith("<") or any(
-            path.startswith(os.path.join(root, "")) for root in (*ours, *installed)
+        if (
+            frame.filename.startswith("<")
+            or not os.path.isfile(path)  # a user's plugin is a file; a Cython .pxi is not
+            or any(path.startswith(os.path.join(root, "")) for root in (*ours, *installed))
         ):
             continue
         return f"{os.path.basename(path)}:{frame.lineno} in {frame.name}"

@@ -101,9 +101,12 @@ def _writable(kind: pa.DataType) -> bool:
 
 
 def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with every object column that mixes value types (None and NaN aside) turned
-    into text, which Parquet can store; ``df`` itself when no column needs it."""
-    mixed = [c for c in df.columns if df[c].dtype == object and _kinds(df[c]) > 1]
+    """``df`` with every object column that mixes value types (None and NaN aside), or holds
+    an int past 64 bits (a CPU tier of 1e15 chunks has its bytes past int64), turned into
+    text, which Parquet can store; ``df`` itself when no column needs it."""
+    mixed = [
+        c for c in df.columns if df[c].dtype == object and (_kinds(df[c]) > 1 or _past_int64(df[c]))
+    ]
     if not mixed:
         return df
     df = df.copy()
@@ -115,6 +118,11 @@ def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 def _as_text(column: pd.Series) -> pd.Series:
     """Each value of ``column`` as its text; None stays missing."""
     return column.map(lambda v: None if v is None else str(v))
+
+
+def _past_int64(column: pd.Series) -> bool:
+    """Whether an int of ``column`` does not fit in 64 bits (Arrow's widest integer)."""
+    return any(isinstance(v, int) and not -(1 << 63) <= v < (1 << 63) for v in column.dropna())
 
 
 def _kinds(column: pd.Series) -> int:

@@ -188,3 +188,22 @@ def test_refused_requests_are_said_with_the_limits(capsys):
 def test_a_missing_file_or_an_empty_path_is_said_so(capsys, args, said):
     code, out, err = run_main(args, capsys)
     assert code == 2 and out == "" and one_line(err) and said in err
+
+
+def test_an_error_in_compiled_code_is_not_blamed_on_a_plugin(tmp_path):
+    """A frame whose source is no file here (Cython's ``pyarrow/error.pxi``) is no user's
+    plugin: a sweep's int64 overflow in Arrow said 'a plugin failed'. A plugin's file is."""
+    from kvsim.cli import _plugin_frame
+
+    def raised(filename: str) -> BaseException:
+        try:
+            exec(compile("raise OverflowError('too large')", filename, "exec"), {})
+        except OverflowError as exc:
+            assert exc.__traceback__ is not None
+            return exc.with_traceback(exc.__traceback__.tb_next)  # the compiled frame alone
+        raise AssertionError("nothing raised")
+
+    assert _plugin_frame(raised("pyarrow/error.pxi")) is None
+    plugin = tmp_path / "my_plugin.py"
+    plugin.write_text("raise OverflowError('too large')\n")
+    assert _plugin_frame(raised(str(plugin))) == "my_plugin.py:1 in <module>"

@@ -118,3 +118,16 @@ def test_a_long_table_is_written_in_row_groups_and_reads_back_whole(tmp_path):
         7_232,
     ]
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"), df)
+
+
+def test_an_int_past_64_bits_is_written_as_its_text(tmp_path):
+    """A CPU tier of 1e15 chunks of 64 MiB holds 6.7e22 bytes: Arrow refused the column
+    (an OverflowError as the sweep's results were written, after every cell ran)."""
+    huge = 1_000_000_000_000_000 * (64 << 20)
+    df = pd.DataFrame({"cpu_chunks": [10**15, 5], "cpu_bytes": [huge, 5 * (64 << 20)]})
+    assert df["cpu_bytes"].dtype == object  # past int64: pandas keeps Python ints
+    write_table(df, tmp_path, "results")
+    back = pd.read_parquet(tmp_path / "results.parquet")
+    assert back["cpu_bytes"].tolist() == [str(huge), str(5 * (64 << 20))]
+    assert back["cpu_chunks"].tolist() == [10**15, 5]  # an int64 column stays one
+    assert (tmp_path / "results.csv").read_text().splitlines()[1] == f"1000000000000000,{huge}"
