@@ -23,7 +23,7 @@ from msgspec import Meta
 from kvsim.core.errors import InputError, did_you_mean
 from kvsim.core.io import read_yaml
 from kvsim.core.numeric import whole_floats_as_ints
-from kvsim.options.fleet import ROUTERS
+from kvsim.options.fleet import MAX_INSTANCES, ROUTERS
 from kvsim.options.schema import Schema, load, short_repr
 from kvsim.options.vllm import KVTransferConfig
 from kvsim.workloads import Load, RandomWorkload, SharedPrefixWorkload, load_workload
@@ -299,7 +299,7 @@ class Experiment(Schema, frozen=True, kw_only=True):
     ]
     gpu: Annotated[str, Meta(min_length=1, description="A preset, or a GPU spec JSON path.")]
     tp: _Pos = 1
-    instances: _Pos = 1
+    instances: Annotated[int, Meta(ge=1, le=MAX_INSTANCES)] = 1
     router: Router | None = None
     vllm: VllmArgs = VllmArgs()
     workload: Annotated[dict[str, Any], Meta(extra_json_schema=_WORKLOAD_SCHEMA)]
@@ -307,6 +307,10 @@ class Experiment(Schema, frozen=True, kw_only=True):
     measured: Annotated[list[Measured], Meta(min_length=1)]
 
     def __post_init__(self) -> None:
+        if self.id != self.id.strip() or any(c in self.id for c in "\r\n\t"):
+            raise InputError(  # tables and one-line messages name experiments by it
+                f"id: {self.id!r} has spaces around it or a line break or tab in it"
+            )
         stages = len(self.load.stages)
         seen: set[int | str] = set()
         for i, m in enumerate(self.measured):

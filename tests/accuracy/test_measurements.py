@@ -110,6 +110,9 @@ def test_the_schema_takes_the_kv_transfer_configs_the_reader_takes(tmp_path):
             {"instances": 2, "router": {"name": "os:system"}},
             r"experiments\[0\].router.name os:system: not a class",
         ),
+        ({"instances": 100_000}, r"experiments\[0\].instances: Expected `int` <= 4096"),
+        ({"id": "a\nb"}, r"experiments\[0\].id: 'a\\nb' has spaces around it or a line break"),
+        ({"id": " x "}, r"experiments\[0\].id: ' x ' has spaces around it"),
     ],
 )
 def test_a_bad_experiment_is_one_line_naming_the_key(tmp_path, capsys, changes, needle):

@@ -38,6 +38,7 @@ def test_a_bare_group_prints_its_help_as_it_reads(capsys, args):
             ["bench", SAMPLE, "--timed", "--no-vllm", "--limit", "5", "--gpu-blocks", "1"],
             "--gpu-blocks",
         ),
+        (["replay", SAMPLE, "--cpu-chunks", "9", "--instances", "100000"], "--instances"),
     ],
 )
 def test_a_size_past_any_machine_is_one_line_naming_its_option(capsys, args, option):
