@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,15 +237,7 @@ def peak_rates(
         return _sparse_peaks(starts - first, ends - first, token_times, first)
     seconds = int(np.ceil(span)) + 1
     tokens = np.zeros(seconds, dtype=np.int64)
-    batch: list[np.ndarray] = []
-    held = 0
-    for t in token_times:  # counted a batch of requests at a time: one bincount, bounded memory
-        batch.append(t)
-        held += len(t)
-        if held >= _PEAK_BATCH:
-            tokens += _per_second(batch, first, seconds)
-            batch, held = [], 0
-    if batch:
+    for batch in _batches(token_times):  # one bincount a batch: bounded memory
         tokens += _per_second(batch, first, seconds)
     begin = (starts - first).astype(np.int64)
     end = (ends - first).astype(np.int64)
@@ -267,16 +259,10 @@ def _sparse_peaks(
     as floats, where an int64 would overflow)."""
     seconds: list[np.ndarray] = []
     counts: list[np.ndarray] = []
-    batch: list[np.ndarray] = []
-    held = 0
-    for t in token_times:
-        batch.append(t)
-        held += len(t)
-        if held >= _PEAK_BATCH:
-            _count_seconds(batch, first, seconds, counts)
-            batch, held = [], 0
-    if batch:
-        _count_seconds(batch, first, seconds, counts)
+    for batch in _batches(token_times):
+        s, c = np.unique(np.floor(np.concatenate(batch) - first), return_counts=True)
+        seconds.append(s)
+        counts.append(c)
     top_tokens = 0.0
     if seconds:
         top_tokens = float(_sums_by_key(np.concatenate(seconds), np.concatenate(counts))[1].max())
@@ -289,14 +275,19 @@ def _sparse_peaks(
     return top_tokens, int(running.max())
 
 
-def _count_seconds(
-    times: list[np.ndarray], first: float, seconds: list[np.ndarray], counts: list[np.ndarray]
-) -> None:
-    """Append the whole seconds since ``first`` that ``times`` fall in, and how many fall in
-    each."""
-    s, c = np.unique(np.floor(np.concatenate(times) - first), return_counts=True)
-    seconds.append(s)
-    counts.append(c)
+def _batches(token_times: Iterable[np.ndarray]) -> Iterator[list[np.ndarray]]:
+    """Requests' token times, a batch of requests at a time (at least :data:`_PEAK_BATCH`
+    times a batch, but the last), so that counting them holds one batch in memory."""
+    batch: list[np.ndarray] = []
+    held = 0
+    for t in token_times:
+        batch.append(t)
+        held += len(t)
+        if held >= _PEAK_BATCH:
+            yield batch
+            batch, held = [], 0
+    if batch:
+        yield batch
 
 
 def _sums_by_key(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
